@@ -1,0 +1,58 @@
+"""Flag spelling: the full names ironserve emits, and the short spellings the field guides use.
+
+SGLang's argparse accepts any unique prefix (``--tp`` for ``--tp-size``). Prefixes break the day a new flag
+shares them, so ironserve always emits and stores full names; this table turns the guides' spellings into
+them, offline. The real-parser check (engine_parser) confirms them per SGLang version.
+"""
+
+from __future__ import annotations
+
+# spelling in the wild -> the full name ironserve emits
+CANONICAL = {
+    "--tp": "--tp-size",
+    "--tensor-parallel-size": "--tp-size",
+    "--pp": "--pp-size",
+    "--pipeline-parallel-size": "--pp-size",
+    "--dp": "--dp-size",
+    "--data-parallel-size": "--dp-size",
+    "--ep": "--ep-size",
+    "--expert-parallel-size": "--ep-size",
+    "--model": "--model-path",
+    "--speculative-algo": "--speculative-algorithm",
+}
+
+# Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names).
+ABBREVIATIONS = {"--tp", "--pp", "--dp", "--ep", "--speculative-algo", "--model"}
+
+
+def canonical(flag: str) -> str:
+    return CANONICAL.get(flag, flag)
+
+
+def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """argv (without the launcher) as (flag, values) pairs; '--a=b' is split; values keep their order."""
+    pairs: list[tuple[str, list[str]]] = []
+    for arg in argv:
+        if arg.startswith("--"):
+            if "=" in arg:
+                name, value = arg.split("=", 1)
+                pairs.append((name, [value]))
+            else:
+                pairs.append((arg, []))
+        elif pairs:
+            pairs[-1][1].append(arg)
+        else:
+            pairs.append(("", [arg]))
+    return pairs
+
+
+def launcher_split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split 'python3 -m sglang.launch_server --a b' into (launcher, flags). Understands 'uv run' and 'sglang serve'."""
+    i = 0
+    if argv[:2] == ["uv", "run"]:
+        i = 2
+    rest = argv[i:]
+    for n, arg in enumerate(rest):
+        if arg.startswith("--"):
+            return rest[:n], rest[n:]
+    return rest, []

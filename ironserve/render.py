@@ -1,0 +1,323 @@
+"""Render: recipe + placement -> the processes that run on each host, with their argv and env.
+
+This is the one place where a recipe becomes command lines. Deploy, audit, lint and the CLI all call it,
+so what is checked is exactly what runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import re
+from dataclasses import asdict, dataclass, field
+
+from .catalogue import Problem, SpecError
+from .inventory import InventoryHost
+from .spec import Group, Recipe, ServerOptions
+
+LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
+SERVE = ["sglang", "serve"]
+LAUNCH_ROUTER = ["python3", "-m", "sglang_router.launch_router"]
+
+# Typed fields that are not plain "--name value" flags, or not flags at all.
+_SPECIAL = {"speculative", "extra_args", "api_key_file", "model_path"}
+_SPECULATIVE_FLAGS = {
+    "algorithm": "--speculative-algorithm",
+    "num_steps": "--speculative-num-steps",
+    "eagle_topk": "--speculative-eagle-topk",
+    "num_draft_tokens": "--speculative-num-draft-tokens",
+    "draft_model_path": "--speculative-draft-model-path",
+    "draft_model_quantization": "--speculative-draft-model-quantization",
+}
+
+
+@dataclass
+class Process:
+    host: str
+    address: str
+    role: str  # server | prefill | decode | router
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    group: int = 0
+    instance: int = 0
+    nnodes: int = 1
+    port: int | None = None
+    serves_http: bool = True  # only rank 0 of a multi-node group answers HTTP
+    unit: str = ""
+    source_env: list[str] = field(default_factory=list)
+    env_unset: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def health_url(self) -> str | None:
+        if not self.serves_http or self.port is None:
+            return None
+        return f"http://{self.address}:{self.port}/health"
+
+
+@dataclass
+class Rendered:
+    recipe: Recipe
+    processes: list[Process]
+
+    def as_dict(self) -> dict:
+        return {"recipe": self.recipe.id, "processes": [p.as_dict() for p in self.processes]}
+
+    def for_host(self, host: str) -> list[Process]:
+        return [p for p in self.processes if p.host == host]
+
+    @property
+    def endpoint(self) -> str | None:
+        routers = [p for p in self.processes if p.role == "router"]
+        head = routers[0] if routers else next((p for p in self.processes if p.serves_http), None)
+        if head is None:
+            return None
+        return f"http://{head.address}:{head.port}"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def server_flags(server: ServerOptions) -> list[str]:
+    """Typed server options as full-name flags, in the model's field order, then extra_args."""
+    argv: list[str] = []
+    data = server.model_dump()
+    for name in ServerOptions.model_fields:
+        if name in _SPECIAL:
+            continue
+        value = data[name]
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(_flag(name))
+        elif isinstance(value, list):
+            argv += [_flag(name), *[str(v) for v in value]]
+        elif isinstance(value, dict):
+            argv += [_flag(name), json.dumps(value, separators=(", ", ": "))]
+        else:
+            argv += [_flag(name), _number(value)]
+    if server.speculative:
+        for key, flag in _SPECULATIVE_FLAGS.items():
+            value = getattr(server.speculative, key)
+            if value is not None:
+                argv += [flag, str(value)]
+    return argv + list(server.extra_args)
+
+
+def _number(value) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1:
+        return str(int(value))
+    return str(value)
+
+
+class _Placeholders(dict):
+    def __init__(self, values: dict, where: str):
+        super().__init__(values)
+        self.where = where
+
+    def __missing__(self, key):
+        raise SpecError(
+            [
+                Problem(
+                    self.where,
+                    "",
+                    f"unknown placeholder {{{key}}}",
+                    "use one of {node_address}, {group_head}, {deployment_head}, {nic}, {model_path}",
+                )
+            ]
+        )
+
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+def _fill(text: str, values: _Placeholders) -> str:
+    # Only {identifier} is a placeholder, so JSON values such as '{"num_threads": 8}' pass untouched.
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
+
+
+@dataclass
+class _Slot:
+    host: InventoryHost
+    group_index: int
+    instance: int
+    node_rank: int
+
+
+def _placeholder_hosts(recipe: Recipe) -> list[InventoryHost]:
+    hosts = [InventoryHost(f"node{i}") for i in range(recipe.topology.node_count)]
+    router = recipe.topology.router
+    if router and router.host_placement == "dedicated":
+        hosts.append(InventoryHost("router0", {"ironserve_role": "router"}))
+    return hosts
+
+
+def _assign(recipe: Recipe, hosts: list[InventoryHost], where: str) -> tuple[list[_Slot], InventoryHost | None]:
+    workers = [h for h in hosts if not h.is_router]
+    routers = [h for h in hosts if h.is_router]
+    topo = recipe.topology
+    need = topo.node_count
+    if topo.kind == "single":
+        # A single-node recipe on several hosts: every host runs its own independent copy.
+        slots = [_Slot(h, 0, i, 0) for i, h in enumerate(workers)]
+    else:
+        if len(workers) != need:
+            raise SpecError(
+                [
+                    Problem(
+                        where,
+                        "hosts",
+                        f"recipe {recipe.id} needs {need} worker hosts ({topo.kind}), the inventory has {len(workers)}",
+                        f"list exactly {need} worker hosts (mark a router-only host with ironserve_role='router')",
+                    )
+                ]
+            )
+        slots, it = [], iter(workers)
+        for gi, group in enumerate(topo.groups):
+            for inst in range(group.instances):
+                for rank in range(group.nodes):
+                    slots.append(_Slot(next(it), gi, inst, rank))
+    if not slots:
+        raise SpecError([Problem(where, "hosts", "no worker hosts", "add at least one host without ironserve_role")])
+    router_host = None
+    if topo.router:
+        if topo.router.host_placement == "dedicated":
+            if not routers:
+                raise SpecError(
+                    [Problem(where, "hosts", "the recipe's router needs a dedicated host", "add a host with ironserve_role='router'")]
+                )
+            router_host = routers[0]
+        else:
+            router_host = routers[0] if routers else slots[0].host
+    return slots, router_host
+
+
+def _unit_name(recipe: Recipe, role: str, group_index: int, instance: int, groups: list[Group]) -> str:
+    same_role = [i for i, g in enumerate(groups) if g.role == role]
+    suffix = role if len(same_role) == 1 else f"{role}{same_role.index(group_index)}"
+    if groups[group_index].instances > 1:
+        suffix += f"-{instance}"
+    return f"sglang-{recipe.id}-{suffix}"
+
+
+def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str = "inventory") -> Rendered:
+    hosts = hosts if hosts is not None else _placeholder_hosts(recipe)
+    slots, router_host = _assign(recipe, hosts, where)
+    groups = recipe.topology.groups
+    launcher = SERVE if recipe.engine.launcher == "serve" else LAUNCH_SERVER
+    heads: dict[tuple[int, int], InventoryHost] = {}
+    for slot in slots:
+        if slot.node_rank == 0:
+            heads[(slot.group_index, slot.instance)] = slot.host
+    deployment_head = slots[0].host.address
+    processes: list[Process] = []
+    for slot in slots:
+        group = groups[slot.group_index]
+        server = recipe.group_server(group)
+        head = heads[(slot.group_index, slot.instance)]
+        model_path = str(slot.host.data.get("model_path") or recipe.model.path or recipe.model.hub_id or "")
+        values = _Placeholders(
+            {
+                "node_address": slot.host.address,
+                "group_head": head.address,
+                "deployment_head": deployment_head,
+                "nic": str(slot.host.data.get("nic", "<nic>")),
+                "model_path": model_path,
+            },
+            f"{where}: {slot.host.name}",
+        )
+        argv = list(launcher) + ["--model-path", _fill(server.model_path or model_path, values)]
+        argv += [_fill(a, values) for a in server_flags(server)]
+        multi = recipe.topology.kind != "single"
+        if group.nodes > 1:
+            argv += ["--dist-init-addr", f"{head.address}:{group.dist_init_port}"]
+        if group.nodes > 1 or (multi and group.explicit_single_node_rank):
+            argv += ["--nnodes", str(group.nodes), "--node-rank", str(slot.node_rank)]
+        if group.role in ("prefill", "decode"):
+            argv += ["--disaggregation-mode", group.role]
+        if group.role == "prefill":
+            argv += ["--disaggregation-bootstrap-port", str(group.bootstrap_port + slot.instance)]
+        env = {k: _fill(v, values) for k, v in recipe.group_env(group).items()}
+        runtime = recipe.runtime
+        processes.append(
+            Process(
+                host=slot.host.name,
+                address=slot.host.address,
+                role=group.role,
+                node_rank=slot.node_rank,
+                argv=argv,
+                env=env,
+                group=slot.group_index,
+                instance=slot.instance,
+                nnodes=group.nodes,
+                port=server.port or 30000,
+                serves_http=slot.node_rank == 0,
+                unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
+                source_env=list(runtime.source_env),
+                env_unset=list(recipe.env_unset),
+            )
+        )
+    if recipe.topology.router and router_host is not None:
+        processes.append(_router_process(recipe, processes, router_host))
+    return Rendered(recipe, processes)
+
+
+def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost) -> Process:
+    router = recipe.topology.router
+    heads = [p for p in workers if p.serves_http]
+    argv = list(LAUNCH_ROUTER)
+    if recipe.topology.kind == "pd-disaggregation":
+        argv.append("--pd-disaggregation")
+        for p in heads:
+            if p.role == "prefill":
+                bootstrap = recipe.topology.groups[p.group].bootstrap_port + p.instance
+                argv += ["--prefill", f"http://{p.address}:{p.port}", str(bootstrap)]
+        for p in heads:
+            if p.role == "decode":
+                argv += ["--decode", f"http://{p.address}:{p.port}"]
+    else:
+        argv += ["--worker-urls", *[f"http://{p.address}:{p.port}" for p in heads]]
+    argv += ["--host", router.host, "--port", str(router.port), "--policy", router.policy, *router.extra_args]
+    return Process(
+        host=host.name,
+        address=host.address,
+        role="router",
+        node_rank=0,
+        argv=argv,
+        env={},
+        group=-1,
+        port=router.port,
+        unit=f"sglang-{recipe.id}-router",
+    )
+
+
+def shell_script(rendered: Rendered) -> str:
+    """One bash block per process, the way the seeds write them: env, sourced scripts, command."""
+    out = [f"# recipe {rendered.recipe.id}: {len(rendered.processes)} process(es)"]
+    for p in rendered.processes:
+        out.append(f"\n# --- host {p.host} ({p.address}) role={p.role} node_rank={p.node_rank} unit={p.unit}")
+        for name in p.env_unset:
+            out.append(f"unset {name}")
+        for script in p.source_env:
+            out.append(f"source {shlex.quote(script)}")
+        for key, value in p.env.items():
+            out.append(f"export {key}={shlex.quote(value)}")
+        out.append(" \\\n  ".join(_pairs(p.argv)))
+    return "\n".join(out) + "\n"
+
+
+def _pairs(argv: list[str]) -> list[str]:
+    """Group argv as 'flag value...' lines for readable shell output."""
+    lines: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") or not lines:
+            lines.append(shlex.quote(arg))
+        elif lines[0] in ("python3", "sglang") and len(lines) == 1:
+            lines[0] += " " + shlex.quote(arg)
+        else:
+            lines[-1] += " " + shlex.quote(arg)
+    return lines
