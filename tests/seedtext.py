@@ -100,7 +100,9 @@ def extract(seed: str, anchor: str, end_markers: tuple[str, ...] = ("GLM-5.1 W4A
         elif line.startswith("export "):
             name, _, value = line[len("export "):].partition("=")
             (block_env if kind in ("prefill", "decode") else common)[name] = _unquote(value)
-        elif _ENV_PREFIX.match(line) and not line.startswith(("MODEL_PATH=", "P_IP=", "D_IP=")):
+        # Shell variables, not env prefixes: seed 004 sets NODE_RANK=$i after each launch, which must not
+        # leak into the next role's command.
+        elif _ENV_PREFIX.match(line) and not line.startswith(("MODEL_PATH=", "P_IP=", "D_IP=", "NODE_RANK=")):
             m = _ENV_PREFIX.match(line)
             prefix_env[m.group(1)] = m.group(2)
         elif _COMMAND_START.match(line):
