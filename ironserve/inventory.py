@@ -24,6 +24,7 @@ class InventoryHost:
     name: str
     data: dict = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
+    placeholder: bool = False  # node0..N-1 when rendering without an inventory
 
     @property
     def address(self) -> str:

@@ -149,10 +149,10 @@ class _Slot:
 
 
 def _placeholder_hosts(recipe: Recipe) -> list[InventoryHost]:
-    hosts = [InventoryHost(f"node{i}") for i in range(recipe.topology.node_count)]
+    hosts = [InventoryHost(f"node{i}", placeholder=True) for i in range(recipe.topology.node_count)]
     router = recipe.topology.router
     if router and router.host_placement == "dedicated":
-        hosts.append(InventoryHost("router0", {"ironserve_role": "router"}))
+        hosts.append(InventoryHost("router0", {"ironserve_role": "router"}, placeholder=True))
     return hosts
 
 
@@ -225,7 +225,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
                 "node_address": slot.host.address,
                 "group_head": head.address,
                 "deployment_head": deployment_head,
-                "nic": str(slot.host.data.get("nic", "<nic>")),
+                "nic": str(slot.host.data.get("nic", NIC_FROM_INVENTORY)),
                 "model_path": model_path,
             },
             f"{where}: {slot.host.name}",
@@ -242,6 +242,8 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
         if group.role == "prefill":
             argv += ["--disaggregation-bootstrap-port", str(group.bootstrap_port + slot.instance)]
         env = {k: _fill(v, values) for k, v in recipe.group_env(group).items()}
+        if group.nodes > 1:
+            env.update(_socket_ifname_env(recipe, slot.host, env, where))
         runtime = recipe.runtime
         processes.append(
             Process(
@@ -264,6 +266,27 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
     return Rendered(recipe, processes)
+
+
+NIC_FROM_INVENTORY = "<nic>"
+
+
+def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str], where: str) -> dict[str, str]:
+    """Pin the ranks' socket traffic to the host's cluster NIC, unless the recipe already does.
+
+    A multi-node group whose ranks pick different NICs never meets and hangs without an error; the inventory's
+    `nic` host data names the right one. Without an inventory (placeholder hosts) nothing is added.
+    """
+    if "nic" not in host.data:
+        if not host.placeholder:
+            raise SpecError([Problem(where, f"{host.name}.nic", f"{host.name} is in a multi-node group of "
+                                     f"{recipe.id} but has no 'nic' host data", "set nic='<interface of the cluster "
+                                     "network>' so GLOO/NCCL/HCCL use it")])
+        return {}
+    names = ["GLOO_SOCKET_IFNAME"]
+    names.append("HCCL_SOCKET_IFNAME" if recipe.server.device == "npu" or any(
+        g.server.device == "npu" for g in recipe.topology.groups) else "NCCL_SOCKET_IFNAME")
+    return {n: str(host.data["nic"]) for n in names if n not in env}
 
 
 def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost) -> Process:

@@ -421,3 +421,13 @@ class Recipe(Strict):
         env = dict(self.env)
         env.update(group.env)
         return env
+
+
+def effective_tuning(recipe: Recipe, profile: HardwareProfile) -> HostTuning:
+    """The hardware profile's tuning with the recipe's on top (sysctls merged key by key)."""
+    base = profile.tuning.model_dump(exclude_unset=True)
+    own = recipe.tuning.model_dump(exclude_unset=True) if recipe.tuning else {}
+    sysctls = {**base.pop("sysctls", {}), **own.pop("sysctls", {})}
+    base.update(own)
+    base["sysctls"] = sysctls
+    return HostTuning.model_validate(base)

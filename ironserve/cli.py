@@ -1,0 +1,260 @@
+"""ironserve command line: render | lint | import | schema | lab | audit | status.
+
+Offline commands (render, lint, import, schema) never touch a host. Exit codes: 0 ok, 1 findings with errors
+(or drift, for audit), 2 bad input or unreachable hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import catalogue
+from .catalogue import SpecError
+from .findings import Finding, Severity, has_errors
+
+
+def _engine_version(text: str | None) -> str | None:
+    if not text:
+        return None
+    if not text.startswith("sglang=="):
+        raise SpecError([catalogue.Problem("--engine", "", f"'{text}' is not of the form sglang==VERSION",
+                                           "write e.g. --engine sglang==0.5.23")])
+    return text.split("==", 1)[1]
+
+
+def _hosts_from(path: str | None):
+    if not path:
+        return None
+    from .inventory import load_inventory
+
+    return load_inventory(path)
+
+
+# --------------------------------------------------------------------------- render
+
+
+def cmd_render(args) -> int:
+    from .render import render, shell_script
+
+    if args.list or not args.recipe:
+        for rid, recipe in sorted(catalogue.catalogue().items()):
+            print(f"{rid:45s} {','.join(recipe.hardware):32s} {recipe.description}")
+        return 0
+    recipe = catalogue.get_recipe(args.recipe)
+    rendered = render(recipe, _hosts_from(args.inventory), args.inventory or "inventory")
+    if args.format == "json":
+        print(json.dumps(rendered.as_dict(), indent=2))
+    elif args.format == "shell":
+        print(shell_script(rendered), end="")
+    else:
+        from .spec import effective_tuning
+        from .units import systemd_bundle
+
+        profile = catalogue.hardware_profiles()[recipe.hardware[0]]
+        print(systemd_bundle(rendered, effective_tuning(recipe, profile)), end="")
+    return 0
+
+
+# --------------------------------------------------------------------------- lint
+
+
+def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
+    errors = sum(f.severity is Severity.error for f in findings)
+    warnings = sum(f.severity is Severity.warning for f in findings)
+    if fmt == "json":
+        print(json.dumps({"subject": subject, "errors": errors, "warnings": warnings,
+                          "findings": [f.as_dict() for f in findings]}, indent=2))
+        return
+    for f in findings:
+        print(f.line())
+    print(f"{subject}: {errors} error(s), {warnings} warning(s)")
+
+
+def _parser_findings(version: str, argvs: list[list[str]], router: bool = False) -> list[Finding]:
+    from . import engine_parser
+
+    try:
+        if router:
+            return [f for argv in argvs for f in engine_parser.check_router_argv(version, argv)]
+        return engine_parser.check_many(version, argvs)
+    except engine_parser.EngineNotAvailable as exc:
+        return [Finding("engine-not-available", Severity.error, str(exc), "pick a PyPI version with --engine", "engine")]
+
+
+def lint_recipe_full(recipe, engine: str | None, offline: bool) -> list[Finding]:
+    from .lint import lint_recipe
+    from .render import render
+
+    findings = lint_recipe(recipe, catalogue.hardware_profiles(), engine)
+    version = engine or recipe.engine.check_version
+    if version and not offline:
+        rendered = render(recipe)
+        servers = [p.argv for p in rendered.processes if p.role != "router"]
+        findings += [_where(f, recipe.id) for f in _parser_findings(version, servers)]
+        routers = [p.argv for p in rendered.processes if p.role == "router"]
+        if routers and recipe.engine.router:
+            findings += [_where(f, recipe.id) for f in _parser_findings(recipe.engine.router, routers, router=True)]
+    return findings
+
+
+def _where(f: Finding, recipe_id: str) -> Finding:
+    return Finding(f.rule, f.severity, f.message, f.fix, f"{recipe_id} {f.where}".strip())
+
+
+def cmd_lint(args) -> int:
+    from .lint import lint_pasted, rule_table
+
+    engine = _engine_version(args.engine)
+    if args.rules:
+        for row in rule_table():
+            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}")
+        return 0
+    if args.command:
+        if not args.hardware:
+            raise SpecError([catalogue.Problem("command line", "--hardware", "a pasted command needs the hardware",
+                                               f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
+        profiles = catalogue.hardware_profiles()
+        if args.hardware not in profiles:
+            raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
+                                               f"one of {', '.join(profiles)}")])
+        profile = profiles[args.hardware]
+        if args.gpus is not None:
+            accel = profile.accelerator.model_copy(update={"count": args.gpus})
+            profile = profile.model_copy(update={"accelerator": accel})
+        words = args.command
+        try:
+            findings = lint_pasted(words, profile, engine)
+        except ValueError as exc:
+            raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+        if engine and not args.offline:
+            from .lint import parse_pasted
+
+            _, argv = parse_pasted(words)
+            findings += _parser_findings(engine, [argv])
+        _print_findings(findings, args.format, "command")
+        return 1 if has_errors(findings) else 0
+    targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
+    worst = 0
+    everything: list[Finding] = []
+    for ref in targets:
+        recipe = catalogue.get_recipe(ref)
+        findings = lint_recipe_full(recipe, engine, args.offline)
+        everything += findings
+        if args.format == "text":
+            _print_findings(findings, "text", recipe.id)
+        worst = max(worst, 1 if has_errors(findings) else 0)
+    if args.format == "json":
+        _print_findings(everything, "json", ",".join(targets) if len(targets) < 4 else f"{len(targets)} recipes")
+    return worst
+
+
+# --------------------------------------------------------------------------- import / schema
+
+
+def cmd_import(args) -> int:
+    from .importer import import_command, to_yaml
+
+    profiles = catalogue.hardware_profiles()
+    if args.hardware not in profiles:
+        raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
+                                           f"one of {', '.join(profiles)}")])
+    words = args.command
+    if not words:
+        raise SpecError([catalogue.Problem("command line", "", "no command to import", "paste it after --")])
+    try:
+        data = import_command(words, args.hardware, args.id, _engine_version(args.engine),
+                              profiles[args.hardware].accelerator.arch)
+    except ValueError as exc:
+        raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+    text = to_yaml(data)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from .spec import HardwareProfile, Recipe
+
+    schema = (HardwareProfile if args.hardware else Recipe).model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    print(json.dumps(schema, indent=2))
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
+    p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
+    p.add_argument("--inventory", help="pyinfra inventory file: hosts, addresses, ranks")
+    p.add_argument("--format", choices=["json", "shell", "systemd"], default="json")
+    p.add_argument("--list", action="store_true", help="list the catalogue")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("lint", help="pitfalls in a recipe or a pasted command", allow_abbrev=False)
+    p.add_argument("recipe", nargs="?", help="recipe id or YAML file (default: the whole catalogue)")
+    p.add_argument("--all", action="store_true", help="lint every recipe in the catalogue")
+    p.add_argument("--hardware", help="hardware profile id for a pasted command")
+    p.add_argument("--gpus", type=int, help="devices present on the node, if fewer than the profile's")
+    p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
+    p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--rules", action="store_true", help="list the rules")
+    p.set_defaults(func=cmd_lint)
+
+    p = sub.add_parser("import", help="pasted command -> recipe YAML", allow_abbrev=False)
+    p.add_argument("--hardware", required=True)
+    p.add_argument("--id", help="recipe id (default: derived)")
+    p.add_argument("--engine", help="sglang==VERSION")
+    p.add_argument("--output", "-o", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("schema", help="JSON Schema of recipes, for editors", allow_abbrev=False)
+    p.add_argument("--hardware", action="store_true", help="schema of hardware profiles instead")
+    p.set_defaults(func=cmd_schema)
+
+    _add_optional(sub)
+    return parser
+
+
+def _add_optional(sub) -> None:
+    """Subcommands whose modules arrive separately (lab, audit, status)."""
+    for module, fn in (("ironserve.lab.cli", "add_lab_parser"), ("ironserve.audit", "add_audit_parser"),
+                       ("ironserve.status", "add_status_parser")):
+        try:
+            mod = __import__(module, fromlist=[fn])
+        except ImportError:
+            continue
+        getattr(mod, fn)(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare '--' is a pasted command (lint, import): keep it away from argparse.
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    args.command = command
+    try:
+        return args.func(args)
+    except SpecError as err:
+        for problem in err.problems:
+            print(f"error: {problem.line()}", file=sys.stderr)
+        return 2 if args.cmd in ("audit", "status") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

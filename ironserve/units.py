@@ -1,0 +1,157 @@
+"""systemd units and env files for rendered processes: what the deploy writes and the audit compares.
+
+Pure text from spec objects, so `ironserve render --format systemd`, the sglang_service role and the audit
+all see byte-identical files.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from .render import Process, Rendered
+from .spec import DockerRuntime, HostTuning, Recipe, UvRuntime
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "files" / "templates"
+
+ETC_DIR = "/etc/ironserve"
+VENV_ROOT = "/opt/ironserve/venvs"
+JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
+
+
+@dataclass
+class UnitFiles:
+    unit_name: str  # e.g. sglang-glm5-...-server.service
+    unit_text: str
+    env_path: str
+    env_text: str  # 0600: may hold secrets (HF_TOKEN, API key)
+
+
+def venv_path(recipe: Recipe) -> str:
+    return f"{VENV_ROOT}/{recipe.id}"
+
+
+def image_ref(recipe: Recipe) -> str:
+    """The image the unit runs: the derived image when the recipe patches the pinned one."""
+    runtime = recipe.runtime
+    assert isinstance(runtime, DockerRuntime)
+    if runtime.patches:
+        return f"ironserve/{recipe.id}:derived"
+    return runtime.pinned_ref
+
+
+def jit_dir(recipe: Recipe) -> str:
+    """Per recipe and engine build: old cached kernels never meet a new engine (the seeds wipe /cache/jit by hand)."""
+    runtime = recipe.runtime
+    key = runtime.digest[7:19] if isinstance(runtime, DockerRuntime) and runtime.digest else recipe.engine.sglang
+    return f"{JIT_CACHE_ROOT}/{recipe.id}/{key}"
+
+
+def _limit(value) -> str:
+    return "infinity" if value in ("unlimited", -1, None) else str(value)
+
+
+def exec_argv(recipe: Recipe, proc: Process) -> list[str]:
+    """The full ExecStart argv: the engine argv placed inside its runtime."""
+    runtime = recipe.runtime
+    argv = list(proc.argv)
+    sourced = runtime.source_env
+    if isinstance(runtime, UvRuntime):
+        bin_dir = f"{venv_path(recipe)}/bin"
+        argv[0] = f"{bin_dir}/{argv[0]}"
+        if sourced:
+            script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
+            argv = ["/bin/bash", "-c", script, proc.unit, *argv]
+        return argv
+    assert isinstance(runtime, DockerRuntime)
+    run = runtime.run
+    docker = ["/usr/bin/docker", "run", "--rm", "--name", proc.unit, "--env-file", env_path(proc)]
+    if run.gpus:
+        docker += ["--gpus", run.gpus]
+    if run.ipc_host:
+        docker.append("--ipc=host")
+    if run.network_host:
+        docker.append("--network=host")
+    if run.privileged:
+        docker.append("--privileged")
+    if run.shm_size:
+        docker += ["--shm-size", run.shm_size]
+    for name, value in run.ulimits.items():
+        docker += ["--ulimit", f"{name}={value}"]
+    if run.cpuset_cpus:
+        docker += ["--cpuset-cpus", run.cpuset_cpus]
+    for volume in run.volumes:
+        docker += ["-v", volume]
+    for device in run.devices:
+        docker += ["--device", device]
+    if sourced:
+        script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
+        docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, proc.unit]
+    else:
+        docker.append(image_ref(recipe))
+    return docker + argv
+
+
+def env_path(proc: Process) -> str:
+    return f"{ETC_DIR}/{proc.unit}.env"
+
+
+def _env_line(key: str, value: str) -> str:
+    # systemd EnvironmentFile and docker --env-file both take KEY=VALUE; keep values unquoted and single-line.
+    if "\n" in value:
+        raise ValueError(f"env {key}: values cannot span lines")
+    return f"{key}={value}"
+
+
+def env_text(proc: Process, secrets: dict[str, str] | None = None) -> str:
+    lines = ["# managed by ironserve: do not edit (rerun the deploy)"]
+    lines += [_env_line(k, v) for k, v in proc.env.items()]
+    lines += [_env_line(k, v) for k, v in (secrets or {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def _jinja() -> Environment:
+    return Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
+                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None,
+               group_target: str | None = None) -> UnitFiles:
+    argv = exec_argv(recipe, proc)
+    text = _jinja().get_template("sglang.service.j2").render(
+        recipe=recipe,
+        proc=proc,
+        exec_start=" ".join(_systemd_quote(a) for a in argv),
+        env_file=env_path(proc),
+        is_docker=isinstance(recipe.runtime, DockerRuntime),
+        memlock=_limit(tuning.limits.memlock),
+        stack=_limit(tuning.limits.stack),
+        nofile=_limit(tuning.limits.nofile),
+        unset=proc.env_unset,
+        jit_dir=jit_dir(recipe),
+        group_target=group_target,
+        start_timeout=recipe.health_timeout_s,
+    )
+    return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
+
+
+def _systemd_quote(arg: str) -> str:
+    # systemd splits ExecStart like a shell with its own rules: quote anything with spaces, quotes or specials,
+    # and double every '%' and '$' so they are not expanded as specifiers or variables.
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if arg and all(c.isalnum() or c in "-_./:=,+@" for c in arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def systemd_bundle(rendered: Rendered, tuning: HostTuning) -> str:
+    """All units of a render, for `ironserve render --format systemd`."""
+    out = []
+    for proc in rendered.processes:
+        files = unit_files(rendered.recipe, proc, tuning)
+        out.append(f"# ===== host {proc.host}: /etc/systemd/system/{files.unit_name}\n{files.unit_text}")
+        out.append(f"# ===== host {proc.host}: {files.env_path} (mode 0600)\n{files.env_text}")
+    return "\n".join(out)
