@@ -337,9 +337,24 @@ class Topology(Strict):
 # --------------------------------------------------------------------------- recipe
 
 
+class Deviation(Strict):
+    """A place where the recipe knowingly differs from its seed command, and why (usually the seed's own rule)."""
+
+    env: str | None = Field(None, description="env var added or changed")
+    flag: str | None = Field(None, description="flag added or changed (full name)")
+    reason: str
+
+    @model_validator(mode="after")
+    def _one(self) -> "Deviation":
+        if bool(self.env) == bool(self.flag):
+            raise ValueError("a deviation names exactly one env var or one flag")
+        return self
+
+
 class Source(Strict):
     seed: str = Field(description="seed file the recipe reproduces")
     section: str = Field(description="heading or lead-in text of the seed section")
+    deviations: list[Deviation] = Field(default_factory=list)
 
 
 Range = Union[float, tuple[float, float]]

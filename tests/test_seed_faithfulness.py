@@ -47,8 +47,12 @@ def _norm_json(values: list[str]) -> list[str]:
     return out
 
 
-def assert_same_command(seed_argv: list[str], rendered_argv: list[str], where: str) -> None:
+def assert_same_command(seed_argv: list[str], rendered_argv: list[str], where: str,
+                        deviating: frozenset[str] = frozenset()) -> None:
     seed, ours = flag_map(seed_argv), flag_map(rendered_argv)
+    for flag in deviating:
+        seed.pop(flag, None)
+        ours.pop(flag, None)
     missing = [f for f in seed if f not in ours and f not in NEVER_IN_ARGV]
     added = [f for f in ours if f not in seed and f not in RENDERER_ADDED and not f.startswith("--disaggregation-")]
     assert not missing, f"{where}: seed flags missing from render: {missing}"
@@ -59,7 +63,10 @@ def assert_same_command(seed_argv: list[str], rendered_argv: list[str], where: s
         assert _norm_json(ours[flag]) == _norm_json(values), f"{where}: {flag} seed={values} render={ours[flag]}"
 
 
-def assert_same_env(seed_env: dict[str, str], rendered_env: dict[str, str], where: str) -> None:
+def assert_same_env(seed_env: dict[str, str], rendered_env: dict[str, str], where: str,
+                    deviating: frozenset[str] = frozenset()) -> None:
+    seed_env = {k: v for k, v in seed_env.items() if k not in deviating}
+    rendered_env = {k: v for k, v in rendered_env.items() if k not in deviating}
     assert set(rendered_env) == set(seed_env), (
         f"{where}: env differs: only in seed {sorted(set(seed_env) - set(rendered_env))}, "
         f"only in render {sorted(set(rendered_env) - set(seed_env))}"
@@ -78,6 +85,8 @@ def test_recipe_matches_seed(recipe_id):
     recipe = catalogue.get_recipe(recipe_id)
     section = extract(recipe.source.seed, recipe.source.section)
     rendered = render(recipe)
+    dev_flags = frozenset(d.flag for d in recipe.source.deviations if d.flag)
+    dev_env = frozenset(d.env for d in recipe.source.deviations if d.env)
     for kind in ("server", "prefill", "decode", "router"):
         seeds = section.of(kind)
         ours = [p for p in rendered.processes if p.role == kind]
@@ -88,9 +97,9 @@ def test_recipe_matches_seed(recipe_id):
         # One seed command stands for every rank of its group (the seeds loop over node IPs).
         for proc in ours:
             where = f"{recipe_id} {kind} {proc.host}"
-            assert_same_command(seeds[0].argv, proc.argv, where)
+            assert_same_command(seeds[0].argv, proc.argv, where, dev_flags)
             if kind != "router":
-                assert_same_env(seeds[0].env, proc.env, where)
+                assert_same_env(seeds[0].env, proc.env, where, dev_env)
     if section.unset:
         assert set(recipe.env_unset) == set(section.unset)
     if section.sourced:
