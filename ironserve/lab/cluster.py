@@ -1,0 +1,180 @@
+"""up / status / down: the lab's lifecycle, tying rootfs, network, hosts and supply together."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import cgroups, hosts, network, rootfs, standins, state, supply
+from .state import HARDWARE_IDS, Host, LabState
+from .system import LabError, ensure_tools, require_root, run, say
+
+# Real Debian packages published to the lab repo on every `up` (tests and common roles use them).
+DEFAULT_DEBS = ["jq", "numactl", "pciutils"]
+# Wheels published to the lab index on every `up` (nvidia-ml-py: what the roles use for NVML).
+DEFAULT_WHEELS = ["nvidia-ml-py"]
+
+
+def ssh_keypair(root: Path) -> Path:
+    key = root / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(key.parent, 0o700)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ironserve-lab", "-f", str(key)])
+    key.chmod(0o600)
+    return key
+
+
+def write_known_hosts(root: Path, lab: LabState) -> Path:
+    path = root / "ssh" / "known_hosts"
+    lines = []
+    for h in lab.hosts:
+        pub = (root / "ssh" / "hostkeys" / f"{h.name}.pub").read_text().split()
+        lines.append(f"{h.name},{h.address} {pub[0]} {pub[1]}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _ssh_ok(lab: LabState, host: Host) -> bool:
+    proc = run(["ssh", *ssh_options(lab), f"{lab.ssh_user}@{host.address}", "true"], check=False, timeout=15)
+    return proc.returncode == 0
+
+
+def ssh_options(lab: LabState) -> list[str]:
+    return ["-i", lab.ssh_key, "-o", f"UserKnownHostsFile={lab.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]
+
+
+def up(nodes: int, hardware: str | None = None) -> LabState:
+    if nodes < 1:
+        raise LabError("--nodes must be at least 1")
+    ensure_tools()
+    root = state.lab_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    lab = state.load(root) or LabState()
+    hardware = hardware or lab.hardware
+    if hardware not in HARDWARE_IDS:
+        raise LabError(f"unknown hardware {hardware!r}; one of {', '.join(HARDWARE_IDS)}")
+    base = rootfs.ensure_base(root)
+    key = ssh_keypair(root)
+    lab.hardware, lab.ssh_key = hardware, str(key)
+
+    # Supply first: hosts should find their mirrors the moment they boot.
+    say("preparing lab supply (apt repo, wheelhouse, stand-ins)")
+    network.ensure_bridge()
+    supply.ensure_dirs(root)
+    standins.publish(root)
+    stamp = supply.supply_dir(root) / ".defaults"
+    wanted = " ".join(DEFAULT_DEBS + ["|"] + DEFAULT_WHEELS)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        say(f"publishing Debian packages to the lab repo: {' '.join(DEFAULT_DEBS)}")
+        supply.publish_debs(root, DEFAULT_DEBS)
+        say(f"publishing wheels to the lab index: {' '.join(DEFAULT_WHEELS)}")
+        supply.publish_wheels(root, DEFAULT_WHEELS)
+        stamp.write_text(wanted)
+    supply.start_server(root)
+
+    # Shrink: stop hosts beyond N (highest index first).
+    for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
+        say(f"stopping {h.name} (lab now has {nodes} hosts)")
+        hosts.stop(root, h.name)
+    existing = {h.node_index: h for h in lab.hosts if h.node_index <= nodes}
+    lab.hosts = [existing.get(i) or Host(state.host_name(i), state.host_address(i), i, hardware)
+                 for i in range(1, nodes + 1)]
+    for h in lab.hosts:
+        h.hardware = hardware
+        hosts.ensure_host_key(root, h.name)
+    lab.known_hosts = str(write_known_hosts(root, lab))
+    state.save(lab, root)
+
+    pubkey = key.with_suffix(".pub").read_text()
+    to_boot = [h for h in lab.hosts if not hosts.pid_of(root, h.name)]
+    kept = len(lab.hosts) - len(to_boot)
+    say(f"{'booting ' + str(len(to_boot)) if to_boot else 'no new'} host(s)"
+        f"{f', keeping {kept} running' if kept else ''}")
+    for h in lab.hosts:  # running hosts get the new /etc/hosts and hardware too
+        network.ensure_netns(h.name, h.address)
+        hosts.prepare(root, base, lab, h, pubkey)
+    t_boot = time.monotonic()
+    for h in to_boot:
+        hosts.spawn(root, h)
+
+    def ready(h: Host) -> None:
+        hosts.wait_running(root, h.name)
+        from .system import wait_for
+        wait_for(lambda: _ssh_ok(lab, h), 60, interval=0.5, what=f"ssh on {h.name}")
+
+    with ThreadPoolExecutor(max_workers=max(1, len(lab.hosts))) as pool:
+        for fut in [pool.submit(ready, h) for h in lab.hosts]:
+            fut.result()
+    say(f"{len(lab.hosts)} host(s) up: systemd running, ssh ok "
+        f"(boot {time.monotonic() - t_boot:.1f}s, total {time.monotonic() - t0:.1f}s)")
+    for h in lab.hosts:
+        say(f"  {h.name}  {h.address}  ssh -i {lab.ssh_key} {lab.ssh_user}@{h.address}")
+    return lab
+
+
+def status() -> dict:
+    root = state.lab_dir()
+    lab = state.load(root)
+    if not lab:
+        return {"hosts": []}
+    data = lab.status()
+    for entry in data["hosts"]:
+        entry["running"] = bool(hosts.pid_of(root, entry["name"]))
+    data["supply_running"] = bool(supply.server_pid(root))
+    return data
+
+
+def down() -> None:
+    require_root()
+    root = state.lab_dir()
+    lab = state.load(root)
+    names = {h.name for h in lab.hosts} if lab else set()
+    hosts_dir = root / "hosts"
+    if hosts_dir.exists():
+        names |= {p.name for p in hosts_dir.iterdir() if p.is_dir()}
+    names |= {ns.removeprefix("ironlab-") for ns in network.lab_netns()}
+    if names:
+        say(f"stopping {len(names)} host(s): {' '.join(sorted(names))}")
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        for fut in [pool.submit(hosts.stop, root, n) for n in sorted(names)]:
+            fut.result()
+    say("stopping supply server, removing bridge")
+    supply.stop_server(root)
+    network.remove_bridge()
+    left = cgroups.remove()
+    state.remove(root)
+    problems = leftovers(root)
+    if left or problems:
+        raise LabError("lab down left traces behind:\n" + "\n".join(left + problems))
+    say("lab is down (base rootfs and supply cache kept in " + str(root) + ")")
+
+
+def leftovers(root: Path | None = None) -> list[str]:
+    """Everything `down` promises to remove: returns a line per trace still present."""
+    root = root or state.lab_dir()
+    found = [f"netns {n}" for n in network.lab_netns()]
+    found += [f"link {n}" for n in network.lab_links()]
+    found += [f"cgroup {c}" for c in cgroups.leftovers()]
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mnt = line.split()[1]
+        if mnt.startswith(str(root) + "/") or mnt.startswith("/run/netns/ironlab-"):
+            found.append(f"mount {mnt}")
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if ("systemd-nspawn" in cmd and "--machine=lab" in cmd) or ("httpd.py" in cmd and str(root) in cmd):
+            found.append(f"process {pid_dir.name}: {cmd.strip()}")
+    if Path("/run/systemd/nspawn/propagate").exists():
+        found += [f"nspawn dir {p}" for p in Path("/run/systemd/nspawn/propagate").iterdir()
+                  if p.name.startswith("lab")]
+    return found

@@ -1,0 +1,168 @@
+"""The base root filesystem every lab host boots from (read-only lower layer of its overlay).
+
+Built once per state directory with debootstrap (Debian bookworm, minbase + what provisioning
+and tests need), then cached. The Debian mirror is read at run time from this machine's own
+apt sources, so the lab uses whatever archive (or internal mirror) the machine is set up with.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from .system import LabError, run, say
+
+SUITE = "bookworm"
+# Bump when the package list or the configuration below changes: forces a rebuild.
+BASE_VERSION = "3"
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "sudo",
+    "python3", "python3-venv", "ca-certificates", "iproute2", "procps", "curl",
+    "iputils-ping", "netcat-openbsd", "less", "kmod", "gnupg", "lsb-release", "xz-utils",
+]
+SSH_USER = "ironserve"
+ASSETS = Path(__file__).parent / "assets"
+
+SOURCES_FILES = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
+
+
+def debian_mirror() -> str:
+    """First Debian (non-security) archive URI from this machine's apt sources."""
+    candidates: list[str] = []
+    for path in SOURCES_FILES + tuple(str(p) for p in sorted(Path("/etc/apt/sources.list.d").glob("*"))):
+        p = Path(path)
+        if not p.is_file():
+            continue
+        text = p.read_text(errors="replace")
+        if p.suffix == ".sources":
+            for stanza in text.split("\n\n"):
+                fields = {}
+                for line in stanza.splitlines():
+                    if ":" in line and not line.lstrip().startswith("#"):
+                        key, _, value = line.partition(":")
+                        fields[key.strip().lower()] = value.strip()
+                if "deb" in fields.get("types", "").split() and "security" not in fields.get("suites", ""):
+                    candidates += fields.get("uris", "").split()
+        elif p.suffix == ".list":
+            for line in text.splitlines():
+                parts = line.split("#")[0].split()
+                if parts[:1] == ["deb"]:
+                    uri = next((x for x in parts[1:] if "://" in x), "")
+                    if uri and "security" not in line:
+                        candidates.append(uri)
+    for uri in candidates:
+        if "/debian" in uri:
+            return uri
+    if candidates:
+        return candidates[0]
+    raise LabError("no Debian archive found in this machine's apt sources; cannot debootstrap the lab base")
+
+
+def base_dir(root: Path) -> Path:
+    return root / "base"
+
+
+def is_built(root: Path) -> bool:
+    marker = base_dir(root) / "etc" / "ironlab-base-version"
+    return marker.exists() and marker.read_text().strip() == BASE_VERSION
+
+
+def _umount_under(path: Path) -> None:
+    # debootstrap mounts /proc and /sys in the target; a failed run can leave them behind.
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(str(path) + "/")), reverse=True):
+        run(["umount", "-l", m], check=False)
+
+
+def ensure_base(root: Path) -> Path:
+    base = base_dir(root)
+    if is_built(root):
+        return base
+    mirror = debian_mirror()
+    tmp = root / "base.tmp"
+    _umount_under(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if base.exists():
+        _umount_under(base)
+        shutil.rmtree(base)
+    root.mkdir(parents=True, exist_ok=True)
+    say(f"building base rootfs (first time, ~1-2 min): debootstrap {SUITE} from this machine's apt mirror")
+    start = time.monotonic()
+    cache = root / "cache" / "debootstrap"
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+           f"--cache-dir={cache}", SUITE, str(tmp), mirror]
+    log = root / "debootstrap.log"
+    with open(log, "w") as fh:
+        import subprocess
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        _umount_under(tmp)
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise LabError(f"debootstrap failed (rc={rc}); see {log}\n{tail}")
+    _umount_under(tmp)
+    say("configuring base rootfs")
+    configure(tmp)
+    tmp.rename(base)
+    say(f"base rootfs ready in {time.monotonic() - start:.0f}s ({base})")
+    return base
+
+
+def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
+    path = root / rel.lstrip("/")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def configure(rootfs: Path) -> None:
+    """Turn a debootstrapped tree into a lab host template (per-host bits come later)."""
+    run(["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash",
+         "--groups", "sudo", SSH_USER])
+    _write(rootfs, f"/etc/sudoers.d/{SSH_USER}", f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
+    _write(rootfs, "/etc/ssh/sshd_config.d/ironlab.conf",
+           "PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\n"
+           "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()  # each host gets its own, stable across lab restarts
+    # The hosts are air-gapped: apt sees only the lab repository (written per host at up).
+    (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
+    _write(rootfs, "/etc/apt/apt.conf.d/90ironlab",
+           'Acquire::Languages "none";\nAPT::Install-Recommends "false";\n')
+    # Per-host identity is written at up; an empty machine-id here would be shared otherwise.
+    _write(rootfs, "/etc/machine-id", "")
+    # Units that make no sense offline or in a container; masking keeps `running` clean.
+    wants = rootfs / "etc/systemd/system"
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
+                 "fstrim.timer", "systemd-timesyncd.service"):
+        link = wants / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+    # Writable stand-in cpufreq tree (see assets/fake-sysfs.sh).
+    _write(rootfs, "/usr/local/lib/ironlab/fake-sysfs", (ASSETS / "fake-sysfs.sh").read_text(), 0o755)
+    _write(rootfs, "/etc/systemd/system/ironlab-fakesys.service", """\
+[Unit]
+Description=ironserve lab: writable stand-in cpufreq tree
+DefaultDependencies=no
+Before=sysinit.target systemd-sysctl.service
+ConditionVirtualization=container
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/lib/ironlab/fake-sysfs
+
+[Install]
+WantedBy=sysinit.target
+""")
+    sysinit = wants / "sysinit.target.wants"
+    sysinit.mkdir(parents=True, exist_ok=True)
+    (sysinit / "ironlab-fakesys.service").unlink(missing_ok=True)
+    (sysinit / "ironlab-fakesys.service").symlink_to("/etc/systemd/system/ironlab-fakesys.service")
+    default = wants / "default.target"
+    default.unlink(missing_ok=True)
+    default.symlink_to("/lib/systemd/system/multi-user.target")
+    for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    _write(rootfs, "/etc/ironlab-base-version", BASE_VERSION + "\n")

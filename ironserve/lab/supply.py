@@ -1,0 +1,224 @@
+"""Air-gapped supply for lab hosts: an apt repository, a Python package index and plain files.
+
+Layout under <lab dir>/supply/ (served as-is on http://<gateway>:<port>/):
+  apt/       flat apt repository: *.deb, Packages(.gz), Release    -> "deb [trusted=yes] URL/apt ./"
+  wheels/    wheel/sdist files                                      (pip download)
+  simple/    PEP 503 index over wheels/                            -> pip --index-url URL/simple/
+  ascend/    Ascend .run installers (stand-ins in the lab)
+
+Filled from this machine's configured registries (its apt sources, its pip config), the
+way an internal mirror is filled for an air-gapped cluster. Hosts reach it only over the
+lab bridge; the server binds the gateway address only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import html
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .state import GATEWAY, SUPPLY_PORT
+from .system import LabError, run, say, wait_for
+
+HTTPD = Path(__file__).with_name("httpd.py")
+
+
+def supply_dir(root: Path) -> Path:
+    return root / "supply"
+
+
+def ensure_dirs(root: Path) -> Path:
+    sup = supply_dir(root)
+    for sub in ("apt", "wheels", "simple", "ascend"):
+        (sup / sub).mkdir(parents=True, exist_ok=True)
+    return sup
+
+
+# ---------------------------------------------------------------- apt repository
+
+def _apt_lists_present() -> bool:
+    return any(Path("/var/lib/apt/lists").glob("*_Packages*"))
+
+
+def publish_debs(root: Path, names: list[str]) -> list[str]:
+    """Download `names` plus every dependency the base rootfs lacks, then reindex the repo.
+
+    apt resolves against the base rootfs's dpkg status (not this machine's), so the set is
+    exactly what a lab host needs to `apt-get install` these packages from the lab repo.
+    """
+    repo = ensure_dirs(root) / "apt"
+    if not names:
+        return []
+    if not _apt_lists_present():
+        say("refreshing this machine's apt lists (apt-get update)")
+        run(["apt-get", "update"], check=False)
+    status = root / "base" / "var/lib/dpkg/status"
+    if not status.exists():
+        raise LabError("base rootfs missing; build it before publishing packages")
+    with tempfile.TemporaryDirectory(prefix="ironlab-apt-") as tmp:
+        (Path(tmp) / "partial").mkdir()
+        proc = run(["apt-get", "install", "--download-only", "-y", "--no-install-recommends",
+                    "-o", f"Dir::State::status={status}", "-o", f"Dir::Cache::archives={tmp}",
+                    "-o", "Debug::NoLocking=1", "-o", "APT::Get::AllowUnauthenticated=false", *names],
+                   check=False, env={"DEBIAN_FRONTEND": "noninteractive"})
+        if proc.returncode != 0:
+            raise LabError(f"could not download {' '.join(names)} for the lab repo:\n{proc.stderr.strip()}")
+        got = sorted(p.name for p in Path(tmp).glob("*.deb"))
+        for name in got:
+            shutil.move(str(Path(tmp) / name), repo / name)
+    reindex_apt(root)
+    return got
+
+
+def add_debs(root: Path, debs: list[Path]) -> None:
+    repo = ensure_dirs(root) / "apt"
+    for deb in debs:
+        shutil.copy2(deb, repo / deb.name)
+    reindex_apt(root)
+
+
+def reindex_apt(root: Path) -> None:
+    """Write Packages, Packages.gz and Release for the flat repository (dpkg-deb only)."""
+    repo = supply_dir(root) / "apt"
+    stanzas = []
+    for deb in sorted(repo.glob("*.deb")):
+        control = run(["dpkg-deb", "-f", str(deb)]).stdout.rstrip("\n")
+        data = deb.read_bytes()
+        stanzas.append(f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                       f"MD5sum: {hashlib.md5(data).hexdigest()}\n"
+                       f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+    packages = "\n".join(stanzas).encode()
+    (repo / "Packages").write_bytes(packages)
+    (repo / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
+    lines = ["Origin: ironserve-lab", "Label: ironserve-lab", "Suite: lab", "Codename: lab",
+             f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S +0000', time.gmtime())}",
+             "Architectures: amd64 all", "SHA256:"]
+    for name in ("Packages", "Packages.gz"):
+        blob = (repo / name).read_bytes()
+        lines.append(f" {hashlib.sha256(blob).hexdigest()} {len(blob)} {name}")
+    (repo / "Release").write_text("\n".join(lines) + "\n")
+
+
+# ---------------------------------------------------------------- wheelhouse
+
+def _pip() -> list[str]:
+    for cand in ([sys.executable, "-m", "pip"], ["python3", "-m", "pip"]):
+        if subprocess.run([*cand, "--version"], capture_output=True).returncode == 0:
+            return cand
+    if shutil.which("pip3"):
+        return ["pip3"]
+    raise LabError("no pip found on this machine to fill the lab wheelhouse")
+
+
+def publish_wheels(root: Path, requirements: list[str]) -> None:
+    """`pip download` requirements (with dependencies) into the wheelhouse, then reindex.
+
+    Lab hosts run Debian bookworm's Python 3.11 on x86_64; pip here downloads for this
+    interpreter, so run the lab from a Python 3.11 x86_64 environment (the project's).
+    """
+    wheels = ensure_dirs(root) / "wheels"
+    if requirements:
+        proc = run([*_pip(), "download", "--disable-pip-version-check", "-q", "-d", str(wheels),
+                    *requirements], check=False)
+        if proc.returncode != 0:
+            raise LabError(f"pip download {' '.join(requirements)} failed:\n{proc.stderr.strip()}")
+    reindex_wheels(root)
+
+
+def _project(filename: str) -> str | None:
+    if filename.endswith(".whl"):
+        name = filename.split("-")[0]
+    elif filename.endswith((".tar.gz", ".zip")):
+        name = re.sub(r"\.(tar\.gz|zip)$", "", filename).rsplit("-", 1)[0]
+    else:
+        return None
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503 normalisation
+
+
+def reindex_wheels(root: Path) -> None:
+    """Generate a static PEP 503 simple/ tree linking to ../../wheels/<file>#sha256=..."""
+    sup = supply_dir(root)
+    simple = sup / "simple"
+    shutil.rmtree(simple, ignore_errors=True)
+    simple.mkdir(parents=True)
+    projects: dict[str, list[Path]] = {}
+    for f in sorted((sup / "wheels").iterdir()):
+        name = _project(f.name)
+        if name:
+            projects.setdefault(name, []).append(f)
+    for name, files in projects.items():
+        links = []
+        for f in files:
+            digest = hashlib.sha256(f.read_bytes()).hexdigest()
+            links.append(f'<a href="../../wheels/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br>')
+        (simple / name).mkdir()
+        (simple / name / "index.html").write_text(
+            f"<!DOCTYPE html><html><body>\n{chr(10).join(links)}\n</body></html>\n")
+    index = [f'<a href="{n}/">{n}</a><br>' for n in sorted(projects)]
+    (simple / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{chr(10).join(index)}\n</body></html>\n")
+
+
+# ---------------------------------------------------------------- files
+
+def add_files(root: Path, subdir: str, files: list[Path]) -> None:
+    dest = ensure_dirs(root) / subdir
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, dest / f.name)
+
+
+# ---------------------------------------------------------------- server
+
+def _pidfile(root: Path) -> Path:
+    return supply_dir(root) / "httpd.pid"
+
+
+def server_pid(root: Path) -> int | None:
+    try:
+        pid = int(_pidfile(root).read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"httpd.py" in cmdline and str(supply_dir(root)).encode() in cmdline else None
+
+
+def _listening() -> bool:
+    try:
+        with socket.create_connection((GATEWAY, SUPPLY_PORT), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start_server(root: Path) -> None:
+    sup = ensure_dirs(root)
+    if server_pid(root):
+        return
+    _pidfile(root).unlink(missing_ok=True)
+    with open(sup.parent / "supply-httpd.log", "ab") as log:
+        subprocess.Popen([sys.executable, str(HTTPD), "--bind", GATEWAY, "--port", str(SUPPLY_PORT),
+                          "--root", str(sup), "--pidfile", str(_pidfile(root))],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                         close_fds=True)
+    wait_for(lambda: server_pid(root) and _listening(), 10, what="the lab supply server")
+
+
+def stop_server(root: Path) -> None:
+    pid = server_pid(root)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: not server_pid(root), 5, what="supply server exit")
+        except LabError:
+            os.kill(pid, signal.SIGKILL)
+    _pidfile(root).unlink(missing_ok=True)

@@ -1,0 +1,75 @@
+"""Small shared helpers: progress output, running commands, host-safety preflight."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+
+class LabError(RuntimeError):
+    """A lab failure with a message meant for the user (no traceback needed)."""
+
+
+def say(message: str) -> None:
+    # Progress goes to stderr so `lab status --format json` stays clean on stdout.
+    print(f"[lab] {message}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], *, check: bool = True, capture: bool = True, timeout: float | None = None,
+        env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=capture, text=True, timeout=timeout, input=input,
+                          env={**os.environ, **env} if env else None)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout or "").strip() if capture else ""
+        raise LabError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{detail}")
+    return proc
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (it creates network namespaces, overlay mounts and "
+                       "systemd-nspawn containers); run it with sudo or as root")
+
+
+def apt_install(packages: list[str], why: str) -> None:
+    """Install missing tools on this machine from its configured apt sources."""
+    if not shutil.which("apt-get"):
+        raise LabError(f"{' '.join(packages)} missing and no apt-get to install them ({why})")
+    say(f"installing {' '.join(packages)} on this machine ({why})")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    proc = run(["apt-get", "install", "-y", "--no-install-recommends", *packages], check=False, env=env)
+    if proc.returncode != 0:
+        # Lists may be missing on a fresh machine; refresh once and retry.
+        run(["apt-get", "update"], check=False, env=env)
+        run(["apt-get", "install", "-y", "--no-install-recommends", *packages], env=env)
+
+
+def ensure_tools() -> None:
+    """Host-safety preflight: root, then systemd-nspawn/debootstrap (installed when missing)."""
+    require_root()
+    missing = [pkg for tool, pkg in (("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"))
+               if not shutil.which(tool)]
+    if missing:
+        try:
+            apt_install(missing, "needed to build and boot lab hosts")
+        except LabError as exc:
+            raise LabError(f"systemd-nspawn/debootstrap are required and could not be installed: {exc}") from exc
+    if not shutil.which("systemd-nspawn"):
+        raise LabError("systemd-nspawn is required (package systemd-container) and is not available")
+    for tool in ("ip", "nsenter", "ssh", "ssh-keygen", "mount"):
+        if not shutil.which(tool):
+            raise LabError(f"required tool {tool!r} not found on this machine")
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
