@@ -1,0 +1,109 @@
+"""Bad input fails before any host is touched, naming the file, the field and the fix (exit 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ironserve import catalogue
+from ironserve.catalogue import SpecError
+from ironserve.cli import main
+
+GOOD = catalogue.recipes_dir() / "glm5-nvfp4-mtp-rtx6000-tp8.yaml"
+
+
+def write_variant(tmp_path: Path, mutate, name="glm5-nvfp4-mtp-rtx6000-tp8") -> Path:
+    data = yaml.safe_load(GOOD.read_text())
+    mutate(data)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def problems(path: Path) -> list:
+    with pytest.raises(SpecError) as err:
+        catalogue.get_recipe(str(path))
+    return err.value.problems
+
+
+def test_typo_in_key_names_file_field_and_suggestion(tmp_path):
+    path = write_variant(tmp_path, lambda d: d["server"].__setitem__("tp_sise", 8))
+    (p,) = problems(path)
+    assert p.file.endswith("glm5-nvfp4-mtp-rtx6000-tp8.yaml")
+    assert p.field == "server.tp_sise"
+    assert "unknown key" in p.message and "tp_size" in p.fix
+
+
+def test_nested_typo_suggests_within_its_section(tmp_path):
+    path = write_variant(tmp_path, lambda d: d["server"]["speculative"].__setitem__("num_step", 3))
+    (p,) = problems(path)
+    assert p.field == "server.speculative.num_step" and "num_steps" in p.fix
+
+
+def test_wrong_type(tmp_path):
+    path = write_variant(tmp_path, lambda d: d["server"].__setitem__("tp_size", "eight"))
+    (p,) = problems(path)
+    assert p.field == "server.tp_size" and "eight" in p.fix
+
+
+def test_tp_larger_than_devices(tmp_path):
+    path = write_variant(tmp_path, lambda d: d["server"].__setitem__("tp_size", 16))
+    found = problems(path)
+    assert any(p.field == "server.tp_size" and "needs 16 devices per node" in p.message for p in found)
+    assert all("lower tp_size" in p.fix for p in found if p.field == "server.tp_size")
+
+
+def test_unknown_hardware_suggests(tmp_path):
+    path = write_variant(tmp_path, lambda d: d.__setitem__("hardware", ["rtx6000-pro-maxx"]))
+    (p,) = problems(path)
+    assert p.field == "hardware[0]" and "rtx6000-pro-maxq" in p.fix
+
+
+def test_env_boolean_must_be_quoted(tmp_path):
+    path = write_variant(tmp_path, lambda d: d["env"].__setitem__("SGLANG_ENABLE_SPEC_V2", True))
+    (p,) = problems(path)
+    assert p.field == "env" and "quoted" in p.message
+
+
+def test_unpinned_uv_package(tmp_path):
+    def mutate(d):
+        d["runtime"] = {"kind": "uv", "python": "3.12", "packages": ["sglang"]}
+
+    (p,) = problems(write_variant(tmp_path, mutate))
+    assert p.field.startswith("runtime.packages") and "not pinned" in p.message
+
+
+def test_file_name_must_match_id(tmp_path):
+    path = write_variant(tmp_path, lambda d: None, name="renamed")
+    (p,) = problems(path)
+    assert p.field == "id" and "rename" in p.fix
+
+
+def test_invalid_yaml_reports_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("id: x\nserver: [unclosed\n")
+    (p,) = problems(path)
+    assert p.field.startswith("line ") and "YAML" in p.message
+
+
+def test_cli_exit_1_with_file_field_fix(tmp_path, capsys):
+    path = write_variant(tmp_path, lambda d: d["server"].__setitem__("tp_sise", 8))
+    assert main(["render", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert str(path.name) in err and "server.tp_sise" in err and "did you mean 'tp_size'" in err
+    assert main(["lint", "--offline", str(path)]) == 1
+
+
+def test_unknown_recipe_id_suggests(capsys):
+    assert main(["render", "glm5-nvfp4-mtp-rtx6000"]) == 1
+    assert "glm5-nvfp4-mtp-rtx6000-tp8" in capsys.readouterr().err
+
+
+def test_topology_consistency(tmp_path):
+    def mutate(d):
+        d["topology"] = {"kind": "pd-disaggregation", "groups": [{"role": "prefill", "bootstrap_port": 8998}]}
+
+    (p,) = problems(write_variant(tmp_path, mutate))
+    assert p.field == "topology" and "decode" in p.message
