@@ -96,7 +96,8 @@ def problems_from_validation(file: str, model: type[BaseModel], err: ValidationE
 
 def _load_yaml(path: Path):
     try:
-        return yaml.safe_load(path.read_text())
+        # the C loader when PyYAML has it: the catalogue loads on every CLI call
+        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
