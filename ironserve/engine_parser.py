@@ -1,0 +1,667 @@
+"""Real-parser validation: check an engine argv with the SGLang (or sglang-router) version's own parser.
+
+Each engine version gets its own cached venv under
+``${IRONSERVE_CACHE:-~/.cache/ironserve}/sglang-parsers/<version>/`` (router: ``router-<version>/``).
+A sglang venv holds ``sglang==<version>`` installed with ``--no-deps``, CPU ``torch==2.13.0`` from a
+local wheel directory (``/opt/wheels``; override with ``IRONSERVE_TORCH_WHEELS``) and only the small
+packages that ``sglang.srt.server_args`` imports, discovered at build time by importing it and
+installing whatever is missing (pinned to the versions sglang's own metadata asks for). A plain
+``pip install sglang`` would pull gigabytes of CUDA wheels; this never happens here because torch is
+pinned to the ``+cpu`` build, sglang comes with ``--no-deps`` and CUDA-only distributions are refused.
+
+One thing is shimmed, in the venv only: ``torchvision``. PyPI's torchvision wheels are CUDA builds
+that cannot load next to CPU torch, yet sglang imports ``torchvision.transforms`` at module level in
+multimodal helpers that sit on server_args' import chain. Argument parsing never calls it, so an inert
+placeholder package (no dist-info, so transformers still sees "torchvision unavailable") is written
+into the venv; see ``_TORCHVISION_SHIM``. Nothing in sglang itself is patched.
+
+The parse runs in a subprocess (``_parser_probe.py`` with the venv's interpreter) with
+``allow_abbrev=False``; see that module for the rules it reports. Importing server_args takes
+10-30 s on a small CPU, so :func:`check_many` parses many argvs in one subprocess.
+
+Builds are safe under concurrency (an ``fcntl`` lock per venv) and atomic (built in a temporary
+directory next to the final one and renamed into place only once complete and self-tested).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from ironserve.findings import Finding, Severity
+
+TORCH_VERSION = "2.13.0"
+TORCH_PIN = f"torch=={TORCH_VERSION}+cpu"
+DEFAULT_ROUTER_VERSION = "0.3.2"  # latest sglang-router on PyPI, and the one current in March 2026
+PROBE = Path(__file__).with_name("_parser_probe.py")
+PROBE_TIMEOUT_S = 900
+BUILD_TIMEOUT_S = 1800
+
+# Packages whose import sglang.srt.server_args needs (found by importing it, 0.5.9 .. 0.5.23). Installed
+# in one go to save resolver rounds; anything a version additionally needs is discovered at build time.
+_BASE_IMPORTS = [
+    "numpy", "tqdm", "pybase64", "requests", "IPython", "pydantic", "aiohttp", "safetensors",
+    "orjson", "triton", "zmq", "packaging", "PIL", "starlette", "openai", "partial_json_parser",
+    "huggingface_hub", "transformers", "dill", "sentencepiece", "psutil", "yaml", "msgspec",
+]
+# import name -> distribution name where they differ
+_DIST_OF = {
+    "zmq": "pyzmq", "PIL": "pillow", "yaml": "pyyaml", "IPython": "ipython", "google": "protobuf",
+    "sklearn": "scikit-learn", "cv2": "opencv-python-headless", "dateutil": "python-dateutil",
+    "multipart": "python-multipart", "jwt": "pyjwt", "sentencepiece": "sentencepiece",
+    "setproctitle": "setproctitle", "huggingface_hub": "huggingface-hub", "attr": "attrs",
+    "grpc": "grpcio", "grpc_reflection": "grpcio-reflection", "grpc_health": "grpcio-health-checking",
+    "decord": "decord2", "openai_harmony": "openai-harmony", "compressed_tensors": "compressed-tensors",
+    "prometheus_client": "prometheus-client", "smg_grpc_proto": "smg-grpc-proto",
+    "mistral_common": "mistral-common", "xxhash": "xxhash", "zstandard": "zstandard",
+}
+# Never installed into a parser venv: CUDA-only, GPU kernels or torch itself. If a version's
+# server_args import chain needs one of them, the build fails loudly (a shim would be needed).
+_REFUSED = re.compile(
+    r"^(torch|torchvision|torchaudio|nvidia-.*|cuda-.*|flashinfer.*|sgl[-_]kernel|sglang-kernel|"
+    r"sgl-deep-.*|sgl-flash-mla|deep[-_]gemm|deep[-_]ep|vllm|xformers|flash[-_]attn.*|"
+    r"torch[-_]memory[-_]saver|cupy.*|tilelang|humming-kernels|quack-kernels|nvshmem.*)$",
+    re.I,
+)
+# Versions that are not PyPI releases: nightly/dev images, git builds, local versions.
+_RELEASE = re.compile(r"^\d+(\.\d+){1,3}(\.post\d+)?$")
+
+_TORCHVISION_SHIM = {
+    "__init__.py": '''"""ironserve parser-venv SHIM for torchvision -- not the real package.
+
+PyPI's torchvision wheels are CUDA builds (they dlopen libc10_cuda.so) and cannot load next to the
+CPU torch of this venv, but sglang imports torchvision.transforms at module level in multimodal
+helpers on the import chain of sglang.srt.server_args. Argument parsing never calls torchvision;
+every attribute here is an inert placeholder that raises if it is ever called. There is no
+dist-info, so transformers' is_torchvision_available() stays False.
+"""
+__version__ = "0.0.0+ironserve.shim"
+IRONSERVE_SHIM = True
+
+
+class _Inert:
+    def __init__(self, name="torchvision"):
+        self._name = name
+
+    def __getattr__(self, item):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return _Inert(f"{self._name}.{item}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name}: torchvision is a shim in ironserve's parser venv")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Inert(f"torchvision.{name}")
+''',
+    "transforms/__init__.py": '''"""ironserve shim: see torchvision/__init__.py."""
+from torchvision import _Inert
+from torchvision.transforms.functional import InterpolationMode  # noqa: F401
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Inert(f"torchvision.transforms.{name}")
+''',
+    "transforms/functional.py": '''"""ironserve shim: see torchvision/__init__.py."""
+import enum
+
+from torchvision import _Inert
+
+
+class InterpolationMode(enum.Enum):
+    NEAREST = "nearest"
+    NEAREST_EXACT = "nearest-exact"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    BOX = "box"
+    HAMMING = "hamming"
+    LANCZOS = "lanczos"
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Inert(f"torchvision.transforms.functional.{name}")
+''',
+    "transforms/v2/__init__.py": '''"""ironserve shim: see torchvision/__init__.py."""
+from torchvision import _Inert
+from torchvision.transforms.functional import InterpolationMode  # noqa: F401
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Inert(f"torchvision.transforms.v2.{name}")
+''',
+    "transforms/v2/functional.py": '''"""ironserve shim: see torchvision/__init__.py."""
+from torchvision import _Inert
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Inert(f"torchvision.transforms.v2.functional.{name}")
+''',
+    "io/__init__.py": '''"""ironserve shim: see torchvision/__init__.py."""
+from torchvision import _Inert
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Inert(f"torchvision.io.{name}")
+''',
+}
+
+
+class EngineNotAvailable(RuntimeError):
+    """The engine version is not a PyPI release (nightly/dev image, git build) or not on PyPI."""
+
+
+class ParserEnvError(RuntimeError):
+    """A parser venv could not be built or its probe failed."""
+
+
+# --------------------------------------------------------------------------------------------
+# venvs
+# --------------------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
+
+
+def parsers_dir() -> Path:
+    return cache_root() / "sglang-parsers"
+
+
+def normalize_version(version: str, package: str = "sglang") -> str:
+    """'sglang==0.5.9', 'v0.5.9', '0.5.9' -> '0.5.9'; EngineNotAvailable for non-releases."""
+    v = str(version).strip()
+    for prefix in (f"{package}==", f"{package.replace('-', '_')}==", "=="):
+        if v.startswith(prefix):
+            v = v[len(prefix):]
+    v = v.lstrip("vV")
+    if not _RELEASE.match(v):
+        raise EngineNotAvailable(
+            f"{package} {version!r} is not a PyPI release (nightly/dev images, git builds and local "
+            f"versions have no wheel to take the parser from); pin the engine to a released "
+            f"{package}==X.Y.Z to get real-parser validation"
+        )
+    return v
+
+
+def env_dir(version: str, *, router: bool = False) -> Path:
+    package = "sglang-router" if router else "sglang"
+    v = normalize_version(version, package)
+    return parsers_dir() / (f"router-{v}" if router else v)
+
+
+def _manifest(path: Path) -> Path:
+    return path / "ironserve-env.json"
+
+
+def _python(path: Path) -> Path:
+    return path / "bin" / "python"
+
+
+def parser_env(version: str, *, router: bool = False) -> Path:
+    """The cached venv for ``sglang==version`` (``router=True``: ``sglang-router==version``), built once.
+
+    Raises EngineNotAvailable when the version is not a PyPI release, ParserEnvError when the build
+    fails (the half-built venv is removed; nothing is left under the final path).
+    """
+    final = env_dir(version, router=router)
+    if _manifest(final).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(final.parent / f".{final.name}.lock"):
+        if _manifest(final).is_file():  # built by someone else while we waited
+            return final
+        if final.exists():  # incomplete leftover (e.g. killed rename race): never trust it
+            shutil.rmtree(final, ignore_errors=True)
+        _clean_stale_tmp(final.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-{os.getpid()}-", dir=final.parent))
+        try:
+            t0 = time.time()
+            if router:
+                info = _build_router(tmp, final.name.removeprefix("router-"))
+            else:
+                info = _build_sglang(tmp, final.name)
+            info["build_seconds"] = round(time.time() - t0, 1)
+            info["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            info["path"] = str(final)
+            _manifest(tmp).write_text(json.dumps(info, indent=1, sort_keys=True))
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def router_env(version: str = DEFAULT_ROUTER_VERSION) -> Path:
+    return parser_env(version, router=True)
+
+
+@contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _clean_stale_tmp(parent: Path) -> None:
+    for p in parent.glob(".tmp-*"):
+        try:
+            pid = int(p.name.split("-")[-2])
+        except (ValueError, IndexError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def _uv() -> str:
+    uv = shutil.which("uv")
+    if not uv:
+        raise ParserEnvError("uv is required to build parser venvs (https://docs.astral.sh/uv/)")
+    return uv
+
+
+def _run(cmd: list[str], what: str, timeout: int = BUILD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    env.setdefault("UV_NO_PROGRESS", "1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise ParserEnvError(f"{what} failed ({shlex.join(cmd)}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _torch_wheels() -> Path:
+    wheels = Path(os.environ.get("IRONSERVE_TORCH_WHEELS", "/opt/wheels"))
+    if not wheels.is_dir() or not list(wheels.glob(f"torch-{TORCH_VERSION}+cpu-*.whl")):
+        raise ParserEnvError(
+            f"no CPU torch wheel torch-{TORCH_VERSION}+cpu-*.whl in {wheels}: parser venvs need CPU "
+            "torch and the PyTorch CPU index is not reachable from here (an unpinned torch from PyPI "
+            "is a multi-GB CUDA build). Put the wheel there or point IRONSERVE_TORCH_WHEELS at a "
+            "directory holding it."
+        )
+    return wheels
+
+
+def _new_venv(path: Path) -> None:
+    python = sys.executable if sys.version_info[:2] == (3, 11) else "3.11"
+    _run([_uv(), "venv", "--quiet", "--relocatable", "--python", python, str(path)], "uv venv")
+
+
+def _pip(path: Path, *args: str, what: str, find_links: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = [_uv(), "pip", "install", "--quiet", "--python", str(_python(path))]
+    if find_links is not None:
+        cmd += ["--find-links", str(find_links)]
+    return _run(cmd + list(args), what)
+
+
+def _install_release(path: Path, package: str, version: str, *extra: str, **kw) -> None:
+    try:
+        _pip(path, f"{package}=={version}", *extra, what=f"installing {package}=={version}", **kw)
+    except ParserEnvError as err:
+        text = str(err)
+        if re.search(r"no version of|not found in the package registry|No matching distribution", text):
+            raise EngineNotAvailable(
+                f"{package}=={version} is not on PyPI; real-parser validation needs a released "
+                f"version (`pip index versions {package}` lists them)"
+            ) from err
+        raise
+
+
+def _requires(path: Path, dist: str) -> dict[str, str]:
+    """{normalized name: requirement without markers} from the installed dist's METADATA."""
+    site = next((path / "lib").glob("python3*/site-packages"))
+    meta = next(site.glob(f"{dist.replace('-', '_')}-*.dist-info/METADATA"))
+    reqs: dict[str, str] = {}
+    for line in meta.read_text(errors="replace").splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        spec, _, marker = line.split(":", 1)[1].partition(";")
+        if "extra ==" in marker:
+            continue
+        spec = spec.strip()
+        name = re.split(r"[\s<>=!~\[(]", spec, maxsplit=1)[0]
+        reqs[_norm(name)] = spec.replace("(", "").replace(")", "")
+    return reqs
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement(module: str, pins: dict[str, str]) -> str:
+    dist = _DIST_OF.get(module, module)
+    return pins.get(_norm(dist), dist)
+
+
+def _site_packages(path: Path) -> Path:
+    return next((path / "lib").glob("python3*/site-packages"))
+
+
+def _write_shim(path: Path) -> None:
+    root = _site_packages(path) / "torchvision"
+    for rel, text in _TORCHVISION_SHIM.items():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+def _build_sglang(tmp: Path, version: str) -> dict:
+    wheels = _torch_wheels()
+    _new_venv(tmp)
+    constraints = tmp / "ironserve-constraints.txt"
+    constraints.write_text(f"{TORCH_PIN}\n")
+    # sglang first (cheap, and tells us quickly whether the version exists at all)
+    _install_release(tmp, "sglang", version, "--no-deps")
+    _pip(tmp, TORCH_PIN, what="installing CPU torch", find_links=wheels)
+    pins = _requires(tmp, "sglang")
+    base = [_requirement(m, pins) for m in _BASE_IMPORTS]
+    try:
+        _pip(tmp, "-c", str(constraints), *base, what="installing parser deps", find_links=wheels)
+    except ParserEnvError:  # a pin of this sglang does not resolve with torch 2.13: take latest
+        _pip(tmp, "-c", str(constraints), *[_DIST_OF.get(m, m) for m in _BASE_IMPORTS],
+             what="installing parser deps (unpinned)", find_links=wheels)
+    _write_shim(tmp)
+    discovered = []
+    for _ in range(40):
+        answer = _probe_raw(tmp, {"kind": "server", "argvs": [], "dump_flags": True})
+        if answer.get("ok"):
+            break
+        module = answer.get("missing_module")
+        if not module:
+            raise ParserEnvError(f"sglang {version}: importing server_args failed:\n{answer.get('error')}")
+        dist = _DIST_OF.get(module, module)
+        if _REFUSED.match(dist) or module in discovered:
+            raise ParserEnvError(
+                f"sglang {version}: server_args imports {module!r} ({dist}), which a CPU parser venv "
+                f"cannot (or must not) install; a shim would be needed:\n{answer.get('error')}"
+            )
+        discovered.append(module)
+        _pip(tmp, "-c", str(constraints), _requirement(module, pins),
+             what=f"installing {dist} (imported by sglang {version})", find_links=wheels)
+    else:
+        raise ParserEnvError(f"sglang {version}: import chain did not settle after 40 installs")
+    _check_no_cuda(tmp)
+    (tmp / "flags.json").write_text(json.dumps(answer["flags"], indent=0, sort_keys=True))
+    return {"package": "sglang", "version": version, "torch": TORCH_PIN, "import_s": answer["import_s"],
+            "discovered_imports": discovered, "shims": ["torchvision"], "freeze": _freeze(tmp)}
+
+
+def _build_router(tmp: Path, version: str) -> dict:
+    _new_venv(tmp)
+    # sglang-router's own deps are small (setproctitle, aiohttp, orjson, uvicorn, fastapi): take them.
+    _install_release(tmp, "sglang-router", version)
+    answer = _probe_raw(tmp, {"kind": "router", "argvs": [], "dump_flags": True})
+    if not answer.get("ok"):
+        raise ParserEnvError(f"sglang-router {version}: import failed:\n{answer.get('error')}")
+    _check_no_cuda(tmp)
+    (tmp / "flags.json").write_text(json.dumps(answer["flags"], indent=0, sort_keys=True))
+    return {"package": "sglang-router", "version": version, "import_s": answer["import_s"],
+            "shims": [], "freeze": _freeze(tmp)}
+
+
+def _freeze(path: Path) -> list[str]:
+    proc = _run([_uv(), "pip", "freeze", "--python", str(_python(path))], "uv pip freeze")
+    return proc.stdout.split()
+
+
+def _check_no_cuda(path: Path) -> None:
+    site = _site_packages(path)
+    cuda = [p.name for p in site.glob("nvidia_*.dist-info")] + [p.name for p in site.glob("nvidia") if p.is_dir()]
+    if cuda:
+        raise ParserEnvError(f"CUDA packages slipped into the parser venv {path}: {cuda}")
+
+
+# --------------------------------------------------------------------------------------------
+# probing
+# --------------------------------------------------------------------------------------------
+
+
+def _probe_raw(path: Path, request: dict, timeout: int = PROBE_TIMEOUT_S) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update({
+        "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false", "SGLANG_IS_IN_CI": "false",
+    })
+    cmd = [str(_python(path)), "-I", "-W", "ignore", str(PROBE)]
+    try:
+        proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as err:
+        raise ParserEnvError(f"parser probe in {path} timed out after {timeout}s") from err
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise ParserEnvError(f"parser probe in {path} gave no answer (rc={proc.returncode}):\n"
+                             f"{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+_LAUNCH_MODULES = {
+    "sglang.launch_server": ("server", "launch_server"),
+    "sglang_router.launch_router": ("router", "launch_router"),
+}
+_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def split_launcher(argv: list[str] | str) -> tuple[str, str, list[str]]:
+    """(kind, launcher, flags) for a full engine command.
+
+    kind is "server" or "router"; launcher "launch_server", "serve" or "launch_router". Accepts
+    leading VAR=value assignments, ``env``, ``uv run``, any python interpreter path, ``-m module``,
+    ``sglang serve``. Raises ValueError for anything else.
+    """
+    args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    i = 0
+    while i < len(args) and (_ENV_ASSIGN.match(args[i]) or args[i] == "env"):
+        i += 1
+    if args[i:i + 2] == ["uv", "run"]:
+        i += 2
+    if i < len(args) and re.match(r"^(.*/)?python(\d+(\.\d+)?)?$", args[i]):
+        i += 1
+        while i < len(args) and args[i].startswith("-") and args[i] != "-m":
+            i += 1  # interpreter options such as -u, -X importtime (value-less ones only)
+        if args[i:i + 1] == ["-m"] and i + 1 < len(args):
+            module = args[i + 1]
+            if module in _LAUNCH_MODULES:
+                kind, launcher = _LAUNCH_MODULES[module]
+                return kind, launcher, args[i + 2:]
+            if module in ("sglang", "sglang.cli.main") and args[i + 2:i + 3] == ["serve"]:
+                return "server", "serve", args[i + 3:]
+            raise ValueError(f"unknown launcher module {module!r}")
+    elif i < len(args) and re.match(r"^(.*/)?sglang$", args[i]) and args[i + 1:i + 2] == ["serve"]:
+        return "server", "serve", args[i + 2:]
+    raise ValueError(f"not an SGLang server/router command: {shlex.join(args[:4])} ...")
+
+
+def _to_finding(d: dict, version: str, package: str) -> Finding:
+    msg = d["message"]
+    if d["rule"].startswith("engine-") and d["rule"] != "engine-post-init-skipped":
+        msg = f"{msg} [{package} {version}]"
+    return Finding(rule=d["rule"], severity=Severity(d["severity"]), message=msg, fix=d.get("fix", ""),
+                   where=d.get("where", ""))
+
+
+def check_many(version: str, argvs: list, *, router_version: str | None = None,
+               post_init: bool = False) -> list[list[Finding]]:
+    """Check many full engine commands in one subprocess per parser venv; one findings list per argv.
+
+    Server commands (``python3 -m sglang.launch_server ...``, ``sglang serve ...``) are parsed by
+    ``sglang==version``; router commands (``python -m sglang_router.launch_router ...``) by
+    ``sglang-router==router_version`` (default DEFAULT_ROUTER_VERSION). ``post_init=True`` also runs
+    ServerArgs.from_cli_args, which on a CPU-only machine stops at device detection for GPU/NPU
+    commands (reported as an info finding).
+    """
+    results: list[list[Finding]] = [[] for _ in argvs]
+    groups: dict[str, list[tuple[int, str, list[str]]]] = {"server": [], "router": []}
+    for n, argv in enumerate(argvs):
+        try:
+            kind, launcher, flags = split_launcher(argv)
+        except (ValueError, IndexError) as err:
+            results[n].append(Finding("engine-unknown-launcher", Severity.error, str(err),
+                                      "use python3 -m sglang.launch_server, sglang serve or "
+                                      "python3 -m sglang_router.launch_router", ""))
+            continue
+        groups[kind].append((n, launcher, flags))
+    for kind, items in groups.items():
+        if not items:
+            continue
+        v = (router_version or DEFAULT_ROUTER_VERSION) if kind == "router" else version
+        package = "sglang-router" if kind == "router" else "sglang"
+        path = parser_env(v, router=(kind == "router"))
+        v = path.name.removeprefix("router-")
+        answer = _probe_raw(path, {"kind": kind, "argvs": [f for _, _, f in items],
+                                   "launchers": [launcher for _, launcher, _ in items],
+                                   "post_init": post_init})
+        if not answer.get("ok"):
+            raise ParserEnvError(f"{package} {v} parser probe failed:\n{answer.get('error')}")
+        for (n, _, _), res in zip(items, answer["results"]):
+            results[n] = [_enrich(_to_finding(d, v, package), v, kind) for d in res["findings"]]
+    return results
+
+
+def check_server_argv(version: str, argv, *, post_init: bool = False) -> list[Finding]:
+    """Findings for one server command parsed by sglang==version's own parser."""
+    return check_many(version, [argv], post_init=post_init)[0]
+
+
+def check_router_argv(version: str, argv) -> list[Finding]:
+    """Findings for one ``python -m sglang_router.launch_router`` command, sglang-router==version."""
+    kind, _, _ = split_launcher(argv)
+    if kind != "router":
+        raise ValueError("check_router_argv wants a sglang_router.launch_router command")
+    return check_many(DEFAULT_ROUTER_VERSION, [argv], router_version=version)[0]
+
+
+def _enrich(f: Finding, version: str, kind: str) -> Finding:
+    """Unknown flag: say which other cached versions have it (no builds triggered)."""
+    if f.rule != "engine-unknown-flag" or kind != "server" or not f.where:
+        return f
+    have = [v for v, flags in _cached_flag_tables().items() if v != version and f.where in flags]
+    if not have:
+        return f
+    note = f" (accepted by sglang {', '.join(sorted(have, key=_vkey))}"
+    if all(_vkey(v) < _vkey(version) for v in have):
+        note += f"; dropped or renamed by {version}"
+    return Finding(f.rule, f.severity, f.message + note + ")", f.fix, f.where)
+
+
+# --------------------------------------------------------------------------------------------
+# flag tables
+# --------------------------------------------------------------------------------------------
+
+
+def _vkey(v: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else 0 for x in re.split(r"[.]|post", v) if x)
+
+
+def _cached_flag_tables() -> dict[str, dict]:
+    out = {}
+    for p in parsers_dir().glob("*/flags.json"):
+        if p.parent.name.startswith("router-") or not _manifest(p.parent).is_file():
+            continue
+        out[p.parent.name] = _load_flags(str(p), p.stat().st_mtime)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _load_flags(path: str, _mtime: float) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def flag_table(version: str, *, router: bool = False) -> dict[str, dict]:
+    """{option string: {dest, aliases, choices, nargs, takes_value, deprecated, help}} (cached JSON)."""
+    path = parser_env(version, router=router) / "flags.json"
+    return _load_flags(str(path), path.stat().st_mtime)
+
+
+def known_flags(version: str, *, router: bool = False) -> set[str]:
+    """Every option string the version's parser registers (aliases included)."""
+    return set(flag_table(version, router=router))
+
+
+CHOICE_FLAGS = (
+    "--tool-call-parser", "--reasoning-parser", "--attention-backend", "--moe-runner-backend",
+    "--fp4-gemm-backend", "--fp8-gemm-backend", "--quantization", "--device", "--moe-a2a-backend",
+    "--deepep-mode", "--disaggregation-transfer-backend", "--load-balance-method",
+    "--speculative-algorithm", "--kv-cache-dtype", "--mamba-scheduler-strategy",
+    "--nsa-prefill-cp-mode", "--sampling-backend", "--speculative-draft-model-quantization",
+)
+
+
+def flag_changes(old_version: str, new_version: str, *, router: bool = False) -> dict:
+    """What changed between two versions' parsers.
+
+    {"old": v1, "new": v2,
+     "removed": {flag: replacement-or-None}, "added": [flags],
+     "choices": {flag: {"removed": [...], "added": [...]}},   # for every flag with choices in both
+     "now_deprecated": {flag: note}}
+    The replacement is a same-dest alias in the new version, else the closest new flag by name.
+    """
+    old, new = flag_table(old_version, router=router), flag_table(new_version, router=router)
+    new_by_dest: dict[str, list[str]] = {}
+    for opt, e in new.items():
+        new_by_dest.setdefault(e["dest"], []).append(opt)
+    added_set = sorted(set(new) - set(old))
+    removed = {}
+    for opt in sorted(set(old) - set(new)):
+        same = [o for o in new_by_dest.get(old[opt]["dest"], []) if o.startswith("--")]
+        close = difflib.get_close_matches(opt, added_set or list(new), n=1, cutoff=0.75)
+        removed[opt] = (max(same, key=len) if same else (close[0] if close else None))
+    choices = {}
+    for opt in sorted(set(old) & set(new)):
+        a, b = old[opt].get("choices"), new[opt].get("choices")
+        if a is None and b is None:
+            continue
+        a, b = set(a or []), set(b or [])
+        if a != b:
+            choices[opt] = {"removed": sorted(a - b), "added": sorted(b - a)}
+    deprecated = {o: new[o]["deprecated"] for o in set(old) & set(new)
+                  if new[o].get("deprecated") and not old[o].get("deprecated")}
+    return {"old": normalize_version(old_version), "new": normalize_version(new_version),
+            "removed": removed, "added": added_set, "choices": choices,
+            "now_deprecated": dict(sorted(deprecated.items()))}
+
+
+def env_info(version: str, *, router: bool = False) -> dict:
+    """The build manifest of a parser venv (packages, build time, shims)."""
+    return json.loads(_manifest(parser_env(version, router=router)).read_text())
+
+
+__all__ = [
+    "DEFAULT_ROUTER_VERSION", "EngineNotAvailable", "ParserEnvError", "check_many",
+    "check_router_argv", "check_server_argv", "env_info", "flag_changes", "flag_table",
+    "known_flags", "normalize_version", "parser_env", "router_env", "split_launcher",
+]
