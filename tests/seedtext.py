@@ -41,13 +41,17 @@ class SeedSection:
 
 _COMMAND_START = re.compile(r"^(uv run )?(python3?|sglang) ")
 _ENV_PREFIX = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S*)\s*\\?$")
+# 'NCCL_P2P_LEVEL=4 python -m sglang.launch_server \': env assignments on the command's own line
+_INLINE_ENV = re.compile(r"^((?:[A-Z_][A-Z0-9_]*=\S*\s+)+)(?=(uv run )?(python3?|sglang) )")
 
 
 def _unglue(text: str) -> str:
     text = re.sub(r"(?<=[^\s])(python3? -m sglang)", r"\n\1", text)
-    # '--flagProse...' at the end of a command: split the flag from the sentence glued to it
-    text = re.sub(r"(--[a-z0-9-]+?[a-z0-9])([A-Z][a-z])", r"\1\n\2", text)
+    # '--flagProse...' / '--flagEAGLE3 ...' at the end of a command: split the flag from the sentence glued to it
+    text = re.sub(r"(--[a-z0-9-]+?[a-z0-9])([A-Z][A-Za-z0-9])", r"\1\n\2", text)
     text = re.sub(r"(--[a-z0-9-]+ [0-9]+)([A-Z][A-Za-z])", r"\1\n\2", text)
+    # '--flag# comment' (seed 000: "--sleep-on-idle# Environment variable (MANDATORY):")
+    text = re.sub(r"(--[a-z0-9-]*[a-z0-9])(#)", r"\1\n\2", text)
     return text
 
 
@@ -89,6 +93,12 @@ def extract(seed: str, anchor: str, end_markers: tuple[str, ...] = ("GLM-5.1 W4A
     i = 0
     while i < len(lines):
         line = lines[i].strip()
+        inline = _INLINE_ENV.match(line)
+        if inline:
+            for assignment in inline.group(1).split():
+                name, _, value = assignment.partition("=")
+                prefix_env[name] = value
+            line = lines[i] = line[inline.end():]
         if line.startswith("# prefill"):
             kind, block_env = "prefill", {}
         elif line.startswith("# decode"):
