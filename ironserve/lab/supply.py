@@ -112,12 +112,17 @@ def reindex_apt(root: Path) -> None:
 # ---------------------------------------------------------------- wheelhouse
 
 def _pip() -> list[str]:
-    for cand in ([sys.executable, "-m", "pip"], ["python3", "-m", "pip"]):
-        if subprocess.run([*cand, "--version"], capture_output=True).returncode == 0:
+    """A pip for Python 3.11 (the hosts' interpreter); uv-made venvs have none, so fall back."""
+    candidates = [[sys.executable, "-m", "pip"], ["python3", "-m", "pip"], ["/usr/bin/python3", "-m", "pip"],
+                  ["pip3"]]
+    for cand in candidates:
+        if not shutil.which(cand[0]):
+            continue
+        proc = subprocess.run([*cand, "--version"], capture_output=True, text=True)
+        if proc.returncode == 0 and "python 3.11" in proc.stdout:
             return cand
-    if shutil.which("pip3"):
-        return ["pip3"]
-    raise LabError("no pip found on this machine to fill the lab wheelhouse")
+    raise LabError("no pip for Python 3.11 found on this machine to fill the lab wheelhouse "
+                   "(lab hosts run Debian bookworm's Python 3.11)")
 
 
 def publish_wheels(root: Path, requirements: list[str]) -> None:
