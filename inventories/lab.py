@@ -1,0 +1,44 @@
+"""Inventory of the local lab (`ironserve lab up`): an ordinary pyinfra inventory read from the lab's state.
+
+    ironserve lab up --nodes 2 --hardware rtx6000-pro-maxq     # as root
+    pyinfra inventories/lab.py exec -- hostname
+    pyinfra inventories/lab.py deploys/tiny.py
+
+Hosts are systemd-nspawn machines with real systemd and sshd on a private bridge, air-gapped: their only
+package sources are the lab's mirrors (an apt repository, a PEP 503 index and a file store on the bridge),
+passed below as ordinary mirror data, exactly as for a cluster with internal mirrors. Stand-in GPU/NPU
+packages in the lab repository answer for the hardware profile (see ironserve/lab/standins.py).
+The state directory is /var/lib/ironserve-lab unless IRONSERVE_LAB_DIR says otherwise. Reads JSON only,
+so it works without ironserve importable.
+"""
+
+import json
+import os
+from pathlib import Path
+
+_state_file = Path(os.environ.get("IRONSERVE_LAB_DIR") or "/var/lib/ironserve-lab") / "state.json"
+if not _state_file.exists():
+    raise SystemExit(f"no lab is up ({_state_file} missing): run `ironserve lab up --nodes N` first (as root)")
+_state = json.loads(_state_file.read_text())
+
+_common = {
+    "ssh_user": _state["ssh_user"],
+    "ssh_key": _state["ssh_key"],
+    "ssh_known_hosts_file": _state["known_hosts"],   # host keys are stable per host name across down/up
+    "ssh_strict_host_key_checking": "yes",
+    "_sudo": True,
+    "lab": True,
+    # the lab hosts' only interface: GLOO/NCCL socket traffic goes over the lab bridge
+    "nic": "host0",
+    # air-gapped mirrors on the lab bridge (the lab repo also carries the stand-in NVIDIA packages)
+    "apt_mirror": _state["apt_mirror"],
+    "nvidia_apt_mirror": _state["apt_mirror"],
+    "pip_index": _state["pip_index"],
+    "pip_index_url": _state["pip_index"],
+    "ascend_package_store": _state["ascend_files"],
+}
+
+lab_hosts = [
+    (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"], "node_index": h["node_index"]})
+    for h in _state["hosts"]
+]
