@@ -153,6 +153,14 @@ class UvRuntime(Strict):
     prerelease: bool = False
     source_env: list[str] = Field(default_factory=list, description="scripts sourced before the engine starts")
 
+    @field_validator("index_url", "extra_index_urls")
+    @classmethod
+    def _index_refs(cls, value):
+        for ref in [value] if isinstance(value, str) else (value or []):
+            if not (ref.startswith("index:") or re.match(r"^(https?|file)://", ref)):
+                raise ValueError(f"index {ref!r}: write index:NAME (mapped by the inventory's package_indexes) or a URL")
+        return value
+
     @field_validator("packages")
     @classmethod
     def _pinned(cls, value: list[str]) -> list[str]:
@@ -446,3 +454,15 @@ def effective_tuning(recipe: Recipe, profile: HardwareProfile) -> HostTuning:
     base.update(own)
     base["sysctls"] = sysctls
     return HostTuning.model_validate(base)
+
+
+def resolve_index(ref: str | None, package_indexes: dict[str, str]) -> str | None:
+    """index:NAME -> URL from the inventory's package_indexes; index:pypi -> None (the installer's default)."""
+    if ref is None or not ref.startswith("index:"):
+        return ref
+    name = ref.split(":", 1)[1]
+    if name in package_indexes:
+        return package_indexes[name]
+    if name == "pypi":
+        return None
+    raise KeyError(f"package index '{name}' has no URL: set package_indexes={{'{name}': URL}} in the inventory")

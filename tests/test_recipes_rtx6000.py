@@ -256,12 +256,8 @@ def test_minimax_is_tp_only_and_served_with_sglang_serve():
 
 def test_minimax_runtime_follows_the_seeds_indexes_with_one_kernel_package():
     rt = recipe("minimax-m2.5-nvfp4-rtx6000-tp2").runtime
-    assert rt.index_url == "https://sgl-project.github.io/whl/cu129/"
-    assert rt.extra_index_urls == [
-        "https://pypi.org/simple",
-        "https://download.pytorch.org/whl/cu130",
-        "https://sgl-project.github.io/whl/cu130/",
-    ]
+    assert rt.index_url == "index:sglang-cu129"
+    assert rt.extra_index_urls == ["index:pypi", "index:pytorch-cu130", "index:sglang-cu130"]
     assert rt.index_strategy == "unsafe-best-match"
     names = [p.split("==")[0] for p in rt.packages]
     # sgl-kernel and sglang-kernel both install the sgl_kernel module: never both
