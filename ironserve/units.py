@@ -20,6 +20,10 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "files" / "templates"
 ETC_DIR = "/etc/ironserve"
 VENV_ROOT = "/opt/ironserve/venvs"
 JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
+# files/bin/ironserve-exec on the host (and mounted read-only at the same path in containers): it appends
+# --api-key from the environment to the engine's argv in-process, so the key never shows in `ps`.
+KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
+KEY_ENV = ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE")
 
 
 @dataclass
@@ -54,10 +58,23 @@ def _limit(value) -> str:
     return "infinity" if value in ("unlimited", -1, None) else str(value)
 
 
-def exec_argv(recipe: Recipe, proc: Process) -> list[str]:
-    """The full ExecStart argv: the engine argv placed inside its runtime."""
+def with_key_launcher(argv: list[str]) -> list[str]:
+    """The engine argv run through ironserve-exec (python3 -m M ... / sglang serve ...)."""
+    if len(argv) >= 3 and argv[0] == "python3" and argv[1] == "-m":
+        return ["python3", KEY_LAUNCHER, "-m", *argv[2:]]
+    if argv and argv[0] == "sglang":
+        return ["python3", KEY_LAUNCHER, "-e", "sglang", *argv[1:]]
+    raise ValueError(f"cannot pass an API key to {argv[:3]}: not python3 -m MODULE or sglang serve")
+
+
+def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]:
+    """The full ExecStart argv: the engine argv placed inside its runtime.
+
+    api_key: the env file holds IRONSERVE_API_KEY(_FILE); run the engine through ironserve-exec, which adds
+    --api-key in-process (SGLang only takes the key on argv, where every user could read it).
+    """
     runtime = recipe.runtime
-    argv = list(proc.argv)
+    argv = with_key_launcher(list(proc.argv)) if api_key else list(proc.argv)
     sourced = runtime.source_env
     if isinstance(runtime, UvRuntime):
         bin_dir = f"{venv_path(recipe)}/bin"
@@ -87,6 +104,8 @@ def exec_argv(recipe: Recipe, proc: Process) -> list[str]:
         docker += ["-v", volume]
     for device in run.devices:
         docker += ["--device", device]
+    if api_key:
+        docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
         script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
         docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, proc.unit]
@@ -120,7 +139,8 @@ def _jinja() -> Environment:
 
 def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None,
                group_target: str | None = None) -> UnitFiles:
-    argv = exec_argv(recipe, proc)
+    # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv)
+    argv = exec_argv(recipe, proc, api_key=any(k in (secrets or {}) for k in KEY_ENV))
     text = _jinja().get_template("sglang.service.j2").render(
         recipe=recipe,
         proc=proc,
