@@ -1,0 +1,85 @@
+"""Audit checks as data: derived from the same deployment context the deploy applies.
+
+A Check names what is compared on which host, what is expected and how to fix a difference. Its `kind`
+selects an evaluator (ironserve.audit.evaluate) that reads the host through testinfra. Nothing here is
+per model: every check comes from the recipe, the hardware profile, the rendered processes and the files
+ironserve.units renders, so a new recipe is audited without new code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Check:
+    host: str
+    id: str  # stable, e.g. sysctl:vm.swappiness
+    kind: str  # evaluator name
+    expected: Any
+    params: dict = field(default_factory=dict)
+    gate: str = "host"  # ordered gates, GPU Operator style: host -> driver -> runtime -> service -> workload
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+GATES = ["host", "driver", "runtime", "service", "workload"]
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fix(deploy: str, inventory: str, host: str) -> str:
+    return f"pyinfra {inventory} {deploy} --limit {host}"
+
+
+def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
+    """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
+    from ironserve.units import unit_files
+
+    from . import providers
+
+    host = ctx.host_name
+    fix = _fix(deploy, inventory, host)
+    checks: list[Check] = []
+
+    def add(check_id: str, kind: str, expected, gate: str, **params):
+        checks.append(Check(host, check_id, kind, expected, params, gate, fix))
+
+    tuning = ctx.tuning
+    if tuning.governor:
+        add("cpu-governor", "governor", tuning.governor, "host")
+    for key, value in tuning.sysctls.items():
+        add(f"sysctl:{key}", "sysctl", str(value), "host", key=key)
+    for item in providers.role_files(ctx):
+        add(f"file:{item['path']}", "file", item["sha256"], item.get("gate", "host"), path=item["path"],
+            mode=item.get("mode"), owner=item.get("owner", "root"))
+    for pkg in providers.role_packages(ctx):
+        add(f"package:{pkg['name']}", "package", pkg["version"], pkg.get("gate", "driver"), name=pkg["name"])
+    if ctx.vendor == "nvidia":
+        accel = ctx.profile.accelerator
+        add("gpu-devices", "gpus", {"count": accel.count, "name": accel.name}, "driver")
+        if accel.max_q and tuning.gpu_memory_clock_offset_mhz:
+            add("gpu-memory-clock-offset", "clock_offsets", tuning.gpu_memory_clock_offset_mhz, "driver")
+    elif ctx.vendor == "huawei":
+        add("npu-devices", "npus", {"count": ctx.profile.accelerator.count}, "driver")
+    for item in providers.runtime_checks(ctx):
+        add(item["id"], item["kind"], item["expected"], "runtime", **item.get("params", {}))
+
+    for proc in ctx.processes:
+        files = unit_files(ctx.recipe, proc, tuning, secrets=None)
+        unit_path = f"/etc/systemd/system/{files.unit_name}"
+        add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
+            mode=0o644, owner="root")
+        add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=files.env_path, mode=0o600)
+        add(f"unit-enabled:{files.unit_name}", "service_enabled", True, "service", name=files.unit_name)
+        add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
+        if ctx.launch and proc.serves_http and proc.port:
+            add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
+            add(f"health:{proc.unit}", "http_ok", 200, "workload", url=f"http://127.0.0.1:{proc.port}/health")
+    return checks

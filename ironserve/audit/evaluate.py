@@ -1,0 +1,161 @@
+"""Evaluators: read one check's subject on a host through testinfra and say what was found.
+
+Each returns (ok, found). `found` is short text for the table: a value, a digest prefix, "missing".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .checks import Check
+
+SECRET_KEYS = {"IRONSERVE_API_KEY", "HF_TOKEN"}
+
+
+def _short(value, n=12) -> str:
+    return value[:n] if isinstance(value, str) and len(value) == 64 else str(value)
+
+
+def governor(host, check: Check):
+    out = host.run("cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor 2>/dev/null")
+    values = sorted(set(out.stdout.split()))
+    if not values:
+        return False, "no cpufreq"
+    return values == [check.expected], ",".join(values)
+
+
+def sysctl(host, check: Check):
+    out = host.run(f"sysctl -n {check.params['key']}")
+    found = out.stdout.strip() if out.rc == 0 else "missing"
+    return found == str(check.expected), found
+
+
+def file(host, check: Check):
+    f = host.file(check.params["path"])
+    if not f.exists:
+        return False, "missing"
+    found = f.sha256sum
+    problems = []
+    if found != check.expected:
+        problems.append(f"content {_short(found)} != {_short(check.expected)}")
+    mode = check.params.get("mode")
+    if mode is not None and f.mode != mode:
+        problems.append(f"mode {oct(f.mode)} != {oct(mode)}")
+    owner = check.params.get("owner")
+    if owner and f.user != owner:
+        problems.append(f"owner {f.user}")
+    return not problems, "; ".join(problems) or _short(found)
+
+
+def _env(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            if key not in SECRET_KEYS:
+                out[key] = value
+    return out
+
+
+def env_file(host, check: Check):
+    f = host.file(check.params["path"])
+    if not f.exists:
+        return False, "missing"
+    problems = []
+    if f.mode != check.params["mode"]:
+        problems.append(f"mode {oct(f.mode)} (secrets readable)" if f.mode & 0o077 else f"mode {oct(f.mode)}")
+    want, have = _env(check.expected), _env(f.content_string)
+    changed = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if changed:
+        problems.append("differs: " + ", ".join(f"{k}={have.get(k, '<unset>')}" for k in changed[:4]))
+    return not problems, "; ".join(problems) or "same"
+
+
+def service_enabled(host, check: Check):
+    enabled = host.service(check.params["name"]).is_enabled
+    return enabled == check.expected, "enabled" if enabled else "disabled"
+
+
+def service_active(host, check: Check):
+    running = host.service(check.params["name"]).is_running
+    return running == check.expected, "active" if running else "inactive"
+
+
+def package(host, check: Check):
+    pkg = host.package(check.params["name"])
+    if not pkg.is_installed:
+        return False, "not installed"
+    return pkg.version == check.expected, pkg.version
+
+
+def gpus(host, check: Check):
+    out = host.run("nvidia-smi --query-gpu=name --format=csv,noheader")
+    if out.rc != 0:
+        return False, "nvidia-smi failed"
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    found = {"count": len(names), "name": names[0] if names else ""}
+    return found == check.expected, f"{found['count']}x {found['name']}"
+
+
+def npus(host, check: Check):
+    out = host.run("npu-smi info -l")
+    if out.rc != 0:
+        return False, "npu-smi failed"
+    count = sum(1 for line in out.stdout.splitlines() if line.strip().lower().startswith("npu id"))
+    return count == check.expected["count"], f"{count} NPUs"
+
+
+def clock_offsets(host, check: Check):
+    out = host.run("/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --read")
+    if out.rc != 0:
+        return False, "cannot read offsets"
+    values = sorted(set(out.stdout.split()))
+    return values == [str(check.expected)], ",".join(values)
+
+
+def listening(host, check: Check):
+    sockets = host.socket.get_listening_sockets()
+    port = f":{check.params['port']}"
+    ok = any(s.endswith(port) for s in sockets)
+    return ok, "listening" if ok else "not listening"
+
+
+def http_ok(host, check: Check):
+    out = host.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {check.params['url']}")
+    code = out.stdout.strip() or "no answer"
+    return code == str(check.expected), code
+
+
+def command(host, check: Check):
+    out = host.run(check.params["cmd"])
+    found = out.stdout.strip() if out.rc == 0 else f"rc={out.rc}"
+    return found == str(check.expected), found
+
+
+def json_command(host, check: Check):
+    out = host.run(check.params["cmd"])
+    try:
+        found = json.loads(out.stdout) if out.rc == 0 else None
+    except ValueError:
+        found = None
+    return found == check.expected, json.dumps(found)[:60]
+
+
+def file_sha256(host, check: Check):
+    return file(host, check)
+
+
+EVALUATORS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
+              and name not in ("Check",) and fn.__module__ == __name__}
+
+
+def evaluate(host, check: Check):
+    try:
+        return EVALUATORS[check.kind](host, check)
+    except Exception as exc:  # an unreadable subject is drift, not a crash of the audit
+        return False, f"error: {type(exc).__name__}: {str(exc)[:80]}"
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,213 @@
+"""`ironserve audit INVENTORY DEPLOY`: derive checks, run them with pytest + testinfra across hosts, report.
+
+Exit codes: 0 clean, 1 drift, 2 unreachable host or bad input. The checks run as a generated pytest session
+(one test per check, grouped per host, hosts in parallel with pytest-xdist), so JUnit XML comes from pytest
+itself and CI systems read it as usual.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ironserve.catalogue import Problem, SpecError
+from ironserve.inventory import load_inventory
+
+from .checks import GATES, Check, derive_checks
+
+
+def deploy_model(deploy: str) -> str:
+    """The model a deploys/*.py provisions: the string given to deploy_model(...)."""
+    path = Path(deploy)
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError) as exc:
+        raise SpecError([Problem(deploy, "", f"cannot read the deploy ({exc})", "give a deploys/*.py file")])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "deploy_model" and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                return arg.value
+    raise SpecError([Problem(deploy, "", "no deploy_model(\"<model>\") call", "audit a deploys/*.py entry point")])
+
+
+def plan_checks(inventory: str, deploy: str, limit: list[str] | None = None,
+                data: dict | None = None) -> tuple[list[Check], dict[str, dict]]:
+    from roles.context import build_context
+
+    model = deploy_model(deploy)
+    hosts = load_inventory(inventory)
+    pairs = [(h.name, {**h.data, **(data or {})}) for h in hosts]
+    checks: list[Check] = []
+    connections: dict[str, dict] = {}
+    for h in hosts:
+        if limit and h.name not in limit:
+            continue
+        ctx = build_context(model, h.name, pairs, inventory)
+        checks += derive_checks(ctx, deploy, inventory)
+        connections[h.name] = {**h.data, "address": h.address}
+    if limit and not connections:
+        raise SpecError([Problem(inventory, "--limit", f"no host named {', '.join(limit)}", "check the host names")])
+    return checks, connections
+
+
+def hostspec(name: str, data: dict) -> str:
+    user = data.get("ssh_user", "root")
+    port = data.get("ssh_port", 22)
+    spec = f"paramiko://{user}@{data['address']}:{port}"
+    params = []
+    if data.get("ssh_key"):
+        params.append(f"ssh_identity_file={os.path.expanduser(str(data['ssh_key']))}")
+    if user != "root":
+        params.append("sudo=true")
+    params.append("timeout=20")
+    return spec + "?" + "&".join(params)
+
+
+@dataclass
+class Result:
+    check: Check
+    ok: bool
+    found: str
+
+    def as_dict(self) -> dict:
+        return {"host": self.check.host, "check": self.check.id, "gate": self.check.gate, "ok": self.ok,
+                "expected": _show(self.check.expected), "found": self.found, "fix": "" if self.ok else self.check.fix}
+
+
+def _show(value) -> str:
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12]
+    if isinstance(value, str) and "\n" in value:
+        return f"{len(value.splitlines())} lines"
+    return str(value)
+
+
+_TEST_MODULE = '''
+import json, os, pytest, testinfra
+from ironserve.audit.checks import Check
+from ironserve.audit.evaluate import evaluate
+
+PLAN = json.load(open(os.environ["IRONSERVE_AUDIT_PLAN"]))
+CHECKS = [Check(**c) for c in PLAN["checks"]]
+
+
+def _host(name):
+    return testinfra.get_host(PLAN["hosts"][name])
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[f"{c.host}::{c.id}" for c in CHECKS])
+def test_check(check, record_property, request):
+    request.node.add_marker(pytest.mark.xdist_group(check.host))
+    ok, found = evaluate(_host(check.host), check)
+    record_property("found", found)
+    out = os.path.join(PLAN["results"], f"{os.getpid()}.jsonl")
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"host": check.host, "id": check.id, "ok": ok, "found": found}) + "\\n")
+    assert ok, f"{check.host} {check.id}: expected {check.expected!r}, found {found}. Fix: {check.fix}"
+'''
+
+
+def reachable(hosts: dict[str, str]) -> dict[str, str]:
+    """Hosts that do not answer a trivial command, with the reason."""
+    import testinfra
+
+    bad = {}
+    for name, spec in hosts.items():
+        try:
+            if testinfra.get_host(spec).run("true").rc != 0:
+                bad[name] = "command failed"
+        except Exception as exc:
+            bad[name] = f"{type(exc).__name__}: {exc}"[:120]
+    return bad
+
+
+def run_checks(checks: list[Check], specs: dict[str, str], junit: str | None = None,
+               parallel: int | None = None) -> list[Result]:
+    with tempfile.TemporaryDirectory(prefix="ironserve-audit-") as tmp:
+        results_dir = Path(tmp, "results")
+        results_dir.mkdir()
+        plan = Path(tmp, "plan.json")
+        plan.write_text(json.dumps({"checks": [c.as_dict() for c in checks], "hosts": specs,
+                                    "results": str(results_dir)}))
+        test_file = Path(tmp, "test_ironserve_audit.py")
+        test_file.write_text(_TEST_MODULE)
+        workers = parallel if parallel is not None else min(len(specs), 8)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", tmp, str(test_file),
+               "-o", "junit_family=xunit2", "--tb=no", "-rN"]
+        if workers > 1:
+            cmd += ["-n", str(workers), "--dist", "loadgroup"]
+        if junit:
+            cmd.append(f"--junitxml={os.path.abspath(junit)}")
+        env = {**os.environ, "IRONSERVE_AUDIT_PLAN": str(plan)}
+        subprocess.run(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        found: dict[tuple[str, str], dict] = {}
+        for f in results_dir.glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                row = json.loads(line)
+                found[(row["host"], row["id"])] = row
+    results = []
+    for c in checks:
+        row = found.get((c.host, c.id))
+        results.append(Result(c, bool(row and row["ok"]), row["found"] if row else "not run"))
+    return results
+
+
+def table(results: list[Result]) -> str:
+    rows = [r.as_dict() for r in results]
+    drift = [r for r in rows if not r["ok"]]
+    lines = []
+    hosts = sorted({r["host"] for r in rows})
+    for host in hosts:
+        mine = [r for r in rows if r["host"] == host]
+        bad = [r for r in mine if not r["ok"]]
+        lines.append(f"{host}: {len(mine) - len(bad)}/{len(mine)} checks ok" + ("" if bad else ", no drift"))
+        for r in sorted(bad, key=lambda r: GATES.index(r["gate"])):
+            lines.append(f"  DRIFT [{r['gate']}] {r['check']}: expected {r['expected']}, found {r['found']}")
+            lines.append(f"        fix: {r['fix']}")
+    lines.append(f"audit: {len(rows) - len(drift)} ok, {len(drift)} drift, {len(hosts)} host(s)")
+    return "\n".join(lines)
+
+
+def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str = "text",
+          junit: str | None = None, data: dict | None = None, out=sys.stdout) -> int:
+    checks, connections = plan_checks(inventory, deploy, limit, data)
+    specs = {name: hostspec(name, conn) for name, conn in connections.items()}
+    bad = reachable(specs)
+    if bad:
+        for name, why in bad.items():
+            print(f"unreachable: {name} ({connections[name]['address']}): {why}", file=sys.stderr)
+        return 2
+    results = run_checks(checks, specs, junit if fmt == "junit" or junit else None)
+    if fmt == "json":
+        print(json.dumps({"ok": all(r.ok for r in results), "results": [r.as_dict() for r in results]}, indent=2),
+              file=out)
+    elif fmt == "junit":
+        print(f"junit xml written to {junit}", file=out)
+    else:
+        print(table(results), file=out)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def add_audit_parser(sub) -> None:
+    p = sub.add_parser("audit", help="drift: compare hosts with the deploy's declaration (testinfra)",
+                       allow_abbrev=False)
+    p.add_argument("inventory")
+    p.add_argument("deploy")
+    p.add_argument("--limit", action="append", help="only this host (repeatable)")
+    p.add_argument("--format", choices=["text", "json", "junit"], default="text")
+    p.add_argument("--junit-file", default="ironserve-audit.xml", help="where --format junit writes")
+    p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(args) -> int:
+    data = dict(item.split("=", 1) for item in args.data)
+    return audit(args.inventory, args.deploy, args.limit, args.format,
+                 args.junit_file if args.format == "junit" else None, data)
