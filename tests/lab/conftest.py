@@ -1,0 +1,75 @@
+"""Lab end-to-end fixtures: one lab (2 hosts, stand-in rtx6000-pro-maxq) per test session.
+
+Needs root and systemd-nspawn (installed on first use when apt can); skipped with the reason otherwise.
+The first run on a machine builds the base rootfs (~2 min); later runs boot in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HARDWARE = "rtx6000-pro-maxq"
+NODES = 2
+
+
+def lab_cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "ironserve.lab", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@dataclass
+class Lab:
+    status: dict
+
+    @property
+    def hosts(self) -> list[dict]:
+        return self.status["hosts"]
+
+    def ssh(self, host: dict, command: str, user: str | None = None, timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess:
+        user = user or host["ssh_user"]
+        proc = subprocess.run(
+            ["ssh", "-i", host["ssh_key"], "-o", f"UserKnownHostsFile={self.status['known_hosts']}",
+             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+             "-o", "LogLevel=ERROR", f"{user}@{host['address']}", command],
+            capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ssh {host['name']} {command!r} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def refresh(self) -> None:
+        self.status = json.loads(lab_cli("status", "--format", "json").stdout)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root (network namespaces, overlay mounts, systemd-nspawn)")
+    if not shutil.which("systemd-nspawn") and not shutil.which("apt-get"):
+        pytest.skip("lab tests need systemd-nspawn (package systemd-container), and apt-get is not there to install it")
+    state_dir = Path(os.environ.get("IRONSERVE_LAB_DIR") or "/var/lib/ironserve-lab")
+    if (state_dir / "state.json").exists():
+        pytest.skip(f"a lab is already up in {state_dir}; the tests would tear it down: run "
+                    "`python -m ironserve.lab down` first")
+    proc = lab_cli("up", "--nodes", str(NODES), "--hardware", HARDWARE, check=False)
+    if proc.returncode != 0:
+        lab_cli("down", check=False)
+        if "systemd-nspawn is required" in proc.stderr:
+            pytest.skip(proc.stderr.strip())
+        raise AssertionError(f"lab up failed:\n{proc.stderr}")
+    the_lab = Lab(json.loads(lab_cli("status", "--format", "json").stdout))
+    try:
+        yield the_lab
+    finally:
+        lab_cli("down", check=False)
