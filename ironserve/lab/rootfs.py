@@ -27,10 +27,12 @@ ASSETS = Path(__file__).parent / "assets"
 SOURCES_FILES = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
 
 
-def debian_mirror() -> str:
+def debian_mirror(files: list[str] | None = None) -> str:
     """First Debian (non-security) archive URI from this machine's apt sources."""
     candidates: list[str] = []
-    for path in SOURCES_FILES + tuple(str(p) for p in sorted(Path("/etc/apt/sources.list.d").glob("*"))):
+    if files is None:
+        files = list(SOURCES_FILES) + [str(p) for p in sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in files:
         p = Path(path)
         if not p.is_file():
             continue

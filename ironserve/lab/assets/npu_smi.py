@@ -5,6 +5,7 @@ Answers from the profile named in /etc/ironlab/hardware. Supported: `info`, `inf
 `info -t board -i N`, `-v`.
 """
 import json
+import os
 import sys
 
 PROFILES = json.loads(r'''__PROFILES__''')
@@ -13,7 +14,7 @@ VERSION = "__VERSION__"
 
 def profile():
     try:
-        hw = open("/etc/ironlab/hardware").read().strip()
+        hw = open(os.environ.get("IRONLAB_HARDWARE_FILE", "/etc/ironlab/hardware")).read().strip()
     except OSError:
         hw = "cpu-lab"
     p = PROFILES.get(hw, {})

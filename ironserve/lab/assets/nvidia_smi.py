@@ -22,7 +22,7 @@ def fail_no_driver():
 
 def profile():
     try:
-        hw = open("/etc/ironlab/hardware").read().strip()
+        hw = open(os.environ.get("IRONLAB_HARDWARE_FILE", "/etc/ironlab/hardware")).read().strip()
     except OSError:
         hw = "cpu-lab"
     p = PROFILES.get(hw, {})

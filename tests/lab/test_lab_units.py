@@ -1,0 +1,118 @@
+"""Lab pieces that need neither root nor a running lab: mirror discovery, indexes, stand-in answers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ironserve.lab import cli, rootfs, standins, state, supply
+from ironserve.lab.profiles import PROFILES
+
+
+def test_debian_mirror_from_deb822_and_list(tmp_path):
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+                      "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
+                      "Suites: bookworm-security\nComponents: main\n")
+    assert rootfs.debian_mirror([str(deb822)]) == "http://mirror.example/debian"
+    classic = tmp_path / "sources.list"
+    classic.write_text("# comment\ndeb http://mirror.example/debian-security bookworm-security main\n"
+                       "deb [arch=amd64] http://mirror.example/debian bookworm main\n")
+    assert rootfs.debian_mirror([str(classic)]) == "http://mirror.example/debian"
+    with pytest.raises(Exception, match="no Debian archive"):
+        rootfs.debian_mirror([str(tmp_path / "missing")])
+
+
+def test_host_plan_is_private_and_stable():
+    assert state.host_name(3) == "lab3" and state.host_address(3) == "10.213.7.13"
+    assert state.supply_url("apt") == "http://10.213.7.1:8780/apt"
+    with pytest.raises(ValueError):
+        state.host_address(0)
+
+
+def test_pep503_index(tmp_path):
+    wheels = tmp_path / "supply" / "wheels"
+    wheels.mkdir(parents=True)
+    for name in ("nvidia_ml_py-13.615.71-py3-none-any.whl", "Foo.Bar-1.0.tar.gz", "foo_bar-1.1-py3-none-any.whl"):
+        (wheels / name).write_bytes(name.encode())
+    supply.reindex_wheels(tmp_path)
+    simple = tmp_path / "supply" / "simple"
+    assert sorted(p.name for p in simple.iterdir() if p.is_dir()) == ["foo-bar", "nvidia-ml-py"]
+    page = (simple / "foo-bar" / "index.html").read_text()
+    assert 'href="../../wheels/Foo.Bar-1.0.tar.gz#sha256=' in page and "foo_bar-1.1-py3-none-any.whl" in page
+
+
+@pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")
+def test_apt_index_of_a_built_deb(tmp_path):
+    deb = standins.build_deb(tmp_path, "ironlab-probe", "1.0-1", {"/usr/share/ironlab-probe/x": ("x", 0o644)},
+                             "probe package")
+    supply.add_debs(tmp_path, [deb])
+    packages = (tmp_path / "supply/apt/Packages").read_text()
+    assert "Package: ironlab-probe" in packages and "Filename: ./ironlab-probe_1.0-1_amd64.deb" in packages
+    assert "SHA256: " in packages and (tmp_path / "supply/apt/Packages.gz").exists()
+    assert "Packages.gz" in (tmp_path / "supply/apt/Release").read_text()
+
+
+def _smi(tmp_path, hardware: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "nvidia-smi"
+    script.write_text(standins._template("nvidia_smi.py", PROFILES=json.dumps(PROFILES), DRIVER="580.95.05",
+                                         CUDA="13.0"))
+    hw = tmp_path / "hardware"
+    hw.write_text(hardware + "\n")
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                          env={"IRONLAB_HARDWARE_FILE": str(hw)})
+
+
+@pytest.mark.parametrize("hardware,count,name,mem,cc", [
+    ("rtx6000-pro-maxq", 8, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 97887, "12.0"),
+    ("rtx6000-pro", 8, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0"),
+    ("gb200", 4, "NVIDIA GB200", 189471, "10.0"),
+])
+def test_nvidia_smi_answers_per_profile(tmp_path, hardware, count, name, mem, cc):
+    out = _smi(tmp_path, hardware, "--query-gpu=index,name,memory.total,driver_version,compute_cap",
+               "--format=csv,noheader,nounits")
+    assert out.returncode == 0
+    assert out.stdout.splitlines() == [f"{i}, {name}, {mem}, 580.95.05, {cc}" for i in range(count)]
+    with_units = _smi(tmp_path, hardware, "--query-gpu=memory.total", "--format=csv")
+    assert with_units.stdout.splitlines()[:2] == ["memory.total [MiB]", f"{mem} MiB"]
+    assert len(_smi(tmp_path, hardware, "-L").stdout.splitlines()) == count
+    assert "CUDA Version: 13.0" in _smi(tmp_path, hardware).stdout
+    assert _smi(tmp_path, hardware, "--query-gpu=bogus", "--format=csv").returncode == 2
+
+
+@pytest.mark.parametrize("hardware", ["cpu-lab", "atlas-800i-a3"])
+def test_nvidia_smi_without_nvidia_gpus_fails_like_the_real_one(tmp_path, hardware):
+    out = _smi(tmp_path, hardware, "-L")
+    assert out.returncode == 9 and "couldn't communicate with the NVIDIA driver" in out.stdout
+
+
+def test_npu_smi_lists_16_ascend910(tmp_path):
+    script = tmp_path / "npu-smi"
+    script.write_text(standins._template("npu_smi.py", PROFILES=json.dumps(PROFILES), VERSION="25.2.0"))
+    hw = tmp_path / "hardware"
+    hw.write_text("atlas-800i-a3\n")
+    out = subprocess.run([sys.executable, str(script), "info", "-l"], capture_output=True, text=True,
+                         env={"IRONLAB_HARDWARE_FILE": str(hw)})
+    assert "Total Count                    : 16" in out.stdout and out.stdout.count("Ascend910") == 16
+
+
+def test_ascend_run_files_check_and_version(tmp_path):
+    runs = standins.build_runs(tmp_path)
+    assert [r.name for r in runs] == list(standins.RUN_FILES.values())
+    check = subprocess.run(["sh", str(runs[1]), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0 and "All good" in check.stdout
+    assert subprocess.run(["sh", str(runs[1]), "--version"], capture_output=True, text=True).stdout.strip() == "8.3.RC1"
+
+
+def test_cli_wiring():
+    parser = argparse.ArgumentParser(prog="ironserve")
+    cli.add_lab_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["lab", "up", "--nodes", "3", "--hardware", "gb200"])
+    assert (args.lab_command, args.nodes, args.hardware, args.func) == ("up", 3, "gb200", cli.run_lab)
+    assert parser.parse_args(["lab", "status", "--format", "json"]).format == "json"
