@@ -102,6 +102,12 @@ class NpuDevices(FactBase):
 # --------------------------------------------------------------------------- pure helpers
 
 
+def plain(value):
+    """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
+    operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
+    return getattr(value, "data", value)
+
+
 def _flag_value(argv: list[str], names: tuple[str, ...], default: int = 1) -> int:
     for i, arg in enumerate(argv):
         for name in names:
@@ -196,8 +202,7 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
         host.noop("no accelerators in this profile")
         return
     devices = host.get_fact(GpuDevices if vendor == "nvidia" else NpuDevices)
-    # `== None`, not `is None`: pyinfra-testing hands facts over wrapped; == compares the value.
-    devices = None if devices == None else [dict(d) for d in devices]  # noqa: E711
+    devices = plain(devices)
     if devices is None or (not devices and defer_if_absent):
         if defer_if_absent:
             host.noop("accelerator driver not installed (or not loaded) yet: devices are checked after the driver role")
