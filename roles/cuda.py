@@ -1,0 +1,45 @@
+"""CUDA toolkit: ``cuda-toolkit-<major>-<minor>`` from NVIDIA's repository, pinned.
+
+The repository (source, key) belongs to the driver role, which runs first. The toolkit is
+``cuda-toolkit-13-0`` for ``profile.toolkit = "13.0"``, installed at an exact version and held
+there by an apt preferences file, like the driver. It lands in ``/usr/local/cuda-<major>.<minor>``
+(``/usr/local/cuda`` links to it); the engine's runtime finds it there.
+
+Host data (defaults in the constants below):
+
+- ``cuda_toolkit_version`` (``13.0.2-1``): exact Debian version of the toolkit package
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra.api import deploy
+from pyinfra.operations import apt, files
+
+from roles.context import DeploymentContext
+from roles.nvidia_driver import apt_pin_text, apt_refresh
+
+TOOLKIT_PACKAGE = "cuda-toolkit-{dashed}"
+TOOLKIT_VERSION = "13.0.2-1"
+DEFAULT_TOOLKIT = "13.0"
+PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-cuda.pref"
+
+
+def toolkit_package(toolkit: str | None) -> str:
+    """``13.0`` -> ``cuda-toolkit-13-0``."""
+    return TOOLKIT_PACKAGE.format(dashed=(toolkit or DEFAULT_TOOLKIT).replace(".", "-"))
+
+
+@deploy("ironserve: CUDA toolkit")
+def apply(ctx: DeploymentContext) -> None:
+    package = toolkit_package(ctx.profile.toolkit)
+    version = ctx.get("cuda_toolkit_version", TOOLKIT_VERSION)
+    files.put(
+        name=f"Pin {package} {version}",
+        src=StringIO(apt_pin_text([(package, version)], "roles/cuda.py")),
+        dest=PREFERENCES_FILE,
+        mode="644",
+    )
+    apt_refresh(name="apt-get update for the CUDA toolkit", packages={package: version})
+    apt.packages(name=f"Install {package}={version}", packages=[f"{package}={version}"], no_recommends=True)
