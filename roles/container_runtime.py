@@ -1,0 +1,413 @@
+"""Container runtime (docker recipes): Docker + NVIDIA container toolkit, the pinned image, the derived image.
+
+Host data (defaults in brackets):
+
+- ``docker_apt_mirror`` [https://download.docker.com/linux/<distro id>]: Docker's apt repository (deb822 source
+  /etc/apt/sources.list.d/ironserve-docker.sources); ``docker_apt_suite`` [the distro codename, e.g. noble] and
+  ``docker_apt_components`` [stable]; a suite ending in "/" is a flat repository (no components)
+- ``nvidia_apt_mirror`` [https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)]: where
+  nvidia-container-toolkit comes from (ironserve-nvidia-container.sources); ``nvidia_apt_suite`` ["/", flat]
+- keyrings, as for the other apt roles: ``apt_trusted`` [false] marks the sources ``Trusted: yes`` (the lab's own
+  unsigned repository); else ``apt_signed_by`` [none] names a keyring already on the host (mirrors); else the
+  vendor's public key is downloaded to /etc/apt/keyrings/ (``docker_apt_key_url`` / ``nvidia_apt_key_url``)
+- ``docker_packages`` [docker-ce, docker-ce-cli, containerd.io], ``nvidia_container_packages``
+  [nvidia-container-toolkit] (NVIDIA hosts only)
+- ``pip_index_url`` [none]: passed to the derived image build as PIP_INDEX_URL (air-gapped builds)
+
+Image pinning: a recipe with ``runtime.digest`` runs ``repo@sha256:...`` and pulls it only when absent. A recipe
+with only a tag is resolved ONCE per host: the tag is pulled, its digest recorded in
+/etc/ironserve/<recipe>.lock.json and printed (pin it in the recipe); later runs keep the local tag on the
+recorded digest, so a tag that moved upstream does not change a deployed host. ``runtime.patches`` build
+``ironserve/<recipe>:derived`` from /etc/ironserve/images/<recipe>/Dockerfile (FROM repo@digest + the patch
+lines), only when the Dockerfile changed or the image is missing: the image carries the Dockerfile's sha256
+in the label ``ironserve.dockerfile.sha256``.
+
+Containers run under systemd units (``docker run --rm --name <unit>``); drift of a running container against
+the rendered unit (image, command, env names) is detected by the fact ``ContainerConfig`` and repaired by the
+operation ``container_current`` (called by roles/launch.py, which owns restarts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, deploy, operation
+from pyinfra.facts.files import FileContents, Sha256File
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt, files, systemd
+
+from ironserve.spec import DockerRuntime
+from ironserve.units import ETC_DIR, image_ref
+from roles.context import DeploymentContext
+from roles import launch
+
+DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
+NVIDIA_CONTAINER_PACKAGES = ["nvidia-container-toolkit"]
+DOCKER_APT_URL = "https://download.docker.com/linux/{distro}"
+DOCKER_APT_KEY_URL = "https://download.docker.com/linux/{distro}/gpg"
+DOCKER_APT_COMPONENTS = "stable"
+NVIDIA_APT_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+NVIDIA_APT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
+NVIDIA_APT_SUITE = "/"
+KEYRING_DIR = "/etc/apt/keyrings"
+SOURCES_DIR = "/etc/apt/sources.list.d"
+DAEMON_JSON = "/etc/docker/daemon.json"
+IMAGES_DIR = f"{ETC_DIR}/images"
+DOCKERFILE_LABEL = "ironserve.dockerfile.sha256"
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def split_image(image: str) -> tuple[str, str | None]:
+    """'repo:tag' -> ('repo', 'tag'); a registry port ('host:5000/repo') is not a tag."""
+    last = image.split("/")[-1]
+    if "@" in image:
+        return image.split("@", 1)[0], None
+    if ":" in last:
+        return image.rsplit(":", 1)[0], image.rsplit(":", 1)[1]
+    return image, "latest"
+
+
+def lock_path(recipe_id: str) -> str:
+    return f"{ETC_DIR}/{recipe_id}.lock.json"
+
+
+def lock_text(recipe_id: str, image: str, digest: str) -> str:
+    """The lock file: what the tag resolved to on this host, once (sorted keys, one line + newline)."""
+    return json.dumps({"digest": digest, "image": image, "recipe": recipe_id}, sort_keys=True) + "\n"
+
+
+def dockerfile_path(recipe_id: str) -> str:
+    return f"{IMAGES_DIR}/{recipe_id}/Dockerfile"
+
+
+def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url: str | None = None) -> str:
+    """FROM the pinned base + the recipe's patch lines, verbatim and in order."""
+    lines = [f"# managed by ironserve: recipe {recipe_id} (derived image; rebuilt when this file changes)",
+             f"FROM {base}"]
+    if pip_index_url:
+        # the build runs on the host: an air-gapped host reaches only the mirror (ARG is visible to RUN only)
+        lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
+    lines += list(patches)
+    return "\n".join(lines) + "\n"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def deb822_source(uris: str, suite: str, components: str | None, signed_by: str | None, trusted: bool) -> str:
+    lines = ["# managed by ironserve", "Types: deb", f"URIs: {uris}", f"Suites: {suite}"]
+    if components and not suite.endswith("/"):
+        lines.append(f"Components: {components}")
+    if trusted:
+        lines.append("Trusted: yes")
+    elif signed_by:
+        lines.append(f"Signed-By: {signed_by}")
+    return "\n".join(lines) + "\n"
+
+
+def container_argv(argv: list[str], image: str) -> list[str]:
+    """What a `docker run ... IMAGE CMD...` argv passes as the container's command (after the image)."""
+    return argv[argv.index(image) + 1:]
+
+
+# --------------------------------------------------------------------------- facts
+
+
+class DockerImageDigests(FactBase):
+    """RepoDigests of a local image (['repo@sha256:...']), None when the image is not present."""
+
+    def command(self, ref):
+        return f"docker image inspect --format '{{{{json .RepoDigests}}}}' {shlex.quote(ref)} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        return json.loads(text) or []
+
+
+class DockerImageLabel(FactBase):
+    """The value of one label of a local image ('' when unset), None when the image is not present."""
+
+    def command(self, ref, label):
+        fmt = f'{{{{index .Config.Labels "{label}"}}}}'
+        return (f"docker image inspect --format {shlex.quote(fmt)} {shlex.quote(ref)} 2>/dev/null"
+                " && echo ironserve-image-present || true")
+
+    def process(self, output):
+        lines = list(output)
+        if not lines or lines[-1].strip() != "ironserve-image-present":
+            return None
+        value = "\n".join(lines[:-1]).strip()
+        return "" if value == "<no value>" else value
+
+
+class DockerRuntimes(FactBase):
+    """Runtimes registered in /etc/docker/daemon.json (nvidia-ctk adds 'nvidia'); [] when there is no file."""
+
+    def command(self):
+        return f"cat {DAEMON_JSON} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        if not text:
+            return []
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return []
+        return sorted((data.get("runtimes") or {}).keys())
+
+
+class ImageLock(FactBase):
+    """The recorded tag resolution of a recipe: {digest, image, recipe}, None without a lock file."""
+
+    def command(self, path):
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+
+CONTAINER_FORMAT = "\n".join([
+    "image_id={{.Image}}",
+    "image={{.Config.Image}}",
+    "running={{.State.Running}}",
+    "cmd={{json .Config.Cmd}}",
+    # names only: the values include the API key and the HF token
+    'env={{range .Config.Env}}{{index (split . "=") 0}} {{end}}',
+])
+
+
+class ContainerConfig(FactBase):
+    """The running container of a unit against the current id of the image it should run.
+
+    {image_id, image, running, cmd, env_names, want_image_id}; None when there is no such container.
+    """
+
+    def command(self, container, image):
+        return (f"docker container inspect --format {shlex.quote(CONTAINER_FORMAT)} {shlex.quote(container)} "
+                f"2>/dev/null && echo want_image_id=$(docker image inspect --format '{{{{.Id}}}}' "
+                f"{shlex.quote(image)} 2>/dev/null) || true")
+
+    def process(self, output):
+        data = {}
+        for line in output:
+            key, _, value = line.partition("=")
+            data[key.strip()] = value.strip()
+        if "image_id" not in data:
+            return None
+        return {
+            "image_id": data["image_id"],
+            "image": data.get("image", ""),
+            "running": data.get("running") == "true",
+            "cmd": json.loads(data["cmd"]) if data.get("cmd") not in (None, "", "null") else [],
+            "env_names": sorted(set(data.get("env", "").split())),
+            "want_image_id": data.get("want_image_id") or None,
+        }
+
+
+# --------------------------------------------------------------------------- operations
+
+
+@operation()
+def nvidia_runtime_configured():
+    """Register the nvidia runtime with Docker (nvidia-ctk) when daemon.json lacks it, and restart Docker."""
+    if "nvidia" in host.get_fact(DockerRuntimes):
+        host.noop("docker already has the nvidia runtime")
+        return
+    yield "nvidia-ctk runtime configure --runtime=docker"
+    # dockerd reads daemon.json at start only
+    yield "systemctl restart docker"
+
+
+@operation()
+def image_pinned(image: str, digest: str | None = None, recipe_id: str | None = None):
+    """The image is on the host at a pinned digest; pull only what is absent.
+
+    With ``digest``: pull repo@digest when absent. Without: the tag is resolved once and recorded in the
+    recipe's lock file; later runs keep the local tag on the recorded digest (a moved tag changes nothing).
+    """
+    repo, tag = split_image(image)
+    if digest:
+        pinned = f"{repo}@{digest}"
+        if pinned in (host.get_fact(DockerImageDigests, ref=pinned) or []):
+            host.noop(f"image {pinned} is present")
+            return
+        yield f"docker pull {shlex.quote(pinned)}"
+        return
+    if not recipe_id:
+        raise ValueError("image_pinned: an image without a digest needs recipe_id (for its lock file)")
+    path = lock_path(recipe_id)
+    lock = host.get_fact(ImageLock, path=path)
+    if lock and lock.get("image") == image and lock.get("digest"):
+        pinned = f"{repo}@{lock['digest']}"
+        if pinned in (host.get_fact(DockerImageDigests, ref=image) or []):
+            host.noop(f"image {image} is locked to {lock['digest']} ({path}); pin it in the recipe: "
+                      f"runtime.digest: {lock['digest']}")
+            return
+        # the local tag is missing or points elsewhere (someone pulled): put it back on the locked digest
+        yield f"docker pull {shlex.quote(pinned)}"
+        yield f"docker tag {shlex.quote(pinned)} {shlex.quote(image)}"
+        return
+    # first resolution on this host: pull the tag, record the digest it had, print it
+    q_image, q_path = shlex.quote(image), shlex.quote(path)
+    yield f"docker pull {q_image}"
+    yield (
+        f"d=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' {q_image}"
+        f" | grep -m1 '^{repo}@sha256:') && d=${{d#*@}} && mkdir -p {ETC_DIR} && "
+        f"printf '{{\"digest\": \"%s\", \"image\": \"%s\", \"recipe\": \"%s\"}}\\n' \"$d\" {q_image} "
+        f"{shlex.quote(recipe_id)} > {q_path} && "
+        f"echo \"ironserve: {recipe_id}: {image} resolved to $d (recorded in {path}); pin it in the recipe: "
+        f"runtime.digest: $d\""
+    )
+    yield FunctionCommand(_print_lock, (path,), {})
+
+
+def _print_lock(state, host, path):
+    # the resolved digest belongs in the recipe: say it where the user reads, not only in the host's file
+    status, output = host.run_shell_command(f"cat {shlex.quote(path)}")
+    if status:
+        host.log_styled(f"image lock {path}: {output.stdout.strip()} -- pin runtime.digest in the recipe",
+                        fg="yellow")
+    return status
+
+
+@operation()
+def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[str],
+                  pip_index_url: str | None = None):
+    """Build ironserve/<recipe>:derived from the pinned base + patches when the Dockerfile changed or the
+    image is missing (the image's label holds the sha256 of the Dockerfile it was built from)."""
+    repo, _ = split_image(image)
+    if not digest:
+        # tag-only recipe: the base is whatever this host locked (read at execution, after image_pinned)
+        lock = host.get_fact(ImageLock, path=lock_path(recipe_id)) or {}
+        digest = lock.get("digest") if lock.get("image") == image else None
+    base = f"{repo}@{digest}" if digest else image
+    text = dockerfile_text(recipe_id, base, patches, pip_index_url)
+    want = sha256_text(text)
+    path = dockerfile_path(recipe_id)
+    tag = f"ironserve/{recipe_id}:derived"
+    changed = False
+    if host.get_fact(Sha256File, path=path) != want:
+        yield f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}"
+        yield FileUploadCommand(StringIO(text), path)
+        yield f"chmod 644 {shlex.quote(path)}"
+        changed = True
+    if host.get_fact(DockerImageLabel, ref=tag, label=DOCKERFILE_LABEL) == want and not changed:
+        host.noop(f"image {tag} is built from the current Dockerfile ({want[:12]})")
+        return
+    build = ["docker", "build", "--network", "host", "--label", f"{DOCKERFILE_LABEL}={want}", "-t", tag,
+             "-f", path]
+    if pip_index_url:
+        build += ["--build-arg", f"PIP_INDEX_URL={pip_index_url}", "--build-arg", f"UV_INDEX_URL={pip_index_url}"]
+    yield " ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]])
+
+
+@operation()
+def container_current(unit: str, image: str, cmd: list[str], env_names: list[str]):
+    """Restart a unit whose running container differs from the rendered one (image, command, env names).
+
+    docker.container in pyinfra compares nothing of this; the unit owns the container (docker run --rm), so
+    the repair is a unit restart. A unit that is not running is left to the launch stage.
+    """
+    have = host.get_fact(ContainerConfig, container=unit, image=image)
+    if not have or not have.get("running"):
+        host.noop(f"no running container {unit}")
+        return
+    why = drift(have, image, cmd, env_names)
+    if not why:
+        host.noop(f"container {unit} runs the rendered configuration")
+        return
+    yield f"systemctl restart {shlex.quote(unit)}.service"
+
+
+def drift(have: dict, image: str, cmd: list[str], env_names: list[str]) -> list[str]:
+    """What differs between a running container and the rendered unit ([] when nothing)."""
+    why = []
+    if have.get("image") != image:
+        why.append(f"image {have.get('image')} != {image}")
+    if have.get("want_image_id") and have.get("image_id") != have.get("want_image_id"):
+        why.append("the image was rebuilt or re-pulled since the container started")
+    if list(have.get("cmd") or []) != list(cmd):
+        why.append("command line differs")
+    missing = sorted(set(env_names) - set(have.get("env_names") or []))
+    if missing:
+        why.append(f"env lacks {', '.join(missing)}")
+    return why
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+def _keyring(ctx: DeploymentContext, name: str, url: str) -> tuple[str | None, bool]:
+    """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says."""
+    if launch.truthy(ctx.get("apt_trusted"), False):
+        return None, True
+    if ctx.get("apt_signed_by"):
+        return ctx.get("apt_signed_by"), False
+    path = f"{KEYRING_DIR}/{name}.asc"  # armored keys are fine for Signed-By when named *.asc
+    files.directory(name="Keyring directory", path=KEYRING_DIR, mode="755")
+    files.download(name=f"{name} apt key", src=url, dest=path, mode="644")
+    return path, False
+
+
+@deploy("Container runtime")
+def apply(ctx: DeploymentContext) -> None:
+    runtime = ctx.recipe.runtime
+    assert isinstance(runtime, DockerRuntime)
+    distro = host.get_fact(LinuxDistribution) or {}
+    meta = distro.get("release_meta") or {}
+    distro_id = (meta.get("ID") or "ubuntu").lower()
+    codename = meta.get("VERSION_CODENAME") or meta.get("UBUNTU_CODENAME") or "noble"
+
+    signed_by, trusted = _keyring(ctx, "docker", ctx.get("docker_apt_key_url", DOCKER_APT_KEY_URL.format(distro=distro_id)))
+    sources = [files.put(
+        name="Docker apt source",
+        src=StringIO(deb822_source(ctx.get("docker_apt_mirror", DOCKER_APT_URL.format(distro=distro_id)),
+                                   ctx.get("docker_apt_suite", codename),
+                                   ctx.get("docker_apt_components", DOCKER_APT_COMPONENTS), signed_by, trusted)),
+        dest=f"{SOURCES_DIR}/ironserve-docker.sources", mode="644")]
+    packages = list(ctx.get("docker_packages", DOCKER_PACKAGES))
+    if ctx.vendor == "nvidia":
+        signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.get("nvidia_apt_key_url", NVIDIA_APT_KEY_URL))
+        sources.append(files.put(
+            name="NVIDIA container toolkit apt source",
+            src=StringIO(deb822_source(ctx.get("nvidia_apt_mirror", NVIDIA_APT_URL),
+                                       ctx.get("nvidia_apt_suite", NVIDIA_APT_SUITE), None, signed_by, trusted)),
+            dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources", mode="644"))
+        packages += list(ctx.get("nvidia_container_packages", NVIDIA_CONTAINER_PACKAGES))
+    # also when a package is still missing: a run that failed after writing the sources never updated
+    installed = host.get_fact(DebPackages) or {}
+    missing = any(p not in installed for p in packages)
+    launch.run_if_changed(name="apt update (sources changed)", command="apt-get update", triggers=[*sources, missing])
+    apt.packages(name="Docker and the NVIDIA container toolkit", packages=packages, no_recommends=True)
+    systemd.service(name="Docker running", service="docker.service", running=True, enabled=True)
+    if ctx.vendor == "nvidia":
+        nvidia_runtime_configured(name="Docker knows the nvidia runtime")
+
+    changes = [image_pinned(name=f"Image {runtime.image} (pinned)", image=runtime.image, digest=runtime.digest,
+                            recipe_id=ctx.recipe.id)]
+    if runtime.patches:
+        changes.append(derived_image(name=f"Derived image ironserve/{ctx.recipe.id}:derived", recipe_id=ctx.recipe.id,
+                                     image=runtime.image, digest=runtime.digest, patches=list(runtime.patches),
+                                     pip_index_url=ctx.get("pip_index_url")))
+    launch.record_runtime_change(ctx, *changes)
+    # a unit started before these files last changed runs an older image (see roles/launch.py)
+    launch.record_runtime_paths(ctx, *([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
+                                *([] if runtime.digest else [lock_path(ctx.recipe.id)]))
+    launch.note_image(ctx, image_ref(ctx.recipe))

@@ -1,0 +1,348 @@
+"""Launch: the final stage. Nothing starts serving until every host of the deployment converged.
+
+With ``launch=false`` (host data) the stage only says so: everything is prepared and validated, nothing started.
+Otherwise, in order (pyinfra runs each operation on every host before the next one):
+
+1. ``launch_gate``: at execution time, fails (stopping the whole run) if any host of the deployment failed
+   earlier, so no host starts serving next to a half-provisioned peer;
+2. rank 0 of each engine group, then the other ranks (prefill/decode groups before the router); single-node
+   groups are health-gated right after their start, multi-node groups after all their ranks are started
+   (rank 0 only answers /health once the other ranks joined);
+3. the router, health-gated.
+
+Each start is idempotent: a running unit whose unit file, env file and runtime did not change since it
+started (file mtimes against systemd's ActiveEnterTimestamp, plus the changed flags of this run's earlier
+operations, recorded on the context by the other roles) and that answers /health is left alone. A running
+but stale unit is restarted; a running unit that is not healthy yet is waited for, not restarted.
+
+The health gate polls ``http://127.0.0.1:PORT/health`` on the host itself (or the bind address when the
+process binds one address), printing progress every ``health_progress_s``, and fails with the unit's last
+journal lines when ``recipe.health_timeout_s`` passes or the unit dies.
+
+Host data (defaults in brackets): ``launch`` [true], ``health_poll_s`` [10], ``health_progress_s`` [60],
+``health_journal_lines`` [40].
+
+Also the small shared helpers the other roles use: ``truthy``, ``changed``, ``run_if_changed`` and the
+per-context change records (``record_runtime_change``, ``record_unit_change``, ``note_image``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from pyinfra import context, host
+from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
+
+from ironserve.render import Process
+from roles.context import FALSE, DeploymentContext
+
+HEALTH_POLL_S = 10
+HEALTH_PROGRESS_S = 60
+HEALTH_JOURNAL_LINES = 40
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def truthy(value, default: bool = False) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() not in FALSE
+
+
+def changed(meta) -> bool:
+    """Did (or, while planning, will) an earlier operation change something? Plain bools pass through."""
+    if meta is None or isinstance(meta, bool):
+        return bool(meta)
+    if meta.is_complete():
+        return meta.did_change()
+    return bool(meta.will_change)
+
+
+def _records(ctx: DeploymentContext) -> dict:
+    # kept on the context object (one per host and model), so every role of this host sees the same record
+    return ctx.__dict__.setdefault("_ironserve_changes", {"runtime": [], "units": {}, "paths": [], "image": None})
+
+
+def record_runtime_change(ctx: DeploymentContext, *metas) -> None:
+    """Operations whose change means every unit of this host runs new code (image, venv packages)."""
+    _records(ctx)["runtime"].extend(metas)
+
+
+def record_unit_change(ctx: DeploymentContext, unit: str, *metas) -> None:
+    """Operations whose change means this unit must restart (unit file, env file)."""
+    _records(ctx)["units"].setdefault(unit, []).extend(metas)
+
+
+def record_runtime_paths(ctx: DeploymentContext, *paths: str) -> None:
+    """Files that change when the runtime does (requirements, Dockerfile, lock): newer than a start = stale."""
+    _records(ctx)["paths"].extend(paths)
+
+
+def note_image(ctx: DeploymentContext, ref: str) -> None:
+    _records(ctx)["image"] = ref
+
+
+def runtime_paths(ctx: DeploymentContext) -> list[str]:
+    return list(_records(ctx)["paths"])
+
+
+def unit_change_flag(ctx: DeploymentContext, unit: str):
+    """A callable for unit_started(restart=...): evaluated when the start operation runs."""
+    rec = _records(ctx)
+    metas = list(rec["runtime"]) + list(rec["units"].get(unit, []))
+    return lambda: any(changed(m) for m in metas)
+
+
+@operation()
+def run_if_changed(command: str, triggers: list):
+    """Run a command when any trigger (an earlier operation's result, or a bool) changed something."""
+    if any(changed(t) for t in triggers):
+        yield command
+    else:
+        host.noop(f"nothing changed: not running {command}")
+
+
+def health_url(proc: Process) -> str | None:
+    """Where the host itself reaches the process: 127.0.0.1 unless it binds one specific address."""
+    if not proc.serves_http or proc.port is None:
+        return None
+    bind = None
+    for i, arg in enumerate(proc.argv[:-1]):
+        if arg == "--host":
+            bind = proc.argv[i + 1]
+    if bind in (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost"):
+        bind = "127.0.0.1"
+    if ":" in bind:
+        bind = f"[{bind}]"
+    return f"http://{bind}:{proc.port}/health"
+
+
+def start_order(processes: list[Process]) -> list[list[Process]]:
+    """[rank-0 engine processes, other ranks, routers]; prefill before decode before server within a wave."""
+    order = {"prefill": 0, "decode": 1, "server": 2}
+    engines = sorted((p for p in processes if p.role != "router"),
+                     key=lambda p: (order.get(p.role, 3), p.group, p.instance, p.node_rank))
+    return [[p for p in engines if p.node_rank == 0], [p for p in engines if p.node_rank != 0],
+            [p for p in processes if p.role == "router"]]
+
+
+# --------------------------------------------------------------------------- facts
+
+
+class UnitState(FactBase):
+    """systemd state of a unit and the mtimes of the files it was started from.
+
+    {active, sub, since (unix seconds of ActiveEnterTimestamp or None), mtimes {path: seconds}}
+    """
+
+    def command(self, unit, paths):
+        stat = f"stat -c 'mtime %Y %n' {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; " if paths else ""
+        return (f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
+                f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true")
+
+    def process(self, output):
+        state = {"active": None, "sub": None, "since": None, "mtimes": {}}
+        for line in output:
+            if line.startswith("mtime "):
+                _, seconds, path = line.split(" ", 2)
+                state["mtimes"][path] = int(seconds)
+                continue
+            key, _, value = line.partition("=")
+            if key == "ActiveState":
+                state["active"] = value
+            elif key == "SubState":
+                state["sub"] = value
+            elif key == "ActiveEnterTimestamp" and value.startswith("@"):
+                state["since"] = int(value[1:].split(".")[0]) or None
+        return state
+
+
+class HttpStatus(FactBase):
+    """HTTP status of a GET from the host itself (curl), None when nothing answers."""
+
+    def command(self, url):
+        return f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)} || true"
+
+    def process(self, output):
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+# --------------------------------------------------------------------------- operations
+
+
+@operation()
+def launch_gate(hosts: list[str]):
+    """Fail the launch on every host when any host of the deployment failed an earlier operation.
+
+    Checked while the operation runs (pyinfra runs it after every host finished the prepare stage), so
+    the decision sees every host's outcome; OperationError stops the run for all hosts.
+    """
+    failed = sorted(h.name for h in context.state.failed_hosts if h.name in set(hosts))
+    if failed:
+        raise OperationError(f"not launching: {len(failed)} host(s) of this deployment did not converge: "
+                             f"{', '.join(failed)} (fix them and rerun; nothing was started)")
+    host.noop(f"all {len(hosts)} host(s) of the deployment converged")
+
+
+def _wants_restart(restart) -> bool:
+    return bool(restart() if callable(restart) else restart)
+
+
+@operation()
+def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
+                 restart=False, wait: bool = True):
+    """The unit runs its current configuration and (with ``url`` and ``wait``) answers /health.
+
+    Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
+    (``paths``) or ``restart`` says this run changed it; waits for health after either. A running, fresh
+    unit is only checked: healthy = no-op; not healthy yet = wait (not restart).
+    """
+    state = host.get_fact(UnitState, unit=unit, paths=list(paths or []))
+    running = state["active"] in ("active", "activating", "reloading")
+    gate = url is not None and wait
+    if not running:
+        yield f"systemctl start {shlex.quote(unit)}.service"
+    else:
+        since = state.get("since")
+        stale = sorted(p for p, t in (state.get("mtimes") or {}).items() if since and t > since)
+        if stale or _wants_restart(restart):
+            yield f"systemctl restart {shlex.quote(unit)}.service"
+        elif gate and host.get_fact(HttpStatus, url=url) == 200:
+            host.noop(f"{unit} is running, unchanged and healthy")
+            return
+        elif not gate:
+            host.noop(f"{unit} is running and unchanged")
+            return
+    if gate:
+        yield FunctionCommand(wait_healthy, (unit, url, timeout_s), {})
+
+
+@operation()
+def health_gate(unit: str, url: str, timeout_s: int = 3600):
+    """Wait until the unit answers /health (after the ranks of its multi-node group were started)."""
+    if host.get_fact(HttpStatus, url=url) == 200:
+        host.noop(f"{unit} is healthy")
+        return
+    yield FunctionCommand(wait_healthy, (unit, url, timeout_s), {})
+
+
+def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None) -> bool:
+    """Poll the unit's /health from the host until 200; False (with the journal) on timeout or death."""
+    poll_s = float(poll_s or host.data.get("health_poll_s") or HEALTH_POLL_S)
+    progress_s = float(host.data.get("health_progress_s") or HEALTH_PROGRESS_S)
+    sudo = bool(host.data.get("_sudo"))
+    start = last = time.monotonic()
+    probe = (f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
+             f"systemctl show -p ActiveState -p SubState {shlex.quote(unit)}.service")
+    host.log(f"{unit}: waiting for {url} (up to {timeout_s}s)")
+    while True:
+        _, out = host.run_shell_command(probe)
+        code, active, sub = _parse_probe(out.stdout_lines)
+        elapsed = int(time.monotonic() - start)
+        if code == 200:
+            host.log_styled(f"{unit}: healthy after {elapsed}s", fg="green")
+            return True
+        dead = active in ("failed", "inactive") or sub == "auto-restart"
+        if dead or elapsed >= timeout_s:
+            why = f"the unit {active}/{sub}" if dead else f"no healthy answer within {timeout_s}s"
+            lines = int(host.data.get("health_journal_lines") or HEALTH_JOURNAL_LINES)
+            _, journal = host.run_shell_command(
+                f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
+            host.log_styled(f"{unit}: {why} ({url}); last journal lines:\n{journal.stdout}", fg="red")
+            return False
+        if time.monotonic() - last >= progress_s:
+            last = time.monotonic()
+            host.log(f"{unit}: still waiting for {url}: {elapsed}s of {timeout_s}s, unit {active}/{sub}, "
+                     f"http {code or 'no answer'}")
+        _sleep(poll_s)
+
+
+def _parse_probe(lines: list[str]) -> tuple[int | None, str | None, str | None]:
+    code = active = sub = None
+    for line in lines:
+        line = line.strip()
+        if line.isdigit():
+            code = int(line) or None
+        elif line.startswith("ActiveState="):
+            active = line.split("=", 1)[1]
+        elif line.startswith("SubState="):
+            sub = line.split("=", 1)[1]
+    return code, active, sub
+
+
+def _sleep(seconds: float) -> None:
+    # pyinfra runs hosts in gevent greenlets: a gevent sleep lets the other hosts' gates poll meanwhile
+    try:
+        import gevent
+
+        gevent.sleep(seconds)
+    except ImportError:  # pragma: no cover
+        time.sleep(seconds)
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+@operation()
+def not_launched(reason: str):
+    """Say why nothing is started (launch=false): prepared and validated only."""
+    host.noop(reason)
+    return
+    yield  # noqa: unreachable - makes this a generator like every operation
+
+
+def record_container(ctx: DeploymentContext, unit: str, image: str, cmd: list[str], env_names: list[str]) -> None:
+    """What the running container of a docker unit must look like (checked for drift before the starts)."""
+    _records(ctx).setdefault("containers", {})[unit] = (image, list(cmd), sorted(env_names))
+
+
+def _unit_paths(ctx: DeploymentContext, proc: Process) -> list[str]:
+    return [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", *runtime_paths(ctx)]
+
+
+def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
+    unit_started(
+        name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
+        unit=proc.unit,
+        url=health_url(proc),
+        timeout_s=ctx.recipe.health_timeout_s,
+        paths=_unit_paths(ctx, proc),
+        restart=unit_change_flag(ctx, proc.unit),
+        wait=wait,
+    )
+
+
+@deploy("Launch")
+def apply(ctx: DeploymentContext) -> None:
+    from pyinfra import inventory
+
+    if not ctx.launch:
+        not_launched(name="Launch", reason="prepared and validated; not started: launch=false")
+        return
+    launch_gate(name="Launch gate: every host converged", hosts=[h.name for h in inventory])
+    containers = _records(ctx).get("containers") or {}
+    if containers:
+        from roles.container_runtime import container_current
+
+        for unit, (image, cmd, env_names) in containers.items():
+            container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
+                              env_names=env_names)
+    ranks0, others, routers = start_order(ctx.processes)
+    # Each wave is called from its own line: pyinfra orders operations by their call site, so every host's
+    # rank-0 starts run before any host's other ranks, and those before the routers.
+    for proc in ranks0:
+        _start(ctx, proc, wait=proc.nnodes == 1)
+    for proc in others:
+        _start(ctx, proc, wait=False)
+    for proc in ranks0:
+        if proc.nnodes > 1 and health_url(proc):
+            # rank 0 answers /health only once every rank of its group joined
+            health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
+                        timeout_s=ctx.recipe.health_timeout_s)
+    for proc in routers:
+        _start(ctx, proc, wait=True)

@@ -1,0 +1,27 @@
+"""Router unit: sglang_router in front of replicas or prefill/decode groups, on the host the render puts it.
+
+The router Process (role "router": ``python3 -m sglang_router.launch_router --worker-urls ...`` or
+``--pd-disaggregation --prefill URL PORT --decode URL``) gets the same machinery as the engines
+(roles/sglang_service.install_units): 0600 env file, unit file from ironserve.units, daemon-reload, its argv
+parsed by the sglang_router of the same runtime (``RouterArgs.add_cli_args``), enabled but not started
+(roles/launch.py starts it last, after every engine answered /health).
+
+No host data of its own; the router's placement, port and policy come from the recipe (topology.router) and
+the inventory (a host with ``ironserve_role=router`` for ``host_placement: dedicated``).
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from roles.context import DeploymentContext
+from roles.sglang_service import install_units
+
+
+@deploy("SGLang router unit")
+def apply(ctx: DeploymentContext) -> None:
+    procs = [p for p in ctx.processes if p.role == "router"]
+    if not procs:
+        return
+    # the helpers (parse probe, ironserve-exec) were installed by sglang_service.apply on every host
+    install_units(ctx, procs)

@@ -1,0 +1,224 @@
+"""SGLang service units: one systemd unit + 0600 env file per engine process of this host, parsed, enabled.
+
+For every process of the render on this host (not the router; see roles/router.py, same machinery):
+
+- /etc/ironserve/<unit>.env (0600 root:root) from ironserve.units: the recipe's env plus the secrets
+  ``IRONSERVE_API_KEY`` (host data ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when
+  the recipe's ``server.api_key_file`` names a file on the host, uv runtimes only) and ``HF_TOKEN`` (host data
+  ``hf_token_file``). With a key, ExecStart runs the engine through /usr/local/lib/ironserve/ironserve-exec,
+  which appends --api-key in-process: the key is never on a command line (``ps``, /proc/PID/cmdline);
+- /etc/systemd/system/<unit>.service from ironserve.units.unit_files; ``systemctl daemon-reload`` when a unit
+  file changed; the JIT cache directory (ironserve.units.jit_dir, kept across restarts);
+- BEFORE enabling: the argv is parsed by the SGLang of this host's runtime (files/bin/ironserve-parse-check run
+  by the venv's python3, or ``docker run --rm --entrypoint python3`` in the image). A rejected argv stops the
+  deploy with the parser's message. The probe runs only when the unit or the runtime changed: a marker holding
+  the sha256 of (ExecStart argv, runtime) is kept in /var/lib/ironserve/parse-ok/<unit>;
+- the unit is enabled, NOT started (roles/launch.py starts units once every host converged).
+
+Host data (defaults in brackets): ``api_key_file`` [none], ``hf_token_file`` [none], ``parse_check`` [true]
+(false skips the probe, e.g. for an image without Python; not recommended).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import context, host
+from pyinfra.api import FactBase, OperationError, deploy, operation
+from pyinfra.operations import files, systemd
+
+from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
+from ironserve.spec import DockerRuntime, Recipe
+from ironserve.units import (JIT_CACHE_ROOT, KEY_LAUNCHER, exec_argv, image_ref, jit_dir, unit_files,
+                             venv_path)
+from roles import launch
+from roles.context import DeploymentContext
+from roles.model_weights import read_secret
+
+BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
+LIB_DIR = "/usr/local/lib/ironserve"
+PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
+PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
+UNIT_DIR = "/etc/systemd/system"
+CONTAINER_PROBE = "/ironserve-parse-check"
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def parse_kind(argv: list[str]) -> tuple[str, list[str]]:
+    """(probe kind, engine args without the launcher) of a rendered argv."""
+    for launcher, kind in ((LAUNCH_ROUTER, "router"), (LAUNCH_SERVER, "server"), (SERVE, "serve")):
+        if argv[: len(launcher)] == launcher:
+            return kind, argv[len(launcher):]
+    raise ValueError(f"unknown launcher in {argv[:3]}")
+
+
+def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
+    """The probe invocation: SGLang's own parser, in the runtime the unit will run."""
+    kind, args = parse_kind(proc.argv)
+    runtime = recipe.runtime
+    sourced = runtime.source_env
+    if isinstance(runtime, DockerRuntime):
+        core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
+        run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
+        if sourced:
+            script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
+            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, "parse-check", *core]
+        return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
+    core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
+    if sourced:
+        script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
+        return ["/bin/bash", "-c", script, "parse-check", *core]
+    return core
+
+
+def parse_digest(exec_start: list[str], runtime_identity: str) -> str:
+    """What a parse-ok marker vouches for: this ExecStart in this runtime."""
+    return hashlib.sha256(json.dumps([exec_start, runtime_identity]).encode()).hexdigest()
+
+
+def runtime_identity(recipe: Recipe, pip_index_url: str | None = None) -> str:
+    return json.dumps([recipe.runtime.model_dump(mode="json"), recipe.engine.model_dump(mode="json"), pip_index_url],
+                      sort_keys=True)
+
+
+def marker_path(unit: str) -> str:
+    return f"{PARSE_OK_DIR}/{unit}"
+
+
+def process_secrets(ctx: DeploymentContext, proc: Process) -> dict[str, str]:
+    """Secrets for the env file of an engine process (never for the router)."""
+    if proc.role == "router":
+        return {}
+    out = {}
+    if ctx.get("api_key_file"):
+        out["IRONSERVE_API_KEY"] = read_secret(ctx.get("api_key_file"), f"{ctx.host_name}: api_key_file")
+    else:
+        group = ctx.recipe.topology.groups[proc.group]
+        on_host = ctx.recipe.group_server(group).api_key_file
+        if on_host:
+            if isinstance(ctx.recipe.runtime, DockerRuntime):
+                raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
+                                     "a container cannot read; give the key with host data api_key_file instead")
+            out["IRONSERVE_API_KEY_FILE"] = on_host
+    if ctx.get("hf_token_file"):
+        out["HF_TOKEN"] = read_secret(ctx.get("hf_token_file"), f"{ctx.host_name}: hf_token_file")
+    return out
+
+
+# --------------------------------------------------------------------------- facts and operations
+
+
+class ParseCheck(FactBase):
+    """Run the parse probe: {rc, output} (output = the parser's message on failure)."""
+
+    def command(self, probe):
+        return f"{probe} 2>&1; echo ironserve-parse-rc=$?"
+
+    def process(self, output):
+        lines = list(output)
+        rc = 255
+        if lines and lines[-1].startswith("ironserve-parse-rc="):
+            rc = int(lines.pop().split("=", 1)[1])
+        return {"rc": rc, "output": "\n".join(lines).strip()}
+
+
+class MarkerDigest(FactBase):
+    """First line of a marker file, None when absent."""
+
+    def command(self, path):
+        return f"head -n1 {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        return text or None
+
+
+@operation()
+def argv_parses(unit: str, probe: list[str], digest: str):
+    """The unit's argv is accepted by the SGLang parser of its runtime (checked once per argv + runtime).
+
+    The probe itself runs when the operation executes (the runtime is installed by then); while planning the
+    operation only shows that it will check. A rejected argv raises OperationError with the parser's message,
+    which stops the deploy before anything is enabled or started.
+    """
+    marker = marker_path(unit)
+    if host.get_fact(MarkerDigest, path=marker) == digest:
+        host.noop(f"{unit}: argv already parsed by this runtime")
+        return
+    command = " ".join(shlex.quote(a) for a in probe)
+    if context.state.is_executing:
+        result = host.get_fact(ParseCheck, probe=command)
+        if result["rc"] != 0:
+            raise OperationError(f"{host.name}: {unit}: the SGLang in this runtime rejects the command line "
+                                 f"(probe exit {result['rc']}):\n{result['output']}")
+        yield f"mkdir -p {PARSE_OK_DIR} && echo {digest} > {shlex.quote(marker)}"
+        return
+    yield f"{command} && mkdir -p {PARSE_OK_DIR} && echo {digest} > {shlex.quote(marker)}"
+
+
+# --------------------------------------------------------------------------- shared unit machinery
+
+
+def install_scripts() -> None:
+    files.directory(name="ironserve helper directory", path=LIB_DIR, mode="755")
+    for name, dest in (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK)):
+        files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root", group="root")
+
+
+def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
+    """Env file, unit file, daemon-reload, parse check and enable for each process (used by router.py too).
+
+    Each step is one call site over all processes, so pyinfra runs it on every host before the next step.
+    """
+    if not procs:
+        return
+    recipe = ctx.recipe
+    built = []
+    for proc in procs:
+        secrets = process_secrets(ctx, proc)
+        built.append((proc, unit_files(recipe, proc, ctx.tuning, secrets), secrets))
+    unit_ops = []
+    for proc, uf, secrets in built:
+        env_op = files.put(name=f"{uf.env_path} (0600)", src=StringIO(uf.env_text), dest=uf.env_path,
+                           mode="600", user="root", group="root")
+        unit_op = files.put(name=f"{UNIT_DIR}/{uf.unit_name}", src=StringIO(uf.unit_text),
+                            dest=f"{UNIT_DIR}/{uf.unit_name}", mode="644", user="root", group="root")
+        unit_ops.append(unit_op)
+        launch.record_unit_change(ctx, proc.unit, env_op, unit_op)
+        if isinstance(recipe.runtime, DockerRuntime):
+            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
+            from roles.container_runtime import container_argv
+
+            launch.record_container(ctx, proc.unit, image_ref(recipe),
+                                    container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
+                                    [*proc.env, *secrets])
+    launch.run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
+                          triggers=unit_ops)
+    if launch.truthy(ctx.get("parse_check"), True):
+        identity = runtime_identity(recipe, ctx.get("pip_index_url"))
+        for proc, uf, secrets in built:
+            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
+            digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
+            argv_parses(name=f"{proc.unit}: argv parsed by the installed SGLang", unit=proc.unit,
+                        probe=parse_check_argv(recipe, proc), digest=digest)
+    for proc, uf, secrets in built:
+        systemd.service(name=f"{uf.unit_name} enabled (started by the launch stage)", service=uf.unit_name,
+                        running=None, enabled=True)
+
+
+@deploy("SGLang service units")
+def apply(ctx: DeploymentContext) -> None:
+    procs = [p for p in ctx.processes if p.role != "router"]
+    install_scripts()
+    if not procs:
+        return
+    # JIT caches persist across restarts and are keyed by engine build (ironserve.units.jit_dir)
+    files.directory(name="JIT cache root", path=JIT_CACHE_ROOT, mode="755")
+    files.directory(name="JIT cache of this engine build", path=jit_dir(ctx.recipe), mode="755")
+    install_units(ctx, procs)

@@ -1,0 +1,211 @@
+"""uv runtime (uv recipes): a pinned uv, and /opt/ironserve/venvs/<recipe> with the recipe's Python and packages.
+
+Host data (defaults in brackets):
+
+- ``uv_version`` [UV_VERSION]: the uv installed at /usr/local/bin/uv
+- ``uv_url`` [none]: a uv release tarball (uv-<arch>-unknown-linux-gnu.tar.gz) on the cluster's file mirror;
+  without it uv comes from the package index: ``python3 -m pip install --target /opt/ironserve/uv/<version>``
+- ``pip_index_url`` [none]: the air-gapped mirror. When set it is the ONLY index used, for uv itself and for
+  the venv (the recipe's index_url / extra_index_urls / index_strategy are ignored: a mirror cannot reach them)
+- ``package_indexes`` [{}]: index:NAME -> URL for the recipe's named indexes (ironserve.spec.resolve_index)
+- ``uv_python_install_mirror`` [none]: UV_PYTHON_INSTALL_MIRROR, where uv fetches a managed Python when the
+  host has no interpreter of the recipe's version (air-gapped clusters)
+
+Idempotent where pyinfra's uv.venv is not: the venv is created only when missing or of another Python
+(major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs.
+The requirements as installed (with the index options) are written to <venv>/ironserve-requirements.txt for
+audit; its mtime also tells the launch stage that the runtime changed under a running unit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.operations import files
+
+from ironserve.spec import UvRuntime, resolve_index
+from ironserve.units import venv_path
+from roles import launch
+from roles.context import DeploymentContext
+
+UV_VERSION = "0.13.9"
+UV_BIN = "/usr/local/bin/uv"
+UV_ROOT = "/opt/ironserve/uv"
+PYPI_SIMPLE = "https://pypi.org/simple"
+REQUIREMENTS_NAME = "ironserve-requirements.txt"
+
+# prints {"python": "3.12.3", "packages": {normalized name: version}} with the venv's own interpreter
+_VENV_SCRIPT = (
+    "import json, re, sys, importlib.metadata as m; "
+    "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'packages': "
+    "{re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in m.distributions() "
+    "if d.metadata['Name']}}, sort_keys=True))"
+)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name, extras dropped: 'SGLang[all]' -> 'sglang'."""
+    return re.sub(r"[-_.]+", "-", name.split("[", 1)[0]).lower()
+
+
+def pins(packages: list[str]) -> dict[str, tuple[str, str]]:
+    """{normalized name: (requirement as written, version)} for name==version requirements."""
+    out = {}
+    for req in packages:
+        name, _, version = req.partition("==")
+        out[normalize(name)] = (req, version)
+    return out
+
+
+def requirements_diff(packages: list[str], installed: dict[str, str] | None) -> list[str]:
+    """The requirements (as written) whose pinned version is not the installed one, in recipe order."""
+    installed = installed or {}
+    return [req for name, (req, version) in pins(packages).items() if installed.get(name) != version]
+
+
+def index_args(runtime: UvRuntime, pip_index_url: str | None = None,
+               package_indexes: dict[str, str] | None = None) -> list[str]:
+    """uv index options: the host's mirror alone when it has one, else the recipe's indexes."""
+    if pip_index_url:
+        return ["--index-url", pip_index_url]
+    indexes = package_indexes or {}
+    args = []
+    primary = resolve_index(runtime.index_url, indexes)
+    if primary:
+        args += ["--index-url", primary]
+    for ref in runtime.extra_index_urls:
+        args += ["--extra-index-url", resolve_index(ref, indexes) or PYPI_SIMPLE]
+    if runtime.index_strategy:
+        args += ["--index-strategy", runtime.index_strategy]
+    return args
+
+
+def install_args(runtime: UvRuntime, idx: list[str]) -> list[str]:
+    return [*idx, *(["--prerelease", "allow"] if runtime.prerelease else [])]
+
+
+def requirements_text(recipe_id: str, runtime: UvRuntime, idx: list[str]) -> str:
+    lines = [f"# managed by ironserve: recipe {recipe_id}, Python {runtime.python} (installed with uv pip install)"]
+    lines += [f"# {' '.join(idx[i:i + 2])}" for i in range(0, len(idx), 2)]
+    if runtime.prerelease:
+        lines.append("# --prerelease allow")
+    return "\n".join(lines + list(runtime.packages)) + "\n"
+
+
+def _env_prefix(env: dict[str, str] | None) -> str:
+    if not env:
+        return ""
+    return "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " "
+
+
+# --------------------------------------------------------------------------- facts
+
+
+class UvVersion(FactBase):
+    """Version of /usr/local/bin/uv ('0.13.9'), None when it is not installed."""
+
+    def command(self):
+        return f"{UV_BIN} --version 2>/dev/null || true"
+
+    def process(self, output):
+        parts = " ".join(output).split()
+        return parts[1] if len(parts) >= 2 and parts[0] == "uv" else None
+
+
+class VenvPackages(FactBase):
+    """A venv's Python version and installed distributions: {python, packages {name: version}}; None when
+    the venv (its bin/python) does not exist or does not run."""
+
+    def command(self, path):
+        py = shlex.quote(f"{path}/bin/python")
+        return f"{py} -c {shlex.quote(_VENV_SCRIPT)} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        return json.loads(text)
+
+
+# --------------------------------------------------------------------------- operations
+
+
+@operation()
+def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: str | None = None):
+    """/usr/local/bin/uv at the pinned version, from a tarball on the mirror or from the package index."""
+    have = host.get_fact(UvVersion)
+    if have == version:
+        host.noop(f"uv {version} is installed")
+        return
+    target = f"{UV_ROOT}/{version}"
+    if url:
+        yield (f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} | tar -xz -C {target} --strip-components=1 "
+               f"&& install -m 755 {target}/uv {UV_BIN}")
+        return
+    index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
+    # --target: no system site-packages touched (PEP 668 hosts refuse a plain pip install)
+    yield (f"python3 -m pip install --disable-pip-version-check --no-cache-dir --upgrade --target {target}"
+           f"{index} uv=={version}")
+    yield f"ln -sfn {target}/bin/uv {UV_BIN}"
+
+
+@operation()
+def venv_present(path: str, python: str, env: dict[str, str] | None = None):
+    """A venv at ``path`` with Python ``python`` (major.minor); recreated when it has another Python."""
+    have = host.get_fact(VenvPackages, path=path)
+    if have and ".".join(have["python"].split(".")[:2]) == python:
+        host.noop(f"venv {path} has Python {have['python']}")
+        return
+    if have:
+        # another interpreter: every compiled wheel in it is for the wrong ABI, start over
+        yield f"rm -rf {shlex.quote(path)}"
+    yield f"{_env_prefix(env)}{UV_BIN} venv --python {shlex.quote(python)} {shlex.quote(path)}"
+
+
+@operation()
+def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
+                  env: dict[str, str] | None = None):
+    """``uv pip install`` the pinned packages whose installed version differs (none: no-op)."""
+    have = host.get_fact(VenvPackages, path=path)
+    todo = requirements_diff(packages, (have or {}).get("packages"))
+    if not todo:
+        host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
+        return
+    cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *todo]
+    yield _env_prefix(env) + " ".join(shlex.quote(a) for a in cmd)
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+@deploy("uv runtime")
+def apply(ctx: DeploymentContext) -> None:
+    runtime = ctx.recipe.runtime
+    assert isinstance(runtime, UvRuntime)
+    mirror = ctx.get("pip_index_url")
+    env = {}
+    if ctx.get("uv_python_install_mirror"):
+        env["UV_PYTHON_INSTALL_MIRROR"] = ctx.get("uv_python_install_mirror")
+    if mirror:
+        # uv venv may resolve seed packages; keep even that on the mirror
+        env["UV_INDEX_URL"] = mirror
+    uv_installed(name=f"uv {ctx.get('uv_version', UV_VERSION)}", version=ctx.get("uv_version", UV_VERSION),
+                 index_url=mirror, url=ctx.get("uv_url"))
+    path = venv_path(ctx.recipe)
+    files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
+    idx = index_args(runtime, mirror, ctx.get("package_indexes", {}))
+    created = venv_present(name=f"venv {path} (Python {runtime.python})", path=path, python=runtime.python, env=env)
+    installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
+                              args=install_args(runtime, idx), env=env)
+    files.put(name="venv requirements record", src=StringIO(requirements_text(ctx.recipe.id, runtime, idx)),
+                       dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
+    launch.record_runtime_change(ctx, created, installed)
+    launch.record_runtime_paths(ctx, f"{path}/{REQUIREMENTS_NAME}")
