@@ -36,6 +36,8 @@ _common = {
     "pip_index": _state["pip_index"],
     "pip_index_url": _state["pip_index"],
     "ascend_package_store": _state["ascend_files"],
+    # the lab signs its repo with its own key, installed in every host at this path
+    **({"apt_signed_by": _state["apt_signed_by"]} if _state.get("apt_signed_by") else {}),
 }
 
 lab_hosts = [

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
-import shutil
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import cgroups, hosts, network, rootfs, standins, state, supply
 from .state import HARDWARE_IDS, Host, LabState
-from .system import LabError, ensure_tools, require_root, run, say
+from .system import LabError, ensure_tools, require_root, run, say, wait_for
 
 # Real Debian packages published to the lab repo on every `up` (tests and common roles use them).
 DEFAULT_DEBS = ["jq", "numactl", "pciutils"]
@@ -48,7 +49,26 @@ def ssh_options(lab: LabState) -> list[str]:
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]
 
 
+@contextmanager
+def _locked(root: Path):
+    """One lab command at a time per state directory (a second `up` waits for the first)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "lab.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("another lab command is running; waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def up(nodes: int, hardware: str | None = None) -> LabState:
+    require_root()
+    with _locked(state.lab_dir()):
+        return _up(nodes, hardware)
+
+
+def _up(nodes: int, hardware: str | None = None) -> LabState:
     if nodes < 1:
         raise LabError("--nodes must be at least 1")
     ensure_tools()
@@ -76,7 +96,10 @@ def up(nodes: int, hardware: str | None = None) -> LabState:
         say(f"publishing wheels to the lab index: {' '.join(DEFAULT_WHEELS)}")
         supply.publish_wheels(root, DEFAULT_WHEELS)
         stamp.write_text(wanted)
+    if not (supply.supply_dir(root) / "apt" / "InRelease").exists():
+        supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
     supply.start_server(root)
+    lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
 
     # Shrink: stop hosts beyond N (highest index first).
     for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
@@ -105,7 +128,6 @@ def up(nodes: int, hardware: str | None = None) -> LabState:
 
     def ready(h: Host) -> None:
         hosts.wait_running(root, h.name)
-        from .system import wait_for
         wait_for(lambda: _ssh_ok(lab, h), 60, interval=0.5, what=f"ssh on {h.name}")
 
     with ThreadPoolExecutor(max_workers=max(1, len(lab.hosts))) as pool:
@@ -132,6 +154,11 @@ def status() -> dict:
 
 def down() -> None:
     require_root()
+    with _locked(state.lab_dir()):
+        _down()
+
+
+def _down() -> None:
     root = state.lab_dir()
     lab = state.load(root)
     names = {h.name for h in lab.hosts} if lab else set()

@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import cgroups, network
+from . import cgroups, network, supply
 from .state import GATEWAY, Host, LabState
 from .system import LabError, run, say, wait_for
 
@@ -105,7 +105,14 @@ def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) ->
     _write(merged, "/etc/ironlab/hardware", host.hardware + "\n")
     _write(merged, "/etc/ironlab/node_index", f"{host.node_index}\n")
     # Air-gapped supply: the lab mirror is the only package source (mirror URLs are data).
-    _write(merged, "/etc/apt/sources.list.d/ironlab.list", f"deb [trusted=yes] {state.apt_mirror} ./\n")
+    keyring = supply.keyring(root)
+    if keyring and state.apt_signed_by:
+        _write(merged, state.apt_signed_by, "")
+        (merged / state.apt_signed_by.lstrip("/")).write_bytes(keyring.read_bytes())
+        option = f"signed-by={state.apt_signed_by}"
+    else:
+        option = "trusted=yes"
+    _write(merged, "/etc/apt/sources.list.d/ironlab.list", f"deb [{option}] {state.apt_mirror} ./\n")
     host_part = state.pip_index.split("//", 1)[1].split("/", 1)[0].split(":")[0]
     _write(merged, "/etc/pip.conf", f"[global]\nindex-url = {state.pip_index}\ntrusted-host = {host_part}\n")
     _prepare_fake_proc(merged)

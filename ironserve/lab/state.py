@@ -67,6 +67,7 @@ class LabState:
     apt_mirror: str = supply_url("apt")
     pip_index: str = supply_url("simple/")
     ascend_files: str = supply_url("ascend/")
+    apt_signed_by: str = ""  # keyring path inside hosts; empty when the repo is unsigned (trusted=yes)
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -86,6 +87,7 @@ class LabState:
             "apt_mirror": self.apt_mirror,
             "pip_index": self.pip_index,
             "ascend_files": self.ascend_files,
+            "apt_signed_by": self.apt_signed_by,
         }
 
 

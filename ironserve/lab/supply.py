@@ -107,6 +107,46 @@ def reindex_apt(root: Path) -> None:
         blob = (repo / name).read_bytes()
         lines.append(f" {hashlib.sha256(blob).hexdigest()} {len(blob)} {name}")
     (repo / "Release").write_text("\n".join(lines) + "\n")
+    sign_release(root)
+
+
+# ---------------------------------------------------------------- signing
+
+KEYRING_NAME = "ironlab-archive-keyring.gpg"
+HOST_KEYRING = f"/usr/share/keyrings/{KEYRING_NAME}"  # where hosts keep it (the inventory's apt_signed_by)
+
+
+def _gpg(root: Path, *args: str) -> subprocess.CompletedProcess:
+    home = root / "gpg"
+    home.mkdir(mode=0o700, exist_ok=True)
+    return run(["gpg", "--batch", "--quiet", "--homedir", str(home), *args])
+
+
+def sign_release(root: Path) -> None:
+    """Sign the repo like a real mirror (InRelease, Release.gpg) with a key made for this lab.
+
+    Hosts trust only that key (signed-by), so roles exercise the same signed-by path they use
+    with an internal mirror. Without gpg on this machine the repo stays unsigned (trusted=yes).
+    """
+    repo = supply_dir(root) / "apt"
+    if not shutil.which("gpg"):
+        return
+    try:
+        if not (root / "gpg" / "pubring.kbx").exists() or not _gpg(root, "--list-secret-keys").stdout.strip():
+            _gpg(root, "--passphrase", "", "--quick-gen-key", "ironserve lab archive <lab@ironserve.invalid>",
+                 "ed25519", "sign", "never")
+        _gpg(root, "--yes", "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release"))
+        _gpg(root, "--yes", "--armor", "--detach-sign", "-o", str(repo / "Release.gpg"), str(repo / "Release"))
+        subprocess.run(["gpg", "--batch", "--homedir", str(root / "gpg"), "--yes", "--output",
+                        str(repo / KEYRING_NAME), "--export"], check=True, capture_output=True)
+    finally:
+        # gpg starts an agent for the homedir; never leave it running.
+        subprocess.run(["gpgconf", "--homedir", str(root / "gpg"), "--kill", "all"], capture_output=True)
+
+
+def keyring(root: Path) -> Path | None:
+    path = supply_dir(root) / "apt" / KEYRING_NAME
+    return path if path.exists() else None
 
 
 # ---------------------------------------------------------------- wheelhouse

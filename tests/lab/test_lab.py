@@ -77,7 +77,8 @@ def test_hosts_are_air_gapped(lab):
         hosts = lab.ssh(h, "cat /etc/hosts").stdout
         assert all(f"{o['address']}\t{o['name']}" in hosts for o in lab.hosts)
         sources = lab.ssh(h, "cat /etc/apt/sources.list.d/*.list; ls /etc/apt/sources.list 2>/dev/null || true").stdout
-        assert sources.strip() == f"deb [trusted=yes] {lab.status['apt_mirror']} ./"
+        option = f"signed-by={lab.status['apt_signed_by']}" if lab.status["apt_signed_by"] else "trusted=yes"
+        assert sources.strip() == f"deb [{option}] {lab.status['apt_mirror']} ./"
 
 
 def test_stand_in_nvidia_from_lab_repo(lab):
