@@ -115,3 +115,30 @@ def test_cli_wiring():
     args = parser.parse_args(["lab", "up", "--nodes", "3", "--hardware", "gb200"])
     assert (args.lab_command, args.nodes, args.hardware, args.func) == ("up", 3, "gb200", cli.run_lab)
     assert parser.parse_args(["lab", "status", "--format", "json"]).format == "json"
+
+
+def test_refuses_without_root(monkeypatch):
+    from ironserve.lab import cluster, system
+    monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
+    for action in (lambda: cluster.up(2), cluster.down):
+        with pytest.raises(system.LabError, match="needs root"):
+            action()
+
+
+def test_refuses_without_nspawn(monkeypatch):
+    from ironserve.lab import system
+    monkeypatch.setattr(system.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "debootstrap") else "/x")
+
+    def no_apt(packages, why):
+        raise system.LabError("apt-get install failed")
+    monkeypatch.setattr(system, "apt_install", no_apt)
+    with pytest.raises(system.LabError, match="systemd-nspawn.*required"):
+        system.ensure_tools()
+
+
+def test_cli_reports_errors_without_traceback(monkeypatch, capsys):
+    from ironserve.lab import system
+    monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
+    assert cli.main(["down"]) == 1
+    assert "[lab] error: the lab needs root" in capsys.readouterr().err
