@@ -153,6 +153,10 @@ class DockerImageLabel(FactBase):
 class DockerRuntimes(FactBase):
     """Runtimes registered in /etc/docker/daemon.json (nvidia-ctk adds 'nvidia'); [] when there is no file."""
 
+    @staticmethod
+    def default():
+        return []
+
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
 

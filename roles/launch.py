@@ -139,13 +139,17 @@ class UnitState(FactBase):
     {active, sub, since (unix seconds of ActiveEnterTimestamp or None), mtimes {path: seconds}}
     """
 
+    @staticmethod
+    def default():
+        return {"active": None, "sub": None, "since": None, "mtimes": {}}
+
     def command(self, unit, paths):
         stat = f"stat -c 'mtime %Y %n' {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; " if paths else ""
         return (f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
                 f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true")
 
     def process(self, output):
-        state = {"active": None, "sub": None, "since": None, "mtimes": {}}
+        state = UnitState.default()
         for line in output:
             if line.startswith("mtime "):
                 _, seconds, path = line.split(" ", 2)

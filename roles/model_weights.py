@@ -111,6 +111,11 @@ class ModelCheckpoint(FactBase):
     """Completeness of a checkpoint directory: {exists, config, index, shards, missing, empty,
     manifest_stamp, verified_stamp} (stamps only when ironserve-manifest.sha256 exists)."""
 
+    @staticmethod
+    def default():
+        return {"exists": False, "config": False, "index": False, "shards": 0, "missing": [], "empty": [],
+                "manifest_stamp": None, "verified_stamp": None}
+
     def command(self, path):
         p = shlex.quote(path.rstrip("/") or "/")
         marker = shlex.quote(marker_path(path))
@@ -128,8 +133,7 @@ class ModelCheckpoint(FactBase):
         )
 
     def process(self, output):
-        state = {"exists": False, "config": False, "index": False, "shards": 0, "missing": [], "empty": [],
-                 "manifest_stamp": None, "verified_stamp": None}
+        state = ModelCheckpoint.default()
         for line in output:
             key, _, value = line.strip().partition("=")
             if key == "dir":

@@ -153,7 +153,7 @@ def argv_parses(unit: str, probe: list[str], digest: str):
         return
     command = " ".join(shlex.quote(a) for a in probe)
     if context.state.is_executing:
-        result = host.get_fact(ParseCheck, probe=command)
+        result = host.get_fact(ParseCheck, probe=command) or {"rc": 255, "output": "the probe printed nothing"}
         if result["rc"] != 0:
             raise OperationError(f"{host.name}: {unit}: the SGLang in this runtime rejects the command line "
                                  f"(probe exit {result['rc']}):\n{result['output']}")
