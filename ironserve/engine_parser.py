@@ -75,8 +75,9 @@ _REFUSED = re.compile(
     r"torch[-_]memory[-_]saver|cupy.*|tilelang|humming-kernels|quack-kernels|nvshmem.*)$",
     re.I,
 )
-# Versions that are not PyPI releases: nightly/dev images, git builds, local versions.
-_RELEASE = re.compile(r"^\d+(\.\d+){1,3}(\.post\d+)?$")
+# What a PyPI version looks like (final, .postN, aN/bN/rcN pre-releases, .devN). Nightly/dev image
+# tags, git builds and local versions ("+cu130", "+gitabc") are not: they have no wheel to parse with.
+_RELEASE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 
 _TORCHVISION_SHIM = {
     "__init__.py": '''"""ironserve parser-venv SHIM for torchvision -- not the real package.
@@ -175,7 +176,15 @@ def __getattr__(name):
 
 
 class EngineNotAvailable(RuntimeError):
-    """The engine version is not a PyPI release (nightly/dev image, git build) or not on PyPI."""
+    """The engine version is not a PyPI release (nightly/dev image, git build) or not on PyPI.
+
+    ``nearest`` is the PyPI release of the same month when the version names one (e.g.
+    ``dev-cu13-2026-03`` -> ``0.5.9``), else None.
+    """
+
+    def __init__(self, message: str, nearest: str | None = None):
+        super().__init__(message)
+        self.nearest = nearest
 
 
 class ParserEnvError(RuntimeError):
@@ -203,10 +212,13 @@ def normalize_version(version: str, package: str = "sglang") -> str:
             v = v[len(prefix):]
     v = v.lstrip("vV")
     if not _RELEASE.match(v):
+        era = release_for_era(v) if package == "sglang" else None
         raise EngineNotAvailable(
             f"{package} {version!r} is not a PyPI release (nightly/dev images, git builds and local "
             f"versions have no wheel to take the parser from); pin the engine to a released "
             f"{package}==X.Y.Z to get real-parser validation"
+            + (f" -- the newest release of that month is {era} (--engine sglang=={era})" if era else ""),
+            era,
         )
     return v
 
@@ -566,16 +578,42 @@ def check_router_argv(version: str, argv) -> list[Finding]:
 
 
 def _enrich(f: Finding, version: str, kind: str) -> Finding:
-    """Unknown flag: say which other cached versions have it (no builds triggered)."""
-    if f.rule != "engine-unknown-flag" or kind != "server" or not f.where:
+    """Unknown flag / ambiguous abbreviation: say which other cached versions accept the spelling and
+    what a deprecation note names as its replacement (no builds are triggered for this)."""
+    if kind != "server" or not f.where or not (
+        f.rule == "engine-unknown-flag" or (f.rule == "engine-abbreviated-flag" and f.severity is Severity.error)
+    ):
         return f
-    have = [v for v, flags in _cached_flag_tables().items() if v != version and f.where in flags]
+    have = sorted((v for v, flags in _cached_flag_tables().items() if v != version and f.where in flags),
+                  key=_vkey)
     if not have:
         return f
-    note = f" (accepted by sglang {', '.join(sorted(have, key=_vkey))}"
-    if all(_vkey(v) < _vkey(version) for v in have):
-        note += f"; dropped or renamed by {version}"
-    return Finding(f.rule, f.severity, f.message + note + ")", f.fix, f.where)
+    message, fix = f.message, f.fix
+    span = have[0] if len(have) == 1 else f"{have[0]} .. {have[-1]}"
+    message += f" (a full flag in cached sglang {span}"
+    if _vkey(have[-1]) < _vkey(version):
+        message += f"; dropped by {version}"
+    message += ")"
+    hint = replacement_hint(f.where, version)
+    if hint:
+        fix = f"use {hint} (named by the flag's deprecation note); " + fix
+    return Finding(f.rule, f.severity, message, fix, f.where)
+
+
+# Newest stable sglang on PyPI at the end of each month (from `uv pip install --dry-run --exclude-newer`).
+# Nightly/dev images of a month run code at or ahead of that release; its parser is the nearest
+# PyPI stand-in, not an exact one.
+RELEASE_AT_MONTH_END = {
+    "2026-01": "0.5.8", "2026-02": "0.5.9", "2026-03": "0.5.9", "2026-04": "0.5.10.post1",
+    "2026-05": "0.5.12.post1", "2026-06": "0.5.14", "2026-07": "0.5.16", "2026-08": "0.5.18",
+    "2026-09": "0.5.20", "2026-10": "0.5.23",
+}
+
+
+def release_for_era(engine: str) -> str | None:
+    """'dev-cu13-2026-03' / 'npu-a3-2026-04' -> the newest PyPI release of that month, else None."""
+    m = re.search(r"(20\d\d)-(\d\d)", engine)
+    return RELEASE_AT_MONTH_END.get(f"{m.group(1)}-{m.group(2)}") if m else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,8 +621,56 @@ def _enrich(f: Finding, version: str, kind: str) -> Finding:
 # --------------------------------------------------------------------------------------------
 
 
-def _vkey(v: str) -> tuple:
-    return tuple(int(x) if x.isdigit() else 0 for x in re.split(r"[.]|post", v) if x)
+def _vkey(v: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(v)
+    except InvalidVersion:
+        return Version("0")
+
+
+_FLAG_IN_TEXT = re.compile(r"--[a-z0-9][a-z0-9-]*[a-z0-9]")
+
+
+def replacement_hint(flag: str, new_version: str | None = None) -> str | None:
+    """The replacement a deprecation note names for ``flag`` in any cached version's parser, if any.
+
+    E.g. 0.5.15-0.5.19 register ``--cuda-graph-max-bs`` as "Deprecated alias for
+    --cuda-graph-max-bs-decode"; 0.5.23 drops it. With ``new_version`` the replacement must exist there.
+    """
+    new = flag_table(new_version) if new_version else None
+    notes = [(table.get(flag) or {}).get("deprecated") or ""
+             for _, table in sorted(_cached_flag_tables().items(), key=lambda kv: _vkey(kv[0]), reverse=True)]
+    if flag in KNOWN_RENAMES:
+        notes.append(KNOWN_RENAMES[flag])
+    for note in notes:
+        for cand in _FLAG_IN_TEXT.findall(note):
+            if cand != flag and (new is None or cand in new):
+                return cand
+    return None
+
+
+# Deprecation notes of 0.5.12-0.5.19 for seed-era flags that 0.5.23 no longer registers, verbatim, so
+# that hints do not depend on which versions happen to be cached (replacement_hint reads both).
+KNOWN_RENAMES = {
+    "--cuda-graph-max-bs": "Deprecated alias for --cuda-graph-max-bs-decode. (0.5.15-0.5.19)",
+    "--cuda-graph-bs": "Deprecated alias for --cuda-graph-bs-decode. (0.5.15-0.5.19)",
+    "--mamba-scheduler-strategy": "Deprecated alias for --mamba-radix-cache-strategy. (0.5.15-0.5.19)",
+    "--enable-nsa-prefill-context-parallel": "[Deprecated] Use --enable-prefill-cp instead. (0.5.15-0.5.19)",
+    "--nsa-prefill-cp-mode": "[Deprecated] Use --cp-strategy {zigzag,interleave} instead. 'in-seq-split' "
+                             "maps to 'zigzag'; 'round-robin-split' maps to 'interleave'. (0.5.15-0.5.19)",
+    "--nsa-decode-backend": "[Deprecated] Use --dsa-decode-backend instead. (0.5.15-0.5.19)",
+    "--nsa-prefill-backend": "[Deprecated] Use --dsa-prefill-backend instead. (0.5.15-0.5.19)",
+    "--prefill-round-robin-balance": "Note: --prefill-round-robin-balance is deprecated now. (0.5.9-0.5.19; "
+                                     "no replacement)",
+    "--hybrid-kvcache-ratio": "Please use --swa-full-tokens-ratio instead. (0.5.12)",
+    "--stream-output": "[Deprecated] Use --incremental-streaming-output instead. (0.5.12)",
+    "--piecewise-cuda-graph-max-tokens": "Deprecated alias for --cuda-graph-max-bs-prefill. (0.5.15)",
+    "--piecewise-cuda-graph-tokens": "Deprecated alias for --cuda-graph-bs-prefill. (0.5.15)",
+    "--enable-expert-distribution-metrics": "Removed. Use --expert-balancedness-report-mode. (0.5.19)",
+    "--keep-mm-feature-on-device": "Deprecated. Use --mm-feature-transport=cuda_ipc. (0.5.19)",
+}
 
 
 def _cached_flag_tables() -> dict[str, dict]:
@@ -626,32 +712,46 @@ def flag_changes(old_version: str, new_version: str, *, router: bool = False) ->
 
     {"old": v1, "new": v2,
      "removed": {flag: replacement-or-None}, "added": [flags],
+     "replacement_basis": {flag: "same-dest" | "deprecation-note" | "similar-name"},
      "choices": {flag: {"removed": [...], "added": [...]}},   # for every flag with choices in both
      "now_deprecated": {flag: note}}
-    The replacement is a same-dest alias in the new version, else the closest new flag by name.
+    The replacement is a same-dest alias in the new version, else the flag a deprecation note in any
+    cached version names (see replacement_hint), else the closest new flag by name. Versions in
+    between are not built for this; build them (parser_env) to get their deprecation notes.
     """
     old, new = flag_table(old_version, router=router), flag_table(new_version, router=router)
     new_by_dest: dict[str, list[str]] = {}
     for opt, e in new.items():
         new_by_dest.setdefault(e["dest"], []).append(opt)
     added_set = sorted(set(new) - set(old))
-    removed = {}
+    removed, basis = {}, {}
     for opt in sorted(set(old) - set(new)):
         same = [o for o in new_by_dest.get(old[opt]["dest"], []) if o.startswith("--")]
-        close = difflib.get_close_matches(opt, added_set or list(new), n=1, cutoff=0.75)
-        removed[opt] = (max(same, key=len) if same else (close[0] if close else None))
+        hint = replacement_hint(opt, new_version)
+        close = difflib.get_close_matches(opt, added_set or list(new), n=1, cutoff=0.85)
+        if same:
+            removed[opt], basis[opt] = max(same, key=len), "same-dest"
+        elif hint:
+            removed[opt], basis[opt] = hint, "deprecation-note"
+        elif close:
+            removed[opt], basis[opt] = close[0], "similar-name"
+        else:
+            removed[opt] = None
     choices = {}
     for opt in sorted(set(old) & set(new)):
         a, b = old[opt].get("choices"), new[opt].get("choices")
         if a is None and b is None:
             continue
-        a, b = set(a or []), set(b or [])
+        if b is None:  # the new parser takes any string (validated later, if at all)
+            choices[opt] = {"removed": [], "added": [], "unrestricted": True}
+            continue
+        a, b = set(a or []), set(b)
         if a != b:
             choices[opt] = {"removed": sorted(a - b), "added": sorted(b - a)}
     deprecated = {o: new[o]["deprecated"] for o in set(old) & set(new)
                   if new[o].get("deprecated") and not old[o].get("deprecated")}
     return {"old": normalize_version(old_version), "new": normalize_version(new_version),
-            "removed": removed, "added": added_set, "choices": choices,
+            "removed": removed, "replacement_basis": basis, "added": added_set, "choices": choices,
             "now_deprecated": dict(sorted(deprecated.items()))}
 
 
@@ -663,5 +763,6 @@ def env_info(version: str, *, router: bool = False) -> dict:
 __all__ = [
     "DEFAULT_ROUTER_VERSION", "EngineNotAvailable", "ParserEnvError", "check_many",
     "check_router_argv", "check_server_argv", "env_info", "flag_changes", "flag_table",
-    "known_flags", "normalize_version", "parser_env", "router_env", "split_launcher",
+    "KNOWN_RENAMES", "known_flags", "normalize_version", "parser_env", "release_for_era", "replacement_hint", "router_env",
+    "split_launcher",
 ]
