@@ -5,8 +5,10 @@ Host data (defaults in brackets):
 - ``docker_apt_mirror`` [https://download.docker.com/linux/<distro id>]: Docker's apt repository (deb822 source
   /etc/apt/sources.list.d/ironserve-docker.sources); ``docker_apt_suite`` [the distro codename, e.g. noble] and
   ``docker_apt_components`` [stable]; a suite ending in "/" is a flat repository (no components)
-- ``nvidia_apt_mirror`` [https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)]: where
-  nvidia-container-toolkit comes from (ironserve-nvidia-container.sources); ``nvidia_apt_suite`` ["/", flat]
+- ``nvidia_apt_mirror`` [none]: when set, nvidia-container-toolkit comes from that repository, which
+  roles/nvidia_driver.py configured (NVIDIA's CUDA repository and the lab's carry it); unset, from NVIDIA's
+  public https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) (ironserve-nvidia-container.sources,
+  ``nvidia_apt_suite`` ["/", flat])
 - keyrings, as for the other apt roles: ``apt_trusted`` [false] marks the sources ``Trusted: yes`` (the lab's own
   unsigned repository); else ``apt_signed_by`` [none] names a keyring already on the host (mirrors); else the
   vendor's public key is downloaded to /etc/apt/keyrings/ (``docker_apt_key_url`` / ``nvidia_apt_key_url``)
@@ -387,13 +389,17 @@ def apply(ctx: DeploymentContext) -> None:
                                    ctx.get("docker_apt_components", DOCKER_APT_COMPONENTS), signed_by, trusted)),
         dest=f"{SOURCES_DIR}/ironserve-docker.sources", mode="644")]
     packages = list(ctx.get("docker_packages", DOCKER_PACKAGES))
-    if ctx.vendor == "nvidia":
+    if ctx.vendor == "nvidia" and not ctx.get("nvidia_apt_mirror"):
+        # public libnvidia-container repository; with nvidia_apt_mirror the toolkit comes from the repository
+        # roles/nvidia_driver.py already configured (NVIDIA's CUDA repository and its mirrors carry it), and a
+        # second source for the same URI with another Signed-By would make apt refuse both
         signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.get("nvidia_apt_key_url", NVIDIA_APT_KEY_URL))
         sources.append(files.put(
             name="NVIDIA container toolkit apt source",
-            src=StringIO(deb822_source(ctx.get("nvidia_apt_mirror", NVIDIA_APT_URL),
-                                       ctx.get("nvidia_apt_suite", NVIDIA_APT_SUITE), None, signed_by, trusted)),
+            src=StringIO(deb822_source(NVIDIA_APT_URL, ctx.get("nvidia_apt_suite", NVIDIA_APT_SUITE), None,
+                                       signed_by, trusted)),
             dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources", mode="644"))
+    if ctx.vendor == "nvidia":
         packages += list(ctx.get("nvidia_container_packages", NVIDIA_CONTAINER_PACKAGES))
     # also when a package is still missing: a run that failed after writing the sources never updated
     installed = host.get_fact(DebPackages) or {}

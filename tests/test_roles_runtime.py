@@ -1,0 +1,366 @@
+"""Pure helpers and host scripts of the runtime roles (container_runtime, uv_env, model_weights, sglang_service,
+router, launch): offline, no pyinfra run. Fixture cases of the facts/operations live in tests/facts and
+tests/operations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api import OperationError
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra_testing.util import FakeState, create_host
+
+from ironserve import catalogue
+from ironserve.inventory import InventoryHost
+from ironserve.render import render
+from ironserve.units import KEY_LAUNCHER, exec_argv, unit_files
+from roles import container_runtime as cr
+from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "files" / "bin"
+DIGEST = "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bbe77df"
+
+
+def _recipe(rid):
+    return catalogue.get_recipe(rid)
+
+
+# --------------------------------------------------------------------------- container runtime
+
+
+def test_dockerfile_is_pinned_base_plus_patches_verbatim():
+    recipe = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
+    text = cr.dockerfile_text(recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches)
+    lines = text.splitlines()
+    assert lines[1] == f"FROM lmsysorg/sglang@{DIGEST}"
+    assert lines[2:] == recipe.runtime.patches
+    assert "transformers==5.2.0" in text and "DEEPGEMM_SCALE_UE8M0 = False" in text
+    with_mirror = cr.dockerfile_text(recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches, "http://m/simple")
+    assert "ARG PIP_INDEX_URL" in with_mirror and cr.sha256_text(with_mirror) != cr.sha256_text(text)
+
+
+def test_split_image_keeps_registry_ports():
+    assert cr.split_image("lmsysorg/sglang:dev-cu13") == ("lmsysorg/sglang", "dev-cu13")
+    assert cr.split_image("reg.lab:5000/sglang") == ("reg.lab:5000/sglang", "latest")
+    assert cr.split_image(f"lmsysorg/sglang@{DIGEST}") == ("lmsysorg/sglang", None)
+
+
+def test_first_resolution_writes_the_lock_text(tmp_path):
+    """Run the op's shell against a stand-in docker: the lock file is exactly lock_text()."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    digest = "sha256:" + "2" * 64
+    (fake / "docker").write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        # stand-in: `docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' REF`
+        printf 'other/repo@sha256:{"9" * 64}\\nlmsysorg/sglang@{digest}\\n'
+        """))
+    (fake / "docker").chmod(0o755)
+    state = FakeState()
+    host = create_host(state, facts={"container_runtime.ImageLock": {"path=/etc/ironserve/r.lock.json": None}})
+    with ctx_state.use(state), ctx_host.use(host):
+        commands = list(cr.image_pinned._inner(image="lmsysorg/sglang:dev-cu13", recipe_id="r"))
+    record = str(commands[1]).replace("/etc/ironserve", str(tmp_path / "etc"))
+    out = subprocess.run(["sh", "-c", record], capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "etc" / "r.lock.json").read_text() == cr.lock_text("r", "lmsysorg/sglang:dev-cu13", digest)
+    assert f"runtime.digest: {digest}" in out.stdout
+
+
+def test_deb822_sources():
+    flat = cr.deb822_source("http://10.0.0.1/apt", "/", "stable", None, True)
+    assert "Components" not in flat and "Trusted: yes" in flat
+    docker = cr.deb822_source("https://download.docker.com/linux/ubuntu", "noble", "stable", "/etc/apt/keyrings/docker.asc",
+                              False)
+    assert "Components: stable" in docker and "Signed-By: /etc/apt/keyrings/docker.asc" in docker
+
+
+def test_drift_reasons():
+    have = {"image": "img", "image_id": "a", "want_image_id": "a", "cmd": ["x"], "env_names": ["A", "PATH"]}
+    assert cr.drift(have, "img", ["x"], ["A"]) == []
+    assert cr.drift({**have, "want_image_id": "b"}, "img", ["x"], ["A"]) == [
+        "the image was rebuilt or re-pulled since the container started"]
+    assert cr.drift(have, "img2", ["y"], ["A", "B"]) == ["image img != img2", "command line differs", "env lacks B"]
+
+
+# --------------------------------------------------------------------------- uv
+
+
+def test_requirements_diff_only_changed_pins():
+    installed = {"sglang": "0.5.23", "sglang-router": "0.3.2"}
+    assert uv.requirements_diff(["sglang==0.5.23", "sglang-router==0.3.2"], installed) == []
+    assert uv.requirements_diff(["SGLang==0.5.24", "sglang_router==0.3.2", "sgl-kernel[x]==0.3.1"], installed) == [
+        "SGLang==0.5.24", "sgl-kernel[x]==0.3.1"]
+
+
+def test_index_args_mirror_overrides_everything():
+    runtime = _recipe("minimax-m2.5-nvfp4-rtx6000-tp2").runtime
+    assert uv.index_args(runtime, "http://10.213.7.1:8780/simple/") == ["--index-url", "http://10.213.7.1:8780/simple/"]
+    named = {"sglang-cu129": "http://mirror/sgl129/", "sglang-cu130": "http://mirror/sgl130/",
+             "pytorch-cu130": "http://mirror/torch130/"}
+    args = uv.index_args(runtime, None, named)
+    assert args[:2] == ["--index-url", "http://mirror/sgl129/"]
+    assert "https://pypi.org/simple" in args  # index:pypi as an extra index is PyPI itself
+    assert args[-2:] == ["--index-strategy", "unsafe-best-match"]
+    with pytest.raises(KeyError):
+        uv.index_args(runtime, None, {})
+
+
+def test_requirements_text_records_indexes():
+    runtime = _recipe("tiny-cpu").runtime
+    text = uv.requirements_text("tiny-cpu", runtime, ["--index-url", "http://m/simple"])
+    assert text.splitlines()[1] == "# --index-url http://m/simple"
+    assert text.splitlines()[2:] == runtime.packages
+
+
+# --------------------------------------------------------------------------- model weights
+
+
+def test_checkpoint_problems_name_what_is_missing():
+    state = {"exists": True, "config": False, "missing": ["a.safetensors"], "empty": ["b.safetensors"]}
+    assert mw.checkpoint_problems(state) == ["config.json is missing", "shard a.safetensors is missing",
+                                             "shard b.safetensors is empty"]
+    assert mw.checkpoint_problems(None) == ["the directory does not exist"]
+
+
+def test_download_keeps_the_token_off_argv():
+    cmd = mw.download_command("festr2/GLM-5-NVFP4-MTP", "/mnt/m", venv="/opt/ironserve/venvs/r", token=True)
+    assert "HF_TOKEN_PATH=/etc/ironserve/hf_token" in cmd and "HF_HUB_ENABLE_HF_TRANSFER=0" in cmd
+    assert "--local-dir /mnt/m" in cmd
+    docker = mw.download_command("x/y", "/mnt/m", image="img@sha256:1", token=True, revision="main")
+    assert "-v /etc/ironserve/hf_token:/run/ironserve/hf_token:ro" in docker and "--revision main" in docker
+
+
+def test_missing_shard_error_names_host_path_and_shard():
+    state = FakeState()
+    host = create_host(state, facts={"model_weights.ModelCheckpoint": {"path=/mnt/m": {
+        "exists": True, "config": True, "index": True, "shards": 2, "missing": ["m-2.safetensors"], "empty": [],
+        "manifest_stamp": None, "verified_stamp": None}}})
+    host.name = "gpu-a"
+    with ctx_state.use(state), ctx_host.use(host), pytest.raises(OperationError) as err:
+        list(mw.checkpoint_verified._inner(path="/mnt/m"))
+    assert str(err.value) == "gpu-a: the model weights at /mnt/m are not usable: shard m-2.safetensors is missing"
+
+
+def test_manifest_check_real_sha256sum(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    subprocess.run(["sh", "-c", f"cd {tmp_path} && sha256sum config.json > {mw.MANIFEST}"], check=True)
+    out = subprocess.run(["sh", "-c", mw.ModelCheckpoint().command(str(tmp_path))], capture_output=True, text=True)
+    state = mw.ModelCheckpoint().process(out.stdout.splitlines())
+    assert state["exists"] and state["config"] and state["manifest_stamp"] and not state["verified_stamp"]
+    (tmp_path / "config.json").write_text("{ }")
+    check = subprocess.run(["sh", "-c", f"cd {tmp_path} && sha256sum -c --quiet {mw.MANIFEST}"], capture_output=True)
+    assert check.returncode != 0
+
+
+# --------------------------------------------------------------------------- service units and the probe
+
+
+def _tiny():
+    recipe = _recipe("tiny-cpu")
+    hosts = [InventoryHost("n0", {"ssh_hostname": "10.0.0.10"}), InventoryHost("n1", {"ssh_hostname": "10.0.0.11"}),
+             InventoryHost("r0", {"ssh_hostname": "10.0.0.12", "ironserve_role": "router"})]
+    return recipe, render(recipe, hosts)
+
+
+def test_parse_check_invocations():
+    recipe, rendered = _tiny()
+    server, router = rendered.processes[0], rendered.processes[-1]
+    argv = ss.parse_check_argv(recipe, server)
+    assert argv[:5] == ["/opt/ironserve/venvs/tiny-cpu/bin/python3", ss.PARSE_CHECK, "--kind", "server", "--"]
+    assert argv[5:] == server.argv[3:]
+    assert ss.parse_check_argv(recipe, router)[3] == "router"
+    glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
+    proc = render(glm).processes[0]
+    docker = ss.parse_check_argv(glm, proc)
+    assert docker[:9] == ["docker", "run", "--rm", "--network", "none", "-v",
+                          f"{ss.PARSE_CHECK}:/ironserve-parse-check:ro", "--entrypoint", "python3"]
+    assert docker[9] == "ironserve/glm5-nvfp4-mtp-rtx6000-tp8:derived"
+    assert docker[10:14] == ["/ironserve-parse-check", "--kind", "server", "--"]
+
+
+def test_api_key_goes_through_the_launcher_not_argv():
+    recipe, rendered = _tiny()
+    proc = rendered.processes[0]
+    files = unit_files(recipe, proc, recipe.tuning or _profile_tuning(), {"IRONSERVE_API_KEY": "s3cret"})
+    assert "s3cret" not in files.unit_text and "IRONSERVE_API_KEY=s3cret" in files.env_text
+    assert f"bin/python3 {KEY_LAUNCHER} -m sglang.launch_server" in files.unit_text
+    glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
+    argv = exec_argv(glm, render(glm).processes[0], api_key=True)
+    assert f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro" in argv
+    assert cr.container_argv(argv, "ironserve/glm5-nvfp4-mtp-rtx6000-tp8:derived")[:4] == [
+        "python3", KEY_LAUNCHER, "-m", "sglang.launch_server"]
+
+
+def _profile_tuning():
+    from ironserve.spec import HostTuning
+
+    return HostTuning()
+
+
+def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
+    (tmp_path / "fakeengine.py").write_text(textwrap.dedent("""\
+        import json, os, sys
+        cmdline = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+        out = {"cmdline": [c.decode() for c in cmdline if c], "argv": sys.argv[1:],
+               "env": os.environ.get("IRONSERVE_API_KEY"), "name": __name__}
+        open(os.environ["OUT"], "w").write(json.dumps(out))
+        """))
+    out = tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "IRONSERVE_API_KEY": "s3cret-key", "OUT": str(out)}
+    subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--port", "30000"], env=env,
+                   check=True)
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == ["--port", "30000", "--api-key", "s3cret-key"]
+    assert not any("s3cret" in c for c in seen["cmdline"])
+    assert seen["env"] is None and seen["name"] == "__main__"
+    # key from a root-only file on the host, and no key at all
+    keyfile = tmp_path / "key"
+    keyfile.write_text("filekey\n")
+    env2 = {k: v for k, v in env.items() if k != "IRONSERVE_API_KEY"}
+    subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine"], check=True,
+                   env={**env2, "IRONSERVE_API_KEY_FILE": str(keyfile)})
+    assert json.loads(out.read_text())["argv"] == ["--api-key", "filekey"]
+    subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"], check=True, env=env2)
+    assert json.loads(out.read_text())["argv"] == ["--x"]
+
+
+def _fake_sglang(tmp_path):
+    pkg = tmp_path / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(textwrap.dedent("""\
+        class ServerArgs:
+            @staticmethod
+            def add_cli_args(parser):
+                parser.add_argument("--model-path", required=True)
+                parser.add_argument("--tp-size", type=int)
+                parser.add_argument("--tp-rank", type=int)
+                parser.add_argument("--attention-backend", choices=["triton", "flashinfer"])
+        """))
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+@pytest.mark.parametrize("args, rc, message", [
+    (["--model-path", "/m", "--tp-size", "8"], 0, ""),
+    (["--model-path", "/m", "--tp-sise", "8"], 2, "unrecognized arguments: --tp-sise 8"),
+    (["--model-path", "/m", "--tp", "8"], 2, "unrecognized arguments: --tp 8"),  # no abbreviations
+    (["--model-path", "/m", "--attention-backend", "fa9"], 2, "invalid choice: 'fa9'"),
+])
+def test_parse_check_uses_the_runtime_parser(tmp_path, args, rc, message):
+    env = _fake_sglang(tmp_path)
+    out = subprocess.run([sys.executable, str(BIN / "ironserve-parse-check"), "--kind", "server", "--", *args],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == rc
+    assert message in out.stderr
+
+
+def test_parse_check_without_sglang_says_so(tmp_path):
+    out = subprocess.run([sys.executable, "-I", str(BIN / "ironserve-parse-check"), "--kind", "router", "--"],
+                         capture_output=True, text=True)
+    assert out.returncode == 3 and "cannot import the router parser" in out.stderr
+
+
+def _executing(facts):
+    state = FakeState()
+    state.is_executing = True
+    return state, create_host(state, facts=facts)
+
+
+def test_argv_parses_raises_with_the_parser_message_at_execution():
+    probe = ["py", "probe", "--kind", "server", "--", "--tp", "8"]
+    cmd = "py probe --kind server -- --tp 8"
+    facts = {"sglang_service.MarkerDigest": {"path=/var/lib/ironserve/parse-ok/u": None},
+             "sglang_service.ParseCheck": {f"probe={cmd}": {"rc": 2, "output": "error: unrecognized arguments: --tp 8"}}}
+    state, host = _executing(facts)
+    with ctx_state.use(state), ctx_host.use(host), pytest.raises(OperationError) as err:
+        list(ss.argv_parses._inner(unit="u", probe=probe, digest="d"))
+    assert "rejects the command line" in str(err.value) and "unrecognized arguments: --tp 8" in str(err.value)
+    facts["sglang_service.ParseCheck"][f"probe={cmd}"] = {"rc": 0, "output": ""}
+    state, host = _executing(facts)
+    with ctx_state.use(state), ctx_host.use(host):
+        assert [str(c) for c in ss.argv_parses._inner(unit="u", probe=probe, digest="d")] == [
+            "mkdir -p /var/lib/ironserve/parse-ok && echo d > /var/lib/ironserve/parse-ok/u"]
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def test_health_url_on_the_host_itself():
+    recipe, rendered = _tiny()
+    assert launch.health_url(rendered.processes[0]) == "http://127.0.0.1:30000/health"
+    proc = rendered.processes[0]
+    bound = SimpleNamespace(**{**proc.as_dict(), "argv": proc.argv + ["--host", "10.0.0.10"]})
+    bound.serves_http, bound.port = True, 30000
+    assert launch.health_url(bound) == "http://10.0.0.10:30000/health"
+
+
+def test_start_order_rank0_then_ranks_then_router():
+    recipe = _recipe("llama3-8b-multinode-tp4")
+    hosts = [InventoryHost(f"n{i}", {"ssh_hostname": f"10.0.0.{i}", "nic": "eth0"}) for i in range(recipe.topology.node_count)]
+    waves = launch.start_order(render(recipe, hosts).processes)
+    assert [p.node_rank for p in waves[0]] == [0] and all(p.node_rank > 0 for p in waves[1]) and waves[2] == []
+    _, tiny = _tiny()
+    waves = launch.start_order(tiny.processes)
+    assert len(waves[0]) == 2 and [p.role for p in waves[2]] == ["router"]
+
+
+def test_launch_gate_fails_when_a_host_failed():
+    state = FakeState()
+    state.failed_hosts = [SimpleNamespace(name="gpu-b")]
+    host = create_host(state, facts={})
+    with ctx_state.use(state), ctx_host.use(host), pytest.raises(OperationError) as err:
+        list(launch.launch_gate._inner(hosts=["gpu-a", "gpu-b"]))
+    assert "gpu-b" in str(err.value)
+    state.failed_hosts = []
+    with ctx_state.use(state), ctx_host.use(host):
+        assert list(launch.launch_gate._inner(hosts=["gpu-a", "gpu-b"])) == []
+
+
+class _Host:
+    def __init__(self, answers):
+        self.answers, self.logs, self.commands = list(answers), [], []
+        self.data = {"health_progress_s": 0}
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(command)
+        text = self.answers.pop(0) if command.startswith("curl") else "journal line 1\njournal line 2"
+        return True, SimpleNamespace(stdout_lines=text.splitlines(), stdout=text)
+
+    def log(self, message):
+        self.logs.append(message)
+
+    def log_styled(self, message, **kwargs):
+        self.logs.append(message)
+
+
+def test_wait_healthy_polls_until_200(monkeypatch):
+    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    host = _Host(["000\nActiveState=active\nSubState=running", "503\nActiveState=active\nSubState=running",
+                  "200\nActiveState=active\nSubState=running"])
+    assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01) is True
+    assert any("still waiting" in m for m in host.logs) and "healthy after" in host.logs[-1]
+
+
+def test_wait_healthy_fails_with_journal_when_the_unit_dies(monkeypatch):
+    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    host = _Host(["000\nActiveState=activating\nSubState=auto-restart"])
+    assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01) is False
+    assert "journal line 2" in host.logs[-1] and "auto-restart" in host.logs[-1]
+    assert host.commands[-1].startswith("journalctl -u u.service -n 40")
+
+
+def test_changed_accepts_bools_and_metas():
+    assert launch.changed(True) and not launch.changed(None)
+    meta = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True)
+    assert launch.changed(meta)
