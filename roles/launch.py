@@ -330,12 +330,12 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
 
 @deploy("Launch")
 def apply(ctx: DeploymentContext) -> None:
-    from pyinfra import inventory
-
     if not ctx.launch:
         not_launched(name="Launch", reason="prepared and validated; not started: launch=false")
         return
-    launch_gate(name="Launch gate: every host converged", hosts=[h.name for h in inventory])
+    # the deployment = every host the render placed a process on (inventory names)
+    deployment = sorted({p.host for p in ctx.rendered.processes})
+    launch_gate(name="Launch gate: every host converged", hosts=deployment)
     containers = _records(ctx).get("containers") or {}
     if containers:
         from roles.container_runtime import container_current
