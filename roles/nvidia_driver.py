@@ -28,6 +28,8 @@ Host data (defaults in the constants below):
   arch, e.g. ``.../ubuntu2404/x86_64/``, ``.../debian12/sbsa/`` on aarch64)
 - ``nvidia_apt_key_file``: keyring on the controller to upload (default: fetch from the mirror)
 - ``nvidia_apt_key_name`` (``3bf863cc.pub``): the key's file name in the repository
+- ``apt_signed_by``: a keyring already on the hosts for the cluster's mirrors; with
+  ``nvidia_apt_mirror`` set it is the Signed-By as it is (nothing uploaded or fetched)
 - ``apt_trusted`` (``false``): trust the mirror without a key (lab)
 - ``nvidia_driver_version`` (``580.95.05-1``): exact Debian version of the driver package
 - ``allow_reboot`` (``false``): reboot when the installed driver is not the loaded one
@@ -272,8 +274,9 @@ def repository(ctx: DeploymentContext) -> None:
     """NVIDIA's repository (key, source); cuda.py relies on it, so the driver role owns it."""
     trusted = _truthy(ctx.get("apt_trusted"), default=False)
     mirror = ctx.get("nvidia_apt_mirror")
-    keyring = None
-    if not trusted:
+    # A cluster mirror whose keyring the cluster already installs on every host: sign with that one.
+    keyring = ctx.get("apt_signed_by") if mirror else None
+    if not trusted and not keyring:
         keyring = KEYRING
         key_file = ctx.get("nvidia_apt_key_file")
         if key_file:
