@@ -36,8 +36,10 @@ _common = {
     "pip_index": _state["pip_index"],
     "pip_index_url": _state["pip_index"],
     "ascend_package_store": _state["ascend_files"],
-    # the lab signs its repo with its own key, installed in every host at this path
-    **({"apt_signed_by": _state["apt_signed_by"]} if _state.get("apt_signed_by") else {}),
+    # The lab signs its repository with a key of its own: already on every host for signed-by, and published
+    # next to the index for roles that fetch the mirror's key. Unsigned (no gpg on the lab machine): trusted.
+    **({"apt_signed_by": _state["apt_signed_by"], "nvidia_apt_key_name": "ironlab-archive-key.asc"}
+       if _state.get("apt_signed_by") else {"apt_trusted": True}),
 }
 
 lab_hosts = [

@@ -15,8 +15,9 @@ from .system import LabError, ensure_tools, require_root, run, say, wait_for
 
 # Real Debian packages published to the lab repo on every `up` (tests and common roles use them).
 DEFAULT_DEBS = ["jq", "numactl", "pciutils"]
-# Wheels published to the lab index on every `up` (nvidia-ml-py: what the roles use for NVML).
-DEFAULT_WHEELS = ["nvidia-ml-py"]
+# Wheel requirement sets published to the lab index on every `up`, each resolved on its own
+# (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version).
+DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82"]
 
 
 def ssh_keypair(root: Path) -> Path:
@@ -94,9 +95,10 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         say(f"publishing Debian packages to the lab repo: {' '.join(DEFAULT_DEBS)}")
         supply.publish_debs(root, DEFAULT_DEBS)
         say(f"publishing wheels to the lab index: {' '.join(DEFAULT_WHEELS)}")
-        supply.publish_wheels(root, DEFAULT_WHEELS)
+        for requirement in DEFAULT_WHEELS:
+            supply.publish_wheels(root, [requirement])
         stamp.write_text(wanted)
-    if not (supply.supply_dir(root) / "apt" / "InRelease").exists():
+    if not (supply.supply_dir(root) / "apt" / supply.ARMORED_KEY_NAME).exists():
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
     supply.start_server(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""

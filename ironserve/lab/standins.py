@@ -5,7 +5,8 @@ from the lab mirror that they would from NVIDIA's / Huawei's repositories on a r
 and the stand-ins answer the way the real tools do for the profile in /etc/ironlab/hardware
 (written by `lab up --hardware ID`; profile tables in profiles.py).
 
-Apt repository (deb [trusted=yes] http://10.213.7.1:8780/apt ./):
+Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] http://10.213.7.1:8780/apt ./
+(a key made per lab; inventory data apt_signed_by), or [trusted=yes] where gpg is missing):
   nvidia-open-580                 580.95.05-1  /usr/bin/nvidia-smi (python3 stand-in: plain, -L, -q,
                                                --query-gpu=...,--format=csv[,noheader][,nounits], -i,
                                                -pm, topo -m) and /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
@@ -26,7 +27,10 @@ Files (http://10.213.7.1:8780/ascend/), self-extracting .run installers acceptin
   Ascend-hdk-910c-npu-driver_25.2.0_linux-x86-64.run  driver/version.info, driver/tools/npu-smi,
                                                       /usr/local/sbin/npu-smi, /etc/ascend_install.info
   Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run        ascend-toolkit/set_env.sh, ascend-toolkit/latest
-  Ascend-cann-nnal_8.3.RC1_linux-x86_64.run           nnal/atb/set_env.sh (needs the toolkit first)
+                                                      (+ ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info)
+  Ascend-cann-nnal_8.3.RC1_linux-x86_64.run           nnal/atb/set_env.sh, nnal/atb/latest/version.info
+                                                      (needs the toolkit first)
+  Ascend-hdk-910c-npu-firmware_7.7.0.6.236.run        firmware/version.info (needs the driver first)
 npu-smi answers `info`, `info -l` (16 x Ascend910 on atlas-800i-a3), `info -t board -i N`, `-v`.
 With a profile of the other vendor (or cpu-lab) the tools fail the way they do without a device.
 Inside every host (not packaged): writable /sys/devices/system/cpu/cpu*/cpufreq/ and stand-in
@@ -53,10 +57,12 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 NVCC_VERSION = "V13.0.88"
 ASCEND_DRIVER_VERSION = "25.2.0"
 CANN_VERSION = "8.3.RC1"
+ASCEND_FIRMWARE_VERSION = "7.7.0.6.236"
 RUN_FILES = {
     "driver": f"Ascend-hdk-910c-npu-driver_{ASCEND_DRIVER_VERSION}_linux-x86-64.run",
     "toolkit": f"Ascend-cann-toolkit_{CANN_VERSION}_linux-x86_64.run",
     "nnal": f"Ascend-cann-nnal_{CANN_VERSION}_linux-x86_64.run",
+    "firmware": f"Ascend-hdk-910c-npu-firmware_{ASCEND_FIRMWARE_VERSION}.run",
 }
 
 
@@ -336,7 +342,12 @@ def build_runs(out: Path) -> list[Path]:
     }, subst=["nnal/atb/set_env.sh"],
         precheck=('[ -f "$INSTALL_PATH/ascend-toolkit/set_env.sh" ] || { echo "[ERROR] Ascend-cann-nnal: '
                   'install Ascend-cann-toolkit first (set_env.sh not found)"; exit 1; }'))
-    return [driver, toolkit, nnal]
+    firmware = build_run(out, "firmware", "Ascend-hdk-910c-npu-firmware", ASCEND_FIRMWARE_VERSION, "firmware", {
+        "firmware/version.info": (f"Version={ASCEND_FIRMWARE_VERSION}\n", 0o644),
+    }, precheck=('[ -f "$INSTALL_PATH/driver/version.info" ] || { echo "[ERROR] Ascend-hdk-910c-npu-firmware: '
+                 'install the NPU driver first"; exit 1; }'),
+        post='echo "[INFO] firmware takes effect after a reboot"')
+    return [driver, toolkit, nnal, firmware]
 
 
 def publish(root: Path) -> None:

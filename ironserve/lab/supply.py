@@ -113,6 +113,7 @@ def reindex_apt(root: Path) -> None:
 # ---------------------------------------------------------------- signing
 
 KEYRING_NAME = "ironlab-archive-keyring.gpg"
+ARMORED_KEY_NAME = "ironlab-archive-key.asc"
 HOST_KEYRING = f"/usr/share/keyrings/{KEYRING_NAME}"  # where hosts keep it (the inventory's apt_signed_by)
 
 
@@ -137,8 +138,11 @@ def sign_release(root: Path) -> None:
                  "ed25519", "sign", "never")
         _gpg(root, "--yes", "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release"))
         _gpg(root, "--yes", "--armor", "--detach-sign", "-o", str(repo / "Release.gpg"), str(repo / "Release"))
-        subprocess.run(["gpg", "--batch", "--homedir", str(root / "gpg"), "--yes", "--output",
-                        str(repo / KEYRING_NAME), "--export"], check=True, capture_output=True)
+        # binary keyring (what hosts keep for signed-by) and the armored key, published next to the
+        # index the way vendors publish theirs (roles fetch <mirror>/<key name> and dearmor it)
+        for args in (["--output", str(repo / KEYRING_NAME)], ["--armor", "--output", str(repo / ARMORED_KEY_NAME)]):
+            subprocess.run(["gpg", "--batch", "--homedir", str(root / "gpg"), "--yes", *args, "--export"],
+                           check=True, capture_output=True)
     finally:
         # gpg starts an agent for the homedir; never leave it running.
         subprocess.run(["gpgconf", "--homedir", str(root / "gpg"), "--kill", "all"], capture_output=True)
