@@ -59,6 +59,9 @@ def run_lab(args: argparse.Namespace) -> int:
         return 0
     except LabError as exc:
         print(f"[lab] error: {exc}", file=sys.stderr)
+        if args.lab_command == "up" and "needs root" not in str(exc):
+            print("[lab] hosts already started keep running; `ironserve lab down` removes everything",
+                  file=sys.stderr)
         return 1
 
 
