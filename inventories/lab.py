@@ -36,13 +36,22 @@ _common = {
     "pip_index": _state["pip_index"],
     "pip_index_url": _state["pip_index"],
     "ascend_package_store": _state["ascend_files"],
+    "docker_apt_mirror": _state["apt_mirror"],
+    "docker_apt_suite": "/",
+    # weights: the lab publishes small checkpoints on every host (no hub in an air-gapped lab)
+    "model_source": "path",
+    **({"model_root": _state["model_root"]} if _state.get("model_root") else {}),
     # The lab signs its repository with a key of its own: already on every host for signed-by, and published
     # next to the index for roles that fetch the mirror's key. Unsigned (no gpg on the lab machine): trusted.
     **({"apt_signed_by": _state["apt_signed_by"], "nvidia_apt_key_name": "ironlab-archive-key.asc"}
        if _state.get("apt_signed_by") else {"apt_trusted": True}),
 }
 
+# Stand-in accelerators answer nvidia-smi/npu-smi but cannot run an engine: prepare and validate only.
+_launch = {"cpu-lab": True}
+
 lab_hosts = [
-    (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"], "node_index": h["node_index"]})
+    (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"], "node_index": h["node_index"],
+                 "launch": _launch.get(h["hardware"], False)})
     for h in _state["hosts"]
 ]

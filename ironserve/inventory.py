@@ -7,6 +7,7 @@ The list's variable name is the host group. ironserve reads these host data keys
 - ``nic``: network interface for GLOO/NCCL/HCCL socket traffic (GLOO_SOCKET_IFNAME, ...)
 - ``ironserve_role``: ``router`` for a host that runs only the router; workers need nothing
 - ``model_path``: where the weights are on this host (overrides the recipe's path)
+- ``model_root``: a directory holding one folder per model (``<model_root>/<last part of the recipe's path>``)
 - ``hardware``: hardware profile id
 """
 

@@ -140,6 +140,16 @@ def _fill(text: str, values: _Placeholders) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
 
 
+def model_path_on(recipe: Recipe, host: InventoryHost) -> str:
+    """Where the weights are on a host: its model_path, else <model_root>/<name>, else the recipe's own path."""
+    if host.data.get("model_path"):
+        return str(host.data["model_path"])
+    source = recipe.model.path or recipe.model.hub_id or ""
+    if host.data.get("model_root") and source:
+        return f"{str(host.data['model_root']).rstrip('/')}/{source.rstrip('/').rsplit('/', 1)[-1]}"
+    return source
+
+
 @dataclass
 class _Slot:
     host: InventoryHost
@@ -219,7 +229,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
         group = groups[slot.group_index]
         server = recipe.group_server(group)
         head = heads[(slot.group_index, slot.instance)]
-        model_path = str(slot.host.data.get("model_path") or recipe.model.path or recipe.model.hub_id or "")
+        model_path = model_path_on(recipe, slot.host)
         values = _Placeholders(
             {
                 "node_address": slot.host.address,

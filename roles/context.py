@@ -52,7 +52,7 @@ class DeploymentContext:
         return default if value is None else value
 
 
-def _truthy(value, default=True) -> bool:
+def truthy(value, default=True) -> bool:
     if value is None:
         return default
     if isinstance(value, bool):
@@ -85,7 +85,7 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
         rendered=rendered,
         host_name=host_name,
         processes=rendered.for_host(host_name),
-        launch=_truthy(data.get("launch")),
+        launch=truthy(data.get("launch")),
         data=data,
     )
 

@@ -50,7 +50,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from roles import preflight
-from roles.context import DeploymentContext, _truthy
+from roles.context import DeploymentContext, truthy
 from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
@@ -272,7 +272,7 @@ def driver_package(ctx: DeploymentContext) -> str:
 
 def repository(ctx: DeploymentContext) -> None:
     """NVIDIA's repository (key, source); cuda.py relies on it, so the driver role owns it."""
-    trusted = _truthy(ctx.get("apt_trusted"), default=False)
+    trusted = truthy(ctx.get("apt_trusted"), default=False)
     mirror = ctx.get("nvidia_apt_mirror")
     # A cluster mirror whose keyring the cluster already installs on every host: sign with that one.
     keyring = ctx.get("apt_signed_by") if mirror else None
@@ -306,7 +306,7 @@ def apply(ctx: DeploymentContext) -> None:
     apt.packages(name=f"Install {package}={version} and {PERSISTENCED}",
                  packages=[f"{package}={version}", PERSISTENCED], no_recommends=True)
     driver_reboot(name="Reboot if the installed driver is not loaded", package=package, version=version,
-                  allow_reboot=_truthy(ctx.get("allow_reboot"), default=False),
+                  allow_reboot=truthy(ctx.get("allow_reboot"), default=False),
                   reboot_timeout=int(ctx.get("reboot_timeout", REBOOT_TIMEOUT)))
     # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)

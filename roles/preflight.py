@@ -27,7 +27,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.server import Arch, LinuxDistribution
 
-from roles.context import DeploymentContext, _truthy
+from roles.context import DeploymentContext, truthy
 
 SUPPORTED_OS = ("debian", "ubuntu")
 GPU_QUERY = "index,name,memory.total,driver_version,compute_cap"
@@ -240,7 +240,7 @@ def check_devices_of(ctx: DeploymentContext, defer_if_absent: bool) -> None:
 
 @deploy("ironserve: preflight")
 def apply(ctx: DeploymentContext) -> None:
-    lab = _truthy(ctx.get("lab"), default=False)
+    lab = truthy(ctx.get("lab"), default=False)
     # lab=true: the lab runs aarch64 profiles (gb200, atlas-800i-a3) as stand-ins on x86_64 hosts.
     check_platform(ctx.profile.cpu_arch, lab=lab)
     if ctx.vendor != "none":
