@@ -421,3 +421,29 @@ def apply(ctx: DeploymentContext) -> None:
     launch.record_runtime_paths(ctx, *([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
                                 *([] if runtime.digest else [lock_path(ctx.recipe.id)]))
     launch.note_image(ctx, image_ref(ctx.recipe))
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """The image the units run is present (pinned digest, or the derived image), for `ironserve audit`."""
+    runtime = ctx.recipe.runtime
+    if not isinstance(runtime, DockerRuntime):
+        return []
+    out = []
+    if runtime.digest:
+        repo, _ = split_image(runtime.image)
+        cmd = (f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
+               f"{repo}@{runtime.digest} 2>/dev/null | grep -c '@{runtime.digest}' || true")
+        out.append({"id": f"image:{repo}@{runtime.digest[:19]}", "kind": "command", "expected": "1",
+                    "params": {"cmd": cmd}})
+    else:
+        out.append({"id": f"image-lock:{ctx.recipe.id}", "kind": "command", "expected": "present",
+                    "params": {"cmd": f"test -s {lock_path(ctx.recipe.id)} && echo present || echo missing"}})
+    if runtime.patches:
+        ref = f"ironserve/{ctx.recipe.id}:derived"
+        cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {ref}"
+        out.append({"id": f"derived-image:{ref}", "kind": "command", "expected": "present",
+                    "params": {"cmd": f"{cmd} >/dev/null 2>&1 && echo present || echo missing"}})
+    return out

@@ -43,3 +43,11 @@ def apply(ctx: DeploymentContext) -> None:
     )
     apt_refresh(name="apt-get update for the CUDA toolkit", packages={package: version})
     apt.packages(name=f"Install {package}={version}", packages=[f"{package}={version}"], no_recommends=True)
+
+
+def desired_packages(ctx: DeploymentContext) -> list[dict]:
+    """The pinned toolkit, for `ironserve audit`."""
+    if ctx.vendor != "nvidia":
+        return []
+    return [{"name": toolkit_package(ctx.profile.toolkit), "version": ctx.get("cuda_toolkit_version", TOOLKIT_VERSION),
+             "gate": "driver"}]

@@ -134,3 +134,23 @@ def apply(ctx: DeploymentContext) -> None:
         extra_install_args=f"--index-url {index}" if index else None,
     )
     clock_unit(name=f"GPU memory clock offset {offset} MHz at boot", offset=offset, python=f"{venv}/bin/python")
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def desired_files(ctx: DeploymentContext) -> list[dict]:
+    """The boot-time clock unit and its script, for `ironserve audit`."""
+    from ironserve.audit.checks import sha256_text
+
+    if ctx.vendor != "nvidia":
+        return []
+    offset = clock_offset(ctx.profile.accelerator.max_q, ctx.tuning.gpu_memory_clock_offset_mhz, ctx.profile.id)
+    if offset is None:
+        return []
+    python = f"{ctx.get('tools_venv', TOOLS_VENV)}/bin/python"
+    return [
+        {"path": SCRIPT, "sha256": sha256_text(SCRIPT_SOURCE.read_text()), "mode": 0o755, "gate": "driver"},
+        {"path": f"{UNIT_DIR}/{UNIT}", "sha256": sha256_text(unit_text(offset, python, SCRIPT)), "mode": 0o644,
+         "gate": "driver"},
+    ]

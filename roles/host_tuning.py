@@ -261,3 +261,25 @@ def apply(ctx: DeploymentContext) -> None:
             replace=fstab_shm_line(tuning.shm_size),
         )
         shm_size(name=f"/dev/shm size {tuning.shm_size} now", size=tuning.shm_size)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def desired_files(ctx: DeploymentContext) -> list[dict]:
+    """What this role writes, for `ironserve audit` (same text functions as the operations above)."""
+    from ironserve.audit.checks import sha256_text
+
+    tuning = ctx.tuning
+    out = []
+    if tuning.governor:
+        out.append({"path": f"{UNIT_DIR}/{ctx.get('governor_unit', GOVERNOR_UNIT)}",
+                    "sha256": sha256_text(governor_unit_text(tuning.governor)), "mode": 0o644})
+    if tuning.sysctls:
+        out.append({"path": ctx.get("sysctl_file", SYSCTL_FILE), "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))),
+                    "mode": 0o644})
+    limits = tuning.limits
+    if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
+        out.append({"path": ctx.get("limits_file", LIMITS_FILE),
+                    "sha256": sha256_text(limits_text(limits.memlock, limits.stack, limits.nofile)), "mode": 0o644})
+    return out

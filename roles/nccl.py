@@ -99,3 +99,17 @@ def apply(ctx: DeploymentContext) -> None:
                    content=content)
     if graph or any(ENV_KEY in env for env in envs.values()):
         check_graph_env(name=f"{ENV_KEY} matches the placed graph", path=graph.path if graph else None, envs=envs)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def desired_files(ctx: DeploymentContext) -> list[dict]:
+    """The graph XML with its checksum (the pinned one, else the repository file's), for `ironserve audit`."""
+    graph = ctx.tuning.nccl_graph
+    if ctx.vendor != "nvidia" or not graph:
+        return []
+    sha = graph.sha256
+    if not sha and not is_url(graph.source) and local_source(graph.source).is_file():
+        sha = hashlib.sha256(local_source(graph.source).read_text().encode()).hexdigest()
+    return [{"path": graph.path, "sha256": sha, "mode": 0o644, "gate": "driver"}] if sha else []

@@ -312,3 +312,14 @@ def apply(ctx: DeploymentContext) -> None:
     preflight.check_devices_of(ctx, defer_if_absent=False)
     systemd.service(name="nvidia-persistenced enabled and running", service=f"{PERSISTENCED}.service",
                     running=True, enabled=True)
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def desired_packages(ctx: DeploymentContext) -> list[dict]:
+    """The pinned driver, for `ironserve audit`."""
+    if ctx.vendor != "nvidia":
+        return []
+    return [{"name": driver_package(ctx), "version": ctx.get("nvidia_driver_version", DRIVER_VERSION),
+             "gate": "driver"}]

@@ -209,3 +209,23 @@ def apply(ctx: DeploymentContext) -> None:
                        dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
     launch.record_runtime_change(ctx, created, installed)
     launch.record_runtime_paths(ctx, f"{path}/{REQUIREMENTS_NAME}")
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """Every pinned package at its version in the venv, for `ironserve audit`."""
+    runtime = ctx.recipe.runtime
+    if not isinstance(runtime, UvRuntime):
+        return []
+    path = venv_path(ctx.recipe)
+    wanted = {name: version for name, (_, version) in pins(list(runtime.packages)).items()}
+    names = json.dumps(sorted(wanted))
+    script = ("import json, importlib.metadata as m\n"
+              f"out = {{}}\nfor n in {names}:\n"
+              "    try: out[n] = m.version(n)\n"
+              "    except m.PackageNotFoundError: out[n] = None\n"
+              "print(json.dumps(out))")
+    cmd = f"{path}/bin/python -c {shlex.quote(script)}"
+    return [{"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}]
