@@ -1,0 +1,103 @@
+"""Audit checks are derived from the spec (no per-model lists); evaluators read hosts through testinfra."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import testinfra
+
+from ironserve.audit.checks import Check, sha256_text
+from ironserve.audit.evaluate import evaluate
+from ironserve.audit.runner import deploy_model, plan_checks, table, Result
+from ironserve.catalogue import SpecError
+
+
+def ids(checks):
+    return {c.id for c in checks}
+
+
+def test_deploy_model_read_from_the_deploy_file():
+    assert deploy_model("deploys/glm5.py") == "glm5"
+    assert deploy_model("deploys/glm51.py") == "glm5.1"
+
+
+def test_checks_cover_what_the_deploy_manages():
+    checks, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py")
+    found = ids(checks)
+    for expected in ("cpu-governor", "sysctl:vm.swappiness", "file:/etc/sysctl.d/90-ironserve.conf",
+                     "file:/etc/security/limits.d/90-ironserve.conf", "package:nvidia-open-580",
+                     "package:cuda-toolkit-13-0", "gpu-devices", "gpu-memory-clock-offset",
+                     "file:/usr/local/lib/ironserve/ironserve-gpu-clocks.py", "file:/mnt/nccl_graph_opt.xml"):
+        assert expected in found, expected
+    unit = "sglang-glm5-nvfp4-mtp-rtx6000-tp8-server.service"
+    assert {f"unit-file:{unit}", f"env-file:{unit}", f"unit-enabled:{unit}", f"unit-active:{unit}"} <= found
+    assert {"port:5000", "health:sglang-glm5-nvfp4-mtp-rtx6000-tp8-server"} <= found
+    assert any(i.startswith("image:lmsysorg/sglang@sha256:426d") for i in found)
+    assert all(c.fix == "pyinfra inventories/rtx6000.py deploys/glm5.py --limit gpu-a" for c in checks)
+
+
+def test_launch_false_expects_inactive_and_no_health():
+    checks, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py", data={"launch": "false"})
+    active = [c for c in checks if c.id.startswith("unit-active:")]
+    assert active and all(c.expected is False for c in active)
+    assert not [c for c in checks if c.gate == "workload"]
+
+
+def test_only_rank0_is_probed_and_npus_counted():
+    checks, _ = plan_checks("inventories/atlas_a3.py", "deploys/glm51.py")
+    by_host = {h: ids([c for c in checks if c.host == h]) for h in ("a3-0", "a3-1")}
+    assert "port:6688" in by_host["a3-0"] and "port:6688" not in by_host["a3-1"]
+    assert "npu-devices" in by_host["a3-1"] and "gpu-devices" not in by_host["a3-1"]
+    assert not any(i.startswith("package:nvidia") for i in by_host["a3-0"])
+    assert any(i.startswith("venv-packages:") for i in by_host["a3-0"])
+
+
+def test_limit_to_unknown_host_is_bad_input():
+    with pytest.raises(SpecError):
+        plan_checks("inventories/rtx6000.py", "deploys/glm5.py", limit=["nope"])
+
+
+@pytest.fixture
+def local():
+    return testinfra.get_host("local://")
+
+
+def test_file_evaluator_content_and_mode(tmp_path, local):
+    path = tmp_path / "unit.service"
+    path.write_text("[Unit]\n")
+    os.chmod(path, 0o644)
+    check = Check("h", "file:x", "file", sha256_text("[Unit]\n"), {"path": str(path), "mode": 0o644, "owner": None})
+    assert evaluate(local, check)[0]
+    path.write_text("[Unit]\nedited\n")
+    ok, found = evaluate(local, check)
+    assert not ok and "content" in found
+    path.unlink()
+    assert evaluate(local, check) == (False, "missing")
+
+
+def test_env_file_evaluator_ignores_secrets_flags_world_readable(tmp_path, local):
+    path = tmp_path / "x.env"
+    expected = "# managed\nA=1\nB=2\n"
+    path.write_text(expected + "HF_TOKEN=secret\n")
+    os.chmod(path, 0o600)
+    check = Check("h", "env-file:x", "env_file", expected, {"path": str(path), "mode": 0o600})
+    assert evaluate(local, check) == (True, "same")
+    os.chmod(path, 0o644)
+    ok, found = evaluate(local, check)
+    assert not ok and "secrets readable" in found
+    os.chmod(path, 0o600)
+    path.write_text("A=1\nB=3\n")
+    ok, found = evaluate(local, check)
+    assert not ok and "B=3" in found
+
+
+def test_sysctl_absent_key_is_not_drift(local):
+    check = Check("h", "sysctl:kernel.no_such_key", "sysctl", "1", {"key": "kernel.no_such_key"})
+    assert evaluate(local, check) == (True, "absent in this kernel")
+
+
+def test_table_names_host_check_and_fix():
+    c = Check("gpu-a", "sysctl:vm.swappiness", "sysctl", "0", {}, "host", "pyinfra inv.py deploys/glm5.py --limit gpu-a")
+    text = table([Result(c, False, "60")])
+    assert "gpu-a" in text and "sysctl:vm.swappiness" in text and "found 60" in text and "--limit gpu-a" in text
