@@ -19,10 +19,14 @@ CANONICAL = {
     "--expert-parallel-size": "--ep-size",
     "--model": "--model-path",
     "--speculative-algo": "--speculative-algorithm",
+    "--moe-dense-tp": "--moe-dense-tp-size",
 }
 
-# Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names).
-ABBREVIATIONS = {"--tp", "--pp", "--dp", "--ep", "--speculative-algo", "--model"}
+# Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names); checked
+# with every SGLang parser 0.5.9 .. 0.5.23 (docs/engine-flags.md). --model and --ep are registered aliases.
+ABBREVIATIONS = {"--tp", "--dp", "--speculative-algo", "--moe-dense-tp"}
+# Prefixes several flags share: argparse refuses them, so the server does not start.
+AMBIGUOUS = {"--pp"}
 
 
 def canonical(flag: str) -> str:

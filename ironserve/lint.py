@@ -12,18 +12,25 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .findings import Finding, Severity
-from .flags import ABBREVIATIONS, canonical, launcher_split, split_flags
+from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
 from .spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
 
 # The engine era the seeds use per accelerator arch, for pasted commands linted without --engine.
 SEED_ERA = {"sm120": "dev-cu13-2026-03", "sm100": "dynamo-1.1.1", "ascend-a3": "ascend-2026-04", "none": "0.5.23"}
 
-# Flags the seeds use that SGLang 0.5.23 no longer accepts (engine_parser proves it per version).
+# Flags the seeds use that SGLang 0.5.23 no longer accepts, found by its own parser (docs/engine-flags.md).
 DROPPED_IN = {
     "0.5.23": {
-        "--enable-pcie-oneshot-allreduce": "dropped; PCIe allreduce is chosen automatically — remove the flag",
-        "--cuda-graph-max-bs": "renamed; use --cuda-graph-bs with the batch sizes to capture",
-        "--mamba-scheduler-strategy": "dropped; remove the flag",
+        "--enable-pcie-oneshot-allreduce": "no PyPI release has it (a patched nightly image did): remove it",
+        "--cuda-graph-max-bs": "now an ambiguous prefix: use --cuda-graph-max-bs-decode",
+        "--cuda-graph-bs": "now an ambiguous prefix: use --cuda-graph-bs-decode",
+        "--mamba-scheduler-strategy": "renamed: use --mamba-radix-cache-strategy",
+        "--enable-nsa-prefill-context-parallel": "renamed: use --enable-prefill-cp",
+        "--nsa-prefill-cp-mode": "renamed: use --cp-strategy (in-seq-split -> zigzag)",
+        "--prefill-round-robin-balance": "removed (deprecated since 0.5.9): drop it",
+        "--nsa-decode-backend": "renamed: use --dsa-decode-backend",
+        "--nsa-prefill-backend": "renamed: use --dsa-prefill-backend",
+        "--torchao-config": "removed in 0.5.19: drop it",
     }
 }
 DROPPED_CHOICES = {"0.5.23": {("--tool-call-parser", "qwen3"): "use --tool-call-parser qwen3_coder"}}
@@ -332,8 +339,11 @@ def draft_tokens(l: Launch) -> list[Finding]:
 
 @rule("abbreviated-flag", Severity.warning, "Abbreviated flag: breaks when SGLang adds a flag with the same prefix")
 def abbreviated(l: Launch) -> list[Finding]:
-    return [_f("abbreviated-flag", l, f"{flag} is a prefix that argparse expands today", f"write {canonical(flag)}")
-            for flag in l.written_flags if flag in ABBREVIATIONS]
+    out = [_f("abbreviated-flag", l, f"{flag} is a prefix that argparse expands today", f"write {canonical(flag)}")
+           for flag in l.written_flags if flag in ABBREVIATIONS]
+    out += [_f("abbreviated-flag", l, f"{flag} is a prefix of several flags: argparse refuses it and the server does"
+               " not start", f"write {canonical(flag)}", Severity.error) for flag in l.written_flags if flag in AMBIGUOUS]
+    return out
 
 
 @rule("engine-dropped-flag", Severity.error, "Flag or choice the target SGLang version no longer accepts")

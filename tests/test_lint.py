@@ -66,6 +66,8 @@ PITFALLS = [
                                                                 "--speculative-num-draft-tokens 8")),
     ("abbreviated-flag", Severity.warning, GLM5.replace("--tp-size 8", "--tp 8")),
     ("abbreviated-flag", Severity.warning, GLM5.replace("--speculative-algorithm", "--speculative-algo")),
+    # seed 000's table suggests '--tp 2 --pp 3': --pp is a prefix of three flags, argparse refuses it
+    ("abbreviated-flag", Severity.error, GLM5.replace("--tp-size 8", "--tp-size 4 --pp 2")),
     ("bind-without-api-key", Severity.warning, GLM5.replace("--host 127.0.0.1", "--host 0.0.0.0")),
     ("api-key-in-argv", Severity.warning, GLM5 + " --api-key s3cret"),
     ("proxy-env", Severity.warning, "https_proxy=http://proxy:3128 " + GLM5),
@@ -89,7 +91,8 @@ def test_every_rule_has_a_test():
 def test_engine_dropped_flags_for_0_5_23():
     command = GLM5 + " --cuda-graph-max-bs 8 --tool-call-parser qwen3"
     findings = lint(command, engine="0.5.23")
-    messages = " ".join(f.message for f in findings if f.rule == "engine-dropped-flag")
+    messages = " ".join(f.message + f.fix for f in findings if f.rule == "engine-dropped-flag")
+    assert "--cuda-graph-max-bs-decode" in messages
     assert "--enable-pcie-oneshot-allreduce" in messages and "--cuda-graph-max-bs" in messages
     assert "qwen3" in messages
     assert "engine-dropped-flag" not in rules_of(lint(command))  # the seed era accepts them
