@@ -80,7 +80,13 @@ def _parser_findings(version: str, argvs: list[list[str]], router: bool = False)
             return [f for argv in argvs for f in engine_parser.check_router_argv(version, argv)]
         return engine_parser.check_many(version, argvs)
     except engine_parser.EngineNotAvailable as exc:
-        return [Finding("engine-not-available", Severity.error, str(exc), "pick a PyPI version with --engine", "engine")]
+        nearest = getattr(exc, "nearest", None)
+        fix = f"check with --engine sglang=={nearest} (the PyPI release of that time)" if nearest else \
+            "pick a PyPI version with --engine"
+        return [Finding("engine-not-available", Severity.error, str(exc), fix, "engine")]
+    except engine_parser.ParserEnvError as exc:
+        return [Finding("engine-parser-unavailable", Severity.error, f"the SGLang parser could not run: {exc}",
+                        "check network access to the package index, or use --offline", "engine")]
 
 
 def lint_recipe_full(recipe, engine: str | None, offline: bool) -> list[Finding]:
