@@ -1,0 +1,164 @@
+"""End to end on the lab: GLM-5 on two hosts with stand-in RTX PRO 6000 Max-Q GPUs.
+
+The production deploy (`pyinfra -y inventories/lab.py deploys/glm5.py`) takes fresh lab hosts to enabled,
+validated units; a second run plans no change; the audit derived from the same declaration is clean, finds
+each injected drift on the right host and check, and is clean again after a redeploy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECIPE = "glm5-nvfp4-mtp-rtx6000-tp8"
+UNIT = f"sglang-{RECIPE}-server"
+
+
+def run(*args: str, check: bool = True, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def pyinfra(*args: str, check: bool = True, timeout: int = 1200) -> subprocess.CompletedProcess:
+    return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout)
+
+
+def ironserve(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    secrets = tmp_path_factory.mktemp("secrets")
+    (secrets / "api_key").write_text("lab-api-key-s3cret\n")
+    ironserve("lab", "up", "--nodes", "2", "--hardware", "rtx6000-pro-maxq", timeout=1800)
+    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    try:
+        yield {"hosts": status["hosts"], "api_key_file": str(secrets / "api_key")}
+    finally:
+        ironserve("lab", "down", check=False)
+
+
+def ssh(lab, host: dict, command: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
+               f"sudo sh -c {json.dumps(command)}", check=check, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    started = time.monotonic()
+    first = pyinfra("-y", "deploys/glm5.py", "--data", f"api_key_file={lab['api_key_file']}")
+    lab["first_run_s"] = time.monotonic() - started
+    lab["first_run_output"] = first.stdout + first.stderr
+    return lab
+
+
+def changes(plan: list[dict]) -> list[str]:
+    return [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+            for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+
+
+def test_second_run_plans_no_change(deployed):
+    out = pyinfra("deploys/glm5.py", "--dry", "--json", "--data", f"api_key_file={deployed['api_key_file']}")
+    plan = json.loads(out.stdout)["plan"]
+    assert plan, "the dry run planned no operation at all"
+    assert not changes(plan), changes(plan)
+
+
+def test_units_installed_enabled_not_started(deployed):
+    for host in deployed["hosts"]:
+        unit = ssh(deployed, host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+        assert "node rank 0/1" in unit  # single-node recipe: each host runs its own instance, rank 0
+        assert "--tp-size 8" in unit and "--kv-cache-dtype bf16" in unit
+        assert ssh(deployed, host, f"systemctl is-enabled {UNIT}").stdout.strip() == "enabled"
+        # stand-in GPUs cannot serve: the lab inventory sets launch=false
+        assert ssh(deployed, host, f"systemctl is-active {UNIT}", check=False).stdout.strip() != "active"
+
+
+def test_secrets_only_in_a_root_0600_env_file(deployed):
+    for host in deployed["hosts"]:
+        stat = ssh(deployed, host, f"stat -c '%a %U' /etc/ironserve/{UNIT}.env").stdout.split()
+        assert stat == ["600", "root"]
+        unit = ssh(deployed, host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+        assert "s3cret" not in unit
+        as_user = ssh(deployed, host, f"su -s /bin/sh nobody -c 'cat /etc/ironserve/{UNIT}.env'", check=False)
+        assert as_user.returncode != 0
+        ps = ssh(deployed, host, "ps -eo args").stdout
+        assert "s3cret" not in ps
+
+
+def test_hardware_tuning_applied(deployed):
+    for host in deployed["hosts"]:
+        governors = set(ssh(deployed, host, "cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor").stdout.split())
+        assert governors == {"performance"}
+        assert ssh(deployed, host, "sysctl -n vm.swappiness").stdout.strip() == "0"
+        assert "vm.swappiness = 0" in ssh(deployed, host, "cat /etc/sysctl.d/90-ironserve.conf").stdout
+        assert "580.95.05" in ssh(deployed, host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+        offsets = ssh(deployed, host, "/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py"
+                      " --read").stdout
+        assert set(offsets.split()) == {"4000"} or "4000" in offsets
+
+
+def audit(deployed, *extra: str, check: bool = False):
+    return ironserve("audit", "inventories/lab.py", "deploys/glm5.py", "--format", "json",
+                     "--data", f"api_key_file={deployed['api_key_file']}", *extra, check=check)
+
+
+def test_audit_clean_then_drift_then_clean(deployed):
+    first = audit(deployed)
+    report = json.loads(first.stdout)
+    assert first.returncode == 0, [r for r in report["results"] if not r["ok"]]
+    a, b = deployed["hosts"][0], deployed["hosts"][1]
+    injected = {
+        (a["name"], f"unit-file:{UNIT}.service"): f"sed -i 's/--mem-fraction-static 0.85/--mem-fraction-static 0.95/'"
+                                                  f" /etc/systemd/system/{UNIT}.service",
+        (a["name"], "cpu-governor"): "echo powersave > /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
+        (b["name"], "file:/etc/sysctl.d/90-ironserve.conf"): "rm /etc/sysctl.d/90-ironserve.conf",
+        (b["name"], f"env-file:{UNIT}.service"): f"chmod 644 /etc/ironserve/{UNIT}.env",
+        (b["name"], "package:cuda-toolkit-13-0"): "dpkg -r --force-depends cuda-toolkit-13-0",
+        (a["name"], "file:/mnt/nccl_graph_opt.xml"): "echo '<!-- edited -->' >> /mnt/nccl_graph_opt.xml",
+    }
+    hosts = {h["name"]: h for h in deployed["hosts"]}
+    for (name, _), command in injected.items():
+        ssh(deployed, hosts[name], command)
+    drifted = audit(deployed)
+    assert drifted.returncode == 1
+    bad = {(r["host"], r["check"]) for r in json.loads(drifted.stdout)["results"] if not r["ok"]}
+    assert set(injected) <= bad, set(injected) - bad
+    assert all(r["fix"].startswith("pyinfra inventories/lab.py deploys/glm5.py --limit ")
+               for r in json.loads(drifted.stdout)["results"] if not r["ok"])
+    pyinfra("-y", "deploys/glm5.py", "--data", f"api_key_file={deployed['api_key_file']}")
+    again = audit(deployed)
+    assert again.returncode == 0, [r for r in json.loads(again.stdout)["results"] if not r["ok"]]
+
+
+def test_audit_junit_and_unreachable(deployed, tmp_path):
+    junit = tmp_path / "audit.xml"
+    out = ironserve("audit", "inventories/lab.py", "deploys/glm5.py", "--format", "junit", "--junit-file", str(junit),
+                    "--data", f"api_key_file={deployed['api_key_file']}", check=False)
+    assert out.returncode == 0 and "<testsuite" in junit.read_text()
+    # an address on the lab bridge with no host behind it: unreachable, exit 2
+    bad_inventory = tmp_path / "bad.py"
+    bad_inventory.write_text(
+        "import runpy\n"
+        f"_lab = runpy.run_path({str(ROOT / 'inventories/lab.py')!r})\n"
+        "lab_hosts = [(n, {**d, 'ssh_hostname': '10.213.7.250'}) if i == 1 else (n, d)"
+        " for i, (n, d) in enumerate(_lab['lab_hosts'])]\n"
+    )
+    assert ironserve("audit", str(bad_inventory), "deploys/glm5.py", check=False).returncode == 2
