@@ -1,0 +1,32 @@
+"""ironserve lab docker stand-in: what a lab image's real engine build accepts beyond its PyPI parser.
+
+Installed as /usr/lib/docker-standin/sitecustomize.py and put on PYTHONPATH by the stand-in `docker run`
+only for an image whose registry entry lists ``image_extras`` (ironserve/lab/images.py IMAGE_EXTRAS:
+the flags and choices a patched nightly image has and no PyPI release ever had). Before an SGLang server
+parser parses, those flags are registered and those choices added; nothing else changes, so the PyPI
+release's own parser parses everything else with its own messages.
+"""
+
+import argparse
+import json
+import os
+
+_EXTRAS = json.loads(os.environ.get("IRONLAB_IMAGE_EXTRAS") or "{}")
+_HELP = "(ironserve lab: accepted by this image's engine build, absent from its PyPI release)"
+
+if _EXTRAS:
+    _parse_known_args = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        if "--model-path" in self._option_string_actions and not getattr(self, "_ironlab_extras", False):
+            self._ironlab_extras = True
+            for flag, action in (_EXTRAS.get("flags") or {}).items():
+                if flag not in self._option_string_actions:
+                    self.add_argument(flag, action=action, help=_HELP)
+            for flag, extra in (_EXTRAS.get("choices") or {}).items():
+                act = self._option_string_actions.get(flag)
+                if act is not None and act.choices is not None:
+                    act.choices = list(act.choices) + [c for c in extra if c not in act.choices]
+        return _parse_known_args(self, args, namespace)
+
+    argparse.ArgumentParser.parse_known_args = parse_known_args
