@@ -9,15 +9,20 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cgroups, hosts, network, rootfs, standins, state, supply
+from . import cgroups, hosts, images, network, rootfs, standins, state, supply
+from .profiles import PROFILES
 from .state import HARDWARE_IDS, Host, LabState
 from .system import LabError, ensure_tools, require_root, run, say, wait_for
 
-# Real Debian packages published to the lab repo on every `up` (tests and common roles use them).
-DEFAULT_DEBS = ["jq", "numactl", "pciutils"]
+# Real Debian packages published to the lab repo on every `up`: what tests use, and what the roles install
+# (python3-venv: gpu_clocks; ca-certificates, curl, gpg: nvidia_driver's key fetch; python3-pip: uv_env runs
+# `python3 -m pip`). Packages the base rootfs already has add nothing; the rest come with their dependencies.
+DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", "curl", "gpg", "python3-pip"]
 # Wheel requirement sets published to the lab index on every `up`, each resolved on its own
-# (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version).
-DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82"]
+# (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version;
+# uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given).
+UV_VERSION = "0.13.9"
+DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82", f"uv=={UV_VERSION}"]
 
 
 def ssh_keypair(root: Path) -> Path:
@@ -102,6 +107,7 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
     supply.start_server(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
+    binds = _images(root, lab, hardware)
 
     # Shrink: stop hosts beyond N (highest index first).
     for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
@@ -124,9 +130,13 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     for h in lab.hosts:  # running hosts get the new /etc/hosts and hardware too
         network.ensure_netns(h.name, h.address)
         hosts.prepare(root, base, lab, h, pubkey)
+        booted = hosts.booted_binds(root, h.name) if h not in to_boot else binds
+        if booted != binds:
+            say(f"warning: {h.name} keeps running with the mounts it booted with (parser venvs, checkpoints); "
+                "`ironserve lab down` and `up` to give it the current ones")
     t_boot = time.monotonic()
     for h in to_boot:
-        hosts.spawn(root, h)
+        hosts.spawn(root, h, binds)
 
     def ready(h: Host) -> None:
         hosts.wait_running(root, h.name)
@@ -140,6 +150,27 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     for h in lab.hosts:
         say(f"  {h.name}  {h.address}  ssh -i {lab.ssh_key} {lab.ssh_user}@{h.address}")
     return lab
+
+
+def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
+    """Docker stand-in registry, parser venvs (GPU profiles) and stand-in checkpoints; the hosts' read-only binds."""
+    try:
+        table = images.registry_table()
+    except Exception as exc:  # noqa: BLE001 - a broken recipe must not take the lab down
+        say(f"warning: the catalogue does not load, the lab's image registry stays empty: {exc}")
+        table = {"images": [], "parsers": {}}
+    if PROFILES[hardware]["kind"] != "none":
+        images.ensure_parsers(images.versions_for(table, hardware))
+    images.write_registry(root, table)
+    try:
+        lab.models = images.publish_models(root)
+    except Exception as exc:  # noqa: BLE001
+        say(f"warning: no stand-in checkpoints: {exc}")
+        lab.models = {}
+    lab.model_root = images.MODEL_ROOT
+    lab.docker_registry = images.REGISTRY_IN_HOST
+    lab.parsers = {v: {"path": p, "built": images.parser_built(p)} for v, p in table["parsers"].items()}
+    return [(p, p) for p in images.parser_binds()] + [(str(images.models_dir(root)), images.MODEL_ROOT)]
 
 
 def status() -> dict:

@@ -8,11 +8,16 @@ Each host is `systemd-nspawn -b` with:
 - stand-in sysctl files (vm.*, kernel.numa_balancing) bind-mounted over /proc/sys, so
   `sysctl -w` and systemd-sysctl work inside the host while the real kernel never changes.
   The bind sources are paths inside the container: nspawn mounts below /proc in the
-  container after chroot, so a host path would not be found there.
+  container after chroot, so a host path would not be found there;
+- read-only binds of this machine's paths at the same path inside (images.py): the SGLang
+  parser venvs and their base interpreter (for the docker stand-in) and the stand-in model
+  checkpoints (<lab dir>/models at /srv/models). Recorded in <host dir>/binds.json: a host
+  kept running by a later `up` keeps the binds it booted with.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -21,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import cgroups, network, supply
+from . import cgroups, images, network, supply
 from .state import GATEWAY, Host, LabState
 from .system import LabError, run, say, wait_for
 
@@ -104,6 +109,9 @@ def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) ->
                 os.chown(path, uid, gid)
     _write(merged, "/etc/ironlab/hardware", host.hardware + "\n")
     _write(merged, "/etc/ironlab/node_index", f"{host.node_index}\n")
+    registry = images.registry_file(root)
+    if registry.exists():  # the docker stand-in's image table (images.py)
+        _write(merged, images.REGISTRY_IN_HOST, registry.read_text())
     # Air-gapped supply: the lab mirror is the only package source (mirror URLs are data).
     keyring = supply.keyring(root)
     if keyring and state.apt_signed_by:
@@ -137,7 +145,8 @@ def _prepare_fake_proc(merged: Path) -> None:
             fake.write_text(real.read_text())
 
 
-def nspawn_command(root: Path, host: Host) -> list[str]:
+def nspawn_command(root: Path, host: Host, binds: list[tuple[str, str]] | None = None) -> list[str]:
+    """binds: (path on this machine, path in the host) pairs mounted read-only."""
     merged = rootfs(root, host.name)
     cmd = ["systemd-nspawn", "--boot", f"--directory={merged}", f"--machine={host.name}",
            f"--network-namespace-path={network.netns_path(host.name)}",
@@ -147,7 +156,19 @@ def nspawn_command(root: Path, host: Host) -> list[str]:
     for key in FAKE_KERNEL_KEYS:
         if (merged / FAKE_PROC.lstrip("/") / "kernel" / key).exists():
             cmd.append(f"--bind={FAKE_PROC}/kernel/{key}:/proc/sys/kernel/{key}")
+    for src, dst in binds or []:
+        if ":" in src or ":" in dst:
+            raise LabError(f"cannot bind {src} into lab hosts: nspawn bind paths cannot contain ':'")
+        cmd.append(f"--bind-ro={src}:{dst}")
     return cmd
+
+
+def booted_binds(root: Path, name: str) -> list[tuple[str, str]] | None:
+    """The read-only binds a running host was booted with (None: unknown, booted by an older lab)."""
+    try:
+        return [tuple(b) for b in json.loads((host_dir(root, name) / "binds.json").read_text())]
+    except (OSError, ValueError):
+        return None
 
 
 def pid_of(root: Path, name: str) -> int | None:
@@ -175,15 +196,16 @@ def leader_of(nspawn_pid: int) -> int | None:
     return None
 
 
-def spawn(root: Path, host: Host) -> int:
+def spawn(root: Path, host: Host, binds: list[tuple[str, str]] | None = None) -> int:
     hdir = host_dir(root, host.name)
+    (hdir / "binds.json").write_text(json.dumps([list(b) for b in binds or []]) + "\n")
     paths = cgroups.create(host.name)
     # The shell moves itself into the host's cgroups, then becomes systemd-nspawn.
     moves = "; ".join(f"echo $$ > {p}/cgroup.procs" for p in paths)
     script = f"{moves}; exec \"$@\""
     env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
     with open(hdir / "console.log", "ab") as log:
-        proc = subprocess.Popen(["sh", "-c", script, "sh", *nspawn_command(root, host)],
+        proc = subprocess.Popen(["sh", "-c", script, "sh", *nspawn_command(root, host, binds)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env, close_fds=True)
     (hdir / "nspawn.pid").write_text(f"{proc.pid}\n")

@@ -68,6 +68,12 @@ class LabState:
     pip_index: str = supply_url("simple/")
     ascend_files: str = supply_url("ascend/")
     apt_signed_by: str = ""  # keyring path inside hosts; empty when the repo is unsigned (trusted=yes)
+    # stand-in checkpoints (images.py): the directory in every host, and {name: {path, recipes}}
+    model_root: str = ""
+    models: dict = field(default_factory=dict)
+    # the docker stand-in's image table in every host, and {parser version: {path, built}} behind it
+    docker_registry: str = ""
+    parsers: dict = field(default_factory=dict)
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -88,6 +94,10 @@ class LabState:
             "pip_index": self.pip_index,
             "ascend_files": self.ascend_files,
             "apt_signed_by": self.apt_signed_by,
+            "model_root": self.model_root,
+            "models": self.models,
+            "docker_registry": self.docker_registry,
+            "parsers": self.parsers,
         }
 
 
