@@ -2,6 +2,11 @@
 
 Needs root and systemd-nspawn (installed on first use when apt can); skipped with the reason otherwise.
 The first run on a machine builds the base rootfs (~2 min); later runs boot in seconds.
+
+Coordination: every tests/lab file shares the one session lab (`lab` fixture). test_lab.py's
+test_down_leaves_nothing tears it down; the collection hook below runs it after every other test of this
+directory, whatever the file order. Tests that install packages or change a host say which host they use:
+lab1 stays without the NVIDIA driver until test_lab.py installs it; test_lab_docker.py uses lab2.
 """
 
 from __future__ import annotations
@@ -18,6 +23,18 @@ import pytest
 
 HARDWARE = "rtx6000-pro-maxq"
 NODES = 2
+
+
+def pytest_collection_modifyitems(config, items):
+    """The lab's teardown test runs after every other test of tests/lab (one lab per session)."""
+    here = Path(__file__).parent
+    down = [i for i in items if i.name == "test_down_leaves_nothing" and here in Path(str(i.path)).parents]
+    if not down:
+        return
+    rest = [i for i in items if i not in down]
+    ours = [n for n, i in enumerate(rest) if here in Path(str(i.path)).parents]
+    at = ours[-1] + 1 if ours else len(rest)
+    items[:] = rest[:at] + down + rest[at:]
 
 
 def lab_cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
