@@ -3,5 +3,6 @@ a private bridge with no way out, an air-gapped apt/pip supply and stand-in GPU/
 
 Modules: state (paths, network plan, state.json), system (helpers, preflight), rootfs (debootstrap
 base), network (bridge, netns, veth), cgroups, hosts (overlay + nspawn boot), supply (apt repo,
-wheelhouse, HTTP server), standins (stand-in hardware packages), cluster (up/status/down), cli.
+wheelhouse, HTTP server), standins (stand-in hardware and Docker packages), images (the docker stand-in's
+image registry, the SGLang parser venvs behind it, stand-in model checkpoints), cluster (up/status/down), cli.
 """

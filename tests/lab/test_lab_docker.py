@@ -119,6 +119,10 @@ def test_parse_probe_runs_the_real_sglang_parser_of_the_image(lab, docker_host):
     """The glm5 recipe's seed-style argv, rendered for the lab inventory, parsed by `docker run` of its image."""
     h = docker_host
     recipe = catalogue.get_recipe(GLM)
+    parser = lab.status["parsers"].get(recipe.engine.check_version) or {}
+    if not parser.get("built"):
+        pytest.skip(f"the sglang {recipe.engine.check_version} parser venv could not be built on this machine "
+                    "(see the `lab up` warning)")
     proc = render(recipe, lab_inventory()).processes[0]
     assert "--model-path" in proc.argv and f"{images.MODEL_ROOT}/GLM-5-NVFP4-MTP" in proc.argv
     probe = ss.parse_check_argv(recipe, proc)
