@@ -102,6 +102,10 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
         docker += ["--cpuset-cpus", run.cpuset_cpus]
     for volume in run.volumes:
         docker += ["-v", volume]
+    weights = _model_path_arg(argv)
+    if weights and not _mounted(weights, run.volumes):
+        # the weights must be visible at the same path inside the container as on the host
+        docker += ["-v", f"{weights}:{weights}:ro"]
     for device in run.devices:
         docker += ["--device", device]
     if api_key:
@@ -112,6 +116,23 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     else:
         docker.append(image_ref(recipe))
     return docker + argv
+
+
+def _model_path_arg(argv: list[str]) -> str | None:
+    if "--model-path" in argv:
+        value = argv[argv.index("--model-path") + 1]
+        return value.rstrip("/") if value.startswith("/") else None
+    return None
+
+
+def _mounted(path: str, volumes: list[str]) -> bool:
+    """True when a host:container volume already shows `path` at the same place."""
+    for volume in volumes:
+        host_dir, _, rest = volume.partition(":")
+        target = rest.split(":", 1)[0]
+        if host_dir == target and (path == host_dir or path.startswith(host_dir.rstrip("/") + "/")):
+            return True
+    return False
 
 
 def env_path(proc: Process) -> str:

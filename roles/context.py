@@ -51,6 +51,13 @@ class DeploymentContext:
         value = self.data.get(key)
         return default if value is None else value
 
+    @property
+    def model_path(self) -> str:
+        """Where this host's weights are: the same value the rendered --model-path carries."""
+        from ironserve.render import model_path_on
+
+        return model_path_on(self.recipe, InventoryHost(self.host_name, self.data))
+
 
 def truthy(value, default=True) -> bool:
     if value is None:

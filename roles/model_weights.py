@@ -192,7 +192,10 @@ def checkpoint_verified(path: str, strict: bool = True):
 
 
 def model_path(ctx: DeploymentContext) -> str | None:
-    return ctx.get("model_path") or ctx.recipe.model.path
+    """The rendered --model-path (host model_path, else <model_root>/<name>, else the recipe's path); a bare hub
+    id is not a place on disk."""
+    path = ctx.model_path
+    return path if path.startswith("/") else None
 
 
 @deploy("Model weights")

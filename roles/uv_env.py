@@ -26,7 +26,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
-from pyinfra.operations import files
+from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import venv_path
@@ -197,6 +197,9 @@ def apply(ctx: DeploymentContext) -> None:
     if mirror:
         # uv venv may resolve seed packages; keep even that on the mirror
         env["UV_INDEX_URL"] = mirror
+    if not ctx.get("uv_url"):
+        # uv comes from the package index through pip; Debian's python3 has no pip module without this
+        apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
     uv_installed(name=f"uv {ctx.get('uv_version', UV_VERSION)}", version=ctx.get("uv_version", UV_VERSION),
                  index_url=mirror, url=ctx.get("uv_url"))
     path = venv_path(ctx.recipe)
