@@ -114,8 +114,9 @@ def clock_offsets(host, check: Check):
     out = host.run("/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --read")
     if out.rc != 0:
         return False, "cannot read offsets"
-    values = sorted(set(out.stdout.split()))
-    return values == [str(check.expected)], ",".join(values)
+    # "<index> <offset MHz>" per GPU
+    values = sorted({line.split()[-1] for line in out.stdout.splitlines() if line.strip()})
+    return values == [str(check.expected)], ",".join(values) or "no GPUs"
 
 
 def listening(host, check: Check):
