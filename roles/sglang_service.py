@@ -91,13 +91,18 @@ def marker_path(unit: str) -> str:
     return f"{PARSE_OK_DIR}/{unit}"
 
 
-def process_secrets(ctx: DeploymentContext, proc: Process) -> dict[str, str]:
-    """Secrets for the env file of an engine process (never for the router)."""
+def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) -> dict[str, str]:
+    """Secrets for the env file of an engine process (never for the router). ``read=False`` gives the same keys
+    with placeholder values, for whoever needs to know which secrets exist but must not read them (the audit)."""
     if proc.role == "router":
         return {}
+
+    def secret(key: str, what: str) -> str:
+        return read_secret(ctx.get(key), f"{ctx.host_name}: {what}") if read else "<secret>"
+
     out = {}
     if ctx.get("api_key_file"):
-        out["IRONSERVE_API_KEY"] = read_secret(ctx.get("api_key_file"), f"{ctx.host_name}: api_key_file")
+        out["IRONSERVE_API_KEY"] = secret("api_key_file", "api_key_file")
     else:
         group = ctx.recipe.topology.groups[proc.group]
         on_host = ctx.recipe.group_server(group).api_key_file
@@ -107,7 +112,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process) -> dict[str, str]:
                                      "a container cannot read; give the key with host data api_key_file instead")
             out["IRONSERVE_API_KEY_FILE"] = on_host
     if ctx.get("hf_token_file"):
-        out["HF_TOKEN"] = read_secret(ctx.get("hf_token_file"), f"{ctx.host_name}: hf_token_file")
+        out["HF_TOKEN"] = secret("hf_token_file", "hf_token_file")
     return out
 
 

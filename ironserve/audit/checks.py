@@ -76,7 +76,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     for proc in ctx.processes:
         # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values
         # are compared nowhere, the env file check skips them
-        files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc))
+        files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc, read=False))
         unit_path = f"/etc/systemd/system/{files.unit_name}"
         add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
             mode=0o644, owner="root")
