@@ -7,9 +7,11 @@ those kernels: each CPU op falls back to its torch-native implementation (``forw
 ``torch.ops.sgl_kernel.convert_weight_packed`` is absent (see sglang.srt.utils.common
 ``_is_intel_amx_backend_available``; this shim deliberately registers no torch ops).
 
-So every name imported from here is a placeholder that raises if it is ever called, naming itself; the
-few functions a Llama on the CPU path really calls are implemented below with plain torch ops and listed
-in IMPLEMENTED. Lives only in the ironserve lab's CPU runtime, never in a product unit.
+So every name imported from here is a placeholder that raises if it is ever called, naming itself.
+Serving a Llama (sglang 0.5.23, --attention-backend torch_native, --sampling-backend pytorch) calls none:
+IMPLEMENTED is empty, and greedy output equals transformers' own generate on the same weights
+(benchmarks/tiny_cpu_serving.py). Were a kernel ever needed, it would be written here with plain torch
+ops and listed in IMPLEMENTED. Lives only in the ironserve lab's CPU runtime, never in a product unit.
 """
 
 from __future__ import annotations
