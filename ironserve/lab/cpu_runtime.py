@@ -61,7 +61,7 @@ PYTHON = "3.11"
 PYTHON_TAG = "cp311"
 GLIBC = (2, 36)  # Debian bookworm
 SHIM_DIST = "ironserve-lab-cpu-shims"
-SHIM_VERSION = "0.1.0"
+SHIM_VERSION = "0.1.0"  # bump with any change under cpu_shims/ (hosts keep an installed version)
 SHIM_SOURCE = Path(__file__).with_name("cpu_shims")
 SHIM_PACKAGES = ("sgl_kernel", "torchvision")
 
