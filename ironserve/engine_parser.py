@@ -79,100 +79,8 @@ _REFUSED = re.compile(
 # tags, git builds and local versions ("+cu130", "+gitabc") are not: they have no wheel to parse with.
 _RELEASE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 
-_TORCHVISION_SHIM = {
-    "__init__.py": '''"""ironserve parser-venv SHIM for torchvision -- not the real package.
-
-PyPI's torchvision wheels are CUDA builds (they dlopen libc10_cuda.so) and cannot load next to the
-CPU torch of this venv, but sglang imports torchvision.transforms at module level in multimodal
-helpers on the import chain of sglang.srt.server_args. Argument parsing never calls torchvision;
-every attribute here is an inert placeholder that raises if it is ever called. There is no
-dist-info, so transformers' is_torchvision_available() stays False.
-"""
-__version__ = "0.0.0+ironserve.shim"
-IRONSERVE_SHIM = True
-
-
-class _Inert:
-    def __init__(self, name="torchvision"):
-        self._name = name
-
-    def __getattr__(self, item):
-        if item.startswith("__"):
-            raise AttributeError(item)
-        return _Inert(f"{self._name}.{item}")
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._name}: torchvision is a shim in ironserve's parser venv")
-
-    def __mro_entries__(self, bases):
-        return (object,)
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Inert(f"torchvision.{name}")
-''',
-    "transforms/__init__.py": '''"""ironserve shim: see torchvision/__init__.py."""
-from torchvision import _Inert
-from torchvision.transforms.functional import InterpolationMode  # noqa: F401
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Inert(f"torchvision.transforms.{name}")
-''',
-    "transforms/functional.py": '''"""ironserve shim: see torchvision/__init__.py."""
-import enum
-
-from torchvision import _Inert
-
-
-class InterpolationMode(enum.Enum):
-    NEAREST = "nearest"
-    NEAREST_EXACT = "nearest-exact"
-    BILINEAR = "bilinear"
-    BICUBIC = "bicubic"
-    BOX = "box"
-    HAMMING = "hamming"
-    LANCZOS = "lanczos"
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Inert(f"torchvision.transforms.functional.{name}")
-''',
-    "transforms/v2/__init__.py": '''"""ironserve shim: see torchvision/__init__.py."""
-from torchvision import _Inert
-from torchvision.transforms.functional import InterpolationMode  # noqa: F401
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Inert(f"torchvision.transforms.v2.{name}")
-''',
-    "transforms/v2/functional.py": '''"""ironserve shim: see torchvision/__init__.py."""
-from torchvision import _Inert
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Inert(f"torchvision.transforms.v2.functional.{name}")
-''',
-    "io/__init__.py": '''"""ironserve shim: see torchvision/__init__.py."""
-from torchvision import _Inert
-
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Inert(f"torchvision.io.{name}")
-''',
-}
+# The torchvision placeholder (single source shared with the lab's CPU runtime): see its docstring.
+_TORCHVISION_SHIM = Path(__file__).with_name("shims") / "torchvision"
 
 
 class EngineNotAvailable(RuntimeError):
@@ -385,10 +293,10 @@ def _site_packages(path: Path) -> Path:
 
 def _write_shim(path: Path) -> None:
     root = _site_packages(path) / "torchvision"
-    for rel, text in _TORCHVISION_SHIM.items():
-        target = root / rel
+    for source in sorted(_TORCHVISION_SHIM.rglob("*.py")):
+        target = root / source.relative_to(_TORCHVISION_SHIM)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        target.write_text(source.read_text())
 
 
 def _build_sglang(tmp: Path, version: str) -> dict:

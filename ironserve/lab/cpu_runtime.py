@@ -63,6 +63,8 @@ GLIBC = (2, 36)  # Debian bookworm
 SHIM_DIST = "ironserve-lab-cpu-shims"
 SHIM_VERSION = "0.1.0"  # bump with any change under cpu_shims/ (hosts keep an installed version)
 SHIM_SOURCE = Path(__file__).with_name("cpu_shims")
+# torchvision's placeholder is shared with the parser venvs (ironserve/shims/), one source for both
+SHARED_SHIMS = Path(__file__).resolve().parents[1] / "shims"
 SHIM_PACKAGES = ("sgl_kernel", "torchvision")
 
 # Environment of every SGLang server of the lab's CPU runtime (also in recipes/tiny-cpu.yaml).
@@ -174,8 +176,9 @@ def shim_files() -> dict[str, bytes]:
     """The shim packages' files (wheel path -> bytes), from ironserve/lab/cpu_shims/."""
     out = {}
     for package in SHIM_PACKAGES:
-        for path in sorted((SHIM_SOURCE / package).rglob("*.py")):
-            out[path.relative_to(SHIM_SOURCE).as_posix()] = path.read_bytes()
+        base = SHIM_SOURCE if (SHIM_SOURCE / package).is_dir() else SHARED_SHIMS
+        for path in sorted((base / package).rglob("*.py")):
+            out[path.relative_to(base).as_posix()] = path.read_bytes()
     if not out:
         raise WheelhouseError(f"no shim sources under {SHIM_SOURCE}")
     return out
