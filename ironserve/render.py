@@ -52,10 +52,15 @@ class Process:
         return asdict(self)
 
     @property
+    def health_path(self) -> str:
+        # sglang-router answers /health before any worker registered; /readiness waits for a healthy worker
+        return "/readiness" if self.role == "router" else "/health"
+
+    @property
     def health_url(self) -> str | None:
         if not self.serves_http or self.port is None:
             return None
-        return f"http://{self.address}:{self.port}/health"
+        return f"http://{self.address}:{self.port}{self.health_path}"
 
 
 @dataclass

@@ -118,7 +118,7 @@ def health_url(proc: Process) -> str | None:
         bind = "127.0.0.1"
     if ":" in bind:
         bind = f"[{bind}]"
-    return f"http://{bind}:{proc.port}/health"
+    return f"http://{bind}:{proc.port}{proc.health_path}"
 
 
 def start_order(processes: list[Process]) -> list[list[Process]]:

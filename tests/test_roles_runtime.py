@@ -4,6 +4,8 @@ tests/operations."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import subprocess
@@ -300,9 +302,11 @@ def test_health_url_on_the_host_itself():
     recipe, rendered = _tiny()
     assert launch.health_url(rendered.processes[0]) == "http://127.0.0.1:30000/health"
     proc = rendered.processes[0]
-    bound = SimpleNamespace(**{**proc.as_dict(), "argv": proc.argv + ["--host", "10.0.0.10"]})
-    bound.serves_http, bound.port = True, 30000
+    bound = dataclasses.replace(proc, argv=proc.argv + ["--host", "10.0.0.10"], serves_http=True, port=30000)
     assert launch.health_url(bound) == "http://10.0.0.10:30000/health"
+    router = next(p for p in rendered.processes if p.role == "router")
+    # the router answers /health before any worker registered: its gate is /readiness
+    assert launch.health_url(router).endswith("/readiness")
 
 
 def test_start_order_rank0_then_ranks_then_router():

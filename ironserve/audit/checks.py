@@ -85,5 +85,6 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
         if ctx.launch and proc.serves_http and proc.port:
             add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
-            add(f"health:{proc.unit}", "http_ok", 200, "workload", url=f"http://127.0.0.1:{proc.port}/health")
+            add(f"health:{proc.unit}", "http_ok", 200, "workload",
+                url=f"http://127.0.0.1:{proc.port}{proc.health_path}")
     return checks
