@@ -162,3 +162,14 @@ def test_audit_junit_and_unreachable(deployed, tmp_path):
         " for i, (n, d) in enumerate(_lab['lab_hosts'])]\n"
     )
     assert ironserve("audit", str(bad_inventory), "deploys/glm5.py", check=False).returncode == 2
+
+
+def test_status_reports_endpoint_and_prepared_units(deployed):
+    out = ironserve("status", "inventories/lab.py", "deploys/glm5.py", "--format", "json",
+                    "--data", f"api_key_file={deployed['api_key_file']}", check=False)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, report
+    assert report["served_model_name"] == "glm-5" and report["endpoint"].endswith(":5000")
+    assert report["launch"] is False
+    units = [u for h in report["hosts"] for u in h["units"]]
+    assert len(units) == 2 and all(u["active"] == "inactive" and u["health"] is None for u in units)

@@ -1,0 +1,88 @@
+"""`ironserve status INVENTORY DEPLOY`: where the deployment answers and how each host's units are doing.
+
+JSON: {"endpoint": url, "served_model_name": str, "recipe": id, "launch": bool,
+       "hosts": [{"name", "address", "units": [{"unit", "role", "node_rank", "active", "health"}]}]}
+Exit 0 when every unit is in its intended state (active and healthy when launched), 1 otherwise, 2 for an
+unreachable host or bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from ironserve.audit.runner import deploy_model, hostspec
+from ironserve.inventory import load_inventory
+
+
+def _probe(spec: str, units: list[dict]) -> tuple[list[dict], str | None]:
+    import testinfra
+
+    try:
+        host = testinfra.get_host(spec)
+        out = []
+        for unit in units:
+            active = host.run(f"systemctl is-active {unit['unit']}.service").stdout.strip() or "unknown"
+            health = None
+            if unit["health_url"]:
+                code = host.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {unit['health_url']}")
+                health = code.stdout.strip() or "no answer"
+            out.append({**{k: v for k, v in unit.items() if k != "health_url"}, "active": active, "health": health})
+        return out, None
+    except Exception as exc:  # unreachable: said per host, exit 2
+        return [], f"{type(exc).__name__}: {exc}"[:160]
+
+
+def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout, fmt: str = "json") -> int:
+    from roles.context import build_context
+    from roles.launch import health_url
+
+    model = deploy_model(deploy)
+    hosts = load_inventory(inventory)
+    pairs = [(h.name, {**h.data, **(data or {})}) for h in hosts]
+    contexts = {h.name: build_context(model, h.name, pairs, inventory) for h in hosts}
+    first = next(iter(contexts.values()))
+    plans = {}
+    for h in hosts:
+        ctx = contexts[h.name]
+        plans[h.name] = [{"unit": p.unit, "role": p.role, "node_rank": p.node_rank,
+                          "health_url": health_url(p) if ctx.launch else None} for p in ctx.processes]
+    specs = {h.name: hostspec(h.name, {**h.data, "address": h.address}) for h in hosts}
+    with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+        results = dict(zip(plans, pool.map(lambda n: _probe(specs[n], plans[n]), plans)))
+    report_hosts, worst = [], 0
+    for h in hosts:
+        units, error = results[h.name]
+        entry = {"name": h.name, "address": h.address, "units": units}
+        if error:
+            entry["error"] = error
+            worst = 2
+        elif any(u["active"] != ("active" if contexts[h.name].launch else "inactive")
+                 or (u["health"] not in (None, "200")) for u in units):
+            worst = max(worst, 1)
+        report_hosts.append(entry)
+    server = first.recipe.group_server(first.recipe.topology.groups[0])
+    report = {"recipe": first.recipe.id, "endpoint": first.rendered.endpoint, "launch": first.launch,
+              "served_model_name": server.served_model_name or first.model_path, "hosts": report_hosts}
+    if fmt == "json":
+        print(json.dumps(report, indent=2), file=out)
+    else:
+        print(f"{report['recipe']}: endpoint {report['endpoint']} model {report['served_model_name']}", file=out)
+        for entry in report_hosts:
+            if "error" in entry:
+                print(f"  {entry['name']}: unreachable ({entry['error']})", file=out)
+            for u in entry["units"]:
+                print(f"  {entry['name']} {u['unit']} [{u['role']} rank {u['node_rank']}]: {u['active']}"
+                      f"{'' if u['health'] is None else ', health ' + u['health']}", file=out)
+    return worst
+
+
+def add_status_parser(sub) -> None:
+    p = sub.add_parser("status", help="endpoint, served model and unit state per host", allow_abbrev=False)
+    p.add_argument("inventory")
+    p.add_argument("deploy")
+    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
+    p.set_defaults(func=lambda args: status(args.inventory, args.deploy,
+                                            dict(item.split("=", 1) for item in args.data), fmt=args.format))
