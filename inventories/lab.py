@@ -50,8 +50,17 @@ _common = {
 # Stand-in accelerators answer nvidia-smi/npu-smi but cannot run an engine: prepare and validate only.
 _launch = {"cpu-lab": True}
 
+
+def _role(h: dict) -> dict:
+    # cpu-lab with 3+ hosts: the first host runs only the router (recipes with host_placement: dedicated,
+    # e.g. tiny-cpu), the others the replicas
+    if h["hardware"] == "cpu-lab" and len(_state["hosts"]) >= 3 and h["node_index"] == 1:
+        return {"ironserve_role": "router"}
+    return {}
+
+
 lab_hosts = [
     (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"], "node_index": h["node_index"],
-                 "launch": _launch.get(h["hardware"], False)})
+                 "launch": _launch.get(h["hardware"], False), **_role(h)})
     for h in _state["hosts"]
 ]

@@ -26,6 +26,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
+from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
@@ -198,7 +199,10 @@ def apply(ctx: DeploymentContext) -> None:
         # uv venv may resolve seed packages; keep even that on the mirror
         env["UV_INDEX_URL"] = mirror
     if not ctx.get("uv_url"):
-        # uv comes from the package index through pip; Debian's python3 has no pip module without this
+        # uv comes from the package index through pip; Debian's python3 has no pip module without this.
+        # A fresh host may never have fetched its apt lists (or has stale ones): update only while it is missing
+        missing = "python3-pip" not in (host.get_fact(DebPackages) or {})
+        launch.run_if_changed(name="apt update (python3-pip missing)", command="apt-get update", triggers=[missing])
         apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
     uv_installed(name=f"uv {ctx.get('uv_version', UV_VERSION)}", version=ctx.get("uv_version", UV_VERSION),
                  index_url=mirror, url=ctx.get("uv_url"))

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cgroups, hosts, images, network, rootfs, standins, state, supply
+from . import cgroups, cpu_runtime, hosts, images, network, rootfs, standins, state, supply, tiny_model
 from .profiles import PROFILES
 from .state import HARDWARE_IDS, Host, LabState
 from .system import LabError, ensure_tools, require_root, run, say, wait_for
@@ -23,6 +23,8 @@ DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", 
 # uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given).
 UV_VERSION = "0.13.9"
 DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82", f"uv=={UV_VERSION}"]
+# cpu-lab: the generated model's directory under the lab's model_root (recipes/tiny-cpu.yaml model.path's name)
+TINY_MODEL = "tiny-llama"
 
 
 def ssh_keypair(root: Path) -> Path:
@@ -105,6 +107,8 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         stamp.write_text(wanted)
     if not (supply.supply_dir(root) / "apt" / supply.ARMORED_KEY_NAME).exists():
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
+    if PROFILES[hardware]["kind"] == "none":
+        publish_cpu_runtime(root)
     supply.start_server(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     binds = _images(root, lab, hardware)
@@ -152,6 +156,30 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     return lab
 
 
+def cpu_wheelhouse_dir() -> Path:
+    """Where the CPU runtime's wheels are cached on this machine (downloaded once, kept across labs)."""
+    cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
+    return cache / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
+
+
+def publish_cpu_runtime(root: Path) -> None:
+    """cpu-lab: SGLang's CPU runtime (cpu_runtime.REQUIREMENTS, the shim wheel included) into the lab index."""
+    cache = cpu_wheelhouse_dir()
+    if not cache.is_dir() or cpu_runtime.check_wheelhouse(cache):
+        say(f"CPU runtime wheelhouse: downloading the {len(cpu_runtime.REQUIREMENTS)} pinned wheels into {cache} "
+            "(once per machine; several minutes)")
+    t0 = time.monotonic()
+    try:
+        summary = cpu_runtime.build_wheelhouse(cache)
+    except cpu_runtime.WheelhouseError as exc:
+        raise LabError(f"the lab's CPU runtime wheelhouse could not be built: {exc}") from exc
+    wheels = sorted(cache.glob("*.whl"))
+    added = supply.add_wheels(root, wheels)
+    say(f"CPU runtime: {summary['wheels']} wheels ({summary['bytes'] / 2**20:.0f} MiB, sglang {summary['sglang']}, "
+        f"sglang-router {summary['router']}, torch {summary['torch']}) in the lab index"
+        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
 def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
     """Docker stand-in registry, parser venvs (GPU profiles) and stand-in checkpoints; the hosts' read-only binds."""
     try:
@@ -167,6 +195,13 @@ def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
     except Exception as exc:  # noqa: BLE001
         say(f"warning: no stand-in checkpoints: {exc}")
         lab.models = {}
+    if PROFILES[hardware]["kind"] == "none":
+        # the CPU recipes' generated model (real weights, stdlib-generated, same bytes every time), shared
+        # read-only with every host under model_root like the stand-in checkpoints
+        target = images.models_dir(root) / TINY_MODEL
+        say(f"tiny model: {target} (hosts: {images.MODEL_ROOT}/{TINY_MODEL})")
+        tiny_model.generate(target)
+        lab.models[TINY_MODEL] = {"path": f"{images.MODEL_ROOT}/{TINY_MODEL}", "recipes": ["tiny-cpu"]}
     lab.model_root = images.MODEL_ROOT
     lab.docker_registry = images.REGISTRY_IN_HOST
     lab.parsers = {v: {"path": p, "built": images.parser_built(p)} for v, p in table["parsers"].items()}

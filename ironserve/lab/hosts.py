@@ -26,7 +26,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import cgroups, images, network, supply
+from . import cgroups, cpu_runtime, images, network, supply
+from .profiles import PROFILES
 from .state import GATEWAY, Host, LabState
 from .system import LabError, run, say, wait_for
 
@@ -123,6 +124,10 @@ def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) ->
     _write(merged, "/etc/apt/sources.list.d/ironlab.list", f"deb [{option}] {state.apt_mirror} ./\n")
     host_part = state.pip_index.split("//", 1)[1].split("/", 1)[0].split(":")[0]
     _write(merged, "/etc/pip.conf", f"[global]\nindex-url = {state.pip_index}\ntrusted-host = {host_part}\n")
+    if PROFILES.get(host.hardware, {}).get("kind") == "none":
+        # cpu-lab: uv's system configuration keeps the CUDA-only distributions out of resolution and takes
+        # the CPU build of torch (lab runtime, not product: see cpu_runtime.uv_config)
+        _write(merged, "/etc/uv/uv.toml", cpu_runtime.uv_config())
     _prepare_fake_proc(merged)
 
 

@@ -217,6 +217,28 @@ def reindex_wheels(root: Path) -> None:
     (simple / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{chr(10).join(index)}\n</body></html>\n")
 
 
+def add_wheels(root: Path, wheels: list[Path]) -> int:
+    """Put ready-made wheels into the wheelhouse (hard links where possible) and reindex when any was new.
+
+    Returns how many were added; wheels already there with the same size are kept as they are.
+    """
+    dest = ensure_dirs(root) / "wheels"
+    added = 0
+    for whl in wheels:
+        target = dest / whl.name
+        if target.is_file() and target.stat().st_size == whl.stat().st_size:
+            continue
+        target.unlink(missing_ok=True)
+        try:
+            os.link(whl, target)
+        except OSError:  # another filesystem
+            shutil.copy2(whl, target)
+        added += 1
+    if added or not (supply_dir(root) / "simple" / "index.html").exists():
+        reindex_wheels(root)
+    return added
+
+
 # ---------------------------------------------------------------- files
 
 def add_files(root: Path, subdir: str, files: list[Path]) -> None:

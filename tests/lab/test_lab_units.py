@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,73 @@ def test_pep503_index(tmp_path):
     assert sorted(p.name for p in simple.iterdir() if p.is_dir()) == ["foo-bar", "nvidia-ml-py"]
     page = (simple / "foo-bar" / "index.html").read_text()
     assert 'href="../../wheels/Foo.Bar-1.0.tar.gz#sha256=' in page and "foo_bar-1.1-py3-none-any.whl" in page
+
+
+def test_add_wheels_links_once_and_indexes(tmp_path):
+    house = tmp_path / "house"
+    house.mkdir()
+    whl = house / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    whl.write_bytes(b"torch")
+    lab = tmp_path / "lab"
+    assert supply.add_wheels(lab, [whl]) == 1
+    assert supply.add_wheels(lab, [whl]) == 0  # already there: nothing added, no reindex needed
+    page = (lab / "supply" / "simple" / "torch" / "index.html").read_text()
+    assert "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl#sha256=" in page
+
+
+def _lab_inventory(tmp_path, monkeypatch, hardware: str, nodes: int) -> list:
+    import runpy
+
+    hosts = [{"name": state.host_name(i), "address": state.host_address(i), "hardware": hardware, "node_index": i}
+             for i in range(1, nodes + 1)]
+    (tmp_path / "state.json").write_text(json.dumps({
+        "ssh_user": "ironlab", "ssh_key": "/k", "known_hosts": "/kh", "apt_mirror": "http://m/apt",
+        "pip_index": "http://m/simple/", "ascend_files": "http://m/ascend/", "model_root": "/srv/models",
+        "hosts": hosts}))
+    monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
+    return runpy.run_path(str(Path(__file__).resolve().parents[2] / "inventories" / "lab.py"))["lab_hosts"]
+
+
+def test_lab_inventory_dedicates_the_first_cpu_lab_host_to_the_router(tmp_path, monkeypatch):
+    hosts = _lab_inventory(tmp_path, monkeypatch, "cpu-lab", 3)
+    assert [d.get("ironserve_role") for _, d in hosts] == ["router", None, None]
+    assert all(d["launch"] is True for _, d in hosts)
+    two = _lab_inventory(tmp_path, monkeypatch, "cpu-lab", 2)
+    assert all("ironserve_role" not in d for _, d in two)
+    gpu = _lab_inventory(tmp_path, monkeypatch, "rtx6000-pro-maxq", 3)
+    assert all("ironserve_role" not in d and d["launch"] is False for _, d in gpu)
+
+
+def test_cpu_lab_hosts_get_the_uv_config(tmp_path, monkeypatch):
+    from ironserve.lab import cpu_runtime, hosts as lab_hosts
+
+    written = {}
+    real_write = lab_hosts._write
+
+    def write(root, rel, text, mode=0o644):
+        written[rel] = text
+        real_write(root, rel, text, mode)
+
+    monkeypatch.setattr(lab_hosts, "_write", write)
+    monkeypatch.setattr(lab_hosts, "_mounted", lambda path: True)
+    monkeypatch.setattr(lab_hosts, "ensure_host_key", lambda root, name: _key(tmp_path))
+    monkeypatch.setattr(lab_hosts, "_prepare_fake_proc", lambda merged: None)
+    monkeypatch.setattr(lab_hosts, "_ids", lambda merged, owner: (os.getuid(), os.getgid()))
+    lab = state.LabState(hosts=[state.Host("lab1", state.host_address(1), 1, "cpu-lab")])
+    for hardware, expected in (("cpu-lab", True), ("rtx6000-pro-maxq", False)):
+        written.clear()
+        host = state.Host("lab1", state.host_address(1), 1, hardware)
+        lab_hosts.prepare(tmp_path, tmp_path / "base", lab, host, "ssh-ed25519 AAAA test")
+        assert ("/etc/uv/uv.toml" in written) is expected
+        if expected:
+            assert written["/etc/uv/uv.toml"] == cpu_runtime.uv_config()
+
+
+def _key(tmp_path):
+    key = tmp_path / "hostkey"
+    key.write_text("PRIVATE")
+    key.with_suffix(".pub").write_text("ssh-ed25519 AAAA host")
+    return key
 
 
 @pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")

@@ -1,0 +1,172 @@
+"""End to end on the lab: real SGLang on CPU behind the real sglang_router, three cpu-lab hosts.
+
+`ironserve lab up --nodes 3 --hardware cpu-lab` (the first host is the router host, the others the two
+replicas of recipes/tiny-cpu.yaml), then the production deploy (`pyinfra -y inventories/lab.py deploys/tiny.py`):
+uv venv from the lab's index, the generated model from its verified path, units, the launch stage with its
+health gates. Then: a second run plans no change; `ironserve status` gives the endpoint; a chat completion
+through the router answers; a worker engine killed with SIGKILL is restarted by systemd while the router keeps
+answering. Requests go only to lab addresses (the router host's address on the lab bridge), with bounded
+retries and timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECIPE = "tiny-cpu"
+ROUTER_UNIT = f"sglang-{RECIPE}-router"
+SERVER_UNIT = f"sglang-{RECIPE}-server"  # + -<instance>
+
+
+def run(*args: str, check: bool = True, timeout: int = 1200) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def pyinfra(*args: str, check: bool = True, timeout: int = 1500) -> subprocess.CompletedProcess:
+    return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout)
+
+
+def ironserve(*args: str, check: bool = True, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout)
+
+
+def ssh(host: dict, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+    return run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
+               f"sudo sh -c {json.dumps(command)}", check=check, timeout=timeout)
+
+
+def chat(base: str, timeout: float = 60.0) -> tuple[int, str]:
+    """(HTTP status, answer text) of one short chat completion; (0, error) when nothing answered."""
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello, how are you?"}],
+                       "max_tokens": 8, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+            return resp.status, data["choices"][0]["message"]["content"] or ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")[:300]
+    except (OSError, ValueError, KeyError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    started = time.monotonic()
+    ironserve("lab", "up", "--nodes", "3", "--hardware", "cpu-lab", timeout=3600)
+    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    try:
+        yield {"hosts": status["hosts"], "up_s": time.monotonic() - started}
+    finally:
+        ironserve("lab", "down", check=False)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    started = time.monotonic()
+    first = pyinfra("-y", "deploys/tiny.py")
+    lab["deploy_s"] = time.monotonic() - started
+    lab["deploy_output"] = first.stdout + first.stderr
+    print(f"\nlab up {lab['up_s']:.0f}s, first deploy {lab['deploy_s']:.0f}s")
+    return lab
+
+
+def changes(plan: list[dict]) -> list[str]:
+    return [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+            for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+
+
+def router_base(lab) -> str:
+    router = lab["hosts"][0]
+    return f"http://{router['address']}:30000"
+
+
+def test_deploy_starts_every_unit(deployed):
+    router, workers = deployed["hosts"][0], deployed["hosts"][1:]
+    assert ssh(router, f"systemctl is-active {ROUTER_UNIT}").stdout.strip() == "active"
+    for i, host in enumerate(workers):
+        assert ssh(host, f"systemctl is-active {SERVER_UNIT}-{i}").stdout.strip() == "active"
+        assert ssh(host, "cat /etc/uv/uv.toml").stdout.count("exclude-dependencies") == 1
+
+
+def test_second_run_plans_no_change(deployed):
+    out = pyinfra("deploys/tiny.py", "--dry", "--json", timeout=600)
+    plan = json.loads(out.stdout)["plan"]
+    assert plan, "the dry run planned no operation at all"
+    assert not changes(plan), changes(plan)
+
+
+def test_status_gives_the_endpoint(deployed):
+    out = ironserve("status", "inventories/lab.py", "deploys/tiny.py", "--format", "json", check=False, timeout=300)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    router = deployed["hosts"][0]
+    assert report["endpoint"] == f"http://{router['address']}:30000"
+    assert report["served_model_name"] == "tiny"
+    assert [h["name"] for h in report["hosts"]] == [h["name"] for h in deployed["hosts"]]
+    units = [u for h in report["hosts"] for u in h["units"]]
+    assert len(units) == 3 and all(u["active"] == "active" for u in units), units
+
+
+def test_chat_completion_through_the_router(deployed):
+    base = router_base(deployed)
+    code, text = 0, ""
+    for _ in range(10):  # bounded: the router may still be registering the workers
+        t0 = time.monotonic()
+        code, text = chat(base)
+        if code == 200:
+            break
+        time.sleep(3)
+    assert code == 200, text
+    assert text.strip(), "empty answer"
+    print(f"\nchat completion through the router: {time.monotonic() - t0:.2f}s")
+
+
+def test_killed_engine_is_restarted_and_router_keeps_answering(deployed):
+    base = router_base(deployed)
+    worker = deployed["hosts"][1]
+    unit = f"{SERVER_UNIT}-0"
+    before = ssh(worker, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+    assert before and before != "0"
+    killed = time.monotonic()
+    ssh(worker, f"systemctl kill --kill-who=main -s KILL {unit}")
+    codes = []
+    while time.monotonic() - killed < 30:  # bounded: requests through the router meanwhile
+        code, text = chat(base, timeout=30)
+        codes.append(code)
+        assert code == 200, f"request {len(codes)} after the kill: {code} {text}"
+        time.sleep(1)
+    recovered = None
+    while time.monotonic() - killed < 300:
+        state = ssh(worker, f"systemctl is-active {unit}; systemctl show -p MainPID --value {unit}; "
+                    "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health", check=False)
+        lines = state.stdout.split()
+        if len(lines) >= 3 and lines[0] == "active" and lines[1] not in ("0", before) and lines[2] == "200":
+            recovered = time.monotonic() - killed
+            break
+        time.sleep(3)
+    assert recovered is not None, f"{unit} not active and healthy again within 300s: {state.stdout}"
+    code, text = chat(base)
+    assert code == 200, text
+    print(f"\n{len(codes)} requests through the router after the kill, all 200; {unit} healthy again after "
+          f"{recovered:.0f}s")
