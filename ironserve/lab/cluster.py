@@ -236,9 +236,20 @@ def _down() -> None:
     names |= {ns.removeprefix("ironlab-") for ns in network.lab_netns()}
     if names:
         say(f"stopping {len(names)} host(s): {' '.join(sorted(names))}")
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        for fut in [pool.submit(hosts.stop, root, n) for n in sorted(names)]:
-            fut.result()
+    pending = sorted(names)
+    for attempt in range(4):
+        # A host whose engine processes are still exiting can keep its overlay busy for a few seconds:
+        # retry those before giving up, so a down never stops half way and leaves state behind.
+        with ThreadPoolExecutor(max_workers=max(1, len(pending))) as pool:
+            futures = {n: pool.submit(hosts.stop, root, n) for n in pending}
+        failed = {n: f.exception() for n, f in futures.items() if f.exception() is not None}
+        if not failed:
+            break
+        if attempt == 3:
+            raise LabError("lab down could not stop: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+        say(f"retrying {len(failed)} host(s) still busy: {' '.join(sorted(failed))}")
+        time.sleep(5)
+        pending = sorted(failed)
     say("stopping supply server, removing bridge")
     supply.stop_server(root)
     network.remove_bridge()
