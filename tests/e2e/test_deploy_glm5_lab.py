@@ -10,34 +10,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from . import labcli
+from .labcli import ROOT, ironserve, lab_down, pyinfra, run  # noqa: F401
+
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 RECIPE = "glm5-nvfp4-mtp-rtx6000-tp8"
 UNIT = f"sglang-{RECIPE}-server"
-
-
-def run(*args: str, check: bool = True, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def pyinfra(*args: str, check: bool = True, timeout: int = 1200) -> subprocess.CompletedProcess:
-    return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout)
-
-
-def ironserve(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +34,11 @@ def lab(tmp_path_factory):
     try:
         yield {"hosts": status["hosts"], "api_key_file": str(secrets / "api_key")}
     finally:
-        # a lab left up would make the later lab tests skip: a down that fails is tried once more, then fails
-        if ironserve("lab", "down", check=False).returncode != 0:
-            time.sleep(10)
-            ironserve("lab", "down")
+        lab_down()
 
 
 def ssh(lab, host: dict, command: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
-               f"sudo sh -c {json.dumps(command)}", check=check, timeout=120)
+    return labcli.ssh(host, command, check=check)
 
 
 @pytest.fixture(scope="module")

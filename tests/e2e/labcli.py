@@ -1,0 +1,42 @@
+"""Shared helpers of the lab end-to-end tests: run ironserve/pyinfra from the repository, ssh into lab hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, check: bool = True, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def pyinfra(*args: str, check: bool = True, timeout: int = 1500) -> subprocess.CompletedProcess:
+    return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout)
+
+
+def ironserve(*args: str, check: bool = True, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout)
+
+
+def ssh(host: dict, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+    return run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
+               f"sudo sh -c {json.dumps(command)}", check=check, timeout=timeout)
+
+
+def lab_down() -> None:
+    """A lab left up would make the later lab tests skip: a down that fails is tried once more, then fails."""
+    if ironserve("lab", "down", check=False).returncode != 0:
+        time.sleep(10)
+        ironserve("lab", "down")
