@@ -24,6 +24,12 @@ JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
 # --api-key from the environment to the engine's argv in-process, so the key never shows in `ps`.
 KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
 KEY_ENV = ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE")
+# files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
+RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
+# the leader's guard listens on the group's dist-init port + 100: SGLang takes dist-init .. dist-init + 6 + dp
+RANK_GUARD_PORT_OFFSET = 100
+RANK_GUARD_POLL_S = 5
+RANK_GUARD_FAILURES = 3
 
 
 @dataclass
@@ -153,13 +159,83 @@ def env_text(proc: Process, secrets: dict[str, str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class RankGuardFiles:
+    unit_name: str  # <engine unit>-rank-guard.service
+    unit_text: str
+    config_path: str
+    config_text: str
+
+
+def local_url(proc: Process, path: str) -> str:
+    """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
+    Every rank has the port (ranks > 0 of a multi-node group answer /health there once they joined)."""
+    bind, port = None, proc.port or 30000
+    for i, arg in enumerate(proc.argv[:-1]):
+        if arg == "--host":
+            bind = proc.argv[i + 1]
+        elif arg == "--port":
+            port = int(proc.argv[i + 1])
+    if bind in (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost"):
+        bind = "127.0.0.1"
+    if ":" in bind:
+        bind = f"[{bind}]"
+    return f"http://{bind}:{port}{path}"
+
+
+def rank_group(rendered: Rendered, proc: Process) -> list[Process]:
+    """The processes of proc's multi-node group instance, by node rank ([] for single-node processes)."""
+    if proc.role == "router" or proc.nnodes < 2:
+        return []
+    members = [p for p in rendered.processes
+               if (p.role, p.group, p.instance) == (proc.role, proc.group, proc.instance) and p.role != "router"]
+    return sorted(members, key=lambda p: p.node_rank)
+
+
+def rank_guard_unit(proc: Process) -> str:
+    return f"{proc.unit}-rank-guard"
+
+
+def rank_guard_port(proc: Process) -> int:
+    addr = proc.argv[proc.argv.index("--dist-init-addr") + 1]
+    return int(addr.rpartition(":")[2]) + RANK_GUARD_PORT_OFFSET
+
+
+def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
+    """The guard unit and its JSON config for one rank of a multi-node group (members: rank_group())."""
+    import json
+
+    head = members[0]
+    port = rank_guard_port(proc)
+    host = f"[{head.address}]" if ":" in head.address else head.address
+    config = {
+        "unit": proc.unit,
+        "rank": proc.node_rank,
+        "world": len(members),
+        "guard_port": port,
+        "leader_url": f"http://{host}:{port}/group",
+        "health_url": local_url(proc, "/health"),
+        "poll_s": RANK_GUARD_POLL_S,
+        "failure_threshold": RANK_GUARD_FAILURES,
+        # a cold start of the whole group may take as long as the recipe's health budget
+        "formation_timeout_s": recipe.health_timeout_s,
+        "backoff_base_s": 15,
+        "backoff_max_s": 600,
+        "backoff_window_s": 1800,
+    }
+    config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
+    text = _jinja().get_template("rank-guard.service.j2").render(
+        recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path)
+    return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
+                          json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def _jinja() -> Environment:
     return Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
                        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
 
 
-def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None,
-               group_target: str | None = None) -> UnitFiles:
+def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None) -> UnitFiles:
     # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv)
     argv = exec_argv(recipe, proc, api_key=any(k in (secrets or {}) for k in KEY_ENV))
     text = _jinja().get_template("sglang.service.j2").render(
@@ -173,7 +249,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         nofile=_limit(tuning.limits.nofile),
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
-        group_target=group_target,
+        rank_guard=f"{rank_guard_unit(proc)}.service" if proc.nnodes > 1 and proc.role != "router" else None,
         start_timeout=recipe.health_timeout_s,
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))

@@ -35,6 +35,7 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
 from ironserve.render import Process
+from ironserve.units import local_url
 from roles.context import FALSE, DeploymentContext
 
 HEALTH_POLL_S = 10
@@ -107,18 +108,10 @@ def run_if_changed(command: str, triggers: list):
 
 
 def health_url(proc: Process) -> str | None:
-    """Where the host itself reaches the process: 127.0.0.1 unless it binds one specific address."""
+    """Where the host itself reaches the process's health path (None for ranks > 0: only rank 0 is gated)."""
     if not proc.serves_http or proc.port is None:
         return None
-    bind = None
-    for i, arg in enumerate(proc.argv[:-1]):
-        if arg == "--host":
-            bind = proc.argv[i + 1]
-    if bind in (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost"):
-        bind = "127.0.0.1"
-    if ":" in bind:
-        bind = f"[{bind}]"
-    return f"http://{bind}:{proc.port}{proc.health_path}"
+    return local_url(proc, proc.health_path)
 
 
 def start_order(processes: list[Process]) -> list[list[Process]]:
@@ -330,7 +323,11 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
 
 @deploy("Launch")
 def apply(ctx: DeploymentContext) -> None:
+    from roles import launch_preflight
+
     if not ctx.launch:
+        # the checks that need no running peer still validate the prepared hosts
+        launch_preflight.apply(ctx)
         not_launched(name="Launch", reason="prepared and validated; not started: launch=false")
         return
     # the deployment = every host the render placed a process on (inventory names)
@@ -343,6 +340,8 @@ def apply(ctx: DeploymentContext) -> None:
         for unit, (image, cmd, env_names) in containers.items():
             container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
                               env_names=env_names)
+    # /dev/shm, memlock, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
+    launch_preflight.apply(ctx)
     ranks0, others, routers = start_order(ctx.processes)
     # Each wave is called from its own line: pyinfra orders operations by their call site, so every host's
     # rank-0 starts run before any host's other ranks, and those before the routers.

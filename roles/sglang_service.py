@@ -33,8 +33,8 @@ from pyinfra.operations import files, systemd
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (JIT_CACHE_ROOT, KEY_LAUNCHER, exec_argv, image_ref, jit_dir, unit_files,
-                             venv_path)
+from ironserve.units import (JIT_CACHE_ROOT, KEY_LAUNCHER, RANK_GUARD, exec_argv, image_ref, jit_dir,
+                             rank_group, rank_guard_files, unit_files, venv_path)
 from roles import launch
 from roles.context import DeploymentContext
 from roles.model_weights import read_secret
@@ -45,6 +45,9 @@ PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
 UNIT_DIR = "/etc/systemd/system"
 CONTAINER_PROBE = "/ironserve-parse-check"
+RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
+HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
+           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve-rank-guard", RANK_GUARD))
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -172,7 +175,7 @@ def argv_parses(unit: str, probe: list[str], digest: str):
 
 def install_scripts() -> None:
     files.directory(name="ironserve helper directory", path=LIB_DIR, mode="755")
-    for name, dest in (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK)):
+    for name, dest in HELPERS:
         files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root", group="root")
 
 
@@ -203,8 +206,23 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
             launch.record_container(ctx, proc.unit, image_ref(recipe),
                                     container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
                                     [*proc.env, *secrets])
+    guards = []
+    for proc, uf, secrets in built:
+        members = rank_group(ctx.rendered, proc)
+        if members:
+            gf = rank_guard_files(recipe, proc, members)
+            config_op = files.put(name=f"{gf.config_path} (rank group)", src=StringIO(gf.config_text),
+                                  dest=gf.config_path, mode="644", user="root", group="root")
+            guard_op = files.put(name=f"{UNIT_DIR}/{gf.unit_name}", src=StringIO(gf.unit_text),
+                                 dest=f"{UNIT_DIR}/{gf.unit_name}", mode="644", user="root", group="root")
+            unit_ops.append(guard_op)
+            guards.append((gf.unit_name, [config_op, guard_op]))
     launch.run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
                           triggers=unit_ops)
+    for guard_unit, triggers in guards:
+        # a new group layout reaches a running guard without restarting its engine
+        launch.run_if_changed(name=f"{guard_unit} picks up its new config", triggers=triggers,
+                              command=f"systemctl try-restart {guard_unit}")
     if launch.truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))
         for proc, uf, secrets in built:
@@ -215,6 +233,24 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
     for proc, uf, secrets in built:
         systemd.service(name=f"{uf.unit_name} enabled (started by the launch stage)", service=uf.unit_name,
                         running=None, enabled=True)
+
+
+def desired_files(ctx: DeploymentContext) -> list[dict]:
+    """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
+    themselves are checked by ironserve.audit.checks, with their env files)."""
+    from ironserve.audit.checks import sha256_text
+
+    out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
+           for name, dest in HELPERS]
+    for proc in ctx.processes:
+        members = rank_group(ctx.rendered, proc)
+        if members:
+            gf = rank_guard_files(ctx.recipe, proc, members)
+            out.append({"path": gf.config_path, "sha256": sha256_text(gf.config_text), "mode": 0o644,
+                        "gate": "service"})
+            out.append({"path": f"{UNIT_DIR}/{gf.unit_name}", "sha256": sha256_text(gf.unit_text), "mode": 0o644,
+                        "gate": "service"})
+    return out
 
 
 @deploy("SGLang service units")

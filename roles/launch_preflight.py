@@ -1,0 +1,394 @@
+"""Launch preflight: what must hold on and between the hosts of a deployment before any engine starts.
+
+The seeds' worst failures are multi-node launches that hang for an hour: ranks that never meet because
+GLOO/NCCL/HCCL_SOCKET_IFNAME names the wrong NIC, a dist-init port nobody can reach. Run by the launch stage
+(roles/launch.py) after every host converged and before rank 0 starts; with ``launch=false`` only the checks
+that need no peer run (NIC, /dev/shm, memlock, ACS), so a prepared cluster is validated too.
+
+Checks, each failing with host, what, found and the fix:
+
+- ``nic_reaches_rank0`` (multi-node groups): every socket-ifname variable of the rank's env names an interface
+  of this host with an IPv4 address, and the route to rank 0's dist-init address leaves by that interface
+  (rank 0: the address is on it). Found from ``ip -o -4 addr`` and ``ip -o route get`` facts;
+- ``group_rendezvous`` (multi-node groups, launching only): every rank runs files/bin/ironserve-rendezvous with
+  the python of the engine's own runtime, at the same time (pyinfra runs an operation on all hosts in
+  parallel): a torch.distributed gloo group through rank 0's dist-init address and port, with the env's
+  GLOO_SOCKET_IFNAME, and one all_reduce. It proves the group can form before an engine spends an hour loading
+  weights. Skipped when a rank of the group is running already (its port is taken; the group met on this path);
+  a NIC problem found above is then still an error;
+- ``shm_sufficient``: /dev/shm of the host holds at least the hardware profile's ``shm_size`` when the engine
+  uses the host's /dev/shm (uv runtimes; docker with --ipc=host);
+- ``memlock_unlimited``: the unit's effective LimitMEMLOCK (drop-ins included) is infinity when the tuning
+  asks for unlimited (docker units: the recipe's --ulimit memlock=-1);
+- ``pcie_acs_disabled`` (NVIDIA on PCIe, more than one GPU per rank): no PCI bridge has ACS source validation
+  on (``lspci -vvv`` ACSCtl SrcValid+), which routes GPU peer-to-peer traffic through the root complex
+  (slow, or hangs with the IOMMU on).
+
+Host data (defaults in brackets): ``rendezvous`` [true], ``rendezvous_timeout_s`` [60],
+``pcie_acs_check`` [true].
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra import host
+from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
+
+from ironserve.render import Process
+from ironserve.spec import DockerRuntime, Recipe
+from ironserve.units import venv_path, image_ref
+from roles.context import DeploymentContext, truthy
+from roles.preflight import plain
+
+LIB_DIR = "/usr/local/lib/ironserve"
+RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # installed by roles/sglang_service.py
+CONTAINER_RENDEZVOUS = "/ironserve-rendezvous"
+NIC_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+RENDEZVOUS_TIMEOUT_S = 60
+MARK = "IRONSERVE-RENDEZVOUS "
+
+# rank-group key -> {node_rank: unit running?}, filled while planning, read while executing (every host's plan
+# is complete by then): a rank that is running keeps the whole group from a rendezvous on its port
+_RUNNING: dict[str, dict[int, bool]] = {}
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+@dataclass
+class RankGroup:
+    """One multi-node engine instance: the ranks that must meet at rank 0's dist-init address."""
+
+    key: str
+    addr: str
+    port: int
+    world: int
+    members: list[Process] = field(default_factory=list)
+
+
+def dist_init(proc: Process) -> tuple[str, int] | None:
+    argv = proc.argv
+    if "--dist-init-addr" not in argv:
+        return None
+    addr, _, port = argv[argv.index("--dist-init-addr") + 1].rpartition(":")
+    return addr.strip("[]"), int(port)
+
+
+def group_key(proc: Process) -> str:
+    return f"{proc.role}-g{proc.group}-i{proc.instance}"
+
+
+def rank_groups(processes: list[Process]) -> dict[str, RankGroup]:
+    """Multi-node groups of a render, by key (single-node processes have nobody to meet)."""
+    groups: dict[str, RankGroup] = {}
+    for proc in processes:
+        where = dist_init(proc)
+        if proc.role == "router" or proc.nnodes < 2 or where is None:
+            continue
+        group = groups.setdefault(group_key(proc), RankGroup(group_key(proc), where[0], where[1], proc.nnodes))
+        group.members.append(proc)
+    return groups
+
+
+def nic_env(proc: Process) -> dict[str, str]:
+    return {k: proc.env[k] for k in NIC_ENV if proc.env.get(k)}
+
+
+def nic_problems(host_name: str, rank: int, env: dict[str, str], where: tuple[str, int],
+                 path: dict | None) -> list[str]:
+    """What is wrong with a rank's socket interfaces (``env``: the NIC variables of its env), one line each
+    with the fix; [] when all is right. ``path``: the NetworkPath fact towards rank 0's address ``where``."""
+    path = plain(path) or {}
+    addrs: dict[str, list[str]] = path.get("addrs") or {}
+    target = path.get("target")
+    route_dev = path.get("route_dev")
+    head = f"{where[0]}:{where[1]}"
+    have = ", ".join(f"{dev} {' '.join(a)}" for dev, a in sorted(addrs.items())) or "none"
+    problems = []
+    for var, ifname in env.items():
+        names = [n for n in ifname.lstrip("^=").split(",") if n]
+        if ifname.startswith("^"):
+            continue  # an exclusion list: nothing to verify by name
+        found = [n for n in names if any(dev == n or (not ifname.startswith("=") and dev.startswith(n))
+                                         for dev in addrs)]
+        if not found:
+            problems.append(f"{host_name} (rank {rank}): {var}={ifname} names no interface with an IPv4 "
+                            f"address on this host (interfaces: {have}); fix: set host data nic= the interface "
+                            f"on rank 0's network" + (f" ({route_dev}, the route to {head})" if route_dev else ""))
+            continue
+        if target is None:
+            problems.append(f"{host_name} (rank {rank}): rank 0's address {where[0]} "
+                            f"does not resolve on this host; fix: use an address or a name in /etc/hosts")
+        elif route_dev and route_dev != "lo" and not any(route_dev == n or route_dev.startswith(n) for n in found):
+            problems.append(f"{host_name} (rank {rank}): {var}={ifname}, but the route to rank 0 "
+                            f"({head}) leaves by {route_dev}; the ranks would not meet; fix: set host data "
+                            f"nic={route_dev} (or route rank 0's network over {ifname})")
+        elif route_dev == "lo" and not any(target in addrs.get(n, []) for n in found):
+            problems.append(f"{host_name} (rank {rank}): {var}={ifname}, but rank 0's address {target} "
+                            f"is not on {ifname} here (interfaces: {have}); fix: set host data nic= the interface "
+                            f"that holds {target}")
+    return problems
+
+
+def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: int) -> list[str]:
+    """The rendezvous in the engine's own runtime (its torch, its python), with the rank's socket env."""
+    args = ["--addr", group.addr, "--port", str(group.port), "--rank", str(proc.node_rank),
+            "--world", str(group.world), "--timeout", str(timeout_s)]
+    env = nic_env(proc)
+    runtime = recipe.runtime
+    sourced = "; ".join(f"source {shlex.quote(s)}" for s in runtime.source_env)
+    if isinstance(runtime, DockerRuntime):
+        run = ["docker", "run", "--rm", "--network", "host", "-v", f"{RENDEZVOUS}:{CONTAINER_RENDEZVOUS}:ro"]
+        for key, value in env.items():
+            run += ["-e", f"{key}={value}"]
+        if sourced:
+            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourced + '; exec "$@"', "rendezvous",
+                          "python3", CONTAINER_RENDEZVOUS, *args]
+        return run + ["--entrypoint", "python3", image_ref(recipe), CONTAINER_RENDEZVOUS, *args]
+    core = [f"{venv_path(recipe)}/bin/python3", RENDEZVOUS, *args]
+    if sourced:
+        core = ["/bin/bash", "-c", sourced + '; exec "$@"', "rendezvous", *core]
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *core]
+
+
+def parse_rendezvous(stdout_lines: list[str]) -> dict:
+    for line in reversed(stdout_lines):
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    return {"ok": False, "error": "the rendezvous printed no result: " + " | ".join(stdout_lines[-5:])}
+
+
+def shm_required_bytes(size: str | None) -> int | None:
+    if not size:
+        return None
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = str(size).strip().lower().rstrip("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def uses_host_shm(recipe: Recipe) -> bool:
+    runtime = recipe.runtime
+    return not isinstance(runtime, DockerRuntime) or bool(runtime.run.ipc_host)
+
+
+def gpus_per_rank(recipe: Recipe, proc: Process) -> int:
+    from roles.preflight import DP_FLAGS, PP_FLAGS, TP_FLAGS, _flag_value
+
+    tp, pp = _flag_value(proc.argv, TP_FLAGS), _flag_value(proc.argv, PP_FLAGS)
+    return max(1, tp * pp // max(1, proc.nnodes))
+
+
+# --------------------------------------------------------------------------- facts
+
+
+class NetworkPath(FactBase):
+    """IPv4 addresses per interface and the route towards ``target`` (a name or an address).
+
+    {addrs: {ifname: [ip, ...]}, target: resolved ip or None, route_dev, route_src}
+    """
+
+    def command(self, target):
+        quoted = shlex.quote(target)
+        return ("ip -o -4 addr show 2>/dev/null | awk '{split($4, a, \"/\"); print \"addr\", $2, a[1]}'; "
+                f"t=$(getent ahostsv4 {quoted} 2>/dev/null | awk 'NR==1 {{print $1}}'); "
+                "[ -n \"$t\" ] && echo \"target $t\" && ip -o route get \"$t\" 2>/dev/null; true")
+
+    def process(self, output):
+        state = {"addrs": {}, "target": None, "route_dev": None, "route_src": None}
+        for line in output:
+            words = line.split()
+            if words[:1] == ["addr"] and len(words) == 3:
+                state["addrs"].setdefault(words[1], []).append(words[2])
+            elif words[:1] == ["target"] and len(words) == 2:
+                state["target"] = words[1]
+            elif "dev" in words:
+                state["route_dev"] = words[words.index("dev") + 1]
+                if "src" in words:
+                    state["route_src"] = words[words.index("src") + 1]
+        return state
+
+
+class ShmSize(FactBase):
+    """Size of /dev/shm in bytes, None when it is not a mount."""
+
+    def command(self):
+        return "df -B1 --output=size /dev/shm 2>/dev/null | tail -n1 || true"
+
+    def process(self, output):
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() else None
+
+
+class UnitMemlock(FactBase):
+    """The effective LimitMEMLOCK of a unit as systemd will apply it (drop-ins included)."""
+
+    def command(self, unit):
+        return f"systemctl show -p LimitMEMLOCK --value {shlex.quote(unit)}.service 2>/dev/null || true"
+
+    def process(self, output):
+        return "".join(output).strip() or None
+
+
+class PcieAcs(FactBase):
+    """PCI functions with ACS source validation on: [{bdf, acsctl}]; None without lspci (pciutils)."""
+
+    def requires_command(self):
+        return "lspci"
+
+    def command(self):
+        return "lspci -vvv 2>/dev/null | awk '/^[0-9a-f]/ {bdf = $1} /ACSCtl:/ {print bdf, $0}' || true"
+
+    def process(self, output):
+        found = []
+        for line in output:
+            bdf, _, rest = line.strip().partition(" ")
+            if "SrcValid+" in rest:
+                found.append({"bdf": bdf, "acsctl": rest.strip()})
+        return found
+
+
+# --------------------------------------------------------------------------- operations
+
+
+@operation()
+def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
+    """The rank's socket interfaces (``env``) exist on this host and lead to rank 0 at ``addr``."""
+    problems = nic_problems(host.name, rank, env, (addr, port), host.get_fact(NetworkPath, target=addr))
+    if problems:
+        raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
+    host.noop(f"rank {rank}: {', '.join(f'{k}={v}' for k, v in env.items())} leads to rank 0 ({addr}:{port})")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+@operation()
+def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str]):
+    """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc)."""
+    from roles.launch import UnitState
+
+    state = host.get_fact(UnitState, unit=unit, paths=[])
+    running = (plain(state) or {}).get("active") in ("active", "activating", "reloading")
+    _RUNNING.setdefault(key, {})[rank] = running
+    if running:
+        if problems:
+            raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
+        host.noop(f"{key}: rank {rank} is running; its group met on this path already")
+        return
+    yield FunctionCommand(_rendezvous, (key, rank, command, timeout_s, problems), {})
+
+
+def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str]) -> bool:
+    running = sorted(r for r, up in _RUNNING.get(key, {}).items() if up)
+    if running:
+        host.log(f"{key}: rank(s) {running} already running: no rendezvous (the launch restarts the group)")
+        return True
+    host.log(f"{key}: rank {rank} joining the gloo rendezvous (up to {timeout_s}s)")
+    _, out = host.run_shell_command(f"timeout {int(timeout_s) + 30} {command} 2>&1")
+    result = parse_rendezvous(out.stdout_lines)
+    if result.get("ok"):
+        host.log_styled(f"{key}: rank {rank} met its group of {result.get('world')} via "
+                        f"{result.get('ifname') or 'the default interface'} in {result.get('seconds')}s", fg="green")
+        for line in problems:
+            host.log_styled(f"warning: {line}", fg="yellow")
+        return True
+    lines = [f"{key}: rank {rank} on {host.name} could not form its group through "
+             f"{result.get('addr', '?')}:{result.get('port', '?')} with GLOO_SOCKET_IFNAME="
+             f"{result.get('ifname') or '(unset)'}: {result.get('error')}"]
+    lines += problems or [f"fix: check that {result.get('addr')}:{result.get('port')} is open between the hosts and "
+                          f"that host data nic names the interface on rank 0's network on every host"]
+    host.log_styled("\n".join(lines), fg="red")
+    return False
+
+
+@operation()
+def shm_sufficient(required: str):
+    need = shm_required_bytes(required)
+    have = host.get_fact(ShmSize)
+    if have is None:
+        raise OperationError(f"{host.name}: /dev/shm is not mounted; the engine needs {required} of shared memory; "
+                             f"fix: mount a tmpfs on /dev/shm (fstab: tmpfs /dev/shm tmpfs defaults,size={required} 0 0)")
+    if need and have < need:
+        raise OperationError(f"{host.name}: /dev/shm holds {have >> 20} MiB, the engine needs {required}; fix: "
+                             f"mount -o remount,size={required} /dev/shm and set size={required} on /dev/shm in "
+                             f"/etc/fstab so it survives a reboot")
+    host.noop(f"/dev/shm {have >> 20} MiB >= {required}")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+@operation()
+def memlock_unlimited(unit: str):
+    found = host.get_fact(UnitMemlock, unit=unit)
+    if found != "infinity":
+        raise OperationError(f"{host.name}: {unit} runs with LimitMEMLOCK={found or 'unknown'}, the engine needs "
+                             f"unlimited locked memory (pinned buffers for NCCL/HCCL); fix: remove the drop-in "
+                             f"that lowers it (systemctl cat {unit}) and rerun the deploy")
+    host.noop(f"{unit}: LimitMEMLOCK=infinity")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+@operation()
+def pcie_acs_disabled():
+    found = plain(host.get_fact(PcieAcs))
+    if found is None:
+        host.noop("lspci not installed (pciutils): PCIe ACS not checked")
+        return
+    if found:
+        bdfs = ", ".join(d["bdf"] for d in found)
+        raise OperationError(
+            f"{host.name}: PCIe ACS source validation is on for {bdfs}: GPU peer-to-peer traffic is redirected "
+            f"through the root complex (slow, or NCCL hangs with the IOMMU on); fix: disable ACS in the BIOS, or at "
+            f"every boot `setpci -s BDF ECAP_ACS+0x6.w=0000` for each of them; if peer access still fails add "
+            f"--enable-p2p-check (seed 002); pcie_acs_check=false skips this check")
+    host.noop("PCIe ACS off on every bridge")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+@deploy("Launch preflight")
+def apply(ctx: DeploymentContext) -> None:
+    recipe, tuning = ctx.recipe, ctx.tuning
+    engines = [p for p in ctx.processes if p.role != "router"]
+    if not engines:
+        return
+    if tuning.shm_size and uses_host_shm(recipe):
+        shm_sufficient(name="/dev/shm large enough", required=tuning.shm_size)
+    if tuning.limits.memlock == "unlimited":
+        runtime = recipe.runtime
+        if isinstance(runtime, DockerRuntime):
+            if str(runtime.run.ulimits.get("memlock", "")) not in ("-1", "unlimited"):
+                raise OperationError(f"recipe {recipe.id}: runtime.run.ulimits has no memlock=-1 (the seeds' "
+                                     f"--ulimit memlock=-1); fix: add it to the recipe")
+        else:
+            for proc in engines:
+                memlock_unlimited(name=f"{proc.unit}: unlimited locked memory", unit=proc.unit)
+    if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
+            and truthy(ctx.get("pcie_acs_check"), True) and any(gpus_per_rank(recipe, p) > 1 for p in engines)):
+        pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
+    groups = rank_groups(ctx.rendered.processes)
+    mine = [(groups[group_key(p)], p) for p in engines if group_key(p) in groups]
+    if not mine:
+        return
+    if not (ctx.launch and truthy(ctx.get("rendezvous"), True)):
+        for group, proc in mine:
+            nic_reaches_rank0(name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0", rank=proc.node_rank,
+                              env=nic_env(proc), addr=group.addr, port=group.port)
+        return
+    timeout_s = int(ctx.get("rendezvous_timeout_s", RENDEZVOUS_TIMEOUT_S))
+    for group, proc in mine:
+        # NIC problems do not stop the rendezvous: it runs anyway (the proof), they explain its failure
+        problems = nic_problems(host.name, proc.node_rank, nic_env(proc), (group.addr, group.port),
+                                host.get_fact(NetworkPath, target=group.addr))
+        command = " ".join(shlex.quote(a) for a in rendezvous_argv(recipe, proc, group, timeout_s))
+        group_rendezvous(name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
+                         key=group.key, rank=proc.node_rank, unit=proc.unit, command=command, timeout_s=timeout_s,
+                         problems=problems)
