@@ -35,7 +35,8 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
 from ironserve.render import Process
-from ironserve.units import local_url
+from ironserve.units import local_url, rank_group, rank_guard_unit
+from roles import rollback
 from roles.context import FALSE, DeploymentContext
 
 HEALTH_POLL_S = 10
@@ -194,12 +195,13 @@ def _wants_restart(restart) -> bool:
 
 @operation()
 def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
-                 restart=False, wait: bool = True):
+                 restart=False, wait: bool = True, members: list | None = None):
     """The unit runs its current configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
     (``paths``) or ``restart`` says this run changed it; waits for health after either. A running, fresh
-    unit is only checked: healthy = no-op; not healthy yet = wait (not restart).
+    unit is only checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members``
+    (host, unit, config paths) back to their last good configuration (roles/rollback.py).
     """
     state = host.get_fact(UnitState, unit=unit, paths=list(paths or []))
     running = state["active"] in ("active", "activating", "reloading")
@@ -218,20 +220,33 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
             host.noop(f"{unit} is running and unchanged")
             return
     if gate:
-        yield FunctionCommand(wait_healthy, (unit, url, timeout_s), {})
+        yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
 
 
 @operation()
-def health_gate(unit: str, url: str, timeout_s: int = 3600):
+def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None = None):
     """Wait until the unit answers /health (after the ranks of its multi-node group were started)."""
     if host.get_fact(HttpStatus, url=url) == 200:
         host.noop(f"{unit} is healthy")
         return
-    yield FunctionCommand(wait_healthy, (unit, url, timeout_s), {})
+    yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+
+
+def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members: list) -> bool:
+    """The health gate; when it fails, the rollback of ``members`` to their last good configuration. A gate
+    that failed fails the operation even when the rollback healed the service: the deploy did not converge."""
+    ok, why = await_health(state, host, unit, url, timeout_s)
+    if not ok and members:
+        rollback.roll_back(state, host, unit, url, timeout_s, members, why, wait_healthy)
+    return ok
 
 
 def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None) -> bool:
-    """Poll the unit's /health from the host until 200; False (with the journal) on timeout or death."""
+    return await_health(state, host, unit, url, timeout_s, poll_s)[0]
+
+
+def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None) -> tuple[bool, str]:
+    """Poll the unit's /health from the host until 200; (False, why) with the journal on timeout or death."""
     poll_s = float(poll_s if poll_s is not None else _setting(host, "health_poll_s", HEALTH_POLL_S))
     progress_s = float(_setting(host, "health_progress_s", HEALTH_PROGRESS_S))
     sudo = bool(host.data.get("_sudo"))
@@ -245,7 +260,7 @@ def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float
         elapsed = int(time.monotonic() - start)
         if code == 200:
             host.log_styled(f"{unit}: healthy after {elapsed}s", fg="green")
-            return True
+            return True, ""
         dead = active in ("failed", "inactive") or sub == "auto-restart"
         if dead or elapsed >= timeout_s:
             why = f"the unit {active}/{sub}" if dead else f"no healthy answer within {timeout_s}s"
@@ -253,7 +268,7 @@ def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float
             _, journal = host.run_shell_command(
                 f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
             host.log_styled(f"{unit}: {why} ({url}); last journal lines:\n{journal.stdout}", fg="red")
-            return False
+            return False, why
         if time.monotonic() - last >= progress_s:
             last = time.monotonic()
             host.log(f"{unit}: still waiting for {url}: {elapsed}s of {timeout_s}s, unit {active}/{sub}, "
@@ -305,8 +320,22 @@ def record_container(ctx: DeploymentContext, unit: str, image: str, cmd: list[st
     _records(ctx).setdefault("containers", {})[unit] = (image, list(cmd), sorted(env_names))
 
 
+def config_paths(proc: Process) -> list[str]:
+    """The files a unit is started from, which a rollback restores: unit, env, and a rank's guard files."""
+    paths = [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env"]
+    if proc.nnodes > 1 and proc.role != "router":
+        paths += [f"/etc/systemd/system/{rank_guard_unit(proc)}.service", f"/etc/ironserve/{proc.unit}.rank-group.json"]
+    return paths
+
+
 def _unit_paths(ctx: DeploymentContext, proc: Process) -> list[str]:
     return [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", *runtime_paths(ctx)]
+
+
+def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, str, list[str]]]:
+    """Who rolls back together when proc's gate fails: its whole multi-node group (rank order), or itself."""
+    group = rank_group(ctx.rendered, proc) or [proc]
+    return [(p.host, p.unit, config_paths(p)) for p in group]
 
 
 def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
@@ -318,7 +347,14 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
         paths=_unit_paths(ctx, proc),
         restart=unit_change_flag(ctx, proc.unit),
         wait=wait,
+        members=rollback_members(ctx, proc),
     )
+
+
+def _save_last_good(ctx: DeploymentContext, procs: list[Process]) -> None:
+    for proc in procs:
+        rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
+                                 paths=config_paths(proc), restart=unit_change_flag(ctx, proc.unit))
 
 
 @deploy("Launch")
@@ -347,12 +383,16 @@ def apply(ctx: DeploymentContext) -> None:
     # rank-0 starts run before any host's other ranks, and those before the routers.
     for proc in ranks0:
         _start(ctx, proc, wait=proc.nnodes == 1)
+    _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1])
     for proc in others:
         _start(ctx, proc, wait=False)
     for proc in ranks0:
         if proc.nnodes > 1 and health_url(proc):
             # rank 0 answers /health only once every rank of its group joined
             health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
-                        timeout_s=ctx.recipe.health_timeout_s)
+                        timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc))
+    # every rank of a healthy group: its files are the group's last good configuration
+    _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1])
     for proc in routers:
         _start(ctx, proc, wait=True)
+    _save_last_good(ctx, routers)

@@ -3,7 +3,8 @@
 The seeds' worst failures are multi-node launches that hang for an hour: ranks that never meet because
 GLOO/NCCL/HCCL_SOCKET_IFNAME names the wrong NIC, a dist-init port nobody can reach. Run by the launch stage
 (roles/launch.py) after every host converged and before rank 0 starts; with ``launch=false`` only the checks
-that need no peer run (NIC, /dev/shm, memlock, ACS), so a prepared cluster is validated too.
+that need no peer run (NIC, memlock, ACS), so a prepared cluster is validated too. /dev/shm is not checked
+here: roles/host_tuning.py sets its size (live and in fstab) in the same run.
 
 Checks, each failing with host, what, found and the fix:
 
@@ -16,10 +17,9 @@ Checks, each failing with host, what, found and the fix:
   GLOO_SOCKET_IFNAME, and one all_reduce. It proves the group can form before an engine spends an hour loading
   weights. Skipped when a rank of the group is running already (its port is taken; the group met on this path);
   a NIC problem found above is then still an error;
-- ``shm_sufficient``: /dev/shm of the host holds at least the hardware profile's ``shm_size`` when the engine
-  uses the host's /dev/shm (uv runtimes; docker with --ipc=host);
 - ``memlock_unlimited``: the unit's effective LimitMEMLOCK (drop-ins included) is infinity when the tuning
-  asks for unlimited (docker units: the recipe's --ulimit memlock=-1);
+  asks for unlimited (docker units: the recipe's --ulimit memlock=-1). Judged from facts while planning when
+  the unit file is not changing in this run, else when the operation runs (after daemon-reload);
 - ``pcie_acs_disabled`` (NVIDIA on PCIe, more than one GPU per rank): no PCI bridge has ACS source validation
   on (``lspci -vvv`` ACSCtl SrcValid+), which routes GPU peer-to-peer traffic through the root complex
   (slow, or hangs with the IOMMU on).
@@ -161,21 +161,6 @@ def parse_rendezvous(stdout_lines: list[str]) -> dict:
     return {"ok": False, "error": "the rendezvous printed no result: " + " | ".join(stdout_lines[-5:])}
 
 
-def shm_required_bytes(size: str | None) -> int | None:
-    if not size:
-        return None
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    text = str(size).strip().lower().rstrip("b")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
-
-
-def uses_host_shm(recipe: Recipe) -> bool:
-    runtime = recipe.runtime
-    return not isinstance(runtime, DockerRuntime) or bool(runtime.run.ipc_host)
-
-
 def gpus_per_rank(recipe: Recipe, proc: Process) -> int:
     from roles.preflight import DP_FLAGS, PP_FLAGS, TP_FLAGS, _flag_value
 
@@ -211,17 +196,6 @@ class NetworkPath(FactBase):
                 if "src" in words:
                     state["route_src"] = words[words.index("src") + 1]
         return state
-
-
-class ShmSize(FactBase):
-    """Size of /dev/shm in bytes, None when it is not a mount."""
-
-    def command(self):
-        return "df -B1 --output=size /dev/shm 2>/dev/null | tail -n1 || true"
-
-    def process(self, output):
-        text = "".join(output).strip()
-        return int(text) if text.isdigit() else None
 
 
 class UnitMemlock(FactBase):
@@ -305,32 +279,34 @@ def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, 
     return False
 
 
-@operation()
-def shm_sufficient(required: str):
-    need = shm_required_bytes(required)
-    have = host.get_fact(ShmSize)
-    if have is None:
-        raise OperationError(f"{host.name}: /dev/shm is not mounted; the engine needs {required} of shared memory; "
-                             f"fix: mount a tmpfs on /dev/shm (fstab: tmpfs /dev/shm tmpfs defaults,size={required} 0 0)")
-    if need and have < need:
-        raise OperationError(f"{host.name}: /dev/shm holds {have >> 20} MiB, the engine needs {required}; fix: "
-                             f"mount -o remount,size={required} /dev/shm and set size={required} on /dev/shm in "
-                             f"/etc/fstab so it survives a reboot")
-    host.noop(f"/dev/shm {have >> 20} MiB >= {required}")
-    return
-    yield  # noqa: unreachable - an operation is a generator
+def _memlock_problem(host_name: str, unit: str, found: str | None) -> str | None:
+    if found == "infinity":
+        return None
+    return (f"{host_name}: {unit} would run with LimitMEMLOCK={found or 'unknown'}, the engine needs unlimited "
+            f"locked memory (pinned buffers for NCCL/HCCL); fix: remove the drop-in that lowers it "
+            f"(systemctl cat {unit}) and rerun the deploy")
 
 
 @operation()
-def memlock_unlimited(unit: str):
-    found = host.get_fact(UnitMemlock, unit=unit)
-    if found != "infinity":
-        raise OperationError(f"{host.name}: {unit} runs with LimitMEMLOCK={found or 'unknown'}, the engine needs "
-                             f"unlimited locked memory (pinned buffers for NCCL/HCCL); fix: remove the drop-in "
-                             f"that lowers it (systemctl cat {unit}) and rerun the deploy")
+def memlock_unlimited(unit: str, changing=False):
+    """The unit's effective LimitMEMLOCK is infinity. ``changing`` (bool or callable): the unit file changes in
+    this run, so systemd's current view is stale until the daemon-reload: judge when the operation runs."""
+    if bool(changing() if callable(changing) else changing):
+        yield FunctionCommand(_memlock_now, (unit,), {})
+        return
+    problem = _memlock_problem(host.name, unit, host.get_fact(UnitMemlock, unit=unit))
+    if problem:
+        raise OperationError(problem)
     host.noop(f"{unit}: LimitMEMLOCK=infinity")
-    return
-    yield  # noqa: unreachable - an operation is a generator
+
+
+def _memlock_now(state, host, unit: str) -> bool:
+    _, out = host.run_shell_command(UnitMemlock().command(unit))
+    problem = _memlock_problem(host.name, unit, UnitMemlock().process(out.stdout_lines))
+    if problem:
+        host.log_styled(problem, fg="red")
+        return False
+    return True
 
 
 @operation()
@@ -360,8 +336,6 @@ def apply(ctx: DeploymentContext) -> None:
     engines = [p for p in ctx.processes if p.role != "router"]
     if not engines:
         return
-    if tuning.shm_size and uses_host_shm(recipe):
-        shm_sufficient(name="/dev/shm large enough", required=tuning.shm_size)
     if tuning.limits.memlock == "unlimited":
         runtime = recipe.runtime
         if isinstance(runtime, DockerRuntime):
@@ -369,8 +343,11 @@ def apply(ctx: DeploymentContext) -> None:
                 raise OperationError(f"recipe {recipe.id}: runtime.run.ulimits has no memlock=-1 (the seeds' "
                                      f"--ulimit memlock=-1); fix: add it to the recipe")
         else:
+            from roles.launch import unit_change_flag
+
             for proc in engines:
-                memlock_unlimited(name=f"{proc.unit}: unlimited locked memory", unit=proc.unit)
+                memlock_unlimited(name=f"{proc.unit}: unlimited locked memory", unit=proc.unit,
+                                  changing=unit_change_flag(ctx, proc.unit))
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
             and truthy(ctx.get("pcie_acs_check"), True) and any(gpus_per_rank(recipe, p) > 1 for p in engines)):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")

@@ -173,10 +173,13 @@ def argv_parses(unit: str, probe: list[str], digest: str):
 # --------------------------------------------------------------------------- shared unit machinery
 
 
-def install_scripts() -> None:
+def install_scripts(ctx: DeploymentContext) -> None:
     files.directory(name="ironserve helper directory", path=LIB_DIR, mode="755")
     for name, dest in HELPERS:
-        files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root", group="root")
+        op = files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root",
+                       group="root")
+        if dest == RANK_GUARD:
+            ctx.__dict__["_rank_guard_script_op"] = op  # a new guard script restarts the running guards
 
 
 def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
@@ -216,7 +219,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
             guard_op = files.put(name=f"{UNIT_DIR}/{gf.unit_name}", src=StringIO(gf.unit_text),
                                  dest=f"{UNIT_DIR}/{gf.unit_name}", mode="644", user="root", group="root")
             unit_ops.append(guard_op)
-            guards.append((gf.unit_name, [config_op, guard_op]))
+            guards.append((gf.unit_name, [config_op, guard_op, ctx.__dict__.get("_rank_guard_script_op", False)]))
     launch.run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
                           triggers=unit_ops)
     for guard_unit, triggers in guards:
@@ -256,7 +259,7 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
 @deploy("SGLang service units")
 def apply(ctx: DeploymentContext) -> None:
     procs = [p for p in ctx.processes if p.role != "router"]
-    install_scripts()
+    install_scripts(ctx)
     if not procs:
         return
     # JIT caches persist across restarts and are keyed by engine build (ironserve.units.jit_dir)

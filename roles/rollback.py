@@ -1,0 +1,134 @@
+"""Last good configurations, and the rollback to them when a new configuration fails its health gate.
+
+After a unit passed its health gate (roles/launch.py), the files it was started from (unit file, env file, and
+for a rank of a multi-node group its rank guard's unit and config) are copied to
+``/var/lib/ironserve/last-good/<unit>/`` with a MANIFEST (sha256 and path of each) and the time: the unit's last
+good configuration. A converged rerun copies nothing (the fact compares hashes).
+
+When a started or restarted unit then fails its gate (the unit dies, or no 200 within the recipe's
+``health_timeout_s``) and a last good configuration differing from the current files exists on every host of
+its group, the gate rolls back: the last good files are restored on each of those hosts, systemd reloaded, the
+units restarted (rank 0 first) and the gate waited for again. The deploy still fails, and says what happened:
+``ROLLED BACK <unit> ...: the new configuration failed its health gate (why); the last good one from <time> is
+serving again`` (or that the rollback did not become healthy either). The next run applies the new configuration
+again (it is still what the recipe declares) unless the recipe is fixed.
+
+Not rolled back: the runtime itself. A venv whose pinned packages changed is upgraded in place, and a derived
+image is rebuilt under the same tag; a digest-pinned image change is rolled back (the digest is in the unit).
+
+Host data: ``rollback`` [true] (false: a failed gate only fails the deploy).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+
+LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
+
+
+def snapshot_dir(unit: str) -> str:
+    return f"{LAST_GOOD_DIR}/{unit}"
+
+
+def save_command(unit: str, paths: list[str]) -> str:
+    """Copy the files into a fresh snapshot and swap it in (a half-written snapshot is never the last good)."""
+    d = shlex.quote(snapshot_dir(unit))
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (f"rm -rf {d}.new && mkdir -p {d}.new && cp -p {quoted} {d}.new/ && sha256sum {quoted} > {d}.new/MANIFEST "
+            f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}")
+
+
+def restore_command(unit: str) -> str:
+    """Put every file of the snapshot back where its MANIFEST says, then reload systemd."""
+    d = shlex.quote(snapshot_dir(unit))
+    return (f"set -e; while read -r sum path; do cp -p {d}/\"$(basename \"$path\")\" \"$path\"; "
+            f"done < {d}/MANIFEST; systemctl daemon-reload")
+
+
+class LastGood(FactBase):
+    """{current: {path: sha256}, snapshot: {path: sha256} | None, taken: str | None} for a unit's files."""
+
+    def command(self, unit, paths):
+        d = shlex.quote(snapshot_dir(unit))
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return (f"sha256sum {quoted} 2>/dev/null | sed 's/^/current /'; "
+                f"[ -f {d}/MANIFEST ] && sed 's/^/snapshot /' {d}/MANIFEST; "
+                f"[ -f {d}/TAKEN ] && sed 's/^/taken /' {d}/TAKEN; true")
+
+    def process(self, output):
+        state = {"current": {}, "snapshot": None, "taken": None}
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "taken":
+                state["taken"] = rest.strip()
+                continue
+            digest, _, path = rest.strip().partition(" ")
+            path = path.lstrip(" *")
+            if kind == "current":
+                state["current"][path] = digest
+            elif kind == "snapshot":
+                state["snapshot"] = {**(state["snapshot"] or {}), path: digest}
+        return state
+
+
+def differs(state: dict) -> bool:
+    """Is there a last good configuration, and is it not what the unit has now?"""
+    state = getattr(state, "data", state) or {}
+    return bool(state.get("snapshot")) and state["snapshot"] != state.get("current")
+
+
+@operation()
+def last_good_saved(unit: str, paths: list[str], restart=False):
+    """The unit's current files are its last good configuration (run right after its health gate passed)."""
+    state = host.get_fact(LastGood, unit=unit, paths=list(paths))
+    changing = bool(restart() if callable(restart) else restart)
+    if not changing and state.get("snapshot") == state.get("current") and state.get("current"):
+        host.noop(f"{unit}: the last good configuration is the current one")
+        return
+    yield save_command(unit, list(paths))
+
+
+def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: list[tuple[str, str, list[str]]],
+              why: str, wait) -> None:
+    """Restore the last good configuration of every member (host name, unit, paths), restart and wait for the
+    gate again; logs the outcome on the gated host. ``wait``: roles.launch.wait_healthy."""
+    if str(gate_host.data.get("rollback", True)).strip().lower() in ("false", "0", "no", "off"):
+        return
+    hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
+    snapshots = []
+    for member_host, member_unit, paths in hosts:
+        found = _last_good(member_host, member_unit, paths)
+        if not differs(found):
+            gate_host.log_styled(f"{unit}: no rollback: {member_host.name} has no last good configuration of "
+                                 f"{member_unit} that differs from the failed one", fg="red")
+            return
+        snapshots.append(found)
+    taken = snapshots[0].get("taken") or "an earlier run"
+    gate_host.log_styled(f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}",
+                         fg="yellow")
+    for member_host, member_unit, _ in hosts:
+        member_host.run_shell_command(restore_command(member_unit), _sudo=bool(member_host.data.get("_sudo")))
+    for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order
+        member_host.run_shell_command(f"systemctl restart {shlex.quote(member_unit)}.service",
+                                      _sudo=bool(member_host.data.get("_sudo")))
+    start = time.monotonic()
+    healthy = wait(state, gate_host, unit, url, timeout_s)
+    where = ", ".join(sorted({h.name for h, _, _ in hosts}))
+    if healthy:
+        gate_host.log_styled(
+            f"ROLLED BACK {unit} on {where}: the new configuration failed its health gate ({why}); the last good "
+            f"one from {taken} is serving again (healthy after {time.monotonic() - start:.0f}s). The deploy "
+            f"fails: fix the recipe and rerun", fg="yellow")
+    else:
+        gate_host.log_styled(f"ROLLBACK FAILED {unit} on {where}: the last good configuration from {taken} is "
+                             f"restored but not healthy either", fg="red")
+
+
+def _last_good(member_host, unit: str, paths: list[str]) -> dict:
+    _, out = member_host.run_shell_command(LastGood().command(unit, paths),
+                                           _sudo=bool(member_host.data.get("_sudo")))
+    return LastGood().process(out.stdout_lines)
