@@ -236,6 +236,7 @@ def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members:
     """The health gate; when it fails, the rollback of ``members`` to their last good configuration. A gate
     that failed fails the operation even when the rollback healed the service: the deploy did not converge."""
     ok, why = await_health(state, host, unit, url, timeout_s)
+    rollback.GATE_RESULTS[(host.name, unit)] = ok
     if not ok and members:
         rollback.roll_back(state, host, unit, url, timeout_s, members, why, wait_healthy)
     return ok
@@ -263,7 +264,7 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
             return True, ""
         dead = active in ("failed", "inactive") or sub == "auto-restart"
         if dead or elapsed >= timeout_s:
-            why = f"the unit {active}/{sub}" if dead else f"no healthy answer within {timeout_s}s"
+            why = (f"the unit died ({active}/{sub})" if dead else f"no healthy answer within {timeout_s}s")
             lines = int(_setting(host, "health_journal_lines", HEALTH_JOURNAL_LINES))
             _, journal = host.run_shell_command(
                 f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
@@ -353,8 +354,10 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
 
 def _save_last_good(ctx: DeploymentContext, procs: list[Process]) -> None:
     for proc in procs:
+        head = (rank_group(ctx.rendered, proc) or [proc])[0]
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
-                                 paths=config_paths(proc), restart=unit_change_flag(ctx, proc.unit))
+                                 paths=config_paths(proc), restart=unit_change_flag(ctx, proc.unit),
+                                 gate=None if head is proc else (head.host, head.unit))
 
 
 @deploy("Launch")

@@ -25,9 +25,13 @@ import shlex
 import time
 
 from pyinfra import host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase, FunctionCommand, operation
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
+
+# (host, unit) of a gated unit -> did its gate pass, set while executing: the ranks > 0 of a multi-node group have
+# no gate of their own, their files become the last good ones only when rank 0's gate passed
+GATE_RESULTS: dict[tuple[str, str], bool] = {}
 
 
 def snapshot_dir(unit: str) -> str:
@@ -82,14 +86,26 @@ def differs(state: dict) -> bool:
 
 
 @operation()
-def last_good_saved(unit: str, paths: list[str], restart=False):
-    """The unit's current files are its last good configuration (run right after its health gate passed)."""
+def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str, str] | None = None):
+    """The unit's current files are its last good configuration (run right after its health gate passed; for a
+    rank > 0, ``gate`` names rank 0's (host, unit) whose gate must have passed)."""
     state = host.get_fact(LastGood, unit=unit, paths=list(paths))
     changing = bool(restart() if callable(restart) else restart)
     if not changing and state.get("snapshot") == state.get("current") and state.get("current"):
         host.noop(f"{unit}: the last good configuration is the current one")
         return
-    yield save_command(unit, list(paths))
+    if gate is None:
+        yield save_command(unit, list(paths))
+        return
+    yield FunctionCommand(_save_if_gate_passed, (unit, list(paths), tuple(gate)), {})
+
+
+def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: tuple[str, str]) -> bool:
+    if GATE_RESULTS.get(gate) is False:
+        host.log(f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} failed")
+        return True
+    status, _ = host.run_shell_command(save_command(unit, paths), _sudo=bool(host.data.get("_sudo")))
+    return bool(status)
 
 
 def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: list[tuple[str, str, list[str]]],
