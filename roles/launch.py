@@ -323,7 +323,10 @@ def record_container(ctx: DeploymentContext, unit: str, image: str, cmd: list[st
 
 def config_paths(proc: Process) -> list[str]:
     """The files a unit is started from, which a rollback restores: unit, env, and a rank's guard files."""
-    paths = [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env"]
+    from roles.sglang_service import marker_path
+
+    # the parse marker too: a restored unit needs no new parse check on the next run
+    paths = [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", marker_path(proc.unit)]
     if proc.nnodes > 1 and proc.role != "router":
         paths += [f"/etc/systemd/system/{rank_guard_unit(proc)}.service", f"/etc/ironserve/{proc.unit}.rank-group.json"]
     return paths

@@ -127,9 +127,10 @@ def nic_problems(host_name: str, rank: int, env: dict[str, str], where: tuple[st
                             f"({head}) leaves by {route_dev}; the ranks would not meet; fix: set host data "
                             f"nic={route_dev} (or route rank 0's network over {ifname})")
         elif route_dev == "lo" and not any(target in addrs.get(n, []) for n in found):
-            problems.append(f"{host_name} (rank {rank}): {var}={ifname}, but rank 0's address {target} "
-                            f"is not on {ifname} here (interfaces: {have}); fix: set host data nic= the interface "
-                            f"that holds {target}")
+            holder = next((dev for dev, a in sorted(addrs.items()) if target in a), None)
+            problems.append(f"{host_name} (rank {rank}): {var}={ifname}, but this host's rank-0 address {target} "
+                            f"is not on {ifname} (interfaces: {have}); the other ranks would not reach it; fix: set "
+                            f"host data nic={holder or 'the interface that holds ' + target}")
     return problems
 
 

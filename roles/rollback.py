@@ -1,7 +1,7 @@
 """Last good configurations, and the rollback to them when a new configuration fails its health gate.
 
-After a unit passed its health gate (roles/launch.py), the files it was started from (unit file, env file, and
-for a rank of a multi-node group its rank guard's unit and config) are copied to
+After a unit passed its health gate (roles/launch.py), the files it was started from (unit file, env file, its
+parse-check marker, and for a rank of a multi-node group its rank guard's unit and config) are copied to
 ``/var/lib/ironserve/last-good/<unit>/`` with a MANIFEST (sha256 and path of each) and the time: the unit's last
 good configuration. A converged rerun copies nothing (the fact compares hashes).
 
@@ -42,7 +42,9 @@ def save_command(unit: str, paths: list[str]) -> str:
     """Copy the files into a fresh snapshot and swap it in (a half-written snapshot is never the last good)."""
     d = shlex.quote(snapshot_dir(unit))
     quoted = " ".join(shlex.quote(p) for p in paths)
-    return (f"rm -rf {d}.new && mkdir -p {d}.new && cp -p {quoted} {d}.new/ && sha256sum {quoted} > {d}.new/MANIFEST "
+    # files that do not exist (no parse marker with parse_check=false) are simply not part of the snapshot
+    return (f"rm -rf {d}.new && mkdir -p {d}.new && for f in {quoted}; do if [ -e \"$f\" ]; then "
+            f"cp -p \"$f\" {d}.new/ && sha256sum \"$f\" >> {d}.new/MANIFEST || exit 1; fi; done "
             f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}")
 
 
@@ -97,11 +99,11 @@ def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str,
     if gate is None:
         yield save_command(unit, list(paths))
         return
-    yield FunctionCommand(_save_if_gate_passed, (unit, list(paths), tuple(gate)), {})
+    yield FunctionCommand(_save_if_gate_passed, (unit, list(paths), list(gate)), {})
 
 
-def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: tuple[str, str]) -> bool:
-    if GATE_RESULTS.get(gate) is False:
+def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: list[str]) -> bool:
+    if GATE_RESULTS.get(tuple(gate)) is False:
         host.log(f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} failed")
         return True
     status, _ = host.run_shell_command(save_command(unit, paths), _sudo=bool(host.data.get("_sudo")))

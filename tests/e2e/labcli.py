@@ -21,8 +21,8 @@ def run(*args: str, check: bool = True, timeout: int = 1200, env: dict | None = 
     return proc
 
 
-def pyinfra(*args: str, check: bool = True, timeout: int = 1500) -> subprocess.CompletedProcess:
-    return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout)
+def pyinfra(*args: str, check: bool = True, timeout: int = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout, env=env)
 
 
 def ironserve(*args: str, check: bool = True, timeout: int = 1800) -> subprocess.CompletedProcess:

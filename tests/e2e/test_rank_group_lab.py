@@ -1,0 +1,161 @@
+"""End to end on the lab: one multi-node engine group, real SGLang on CPU, TP2 across two cpu-lab hosts.
+
+recipes/tiny-cpu-tp2.yaml (one rank per host; the ranks meet over gloo on the lab bridge), deployed with the
+production deploy (`pyinfra -y inventories/lab.py deploys/tiny.py --data recipe=tiny-cpu-tp2`). In order:
+
+1. a wrong NIC (``--data nic=lo``): the launch preflight's gloo rendezvous fails on the ranks, names host,
+   interface and the fix (``nic=host0``), and nothing is started;
+2. the right NIC: the rendezvous passes, the group forms, a chat completion through rank 0 answers 200, rank 1
+   answers its /health, both rank guards run; a second run plans no change;
+3. a hung rank (SIGSTOP on rank 1's engine): rank 0's guard abandons the group, both ranks restart (rank 0's
+   systemd invocation changes, rank 1's guard follows) and the group serves again;
+4. a killed rank (SIGKILL on rank 1's engine): the group restarts as a whole and serves again;
+5. a new configuration that fails its health gate (context length beyond the model's: SGLang refuses to start)
+   is rolled back on both hosts to the last good one, which serves again; the deploy fails and says so.
+
+Requests go only to lab addresses, with bounded retries and timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from .labcli import ROOT, ironserve, lab_down, pyinfra, ssh
+from .test_serve_tiny_lab import changes, chat
+
+pytestmark = pytest.mark.lab
+
+RECIPE = "tiny-cpu-tp2"
+UNIT = f"sglang-{RECIPE}-server"
+GUARD = f"{UNIT}-rank-guard"
+
+
+def deploy(*extra: str, check: bool = True, env: dict | None = None):
+    return pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", *extra, check=check, env=env)
+
+
+def output(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    ironserve("lab", "up", "--nodes", "2", "--hardware", "cpu-lab", timeout=3600)
+    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    try:
+        yield {"hosts": status["hosts"]}
+    finally:
+        lab_down()
+
+
+def base(lab) -> str:
+    return f"http://{lab['hosts'][0]['address']}:30000"
+
+
+def invocation(host: dict) -> str:
+    return ssh(host, f"systemctl show -p InvocationID --value {UNIT}").stdout.strip()
+
+
+def serving(lab) -> bool:
+    rank0, rank1 = lab["hosts"]
+    probe = "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health"
+    return (ssh(rank0, probe, check=False).stdout.strip() == "200"
+            and ssh(rank1, probe, check=False).stdout.strip() == "200" and chat(base(lab), timeout=30)[0] == 200)
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 5.0) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(step_s)
+    return None
+
+
+def test_1_wrong_interface_fails_the_rendezvous_with_the_fix(lab):
+    started = time.monotonic()
+    proc = deploy("--data", "nic=lo", "--data", "rendezvous_timeout_s=20", check=False)
+    text = output(proc)
+    assert proc.returncode != 0, text[-3000:]
+    assert "could not form its group through" in text, text[-3000:]
+    assert "GLOO_SOCKET_IFNAME=lo" in text
+    # the fix names the interface that leads to rank 0, for the rank on each host
+    rank0, rank1 = lab["hosts"]
+    assert f"{rank1['name']} (rank 1): GLOO_SOCKET_IFNAME=lo, but the route to rank 0" in text, text[-3000:]
+    assert f"{rank0['name']} (rank 0): GLOO_SOCKET_IFNAME=lo, but this host's rank-0 address" in text
+    assert "fix: set host data nic=host0" in text
+    for host in lab["hosts"]:
+        assert ssh(host, f"systemctl is-active {UNIT}", check=False).stdout.strip() != "active"
+    print(f"\nwrong NIC: deploy failed at the rendezvous after {time.monotonic() - started:.0f}s (prepare included)")
+
+
+def test_2_right_interface_forms_the_group_and_serves(lab):
+    proc = deploy()
+    text = output(proc)
+    assert text.count("met its group of 2 via host0") == 2, text[-3000:]
+    assert "healthy after" in text
+    assert wait_until(lambda: serving(lab), 120) is not None
+    code, answer = chat(base(lab))
+    assert code == 200 and answer.strip(), answer
+    for host in lab["hosts"]:
+        assert ssh(host, f"systemctl is-active {GUARD}").stdout.strip() == "active"
+
+
+def test_3_second_run_plans_no_change(lab):
+    out = pyinfra("deploys/tiny.py", "--data", f"recipe={RECIPE}", "--dry", "--json", timeout=600)
+    plan = json.loads(out.stdout)["plan"]
+    assert plan and not changes(plan), changes(plan)
+
+
+def _group_restart(lab, signal: str) -> None:
+    rank0, rank1 = lab["hosts"]
+    before = invocation(rank0)
+    hit = time.monotonic()
+    ssh(rank1, f"systemctl kill -s {signal} {UNIT}")
+    recovered = wait_until(lambda: invocation(rank0) != before and serving(lab), 420)
+    assert recovered is not None, ssh(rank0, f"journalctl -u {GUARD} -n 30 --no-pager", check=False).stdout
+    follower = ssh(rank1, f"journalctl -u {GUARD} --no-pager", check=False).stdout
+    assert f"rank 0 restarted (invocation {before} ->" in follower, follower[-2000:]
+    print(f"\nSIG{signal} on rank 1: the group restarted as a whole and served again after "
+          f"{time.monotonic() - hit:.0f}s")
+
+
+def test_4_a_hung_rank_restarts_the_whole_group(lab):
+    _group_restart(lab, "STOP")
+    leader = ssh(lab["hosts"][0], f"journalctl -u {GUARD} --no-pager", check=False).stdout
+    assert "restarting the group" in leader and "a rank cannot rejoin its group alone" in leader, leader[-2000:]
+
+
+def test_5_a_killed_rank_restarts_the_whole_group(lab):
+    _group_restart(lab, "KILL")
+
+
+def test_6_a_config_failing_its_gate_is_rolled_back(lab, tmp_path):
+    recipes = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes", recipes)
+    path = recipes / f"{RECIPE}.yaml"
+    text = path.read_text()
+    assert "  context_length: 512\n" in text
+    # parses fine, but SGLang refuses a context length beyond the model's at startup
+    path.write_text(text.replace("  context_length: 512\n", "  context_length: 1000000\n"))
+    proc = deploy(check=False, env={"IRONSERVE_RECIPES": str(recipes)})
+    out = output(proc)
+    assert proc.returncode != 0, out[-3000:]
+    assert "rolling back 2 unit(s) to the last good configuration" in out, out[-3000:]
+    assert f"ROLLED BACK {UNIT} on {lab['hosts'][0]['name']}, {lab['hosts'][1]['name']}" in out, out[-3000:]
+    assert "is serving again" in out
+    for host in lab["hosts"]:
+        unit = ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+        assert "--context-length 512" in unit and "1000000" not in unit
+    assert serving(lab)
+    # the restored configuration is what the catalogue declares: nothing left to change
+    plan = json.loads(pyinfra("deploys/tiny.py", "--data", f"recipe={RECIPE}", "--dry", "--json",
+                              timeout=600).stdout)["plan"]
+    assert not changes(plan), changes(plan)
