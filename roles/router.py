@@ -6,6 +6,10 @@ The router Process (role "router": ``python3 -m sglang_router.launch_router --wo
 parsed by the sglang_router of the same runtime (``RouterArgs.add_cli_args``), enabled but not started
 (roles/launch.py starts it last, after every engine answered /health).
 
+With an API key for the engines (host data ``api_key_file``, or the recipe's ``server.api_key_file``), the
+router's env file holds the same key and its unit runs through ironserve-exec: sglang-router sends it to the
+workers it was started with and requires it from its own clients (``/health``, ``/readiness`` stay public).
+
 No host data of its own; the router's placement, port and policy come from the recipe (topology.router) and
 the inventory (a host with ``ironserve_role=router`` for ``host_placement: dedicated``).
 """

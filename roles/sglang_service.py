@@ -1,6 +1,6 @@
 """SGLang service units: one systemd unit + 0600 env file per engine process of this host, parsed, enabled.
 
-For every process of the render on this host (not the router; see roles/router.py, same machinery):
+For every engine process of the render on this host (the router: roles/router.py, same machinery):
 
 - /etc/ironserve/<unit>.env (0600 root:root) from ironserve.units: the recipe's env plus the secrets
   ``IRONSERVE_API_KEY`` (host data ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when
@@ -95,10 +95,12 @@ def marker_path(unit: str) -> str:
 
 
 def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) -> dict[str, str]:
-    """Secrets for the env file of an engine process (never for the router). ``read=False`` gives the same keys
-    with placeholder values, for whoever needs to know which secrets exist but must not read them (the audit)."""
-    if proc.role == "router":
-        return {}
+    """Secrets for the env file of a process. ``read=False`` gives the same keys with placeholder values, for
+    whoever needs to know which secrets exist but must not read them (the audit).
+
+    The router gets the engines' API key (never the hub token): sglang-router uses its ``--api-key`` towards the
+    workers it was started with (requests, health checks) and requires it from clients; keyed workers behind a
+    keyless router would answer it 401."""
 
     def secret(key: str, what: str) -> str:
         return read_secret(ctx.get(key), f"{ctx.host_name}: {what}") if read else "<secret>"
@@ -107,14 +109,17 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
     if ctx.get("api_key_file"):
         out["IRONSERVE_API_KEY"] = secret("api_key_file", "api_key_file")
     else:
-        group = ctx.recipe.topology.groups[proc.group]
-        on_host = ctx.recipe.group_server(group).api_key_file
+        groups = ctx.recipe.topology.groups
+        # the router: keyed when any engine group is
+        on_host = next((ctx.recipe.group_server(g).api_key_file for g in
+                        (groups if proc.role == "router" else [groups[proc.group]])
+                        if ctx.recipe.group_server(g).api_key_file), None)
         if on_host:
             if isinstance(ctx.recipe.runtime, DockerRuntime):
                 raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
                                      "a container cannot read; give the key with host data api_key_file instead")
             out["IRONSERVE_API_KEY_FILE"] = on_host
-    if ctx.get("hf_token_file"):
+    if ctx.get("hf_token_file") and proc.role != "router":
         out["HF_TOKEN"] = secret("hf_token_file", "hf_token_file")
     return out
 

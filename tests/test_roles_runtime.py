@@ -203,6 +203,25 @@ def test_api_key_goes_through_the_launcher_not_argv():
         "python3", KEY_LAUNCHER, "-m", "sglang.launch_server"]
 
 
+def test_router_gets_the_workers_api_key_but_not_the_hub_token(tmp_path):
+    from roles.context import build_context
+
+    key, token = tmp_path / "key", tmp_path / "token"
+    key.write_text("s3cret\n")
+    token.write_text("hf_x\n")
+    data = {"hardware": "cpu-lab", "api_key_file": str(key), "hf_token_file": str(token)}
+    hosts = [("r0", {**data, "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
+             ("n0", {**data, "ssh_hostname": "10.0.0.10"}), ("n1", {**data, "ssh_hostname": "10.0.0.11"})]
+    ctx = build_context("tiny", "r0", hosts)
+    (router,) = ctx.processes
+    secrets = ss.process_secrets(ctx, router)
+    assert secrets == {"IRONSERVE_API_KEY": "s3cret"}
+    files = unit_files(ctx.recipe, router, ctx.tuning, secrets)
+    assert f"{KEY_LAUNCHER} -m sglang_router.launch_router" in files.unit_text and "s3cret" not in files.unit_text
+    worker = build_context("tiny", "n0", hosts)
+    assert set(ss.process_secrets(worker, worker.processes[0])) == {"IRONSERVE_API_KEY", "HF_TOKEN"}
+
+
 def _profile_tuning():
     from ironserve.spec import HostTuning
 

@@ -28,12 +28,12 @@ ROUTER_UNIT = f"sglang-{RECIPE}-router"
 SERVER_UNIT = f"sglang-{RECIPE}-server"  # + -<instance>
 
 
-def chat(base: str, timeout: float = 60.0) -> tuple[int, str]:
+def chat(base: str, timeout: float = 60.0, key: str | None = None) -> tuple[int, str]:
     """(HTTP status, answer text) of one short chat completion; (0, error) when nothing answered."""
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello, how are you?"}],
                        "max_tokens": 8, "temperature": 0}).encode()
-    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())
@@ -146,3 +146,23 @@ def test_killed_engine_is_restarted_and_router_keeps_answering(deployed):
     assert code == 200, text
     print(f"\n{len(codes)} requests through the router after the kill, all 200; {unit} healthy again after "
           f"{recovered:.0f}s")
+
+
+def test_keyed_workers_behind_a_keyed_router(deployed, tmp_path):
+    key = "lab-s3cret-key"
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    pyinfra("-y", "deploys/tiny.py", "--data", f"api_key_file={key_file}")
+    base = router_base(deployed)
+    code, text = 0, ""
+    for _ in range(10):  # bounded: the router may still be registering the restarted workers
+        code, text = chat(base, key=key)
+        if code == 200:
+            break
+        time.sleep(3)
+    assert code == 200, f"with the key through the router: {code} {text}"
+    assert chat(base)[0] == 401, "the router answered a client without the key"
+    worker = deployed["hosts"][1]
+    assert chat(f"http://{worker['address']}:30000")[0] == 401, "a worker answered a client without the key"
+    for host in deployed["hosts"]:
+        assert key not in ssh(host, "ps -eo args").stdout, f"the key is on a command line on {host['name']}"
