@@ -381,7 +381,8 @@ class Expected(Strict):
 
 class Benchmark(Strict):
     tool: Literal["bench_serving", "aiperf"] = "bench_serving"
-    dataset_name: Literal["random", "generated-shared-prefix", "sharegpt"] = "random"
+    dataset_name: Literal["random", "random-ids", "generated-shared-prefix", "sharegpt"] = Field(
+        "random", description="random samples ShareGPT texts (a download, or --dataset-path); random-ids needs no file")
     random_input_len: int | None = None
     random_output_len: int | None = None
     random_range_ratio: float | None = None

@@ -148,6 +148,20 @@ def test_killed_engine_is_restarted_and_router_keeps_answering(deployed):
           f"{recovered:.0f}s")
 
 
+def test_bench_serving_through_the_router(deployed, tmp_path):
+    report = tmp_path / "bench.json"
+    out = pyinfra("-y", "deploys/bench.py", "--data", "model=tiny", "--data", f"bench_report={report}",
+                  timeout=900)
+    text = out.stdout + out.stderr
+    assert "bench_serving against tiny-cpu: 8 requests completed" in text, text[-3000:]
+    data = json.loads(report.read_text())
+    assert data["endpoint"] == router_base(deployed) and data["host"] == deployed["hosts"][1]["name"]
+    assert data["result"]["completed"] == 8 and data["result"]["output_throughput"] > 0
+    assert {r["metric"] for r in data["rows"]} >= {"total_output_tok_s", "tpot_ms"}
+    print(f"\nbench_serving (8 prompts, 64 in / 16 out, concurrency 2) through the router: "
+          f"{data['result']['output_throughput']:.1f} output tok/s, mean TPOT {data['result']['mean_tpot_ms']:.1f} ms")
+
+
 def test_keyed_workers_behind_a_keyed_router(deployed, tmp_path):
     key = "lab-s3cret-key"
     key_file = tmp_path / "api-key"

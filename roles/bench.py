@@ -1,0 +1,101 @@
+"""Benchmark: sglang.bench_serving with the recipe's seed shape against the deployment's endpoint.
+
+Run by deploys/bench.py on one host of the deployment (the first engine host: it has the runtime and the
+weights, whose tokenizer bench_serving needs), in the engine's own runtime (the venv's python, or the image with
+the host's network). The endpoint is the router's URL, or rank 0's for a deployment without a router. The API
+key, when the engines have one, is read from the unit's 0600 env file into OPENAI_API_KEY (never onto argv).
+
+The result (bench_serving's JSON line) is compared with the recipe's ``expected`` figures by ironserve.bench:
+a table with the ratio per figure is printed; a ratio below ``bench_min_ratio`` fails the run (on real
+hardware: a slow node). ``bench_report`` (a path on the controller) keeps the result and the rows as JSON.
+
+Host data (defaults in brackets): ``bench_num_prompts`` / ``bench_max_concurrency`` [the recipe's],
+``bench_dataset_name`` [the recipe's], ``bench_dataset_path`` [none], ``bench_min_ratio`` [0.8; 0 only reports],
+``bench_report`` [none], ``bench_timeout_s`` [3600].
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import python
+
+from ironserve import bench
+from ironserve.spec import DockerRuntime
+from ironserve.units import env_path, image_ref, venv_path
+from roles.context import DeploymentContext
+
+TIMEOUT_S = 3600
+
+
+def bench_host(ctx: DeploymentContext) -> str:
+    engines = [p for p in ctx.rendered.processes if p.role != "router"]
+    return engines[0].host
+
+
+def command(ctx: DeploymentContext) -> str:
+    """The shell command on the bench host: runtime wrapper, the key from the env file, bench_serving."""
+    recipe = ctx.recipe
+    endpoint = ctx.rendered.endpoint
+    engine = next(p for p in ctx.rendered.processes if p.host == ctx.host_name and p.role != "router")
+    overrides = {key: ctx.get(f"bench_{key}") for key in ("num_prompts", "max_concurrency", "dataset_name",
+                                                           "dataset_path")}
+    argv = bench.bench_argv(recipe, endpoint, ctx.model_path, overrides)
+    runtime = recipe.runtime
+    if isinstance(runtime, DockerRuntime):
+        wrapper = ["docker", "run", "--rm", "--network", "host", "-e", "OPENAI_API_KEY",
+                   "-v", f"{ctx.model_path}:{ctx.model_path}:ro", "-v", "/tmp:/tmp", "--entrypoint", argv[0],
+                   image_ref(recipe), *argv[1:]]
+    else:
+        wrapper = [f"{venv_path(recipe)}/bin/{argv[0]}", *argv[1:]]
+    if runtime.source_env:
+        sourced = "; ".join(f"source {shlex.quote(s)}" for s in runtime.source_env)
+        wrapper = ["/bin/bash", "-c", sourced + '; exec "$@"', "bench", *wrapper]
+    key_env = (f"set -a; . {shlex.quote(env_path(engine))}; set +a; "
+               'export OPENAI_API_KEY="${IRONSERVE_API_KEY:-$(cat "${IRONSERVE_API_KEY_FILE:-/dev/null}" 2>/dev/null)}"; '
+               "unset IRONSERVE_API_KEY IRONSERVE_API_KEY_FILE HF_TOKEN; ")
+    run = " ".join(shlex.quote(a) for a in wrapper)
+    return (f"rm -f {bench.RESULT_FILE}; ( {key_env}{run} ) > /tmp/ironserve-bench.log 2>&1; rc=$?; "
+            f"tail -n 40 /tmp/ironserve-bench.log; echo ironserve-bench-rc=$rc; "
+            f"echo ironserve-bench-result; tail -n 1 {bench.RESULT_FILE} 2>/dev/null; true")
+
+
+def _run(ctx: DeploymentContext, cmd: str) -> None:
+    """Runs inside python.call: a failure raises (pyinfra reports the operation failed with the message)."""
+    timeout = int(ctx.get("bench_timeout_s", TIMEOUT_S))
+    host.log(f"bench_serving against {ctx.rendered.endpoint} (up to {timeout}s)")
+    _, out = host.run_shell_command(f"timeout {timeout} sh -c {shlex.quote(cmd)}", _sudo=True)
+    lines = out.stdout_lines
+    marker = lines.index("ironserve-bench-result") if "ironserve-bench-result" in lines else len(lines)
+    log, tail = lines[:marker], lines[marker + 1:]
+    result = None
+    for line in tail:
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue
+    if not result:
+        raise RuntimeError("bench_serving gave no result:\n" + "\n".join(log[-40:]))
+    text, passed = bench.report(ctx.recipe, result, float(ctx.get("bench_min_ratio", bench.MIN_RATIO)))
+    print(text, flush=True)
+    host.log_styled(text, fg="green" if passed else "red")
+    target = ctx.get("bench_report")
+    if target:
+        rows = [dict(r.__dict__, verdict=r.verdict) for r in bench.compare(ctx.recipe.expected, result)]
+        Path(target).write_text(json.dumps({"recipe": ctx.recipe.id, "endpoint": ctx.rendered.endpoint,
+                                            "host": ctx.host_name, "result": result, "rows": rows,
+                                            "passed": passed}, indent=2))
+    if not passed:
+        raise RuntimeError(f"{ctx.recipe.id}: slower than the recipe's expected figures (see the table above)")
+
+
+@deploy("Benchmark")
+def apply(ctx: DeploymentContext) -> None:
+    if ctx.host_name != bench_host(ctx):
+        return
+    python.call(name=f"bench_serving ({ctx.recipe.id}) against {ctx.rendered.endpoint}", function=_run, ctx=ctx,
+                cmd=command(ctx))
