@@ -53,6 +53,17 @@ def test_only_rank0_is_probed_and_npus_counted():
     assert any(i.startswith("venv-packages:") for i in by_host["a3-0"])
 
 
+def test_multinode_ranks_audit_their_rank_guard_and_helpers():
+    checks, _ = plan_checks("inventories/atlas_a3.py", "deploys/glm51.py")
+    for h in ("a3-0", "a3-1"):
+        found = ids([c for c in checks if c.host == h])
+        guards = [i for i in found if i.startswith("unit-active:") and i.endswith("-rank-guard.service")]
+        assert guards, f"{h}: no rank guard check"
+        assert any(i.startswith("file:/etc/ironserve/") and i.endswith(".rank-group.json") for i in found)
+        assert "file:/usr/local/lib/ironserve/ironserve-rank-guard" in found
+        assert "file:/usr/local/lib/ironserve/ironserve-rendezvous" in found
+
+
 def test_limit_to_unknown_host_is_bad_input():
     with pytest.raises(SpecError):
         plan_checks("inventories/rtx6000.py", "deploys/glm5.py", limit=["nope"])

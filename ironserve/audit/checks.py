@@ -40,7 +40,7 @@ def _fix(deploy: str, inventory: str, host: str) -> str:
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
-    from ironserve.units import unit_files
+    from ironserve.units import rank_group, rank_guard_unit, unit_files
 
     from . import providers
 
@@ -83,6 +83,10 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=files.env_path, mode=0o600)
         add(f"unit-enabled:{files.unit_name}", "service_enabled", True, "service", name=files.unit_name)
         add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
+        if rank_group(ctx.rendered, proc):
+            # the guard that restarts the group as a whole runs whenever its engine does
+            guard = f"{rank_guard_unit(proc)}.service"
+            add(f"unit-active:{guard}", "service_active", ctx.launch, "service", name=guard)
         if ctx.launch and proc.serves_http and proc.port:
             add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
             add(f"health:{proc.unit}", "http_ok", 200, "workload",
