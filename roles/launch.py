@@ -4,11 +4,18 @@ With ``launch=false`` (host data) the stage only says so: everything is prepared
 Otherwise, in order (pyinfra runs each operation on every host before the next one):
 
 1. ``launch_gate``: at execution time, fails (stopping the whole run) if any host of the deployment failed
-   earlier, so no host starts serving next to a half-provisioned peer;
+   earlier, so no host starts serving next to a half-provisioned peer; then the launch preflight
+   (roles/launch_preflight.py: each rank's NIC leads to rank 0, a gloo rendezvous of every multi-node group,
+   memlock, PCIe ACS);
 2. rank 0 of each engine group, then the other ranks (prefill/decode groups before the router); single-node
    groups are health-gated right after their start, multi-node groups after all their ranks are started
    (rank 0 only answers /health once the other ranks joined);
 3. the router, health-gated.
+
+A unit that passes its gate has its files saved as its last good configuration; one that fails it after this run
+started or restarted it is rolled back to that configuration with its whole group (roles/rollback.py), and the
+deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve-rank-guard,
+installed by roles/sglang_service.py) that restarts the whole group when one rank fails after the launch.
 
 Each start is idempotent: a running unit whose unit file, env file and runtime did not change since it
 started (file mtimes against systemd's ActiveEnterTimestamp, plus the changed flags of this run's earlier
