@@ -202,13 +202,17 @@ def _wants_restart(restart) -> bool:
 
 @operation()
 def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
-                 restart=False, wait: bool = True, members: list | None = None):
+                 restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None):
     """The unit runs its current configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
     (``paths``) or ``restart`` says this run changed it; waits for health after either. A running, fresh
     unit is only checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members``
     (host, unit, config paths) back to their last good configuration (roles/rollback.py).
+
+    ``rank0`` ([host, unit], ranks > 0 of a multi-node group): the rank's guard restarts it by itself when rank 0
+    restarts, so a running rank is restarted only if it has not started since rank 0 did (checked when the
+    operation runs); a second restart would break the group rank 0 is forming.
     """
     state = host.get_fact(UnitState, unit=unit, paths=list(paths or []))
     running = state["active"] in ("active", "activating", "reloading")
@@ -218,7 +222,9 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
     else:
         since = state.get("since")
         stale = sorted(p for p, t in (state.get("mtimes") or {}).items() if since and t > since)
-        if stale or _wants_restart(restart):
+        if (stale or _wants_restart(restart)) and rank0:
+            yield FunctionCommand(restart_unless_following, (unit, list(rank0)), {})
+        elif stale or _wants_restart(restart):
             yield f"systemctl restart {shlex.quote(unit)}.service"
         elif gate and host.get_fact(HttpStatus, url=url) == 200:
             host.noop(f"{unit} is running, unchanged and healthy")
@@ -228,6 +234,27 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
             return
     if gate:
         yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+
+
+def _since(run, unit: str) -> float:
+    _, out = run(f"systemctl show -p ActiveEnterTimestamp --timestamp=unix {shlex.quote(unit)}.service")
+    text = "".join(out.stdout_lines).partition("=@")[2].strip()
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def restart_unless_following(state, host, unit: str, rank0: list[str]) -> bool:
+    """Restart a rank > 0 unless it (re)started after rank 0's current start (its guard already followed)."""
+    head = state.inventory.get_host(rank0[0])
+    mine, theirs = _since(host.run_shell_command, unit), _since(head.run_shell_command, rank0[1])
+    if theirs and mine >= theirs:
+        host.log(f"{unit}: already restarted after rank 0 ({rank0[0]}) did: its rank guard followed")
+        return True
+    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service",
+                                       _sudo=bool(host.data.get("_sudo")))
+    return bool(status)
 
 
 @operation()
@@ -359,6 +386,7 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
         restart=unit_change_flag(ctx, proc.unit),
         wait=wait,
         members=rollback_members(ctx, proc),
+        rank0=[group[0].host, group[0].unit] if (group := rank_group(ctx.rendered, proc)) and proc.node_rank else None,
     )
 
 

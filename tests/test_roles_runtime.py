@@ -387,3 +387,27 @@ def test_changed_accepts_bools_and_metas():
     assert launch.changed(True) and not launch.changed(None)
     meta = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True)
     assert launch.changed(meta)
+
+
+class _RunHost:
+    """A host whose shell answers ActiveEnterTimestamp with a fixed time and records other commands."""
+
+    def __init__(self, name: str, since: float):
+        self.name, self.since, self.commands, self.data = name, since, [], {}
+
+    def run_shell_command(self, command, **kwargs):
+        if "ActiveEnterTimestamp" in command:
+            return True, SimpleNamespace(stdout_lines=[f"ActiveEnterTimestamp=@{self.since}"])
+        self.commands.append(command)
+        return True, SimpleNamespace(stdout_lines=[])
+
+    def log(self, message):
+        self.commands.append(f"log: {message}")
+
+
+@pytest.mark.parametrize("rank1_since, restarted", [(100.0, True), (205.0, False)])
+def test_a_rank_restarted_by_its_guard_after_rank0_is_not_restarted_again(rank1_since, restarted):
+    head, me = _RunHost("n0", 200.0), _RunHost("n1", rank1_since)
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: head))
+    assert launch.restart_unless_following(state, me, "u", ["n0", "u"]) is True
+    assert ("systemctl restart u.service" in me.commands) is restarted
