@@ -161,3 +161,22 @@ def test_guard_config_from_the_render():
     assert files.unit_name == "sglang-r-decode-rank-guard.service"
     assert "BindsTo=sglang-r-decode.service" in files.unit_text
     assert "PartOf=sglang-r-decode.service" in files.unit_text
+
+
+def test_group_restarts_back_off_exponentially_within_the_window(tmp_path):
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("rank_guard", str(GUARD))
+    spec = importlib.util.spec_from_loader("rank_guard", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    backoff = module.Backoff("u", base=15, limit=600, window=1800, state_dir=str(tmp_path))
+    delays = []
+    for _ in range(8):
+        delays.append(backoff.delay())
+        backoff.record()
+    assert delays == [0, 15, 30, 60, 120, 240, 480, 600]
+    # the record survives the guard's own restart (a new process reads the same state file)
+    assert module.Backoff("u", 15, 600, 1800, str(tmp_path)).delay() == 600
+    assert module.Backoff("u", 15, 600, 0, str(tmp_path)).delay() == 0  # outside the window: no wait
