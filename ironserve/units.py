@@ -271,4 +271,9 @@ def systemd_bundle(rendered: Rendered, tuning: HostTuning) -> str:
         files = unit_files(rendered.recipe, proc, tuning)
         out.append(f"# ===== host {proc.host}: /etc/systemd/system/{files.unit_name}\n{files.unit_text}")
         out.append(f"# ===== host {proc.host}: {files.env_path} (mode 0600)\n{files.env_text}")
+        members = rank_group(rendered, proc)
+        if members:
+            guard = rank_guard_files(rendered.recipe, proc, members)
+            out.append(f"# ===== host {proc.host}: /etc/systemd/system/{guard.unit_name}\n{guard.unit_text}")
+            out.append(f"# ===== host {proc.host}: {guard.config_path}\n{guard.config_text}")
     return "\n".join(out)

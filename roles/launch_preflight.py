@@ -16,7 +16,9 @@ Checks, each failing with host, what, found and the fix:
   parallel): a torch.distributed gloo group through rank 0's dist-init address and port, with the env's
   GLOO_SOCKET_IFNAME, and one all_reduce. It proves the group can form before an engine spends an hour loading
   weights. Skipped when a rank of the group is running already (its port is taken; the group met on this path);
-  a NIC problem found above is then still an error;
+  a NIC problem found above is then still an error. Not proven: SGLang's own ports next to the dist-init port
+  (dist-init + 1 .. + 6 + dp, rank 0's ZMQ endpoints) and the rank guards' port (dist-init + 100); a firewall
+  between the hosts must open that range too;
 - ``memlock_unlimited``: the unit's effective LimitMEMLOCK (drop-ins included) is infinity when the tuning
   asks for unlimited (docker units: the recipe's --ulimit memlock=-1). Judged from facts while planning when
   the unit file is not changing in this run, else when the operation runs (after daemon-reload);
