@@ -183,8 +183,25 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
                         f"{-(-need * group.nodes // have)}",
                     )
                 )
+    problems += _memlock_problems(recipe, known, file)
     if problems:
         raise SpecError(problems)
+
+
+def _memlock_problems(recipe: Recipe, profiles: list[HardwareProfile], file: str) -> list[Problem]:
+    """A container's locked-memory limit is docker's --ulimit, not the unit's LimitMEMLOCK: when the hardware's
+    tuning asks for unlimited (pinned NCCL/HCCL buffers), the recipe's docker run must say so (the seeds'
+    --ulimit memlock=-1)."""
+    from .spec import DockerRuntime, effective_tuning
+
+    runtime = recipe.runtime
+    if not isinstance(runtime, DockerRuntime) or str(runtime.run.ulimits.get("memlock", "")) in ("-1", "unlimited"):
+        return []
+    wanting = [p.id for p in profiles if effective_tuning(recipe, p).limits.memlock == "unlimited"]
+    if not wanting:
+        return []
+    return [Problem(file, "runtime.run.ulimits.memlock", f"{', '.join(wanting)} needs unlimited locked memory "
+                    "inside the container", "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)")]
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ Checks, each failing with host, what, found and the fix:
   (dist-init + 1 .. + 6 + dp, rank 0's ZMQ endpoints) and the rank guards' port (dist-init + 100); a firewall
   between the hosts must open that range too;
 - ``memlock_unlimited``: the unit's effective LimitMEMLOCK (drop-ins included) is infinity when the tuning
-  asks for unlimited (docker units: the recipe's --ulimit memlock=-1). Judged from facts while planning when
+  asks for unlimited (docker units: the recipe's --ulimit memlock=-1, a catalogue check). Judged from facts while planning when
   the unit file is not changing in this run, else when the operation runs (after daemon-reload);
 - ``pcie_acs_disabled`` (NVIDIA on PCIe, more than one GPU per rank): no PCI bridge has ACS source validation
   on (``lspci -vvv`` ACSCtl SrcValid+), which routes GPU peer-to-peer traffic through the root complex
@@ -340,12 +340,8 @@ def apply(ctx: DeploymentContext) -> None:
     if not engines:
         return
     if tuning.limits.memlock == "unlimited":
-        runtime = recipe.runtime
-        if isinstance(runtime, DockerRuntime):
-            if str(runtime.run.ulimits.get("memlock", "")) not in ("-1", "unlimited"):
-                raise OperationError(f"recipe {recipe.id}: runtime.run.ulimits has no memlock=-1 (the seeds' "
-                                     f"--ulimit memlock=-1); fix: add it to the recipe")
-        else:
+        # docker units: the container's limit is the recipe's --ulimit memlock=-1 (checked by the catalogue)
+        if not isinstance(recipe.runtime, DockerRuntime):
             from roles.launch import unit_change_flag
 
             for proc in engines:

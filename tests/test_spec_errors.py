@@ -55,6 +55,14 @@ def test_tp_larger_than_devices(tmp_path):
     assert all("lower tp_size" in p.fix for p in found if p.field == "server.tp_size")
 
 
+def test_container_without_unlimited_memlock(tmp_path):
+    # the default ulimits carry memlock -1: a recipe that lists its own without it loses it
+    path = write_variant(tmp_path, lambda d: d["runtime"].setdefault("run", {}).__setitem__("ulimits", {"stack": "67108864"}))
+    (p,) = problems(path)
+    assert p.field == "runtime.run.ulimits.memlock" and "unlimited locked memory" in p.message
+    assert p.fix == "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)"
+
+
 def test_unknown_hardware_suggests(tmp_path):
     path = write_variant(tmp_path, lambda d: d.__setitem__("hardware", ["rtx6000-pro-maxx"]))
     (p,) = problems(path)
