@@ -343,6 +343,14 @@ def _sleep(seconds: float) -> None:
 
 
 @operation()
+def wave_barrier():
+    """Nothing to do: a point of the launch every host of the run passes together (see apply)."""
+    host.noop("all hosts reached this point of the launch")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+@operation()
 def not_launched(reason: str):
     """Say why nothing is started (launch=false): prepared and validated only."""
     host.noop(reason)
@@ -420,11 +428,14 @@ def apply(ctx: DeploymentContext) -> None:
     # /dev/shm, memlock, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
     ranks0, others, routers = start_order(ctx.processes)
-    # Each wave is called from its own line: pyinfra orders operations by their call site, so every host's
-    # rank-0 starts run before any host's other ranks, and those before the routers.
+    # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
+    # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
+    # host from one line each, are operations every host shares: no host passes one before all reached it.
+    wave_barrier(name="Launch: rank 0 of each group (all hosts passed the preflight)")
     for proc in ranks0:
         _start(ctx, proc, wait=proc.nnodes == 1)
     _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1])
+    wave_barrier(name="Launch: the other ranks (rank 0 of every group started)")
     for proc in others:
         _start(ctx, proc, wait=False)
     for proc in ranks0:
@@ -434,6 +445,7 @@ def apply(ctx: DeploymentContext) -> None:
                         timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc))
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1])
+    wave_barrier(name="Launch: the routers (every engine group healthy)")
     for proc in routers:
         _start(ctx, proc, wait=True)
     _save_last_good(ctx, routers)

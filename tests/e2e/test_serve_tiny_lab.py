@@ -79,6 +79,10 @@ def router_base(lab) -> str:
 
 def test_deploy_starts_every_unit(deployed):
     router, workers = deployed["hosts"][0], deployed["hosts"][1:]
+    out = deployed["deploy_output"]
+    # the replicas are started (and health-gated) before the router, whatever each host's other operations
+    servers = out.index(f"Starting operation: Launch | Start {SERVER_UNIT}")
+    assert servers < out.index(f"Starting operation: Launch | Start {ROUTER_UNIT}"), out[servers - 2000:]
     assert ssh(router, f"systemctl is-active {ROUTER_UNIT}").stdout.strip() == "active"
     for i, host in enumerate(workers):
         assert ssh(host, f"systemctl is-active {SERVER_UNIT}-{i}").stdout.strip() == "active"
