@@ -184,8 +184,32 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
                     )
                 )
     problems += _memlock_problems(recipe, known, file)
+    problems += _rank_guard_port_problems(recipe, file)
     if problems:
         raise SpecError(problems)
+
+
+def _rank_guard_port_problems(recipe: Recipe, file: str) -> list[Problem]:
+    """Rank 0 of a multi-node group also listens on its rank guard's port (dist-init + 100, see
+    ironserve/units.py): it must not be a port the deployment already uses."""
+    from .units import RANK_GUARD_PORT_OFFSET
+
+    taken = {recipe.server.port or 30000: "server.port"}
+    if recipe.topology.router:
+        taken[recipe.topology.router.port] = "topology.router.port"
+    for gi, group in enumerate(recipe.topology.groups):
+        taken[recipe.group_server(group).port or 30000] = f"topology.groups[{gi}] server port"
+        if group.bootstrap_port:
+            for i in range(group.instances):
+                taken[group.bootstrap_port + i] = f"topology.groups[{gi}].bootstrap_port"
+    problems = []
+    for gi, group in enumerate(recipe.topology.groups):
+        guard = group.dist_init_port + RANK_GUARD_PORT_OFFSET
+        if group.nodes > 1 and guard in taken:
+            problems.append(Problem(file, f"topology.groups[{gi}].dist_init_port",
+                                    f"the rank guard's port {guard} (dist_init_port + {RANK_GUARD_PORT_OFFSET}) is "
+                                    f"{taken[guard]}", f"pick a dist_init_port whose + {RANK_GUARD_PORT_OFFSET} is free"))
+    return problems
 
 
 def _memlock_problems(recipe: Recipe, profiles: list[HardwareProfile], file: str) -> list[Problem]:

@@ -165,7 +165,7 @@ def parse_rendezvous(stdout_lines: list[str]) -> dict:
 
 
 def gpus_per_rank(recipe: Recipe, proc: Process) -> int:
-    from roles.preflight import DP_FLAGS, PP_FLAGS, TP_FLAGS, _flag_value
+    from roles.preflight import PP_FLAGS, TP_FLAGS, _flag_value
 
     tp, pp = _flag_value(proc.argv, TP_FLAGS), _flag_value(proc.argv, PP_FLAGS)
     return max(1, tp * pp // max(1, proc.nnodes))

@@ -63,6 +63,16 @@ def test_container_without_unlimited_memlock(tmp_path):
     assert p.fix == "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)"
 
 
+def test_rank_guard_port_must_be_free(tmp_path):
+    src = catalogue.recipes_dir() / "tiny-cpu-tp2.yaml"
+    data = yaml.safe_load(src.read_text())
+    data["topology"]["groups"][0]["dist_init_port"] = 29900  # + 100 = the server's port 30000
+    path = tmp_path / "tiny-cpu-tp2.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    (p,) = problems(path)
+    assert p.field == "topology.groups[0].dist_init_port" and "30000" in p.message and "server" in p.message
+
+
 def test_unknown_hardware_suggests(tmp_path):
     path = write_variant(tmp_path, lambda d: d.__setitem__("hardware", ["rtx6000-pro-maxx"]))
     (p,) = problems(path)
