@@ -108,10 +108,16 @@ def test_2_right_interface_forms_the_group_and_serves(lab):
         assert ssh(host, f"systemctl is-active {GUARD}").stdout.strip() == "active"
 
 
-def test_3_second_run_plans_no_change(lab):
+def test_3_second_run_plans_no_change_and_the_audit_is_clean(lab):
     out = pyinfra("deploys/tiny.py", "--data", f"recipe={RECIPE}", "--dry", "--json", timeout=600)
     plan = json.loads(out.stdout)["plan"]
     assert plan and not changes(plan), changes(plan)
+    audit = ironserve("audit", "inventories/lab.py", "deploys/tiny.py", "--data", f"recipe={RECIPE}", "--format",
+                      "json", check=False, timeout=600)
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+    checks = json.loads(audit.stdout)["results"]
+    guards = [c for c in checks if c["check"].startswith("unit-active:") and c["check"].endswith("-rank-guard.service")]
+    assert len(guards) == 2 and all(c["ok"] for c in guards), guards
 
 
 def _group_restart(lab, signal: str) -> None:
