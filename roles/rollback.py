@@ -117,6 +117,12 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
     if str(gate_host.data.get("rollback", True)).strip().lower() in ("false", "0", "no", "off"):
         return
     hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
+    outside = sorted(name for (name, _, _), (h, _, _) in zip(members, hosts)
+                     if h is None or h not in getattr(state, "activated_hosts", {h}))
+    if outside:
+        # e.g. --limit left them out: a group is rolled back whole or not at all
+        gate_host.log_styled(f"{unit}: no rollback: {', '.join(outside)} of its group not in this run", fg="red")
+        return
     snapshots = []
     for member_host, member_unit, paths in hosts:
         found = _last_good(member_host, member_unit, paths)

@@ -411,3 +411,55 @@ def test_a_rank_restarted_by_its_guard_after_rank0_is_not_restarted_again(rank1_
     state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: head))
     assert launch.restart_unless_following(state, me, "u", ["n0", "u"]) is True
     assert ("systemctl restart u.service" in me.commands) is restarted
+
+
+class _ScriptedHost:
+    """A host whose shell answers by the first matching prefix of a script; records every command and log."""
+
+    def __init__(self, name: str, answers: dict[str, list[str]]):
+        self.name, self.answers, self.commands, self.logs, self.data = name, answers, [], [], {}
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(command)
+        for key, lines in self.answers.items():
+            if key in command:
+                return True, SimpleNamespace(stdout_lines=lines, stdout="\n".join(lines))
+        return True, SimpleNamespace(stdout_lines=[], stdout="")
+
+    def log_styled(self, message, **kwargs):
+        self.logs.append(message)
+
+    log = log_styled
+
+
+def test_rollback_restores_every_member_of_the_group_rank0_first():
+    from roles import rollback
+
+    snapshot = ["current aaa  /etc/systemd/system/u.service", "snapshot bbb  /etc/systemd/system/u.service",
+                "taken 2026-11-22T08:41:46Z"]
+    n0, n1 = _ScriptedHost("n0", {"sha256sum": snapshot}), _ScriptedHost("n1", {"sha256sum": snapshot})
+    hosts = {"n0": n0, "n1": n1}
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=hosts.get), activated_hosts={n0, n1})
+    members = [("n0", "u", ["/etc/systemd/system/u.service"]), ("n1", "u", ["/etc/systemd/system/u.service"])]
+    waited = []
+    rollback.roll_back(state, n0, "u", "http://127.0.0.1:30000/health", 60, members, "the unit died",
+                       lambda *a: waited.append(a) or True)
+    for h in (n0, n1):
+        assert any("MANIFEST; systemctl daemon-reload" in c for c in h.commands), h.commands
+        assert "systemctl restart u.service" in h.commands
+    assert waited and any(line.startswith("ROLLED BACK u on n0, n1") and "from 2026-11-22T08:41:46Z" in line
+                          for line in n0.logs), n0.logs
+
+
+def test_no_rollback_without_a_differing_snapshot_or_with_a_member_outside_the_run():
+    from roles import rollback
+
+    same = ["current aaa  /p", "snapshot aaa  /p"]
+    n0, n1 = _ScriptedHost("n0", {"sha256sum": same}), _ScriptedHost("n1", {"sha256sum": same})
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host={"n0": n0, "n1": n1}.get), activated_hosts={n0, n1})
+    members = [("n0", "u", ["/p"]), ("n1", "u", ["/p"])]
+    rollback.roll_back(state, n0, "u", "url", 60, members, "why", lambda *a: True)
+    assert not any("restart" in c for c in n0.commands) and "no last good configuration" in n0.logs[-1]
+    state.activated_hosts = {n0}  # n1 left out (--limit)
+    rollback.roll_back(state, n0, "u", "url", 60, members, "why", lambda *a: True)
+    assert "n1 of its group not in this run" in n0.logs[-1]
