@@ -76,6 +76,10 @@ def main() -> None:
             for signal in ("KILL", "STOP"):
                 took = recovery(hosts[0], hosts[1], signal)
                 figures["recoveries"].append({"signal": signal, "s": round(took, 1) if took else None})
+                if took is None:  # keep what the guards and engines said before the lab goes away
+                    for host in hosts:
+                        print(f"--- {host['name']}: journal of the failed SIG{signal} round")
+                        print(on(host, f"journalctl -u {UNIT}-rank-guard -u {UNIT} -n 60 --no-pager"))
     finally:
         run(str(BIN / "ironserve"), "lab", "down", check=False)
     print(f"first deploy (fresh hosts) {figures['deploy_s']} s; gloo rendezvous per rank {figures['rendezvous_s']} s; "
