@@ -196,9 +196,16 @@ def rank_guard_unit(proc: Process) -> str:
     return f"{proc.unit}-rank-guard"
 
 
+def dist_init(proc: Process) -> tuple[str, int] | None:
+    """(address, port) of the process's --dist-init-addr (rank 0 of its group), None without one."""
+    if "--dist-init-addr" not in proc.argv:
+        return None
+    addr, _, port = proc.argv[proc.argv.index("--dist-init-addr") + 1].rpartition(":")
+    return addr.strip("[]"), int(port)
+
+
 def rank_guard_port(proc: Process) -> int:
-    addr = proc.argv[proc.argv.index("--dist-init-addr") + 1]
-    return int(addr.rpartition(":")[2]) + RANK_GUARD_PORT_OFFSET
+    return dist_init(proc)[1] + RANK_GUARD_PORT_OFFSET
 
 
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:

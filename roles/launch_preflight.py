@@ -41,7 +41,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 
 from ironserve.render import Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import venv_path, image_ref
+from ironserve.units import dist_init, image_ref, venv_path
 from roles.context import DeploymentContext, truthy
 from roles.preflight import plain
 
@@ -69,14 +69,6 @@ class RankGroup:
     port: int
     world: int
     members: list[Process] = field(default_factory=list)
-
-
-def dist_init(proc: Process) -> tuple[str, int] | None:
-    argv = proc.argv
-    if "--dist-init-addr" not in argv:
-        return None
-    addr, _, port = argv[argv.index("--dist-init-addr") + 1].rpartition(":")
-    return addr.strip("[]"), int(port)
 
 
 def group_key(proc: Process) -> str:

@@ -99,6 +99,18 @@ def calls_of(calls: Path) -> list[str]:
     return calls.read_text().splitlines() if calls.exists() else []
 
 
+def restart_asked(calls: Path, unit: str) -> bool:
+    """Did a guard ask systemd to restart ``unit`` (within the wait)?"""
+    return wait_for(lambda: any(c.startswith(f"--no-block restart {unit}") for c in calls_of(calls)))
+
+
+def leader_alone(start, tmp: Path, health_code: int, **config) -> None:
+    """Rank 0's guard with no follower running, its engine answering /health with ``health_code``."""
+    h0 = Health()
+    h0.code = health_code
+    start(base_config(0, free_port(), h0.url, tmp) | config, "inv-a")
+
+
 def test_a_rank_that_stops_answering_restarts_rank0_and_the_follower_follows(guard_env, monkeypatch):
     start, calls, tmp = guard_env
     port = free_port()
@@ -111,7 +123,7 @@ def test_a_rank_that_stops_answering_restarts_rank0_and_the_follower_follows(gua
     assert not [c for c in calls_of(calls) if "restart" in c]
     # rank 1 hangs: its reports say unhealthy; after 3 polls the leader abandons the group (SIGKILL, restart)
     h1.code = 503
-    assert wait_for(lambda: any(c.startswith("--no-block restart engine0") for c in calls_of(calls)))
+    assert restart_asked(calls, "engine0")
     assert "kill --signal=SIGKILL engine0.service" in calls_of(calls)
     assert "rank 1 not answering /health" in (tmp / "rank0.log").read_text()
     # rank 0 came back (new invocation): the follower restarts its own engine to join the new group
@@ -119,27 +131,22 @@ def test_a_rank_that_stops_answering_restarts_rank0_and_the_follower_follows(gua
     inv0.write_text("inv-b\n")
     h1.code = 200
     start(base_config(0, port, h0.url, tmp) | {"unit": "engine0"}, "inv-b")
-    assert wait_for(lambda: any(c.startswith("--no-block restart engine1") for c in calls_of(calls)))
+    assert restart_asked(calls, "engine1")
     assert "rank 0 restarted (invocation inv-a -> inv-b)" in (tmp / "rank1.log").read_text()
 
 
 def test_a_silent_follower_counts_as_failed_and_a_healthy_group_is_left_alone(guard_env):
     start, calls, tmp = guard_env
-    port = free_port()
-    h0 = Health()
-    start(base_config(0, port, h0.url, tmp), "inv-a")  # no follower ever reports
+    leader_alone(start, tmp, 200)  # no follower ever reports
     assert wait_for(lambda: "group formed" in (tmp / "rank0.log").read_text())
-    assert wait_for(lambda: any(c.startswith("--no-block restart engine0") for c in calls_of(calls)))
+    assert restart_asked(calls, "engine0")
     assert "rank 1 silent" in (tmp / "rank0.log").read_text()
 
 
 def test_a_group_that_never_forms_is_restarted_after_the_formation_timeout(guard_env):
     start, calls, tmp = guard_env
-    port = free_port()
-    h0 = Health()
-    h0.code = 503
-    start(base_config(0, port, h0.url, tmp) | {"formation_timeout_s": 1}, "inv-a")
-    assert wait_for(lambda: any(c.startswith("--no-block restart engine0") for c in calls_of(calls)))
+    leader_alone(start, tmp, 503, formation_timeout_s=1)
+    assert restart_asked(calls, "engine0")
     assert "did not form within 1s" in (tmp / "rank0.log").read_text()
 
 
