@@ -208,19 +208,26 @@ def rank_guard_port(proc: Process) -> int:
     return dist_init(proc)[1] + RANK_GUARD_PORT_OFFSET
 
 
+def rank_group_secret_path(proc: Process) -> str:
+    """The group's shared secret on each rank's host (0600 root): the guards sign their reports with it."""
+    return f"{ETC_DIR}/{proc.unit}.rank-group.key"
+
+
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
     """The guard unit and its JSON config for one rank of a multi-node group (members: rank_group())."""
     import json
 
     head = members[0]
-    port = rank_guard_port(proc)
-    host = f"[{head.address}]" if ":" in head.address else head.address
     config = {
         "unit": proc.unit,
         "rank": proc.node_rank,
         "world": len(members),
-        "guard_port": port,
-        "leader_url": f"http://{host}:{port}/group",
+        "guard_port": rank_guard_port(proc),
+        # the leader listens on its cluster address only, and takes reports only from the members' addresses,
+        # signed with the group's secret (files/bin/ironserve-rank-guard); followers send from their own
+        "leader": head.address,
+        "members": [m.address for m in members],
+        "secret_file": rank_group_secret_path(proc),
         "health_url": local_url(proc, "/health"),
         "poll_s": RANK_GUARD_POLL_S,
         "failure_threshold": RANK_GUARD_FAILURES,
@@ -230,6 +237,10 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         "backoff_max_s": 600,
         "backoff_window_s": 1800,
     }
+    if proc.node_rank == 0:
+        config["bind"] = head.address
+    else:
+        config["source"] = proc.address
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
         recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path)
