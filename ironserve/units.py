@@ -165,6 +165,7 @@ class RankGuardFiles:
     unit_text: str
     config_path: str
     config_text: str
+    secret_path: str  # the group's shared secret, 0600 (written by roles/secret_file.py, never rendered)
 
 
 def local_url(proc: Process, path: str) -> str:
@@ -245,7 +246,7 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
     text = _jinja().get_template("rank-guard.service.j2").render(
         recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path)
     return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
-                          json.dumps(config, indent=2, sort_keys=True) + "\n")
+                          json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
 
 def _jinja() -> Environment:

@@ -37,7 +37,7 @@ from ironserve.units import (JIT_CACHE_ROOT, KEY_LAUNCHER, RANK_GUARD, exec_argv
                              rank_group, rank_guard_files, unit_files, venv_path)
 from roles import launch
 from roles.context import DeploymentContext
-from roles.model_weights import read_secret
+from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
 BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
@@ -90,20 +90,27 @@ def runtime_identity(recipe: Recipe, pip_index_url: str | None = None) -> str:
                       sort_keys=True)
 
 
+def rank_group_secret_name(members: list[Process]) -> str:
+    """The controller's name for a group's secret: its unit and rank 0's address (one secret per group)."""
+    head = members[0]
+    return f"rank-group-{head.unit}-{hashlib.sha256(head.address.encode()).hexdigest()[:12]}"
+
+
 def marker_path(unit: str) -> str:
     return f"{PARSE_OK_DIR}/{unit}"
 
 
 def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) -> dict[str, str]:
-    """Secrets for the env file of a process. ``read=False`` gives the same keys with placeholder values, for
-    whoever needs to know which secrets exist but must not read them (the audit).
+    """Secrets for the env file of a process: the API key (never the hub token, which only the download step
+    sees). ``read=False`` gives the same keys with placeholder values, for whoever needs to know which secrets
+    exist but must not read them (the audit).
 
     The router gets the engines' API key (never the hub token): sglang-router uses its ``--api-key`` towards the
     workers it was started with (requests, health checks) and requires it from clients; keyed workers behind a
     keyless router would answer it 401."""
 
     def secret(key: str, what: str) -> str:
-        return read_secret(ctx.get(key), f"{ctx.host_name}: {what}") if read else "<secret>"
+        return read_secret(ctx.get(key), f"{ctx.host_name}: {what}").reveal() if read else "<secret>"
 
     out = {}
     if ctx.get("api_key_file"):
@@ -119,8 +126,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
                 raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
                                      "a container cannot read; give the key with host data api_key_file instead")
             out["IRONSERVE_API_KEY_FILE"] = on_host
-    if ctx.get("hf_token_file") and proc.role != "router":
-        out["HF_TOKEN"] = secret("hf_token_file", "hf_token_file")
+    # no HF_TOKEN: only the download step needs the hub token (roles/model_weights.py), not a running engine
     return out
 
 
@@ -201,8 +207,8 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         built.append((proc, unit_files(recipe, proc, ctx.tuning, secrets), secrets))
     unit_ops = []
     for proc, uf, secrets in built:
-        env_op = files.put(name=f"{uf.env_path} (0600)", src=StringIO(uf.env_text), dest=uf.env_path,
-                           mode="600", user="root", group="root")
+        # the env file may hold the API key: written like every secret (never shown, never readable on the way)
+        env_op = secret_file(name=f"{uf.env_path} (0600)", path=uf.env_path, secret=Secret(uf.env_text))
         unit_op = files.put(name=f"{UNIT_DIR}/{uf.unit_name}", src=StringIO(uf.unit_text),
                             dest=f"{UNIT_DIR}/{uf.unit_name}", mode="644", user="root", group="root")
         unit_ops.append(unit_op)
@@ -223,8 +229,13 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
                                   dest=gf.config_path, mode="644", user="root", group="root")
             guard_op = files.put(name=f"{UNIT_DIR}/{gf.unit_name}", src=StringIO(gf.unit_text),
                                  dest=f"{UNIT_DIR}/{gf.unit_name}", mode="644", user="root", group="root")
+            # the group's shared secret (the guards sign their reports with it): generated once on the controller,
+            # the same file on every rank's host
+            key_op = secret_file(name=f"{gf.secret_path} (0600, rank group secret)", path=gf.secret_path,
+                                 secret=generated_secret(rank_group_secret_name(members), ctx.get("secret_dir")))
             unit_ops.append(guard_op)
-            guards.append((gf.unit_name, [config_op, guard_op, ctx.__dict__.get("_rank_guard_script_op", False)]))
+            guards.append((gf.unit_name, [config_op, guard_op, key_op,
+                                          ctx.__dict__.get("_rank_guard_script_op", False)]))
     launch.run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
                           triggers=unit_ops)
     for guard_unit, triggers in guards:
