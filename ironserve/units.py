@@ -26,6 +26,10 @@ KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
 KEY_ENV = ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE")
 # files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
+RANK_GUARD_STATE_DIR = "/run/ironserve/rank-groups"  # its group-restart record (the script's STATE_DIR)
+# files/bin/ironserve-backoff: restart backoff of engine and guard units on every systemd version
+BACKOFF = "/usr/local/lib/ironserve/ironserve-backoff"
+BACKOFF_MAX_S = 600
 # the leader's guard listens on the group's dist-init port + 100: SGLang takes dist-init .. dist-init + 6 + dp
 RANK_GUARD_PORT_OFFSET = 100
 RANK_GUARD_POLL_S = 5
@@ -168,16 +172,25 @@ class RankGuardFiles:
     secret_path: str  # the group's shared secret, 0600 (written by roles/secret_file.py, never rendered)
 
 
-def local_url(proc: Process, path: str) -> str:
-    """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
-    Every rank has the port (ranks > 0 of a multi-node group answer /health there once they joined)."""
+WILDCARD = ("0.0.0.0", "::", "[::]")
+
+
+def http_bind(proc: Process) -> tuple[str | None, int]:
+    """(the --host the process binds, None when it sets none; its --port) from its rendered launch argv."""
     bind, port = None, proc.port or 30000
     for i, arg in enumerate(proc.argv[:-1]):
         if arg == "--host":
             bind = proc.argv[i + 1]
         elif arg == "--port":
             port = int(proc.argv[i + 1])
-    if bind in (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost"):
+    return bind, port
+
+
+def local_url(proc: Process, path: str) -> str:
+    """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
+    Every rank has the port (ranks > 0 of a multi-node group answer /health there once they joined)."""
+    bind, port = http_bind(proc)
+    if bind in (None, "", *WILDCARD, "127.0.0.1", "localhost"):
         bind = "127.0.0.1"
     if ":" in bind:
         bind = f"[{bind}]"
@@ -244,7 +257,8 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         config["source"] = proc.address
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
-        recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path)
+        recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,
+        unit=rank_guard_unit(proc), state_dir=RANK_GUARD_STATE_DIR)
     return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
                           json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
@@ -268,6 +282,10 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         nofile=_limit(tuning.limits.nofile),
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
+        jit_root=JIT_CACHE_ROOT,
+        backoff=BACKOFF,
+        # the backoff's wait counts against TimeoutStartSec: keep it well inside
+        backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),
         rank_guard=f"{rank_guard_unit(proc)}.service" if proc.nnodes > 1 and proc.role != "router" else None,
         start_timeout=recipe.health_timeout_s,
     )

@@ -2,11 +2,15 @@
 
 For every engine process of the render on this host (the router: roles/router.py, same machinery):
 
-- /etc/ironserve/<unit>.env (0600 root:root) from ironserve.units: the recipe's env plus the secrets
-  ``IRONSERVE_API_KEY`` (host data ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when
-  the recipe's ``server.api_key_file`` names a file on the host, uv runtimes only) and ``HF_TOKEN`` (host data
-  ``hf_token_file``). With a key, ExecStart runs the engine through /usr/local/lib/ironserve/ironserve-exec,
-  which appends --api-key in-process: the key is never on a command line (``ps``, /proc/PID/cmdline);
+- /etc/ironserve/<unit>.env (0600 root:root, written by roles/secret_file.py: never shown, never readable on
+  the way) from ironserve.units: the recipe's env plus the secret ``IRONSERVE_API_KEY`` (host data
+  ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when the recipe's
+  ``server.api_key_file`` names a file on the host, uv runtimes only). The hub token is not there: only the
+  download step has it (roles/model_weights.py). With a key, ExecStart runs the engine through
+  /usr/local/lib/ironserve/ironserve-exec, which appends --api-key in-process (never on a command line: ``ps``,
+  /proc/PID/cmdline) and filters the key out of the engine's output (never in the journal);
+- ranks of multi-node groups: the rank guard's unit and config, and the group's shared secret (0600, generated
+  once on the controller, the same on every rank's host) with which the guards sign their reports;
 - /etc/systemd/system/<unit>.service from ironserve.units.unit_files; ``systemctl daemon-reload`` when a unit
   file changed; the JIT cache directory (ironserve.units.jit_dir, kept across restarts);
 - BEFORE enabling: the argv is parsed by the SGLang of this host's runtime (files/bin/ironserve-parse-check run
@@ -15,8 +19,10 @@ For every engine process of the render on this host (the router: roles/router.py
   the sha256 of (ExecStart argv, runtime) is kept in /var/lib/ironserve/parse-ok/<unit>;
 - the unit is enabled, NOT started (roles/launch.py starts units once every host converged).
 
-Host data (defaults in brackets): ``api_key_file`` [none], ``hf_token_file`` [none], ``parse_check`` [true]
-(false skips the probe, e.g. for an image without Python; not recommended).
+Host data (defaults in brackets): ``api_key_file`` [none], ``parse_check`` [true] (false skips the probe, e.g. for
+an image without Python; not recommended), ``allow_open_bind`` [false] (a server or router bound to 0.0.0.0 or ::
+without an API key is a deploy error unless this is true), ``secret_dir`` [~/.config/ironserve/secrets] (where
+the controller keeps the secrets it generates: the rank groups' shared secrets).
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from pyinfra.operations import files, systemd
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (JIT_CACHE_ROOT, KEY_LAUNCHER, RANK_GUARD, exec_argv, image_ref, jit_dir,
+from ironserve.units import (BACKOFF, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, WILDCARD, exec_argv,
+                             http_bind, image_ref, jit_dir,
                              rank_group, rank_guard_files, unit_files, venv_path)
 from roles import launch
 from roles.context import DeploymentContext
@@ -47,7 +54,7 @@ UNIT_DIR = "/etc/systemd/system"
 CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
 HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
-           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve-rank-guard", RANK_GUARD))
+           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve-rank-guard", RANK_GUARD), ("ironserve-backoff", BACKOFF))
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -130,6 +137,20 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
     return out
 
 
+def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> None:
+    """A server or router serving its API on every address (0.0.0.0, ::) without an API key is a deploy error,
+    raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
+    bind, port = http_bind(proc)
+    if (not proc.serves_http or bind not in WILDCARD or any(k in secrets for k in KEY_ENV)
+            or launch.truthy(ctx.get("allow_open_bind"), False)):
+        return
+    raise OperationError(
+        f"{ctx.host_name}: recipe {ctx.recipe.id}: the {proc.role} ({proc.unit}) would serve its API on {bind}:{port} "
+        "to every network without an API key. Fix: give a key (host data api_key_file, a file on this machine, or "
+        "the recipe's server.api_key_file), or bind 127.0.0.1, or, to serve openly on purpose, set host data "
+        "allow_open_bind=true")
+
+
 # --------------------------------------------------------------------------- facts and operations
 
 
@@ -204,6 +225,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
     built = []
     for proc in procs:
         secrets = process_secrets(ctx, proc)
+        refuse_open_bind(ctx, proc, secrets)
         built.append((proc, unit_files(recipe, proc, ctx.tuning, secrets), secrets))
     unit_ops = []
     for proc, uf, secrets in built:
