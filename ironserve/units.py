@@ -128,6 +128,15 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     return docker + argv
 
 
+HOME_DIRS = ("/home", "/root", "/run/user")
+
+
+def protect_home(argv: list[str]) -> str:
+    """ProtectHome= of an engine unit: ``yes`` (homes invisible), or ``read-only`` when its weights live in one."""
+    weights = _model_path_arg(argv) or ""
+    return "read-only" if any(weights == d or weights.startswith(d + "/") for d in HOME_DIRS) else "yes"
+
+
 def _model_path_arg(argv: list[str]) -> str | None:
     if "--model-path" in argv:
         value = argv[argv.index("--model-path") + 1]
@@ -283,6 +292,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
         jit_root=JIT_CACHE_ROOT,
+        protect_home=protect_home(argv),
         backoff=BACKOFF,
         # the backoff's wait counts against TimeoutStartSec: keep it well inside
         backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),

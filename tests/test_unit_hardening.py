@@ -130,7 +130,7 @@ def test_backoff_counts_failures_and_a_clean_stop_clears_them(tmp_path):
 
 
 def _ctx(host: str, **data):
-    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, **data}) for n, a in (("n0", "10.0.0.10"),
+    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, "nic": "eth0", **data}) for n, a in (("n0", "10.0.0.10"),
                                                                                    ("n1", "10.0.0.11"))]
     return build_context("tiny", host, hosts)
 
@@ -147,3 +147,11 @@ def test_serving_on_every_address_without_a_key_is_a_deploy_error(tmp_path):
     ss.refuse_open_bind(_ctx("n0", recipe="tiny-cpu-tp2", allow_open_bind="true"), rank0, {})  # opted in
     # rank 1 serves no API (only its /health once joined): not an open API
     ss.refuse_open_bind(_ctx("n1", recipe="tiny-cpu-tp2"), _ctx("n1", recipe="tiny-cpu-tp2").processes[0], {})
+
+
+def test_weights_in_a_home_directory_stay_readable():
+    from ironserve.units import protect_home
+
+    assert protect_home(["python3", "-m", "sglang.launch_server", "--model-path", "/home/gpusvr/Qwen"]) == "read-only"
+    assert protect_home(["python3", "-m", "sglang.launch_server", "--model-path", "/homework/m"]) == "yes"
+    assert protect_home(["python3", "-m", "sglang.launch_server", "--model-path", "/mnt/models/x"]) == "yes"
