@@ -39,10 +39,11 @@ from pyinfra.operations import files, systemd
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (BACKOFF, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, WILDCARD, exec_argv,
-                             http_bind, image_ref, jit_dir,
-                             rank_group, rank_guard_files, unit_files, venv_path)
-from roles import launch
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER,
+                             RANK_GUARD, UNIT_DIR, WILDCARD, exec_argv, http_bind, image_ref, jit_dir, rank_group,
+                             rank_guard_files, sha256_text, sourcing_script, unit_files, venv_path)
+from roles.common import run_if_changed, truthy
+from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
@@ -50,7 +51,6 @@ BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
 PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
-UNIT_DIR = "/etc/systemd/system"
 CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
 HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
@@ -77,13 +77,12 @@ def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
         core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
         run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
         if sourced:
-            script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, "parse-check", *core]
+            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced),
+                          "parse-check", *core]
         return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
     core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
     if sourced:
-        script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-        return ["/bin/bash", "-c", script, "parse-check", *core]
+        return ["/bin/bash", "-c", sourcing_script(sourced), "parse-check", *core]
     return core
 
 
@@ -121,7 +120,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
 
     out = {}
     if ctx.get("api_key_file"):
-        out["IRONSERVE_API_KEY"] = secret("api_key_file", "api_key_file")
+        out[API_KEY_ENV] = secret("api_key_file", "api_key_file")
     else:
         groups = ctx.recipe.topology.groups
         # the router: keyed when any engine group is
@@ -132,7 +131,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
             if isinstance(ctx.recipe.runtime, DockerRuntime):
                 raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
                                      "a container cannot read; give the key with host data api_key_file instead")
-            out["IRONSERVE_API_KEY_FILE"] = on_host
+            out[API_KEY_FILE_ENV] = on_host
     # no HF_TOKEN: only the download step needs the hub token (roles/model_weights.py), not a running engine
     return out
 
@@ -142,7 +141,7 @@ def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> No
     raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
     bind, port = http_bind(proc)
     if (not proc.serves_http or bind not in WILDCARD or any(k in secrets for k in KEY_ENV)
-            or launch.truthy(ctx.get("allow_open_bind"), False)):
+            or truthy(ctx.get("allow_open_bind"), False)):
         return
     raise OperationError(
         f"{ctx.host_name}: recipe {ctx.recipe.id}: the {proc.role} ({proc.unit}) would serve its API on {bind}:{port} "
@@ -211,7 +210,7 @@ def install_scripts(ctx: DeploymentContext) -> None:
         op = files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root",
                        group="root")
         if dest == RANK_GUARD:
-            ctx.__dict__["_rank_guard_script_op"] = op  # a new guard script restarts the running guards
+            ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards
 
 
 def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
@@ -234,14 +233,12 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         unit_op = files.put(name=f"{UNIT_DIR}/{uf.unit_name}", src=StringIO(uf.unit_text),
                             dest=f"{UNIT_DIR}/{uf.unit_name}", mode="644", user="root", group="root")
         unit_ops.append(unit_op)
-        launch.record_unit_change(ctx, proc.unit, env_op, unit_op)
+        ctx.changes.record_unit_change(proc.unit, env_op, unit_op)
         if isinstance(recipe.runtime, DockerRuntime):
-            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
-            from roles.container_runtime import container_argv
-
-            launch.record_container(ctx, proc.unit, image_ref(recipe),
-                                    container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
-                                    [*proc.env, *secrets])
+            api_key = any(k in secrets for k in KEY_ENV)
+            ctx.changes.record_container(proc.unit, image_ref(recipe),
+                                         container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
+                                         [*proc.env, *secrets])
     guards = []
     for proc, uf, secrets in built:
         members = rank_group(ctx.rendered, proc)
@@ -256,18 +253,17 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
             key_op = secret_file(name=f"{gf.secret_path} (0600, rank group secret)", path=gf.secret_path,
                                  secret=generated_secret(rank_group_secret_name(members), ctx.get("secret_dir")))
             unit_ops.append(guard_op)
-            guards.append((gf.unit_name, [config_op, guard_op, key_op,
-                                          ctx.__dict__.get("_rank_guard_script_op", False)]))
-    launch.run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
+            guards.append((gf.unit_name, [config_op, guard_op, key_op, ctx.changes.rank_guard_script]))
+    run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
                           triggers=unit_ops)
     for guard_unit, triggers in guards:
         # a new group layout reaches a running guard without restarting its engine
-        launch.run_if_changed(name=f"{guard_unit} picks up its new config", triggers=triggers,
+        run_if_changed(name=f"{guard_unit} picks up its new config", triggers=triggers,
                               command=f"systemctl try-restart {guard_unit}")
-    if launch.truthy(ctx.get("parse_check"), True):
+    if truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))
         for proc, uf, secrets in built:
-            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
+            api_key = any(k in secrets for k in KEY_ENV)
             digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
             argv_parses(name=f"{proc.unit}: argv parsed by the installed SGLang", unit=proc.unit,
                         probe=parse_check_argv(recipe, proc), digest=digest)
@@ -279,8 +275,6 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
     themselves are checked by ironserve.audit.checks, with their env files)."""
-    from ironserve.audit.checks import sha256_text
-
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 
+from ironserve.units import API_KEY_ENV
+
 from .checks import Check
 
 # env keys whose values the deploy writes from secret files: the audit's expected text holds placeholders for them
-SECRET_KEYS = {"IRONSERVE_API_KEY"}
+SECRET_KEYS = {API_KEY_ENV}
 
 
 def _short(value, n=12) -> str:
