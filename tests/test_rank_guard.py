@@ -258,6 +258,10 @@ def test_forged_and_foreign_reports_change_nothing(guard_env):
     foreign = signed(guard, report_body(False))
     statuses = flood(port, [(*forged, RANK1), (*unsigned, RANK1), (*foreign, STRANGER)], seconds=3)
     assert set(statuses) == {403}
+    # replays of a signed "unhealthy" report (its challenge long used) from rank 1's own address: refused, and
+    # the real follower's reports keep being accepted meanwhile (no restart for silence either)
+    replayed = signed(guard, report_body(False, "a-used-challenge"))
+    assert set(flood(port, [(*replayed, RANK1)], seconds=2)) == {200}
     assert not [c for c in calls_of(calls) if "restart" in c or "kill" in c], calls_of(calls)
     log = (tmp / "rank0.log").read_text()
     assert f"refused a report from {STRANGER}: not the address of a rank of this group" in log
