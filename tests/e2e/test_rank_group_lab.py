@@ -150,8 +150,11 @@ def test_3a_no_key_in_any_journal_or_command_line(lab):
         journal = ssh(host, "journalctl --no-pager -o cat", timeout=300).stdout
         assert journal.strip() and KEY not in journal, f"the API key is in the journal of {host['name']}"
         assert KEY not in ssh(host, "ps -eo args").stdout, f"the key is on a command line on {host['name']}"
-    # SGLang logged its server_args, the key replaced by ironserve-exec's filter
-    assert "api_key='<hidden>'" in ssh(lab["hosts"][0], f"journalctl -u {UNIT} --no-pager -o cat").stdout
+    # where SGLang logged its server_args, the key is replaced by ironserve-exec's filter
+    engine = ssh(lab["hosts"][0], f"journalctl -u {UNIT} --no-pager -o cat").stdout
+    logged = re.findall(r"api_key=('[^']*'|None)", engine)
+    print(f"\nrank 0's engine logged api_key= {sorted(set(logged))} ({len(logged)} times); the key itself: never")
+    assert all(v == "'<hidden>'" for v in logged), logged
 
 
 def test_3b_a_key_rotation_plans_the_change_and_prints_no_key(lab, tmp_path):
