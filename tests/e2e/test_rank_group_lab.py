@@ -130,7 +130,10 @@ def test_2_right_interface_forms_the_group_and_serves(lab):
     assert code == 200 and answer.strip(), answer
     assert chat(base(lab))[0] == 401, "rank 0 answered a client without the key"
     for host in lab["hosts"]:
-        assert ssh(host, f"systemctl is-active {GUARD}").stdout.strip() == "active"
+        state = ssh(host, f"systemctl is-active {GUARD}", check=False).stdout.strip()
+        assert state == "active", (host["name"], state, ssh(host, f"systemctl status {GUARD} --no-pager -l; "
+                                                                  f"journalctl -u {GUARD} -n 40 --no-pager",
+                                                             check=False).stdout[-4000:])
 
 
 def test_3_second_run_plans_no_change_and_the_audit_is_clean(lab):
