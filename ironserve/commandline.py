@@ -38,6 +38,7 @@ SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
 SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
                          r"(?:_|$)", re.I)
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
 SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{16,}|gh[pousr]_[A-Za-z0-9]{30,}|"
                           r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,})$")
 

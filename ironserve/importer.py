@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .commandline import SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions, parse_command, parse_script
+from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions,
+                          parse_command, parse_script)
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
@@ -36,7 +37,6 @@ _TOPOLOGY_FLAGS = {"--dist-init-addr", "--nnodes", "--node-rank", "--disaggregat
 # SGLang's and sglang-router's defaults, made explicit where ironserve always emits the value
 DEFAULT_BOOTSTRAP_PORT = 8998
 ROUTER_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "policy": "cache_aware"}
-SECRET_FLAGS = {"--api-key", "--admin-api-key"}
 API_KEY_FILE = "/etc/ironserve/{id}.api_key"
 # Ascend NPU hosts run SGLang's NPU build on CANN (torch-npu), never the CUDA stack PyPI resolves to.
 ASCEND_STACK = {"python": "3.11", "packages": ["torch==2.8.0", "torch-npu==2.8.0"],
