@@ -126,7 +126,8 @@ def cmd_lint(args) -> int:
     engine = _engine_version(args.engine)
     if args.rules:
         for row in rule_table():
-            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}")
+            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}\n{'':45s}scope: {row['scope']}; "
+                  f"source: {row['source']}")
         return 0
     if args.command or args.file:
         if not args.hardware:

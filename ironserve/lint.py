@@ -41,7 +41,7 @@ DROPPED_CHOICES = {"0.5.23": {("--tool-call-parser", "qwen3"): "use --tool-call-
 FAMILIES = (
     (r"glm-?5\.1", "glm5.1"), (r"glm-?5", "glm5"), (r"kimi", "kimi-k2.5"), (r"minimax", "minimax-m2.5"),
     (r"qwen3[._-]?5", "qwen3.5"), (r"qwen3-?next", "qwen3-next"), (r"llama-?4", "llama4"),
-    (r"deepseek-(v3|r1)", "deepseek-v3"), (r"llama", "llama3"),
+    (r"deepseek-(v3|r1)", "deepseek-v3"), (r"llama", "llama3"), (r"qwen3", "qwen3"),
 )
 
 
