@@ -597,6 +597,9 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     }
     if env:
         data["env"] = env
+    env_unset = list(dict.fromkeys(name for c in commands for name in c.env_unset))
+    if env_unset:
+        data["env_unset"] = env_unset
     wrappers = sorted({w for c in commands for w in c.wrappers})
     if wrappers:
         notes.append(_note("import-wrapper", f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "

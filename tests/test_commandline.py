@@ -180,3 +180,15 @@ def test_lint_reads_scripts_and_docker_lines(tmp_path, capsys):
     words = shlex.split("docker run --gpus all lmsysorg/sglang:latest python3 -m sglang.launch_server "
                         "--model-path /m --host 127.0.0.1")
     assert "unpinned-image" in {f.rule for f in lint_pasted(words, HW["rtx6000-pro"])}
+
+
+def test_env_unset_and_unknown_docker_options():
+    words = shlex.split("env -u http_proxy --unset=https_proxy python3 -m sglang.launch_server --model-path m")
+    assert parse_command(words).env_unset == ["http_proxy", "https_proxy"]
+    assert import_command(words, "cpu-lab", "e", engine="0.5.23")["env_unset"] == ["http_proxy", "https_proxy"]
+    kept = parse_command(shlex.split("docker run --gpus all --blkio-weight=300 img:1 python3 -m sglang.launch_server "
+                                     "--model-path m"))
+    assert kept.docker.other == ["--blkio-weight=300"]
+    with pytest.raises(CommandError) as err:
+        parse_command(shlex.split("docker run --blkio-weight 300 img:1 python3 -m sglang.launch_server"))
+    assert "--blkio-weight" in str(err.value) and "--option=value" in err.value.fix
