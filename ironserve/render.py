@@ -22,6 +22,8 @@ from .spec import Group, Recipe, ServerOptions, devices_per_node
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
 LAUNCH_ROUTER = ["python3", "-m", "sglang_router.launch_router"]
+ROUTER_LAUNCH_SERVER = ["python3", "-m", "sglang_router.launch_server"]
+LAUNCHERS = {"launch_server": LAUNCH_SERVER, "serve": SERVE, "router_launch_server": ROUTER_LAUNCH_SERVER}
 
 # Typed fields that are not plain "--name value" flags, or not flags at all.
 _SPECIAL = {"speculative", "extra_args", "api_key_file", "model_path"}
@@ -267,7 +269,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
     hosts = hosts if hosts is not None else _placeholder_hosts(recipe)
     slots, router_host = _assign(recipe, hosts, where)
     groups = recipe.topology.groups
-    launcher = SERVE if recipe.engine.launcher == "serve" else LAUNCH_SERVER
+    launcher = LAUNCHERS[recipe.engine.launcher]
     heads: dict[tuple[int, int], InventoryHost] = {}
     for slot in slots:
         if slot.node_rank == 0:

@@ -124,6 +124,11 @@ class DockerRun(Strict):
     ulimits: dict[str, str] = Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
     volumes: list[str] = Field(default_factory=list, description="host:container[:ro] mounts")
     devices: list[str] = Field(default_factory=list)
+    env_files: list[str] = Field(default_factory=list, description="host env files passed with --env-file, by "
+                                 "reference (after the unit's own env file)")
+    entrypoint: str | None = Field(None, description="--entrypoint: the first words of the engine argv it replaces")
+    extra_options: list[str] = Field(default_factory=list, description="other docker run options, as written "
+                                     "(--runtime=nvidia, -p 30000:30000, --cap-add=...)")
 
 
 class DockerRuntime(Strict):
@@ -181,7 +186,9 @@ PYPI_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+|rc[0-9]+)?$")
 
 class Engine(Strict):
     sglang: str = Field(description="A PyPI version (0.5.9) or a named image era (dev-cu13-2026-03)")
-    launcher: Literal["launch_server", "serve"] = "launch_server"
+    launcher: Literal["launch_server", "serve", "router_launch_server"] = Field(
+        "launch_server", description="router_launch_server: python -m sglang_router.launch_server, the router and "
+        "--dp-size engines in one process")
     parser_version: str | None = Field(
         None, description="PyPI version whose parser checks this command when `sglang` is an image era"
     )

@@ -128,10 +128,17 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
         docker += ["-v", f"{weights}:{weights}:ro"]
     for device in run.devices:
         docker += ["--device", device]
+    for env_file in run.env_files:
+        docker += ["--env-file", env_file]
+    docker += run.extra_options
     if api_key:
         docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
         docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced), proc.unit]
+    elif run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
+        # the image's entrypoint replaced by the argv's first words, as the pasted line had it
+        docker += ["--entrypoint", run.entrypoint, image_ref(recipe)]
+        argv = argv[len(shlex.split(run.entrypoint)):]
     else:
         docker.append(image_ref(recipe))
     return docker + argv
