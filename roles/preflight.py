@@ -17,8 +17,9 @@ Every failure raises ``OperationError`` with one line per problem: host, what, e
 
 Host data:
 
-- ``lab`` (default ``false``): lab stand-in hosts. The lab emulates aarch64 profiles (gb200,
-  atlas-800i-a3) on x86_64 machines; only with ``lab=true`` is that arch mismatch accepted.
+- ``allow_emulated_arch`` (default ``false``): accept an x86_64 host for a profile of another architecture
+  (aarch64: gb200, atlas-800i-a3), for hosts that stand in for it (emulators, test rigs); never set it on
+  real servers.
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
 GPU_QUERY = "index,name,memory.total,driver_version,compute_cap"
-TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
-PP_FLAGS = ("--pp-size", "--pp", "--pipeline-parallel-size")
-DP_FLAGS = ("--dp-size", "--dp", "--data-parallel-size")
 
 
 # --------------------------------------------------------------------------- facts
@@ -109,39 +107,16 @@ def plain(value):
     return getattr(value, "data", value)
 
 
-def _flag_value(argv: list[str], names: tuple[str, ...], default: int = 1) -> int:
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                return int(argv[i + 1])
-            if arg.startswith(name + "="):
-                return int(arg.split("=", 1)[1])
-    return default
-
-
 def devices_needed(processes) -> int:
-    """Accelerators the rendered engine processes of one host use together.
-
-    Per process: TP x PP (x DP unless DP attention, which runs DP inside the TP group), spread over
-    --nnodes nodes. Several processes on one host (replicas) need their own devices, so they add up.
-    """
-    total = 0
-    for p in processes:
-        if p.role == "router":
-            continue
-        argv = list(p.argv)
-        world = _flag_value(argv, TP_FLAGS) * _flag_value(argv, PP_FLAGS)
-        if "--enable-dp-attention" not in argv:
-            world *= _flag_value(argv, DP_FLAGS)
-        nnodes = _flag_value(argv, ("--nnodes",))
-        total += -(-world // nnodes)
-    return total
+    """Accelerators the rendered engine processes of one host use together: each process's devices on its node
+    (ironserve.spec.devices_per_node); several processes on one host (replicas) need their own, so they add up."""
+    return sum(p.devices for p in processes if p.role != "router")
 
 
 def platform_problems(host_name: str, cpu_arch: str, arch: str | None, distro: dict | None,
-                      lab: bool = False) -> list[str]:
+                      allow_emulated_arch: bool = False) -> list[str]:
     problems = []
-    if arch != cpu_arch and not (lab and arch == "x86_64"):
+    if arch != cpu_arch and not (allow_emulated_arch and arch == "x86_64"):
         problems.append(f"{host_name}: CPU architecture: expected {cpu_arch}, found {arch}. Fix: use a host of "
                         f"the profile's architecture or another hardware profile (host data 'hardware')")
     os_id = ((distro or {}).get("release_meta") or {}).get("ID", "").lower()
@@ -182,9 +157,10 @@ def device_problems(host_name: str, vendor: str, name: str, count: int, needed: 
 
 
 @operation()
-def check_platform(cpu_arch: str, lab: bool = False):
+def check_platform(cpu_arch: str, allow_emulated_arch: bool = False):
     """Fail unless the host's CPU arch and OS are what the hardware profile and the roles expect."""
-    problems = platform_problems(host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution), lab)
+    problems = platform_problems(host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution),
+                                 allow_emulated_arch)
     if problems:
         raise OperationError("\n".join(problems))
     host.noop(f"platform matches: {cpu_arch}, Debian/Ubuntu")
@@ -241,8 +217,6 @@ def check_devices_of(ctx: DeploymentContext, defer_if_absent: bool) -> None:
 
 @deploy("ironserve: preflight")
 def apply(ctx: DeploymentContext) -> None:
-    lab = truthy(ctx.get("lab"), default=False)
-    # lab=true: the lab runs aarch64 profiles (gb200, atlas-800i-a3) as stand-ins on x86_64 hosts.
-    check_platform(ctx.profile.cpu_arch, lab=lab)
+    check_platform(ctx.profile.cpu_arch, allow_emulated_arch=truthy(ctx.get("allow_emulated_arch"), False))
     if ctx.vendor != "none":
         check_devices_of(ctx, defer_if_absent=True)

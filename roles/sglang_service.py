@@ -31,23 +31,23 @@ import hashlib
 import json
 import shlex
 from io import StringIO
-from pathlib import Path
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import files, systemd
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
+from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER,
-                             RANK_GUARD, UNIT_DIR, WILDCARD, exec_argv, http_bind, image_ref, jit_dir, rank_group,
-                             rank_guard_files, sha256_text, sourcing_script, unit_files, venv_path)
+                             RANK_GUARD, UNIT_DIR, WILDCARD, exec_argv, image_ref, jit_dir, rank_guard_files,
+                             sha256_text, sourcing_script, unit_files, venv_path)
 from roles.common import run_if_changed, truthy
 from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
-BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
+BIN_SRC = files_dir() / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
 PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
@@ -60,17 +60,17 @@ HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHE
 # --------------------------------------------------------------------------- pure helpers
 
 
-def parse_kind(argv: list[str]) -> tuple[str, list[str]]:
-    """(probe kind, engine args without the launcher) of a rendered argv."""
+def parse_kind(proc: Process) -> str:
+    """The probe kind of a process's launcher."""
     for launcher, kind in ((LAUNCH_ROUTER, "router"), (LAUNCH_SERVER, "server"), (SERVE, "serve")):
-        if argv[: len(launcher)] == launcher:
-            return kind, argv[len(launcher):]
-    raise ValueError(f"unknown launcher in {argv[:3]}")
+        if proc.launcher == launcher:
+            return kind
+    raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
 
 
 def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
     """The probe invocation: SGLang's own parser, in the runtime the unit will run."""
-    kind, args = parse_kind(proc.argv)
+    kind, args = parse_kind(proc), proc.engine_args
     runtime = recipe.runtime
     sourced = runtime.source_env
     if isinstance(runtime, DockerRuntime):
@@ -139,7 +139,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
 def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> None:
     """A server or router serving its API on every address (0.0.0.0, ::) without an API key is a deploy error,
     raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
-    bind, port = http_bind(proc)
+    bind, port = proc.bind, proc.port
     if (not proc.serves_http or bind not in WILDCARD or any(k in secrets for k in KEY_ENV)
             or truthy(ctx.get("allow_open_bind"), False)):
         return
@@ -241,7 +241,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
                                          [*proc.env, *secrets])
     guards = []
     for proc, uf, secrets in built:
-        members = rank_group(ctx.rendered, proc)
+        members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(recipe, proc, members)
             config_op = files.put(name=f"{gf.config_path} (rank group)", src=StringIO(gf.config_text),
@@ -278,7 +278,7 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:
-        members = rank_group(ctx.rendered, proc)
+        members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
             out.append({"path": gf.config_path, "sha256": sha256_text(gf.config_text), "mode": 0o644,

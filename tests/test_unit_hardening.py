@@ -17,7 +17,7 @@ from pyinfra.api import OperationError
 
 from ironserve.catalogue import get_recipe
 from ironserve.render import render
-from ironserve.units import rank_group, rank_guard_files, unit_files
+from ironserve.units import rank_guard_files, unit_files
 from roles import sglang_service as ss
 from roles.context import build_context
 
@@ -30,7 +30,7 @@ def tp2_units() -> tuple[str, str]:
     rendered = render(recipe)
     proc = rendered.processes[0]
     engine = unit_files(recipe, proc, recipe.tuning or _tuning(), {"IRONSERVE_API_KEY": "x"}).unit_text
-    guard = rank_guard_files(recipe, proc, rank_group(rendered, proc)).unit_text
+    guard = rank_guard_files(recipe, proc, rendered.rank_group(proc)).unit_text
     return engine, guard
 
 
@@ -150,8 +150,11 @@ def test_serving_on_every_address_without_a_key_is_a_deploy_error(tmp_path):
 
 
 def test_weights_in_a_home_directory_stay_readable():
+    import dataclasses
+
     from ironserve.units import protect_home
 
-    assert protect_home(["python3", "-m", "sglang.launch_server", "--model-path", "/home/gpusvr/Qwen"]) == "read-only"
-    assert protect_home(["python3", "-m", "sglang.launch_server", "--model-path", "/homework/m"]) == "yes"
-    assert protect_home(["python3", "-m", "sglang.launch_server", "--model-path", "/mnt/models/x"]) == "yes"
+    proc = render(get_recipe("tiny-cpu-tp2")).processes[0]
+    assert protect_home(dataclasses.replace(proc, model_path="/home/gpusvr/Qwen")) == "read-only"
+    assert protect_home(dataclasses.replace(proc, model_path="/homework/m")) == "yes"
+    assert protect_home(dataclasses.replace(proc, model_path="/mnt/models/x")) == "yes"
