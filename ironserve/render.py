@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 from .catalogue import Problem, SpecError
 from .inventory import InventoryHost
-from .spec import Group, Recipe, ServerOptions
+from .nvidia import gpu_access
+from .spec import DockerRuntime, Group, Recipe, ServerOptions
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
@@ -47,6 +48,7 @@ class Process:
     unit: str = ""
     source_env: list[str] = field(default_factory=list)
     env_unset: list[str] = field(default_factory=list)
+    gpu_access: str = ""  # docker on NVIDIA: "cdi" or "dev-char" (ironserve.nvidia.gpu_access), else ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -276,6 +278,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
                 unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
                 source_env=list(runtime.source_env),
                 env_unset=list(recipe.env_unset),
+                gpu_access=_gpu_access(runtime, slot.host),
             )
         )
     if recipe.topology.router and router_host is not None:
@@ -284,6 +287,13 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
 
 
 NIC_FROM_INVENTORY = "<nic>"
+
+
+def _gpu_access(runtime, host: InventoryHost) -> str:
+    """How a docker unit on this host asks for its GPUs: decided by the host's pinned container toolkit."""
+    if not isinstance(runtime, DockerRuntime) or not runtime.run.gpus:
+        return ""
+    return gpu_access(host.data.get("nvidia_container_toolkit_version"))
 
 
 def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str], where: str) -> dict[str, str]:

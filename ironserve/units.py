@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from .nvidia import docker_gpu_args, gpu_access
 from .render import Process, Rendered
 from .spec import DockerRuntime, HostTuning, Recipe, UvRuntime
 
@@ -93,7 +94,8 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     run = runtime.run
     docker = ["/usr/bin/docker", "run", "--rm", "--name", proc.unit, "--env-file", env_path(proc)]
     if run.gpus:
-        docker += ["--gpus", run.gpus]
+        # CDI devices survive a systemd daemon-reload; --gpus only with a toolkit older than CDI (ironserve.nvidia)
+        docker += docker_gpu_args(run.gpus, proc.gpu_access or gpu_access(None))
     if run.ipc_host:
         docker.append("--ipc=host")
     if run.network_host:

@@ -38,6 +38,7 @@ class DeploymentContext:
     processes: list[Process]
     launch: bool
     data: dict = field(default_factory=dict)
+    hosts: list[InventoryHost] = field(default_factory=list)  # the whole inventory, in order (NVLink domains)
 
     @property
     def is_router_only(self) -> bool:
@@ -94,6 +95,7 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
         processes=rendered.for_host(host_name),
         launch=truthy(data.get("launch")),
         data=data,
+        hosts=inventory_hosts,
     )
 
 

@@ -1,7 +1,7 @@
 """The whole provisioning of one model, in order: the stages every deploys/*.py runs.
 
     prepare (every host, in parallel, op by op):
-        preflight -> host tuning -> accelerator stack (NVIDIA driver + CUDA + clocks + NCCL | Ascend)
+        preflight -> host tuning -> accelerator stack (NVIDIA driver + CUDA + clocks + NCCL [+ IMEX] | Ascend)
         -> runtime (docker image | uv venv) -> model weights -> service units (argv parsed by the installed SGLang)
         -> router unit
     launch (only when every host converged, and unless launch=false):
@@ -18,6 +18,7 @@ from roles import (
     container_runtime,
     cuda,
     gpu_clocks,
+    imex,
     host_tuning,
     launch,
     model_weights,
@@ -40,6 +41,7 @@ def prepare(ctx: DeploymentContext) -> None:
         cuda.apply(ctx)
         gpu_clocks.apply(ctx)
         nccl.apply(ctx)
+        imex.apply(ctx)  # multi-node NVLink only: IMEX serving before any engine unit exists
     elif ctx.vendor == "huawei":
         ascend.apply(ctx)
     if isinstance(ctx.recipe.runtime, DockerRuntime):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-ROLE_MODULES = ["host_tuning", "nvidia_driver", "cuda", "gpu_clocks", "nccl", "ascend", "container_runtime",
+ROLE_MODULES = ["host_tuning", "nvidia_driver", "imex", "cuda", "gpu_clocks", "nccl", "ascend", "container_runtime",
                 "uv_env", "model_weights", "sglang_service", "router"]
 
 
