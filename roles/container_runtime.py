@@ -54,6 +54,7 @@ from ironserve.nvidia import NVIDIA_CONTAINER_TOOLKIT_VERSION, gpu_access
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref
 from roles.context import DeploymentContext
+from roles.preflight import plain
 from roles import launch
 
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
@@ -275,7 +276,7 @@ class ContainerConfig(FactBase):
 @operation()
 def nvidia_runtime_configured(cdi: bool = False):
     """Register the nvidia runtime with Docker (nvidia-ctk), CDI enabled when asked, and restart Docker."""
-    if "nvidia" in host.get_fact(DockerRuntimes) and (not cdi or host.get_fact(DockerCdiEnabled)):
+    if "nvidia" in host.get_fact(DockerRuntimes) and (not cdi or plain(host.get_fact(DockerCdiEnabled))):
         host.noop("docker already has the nvidia runtime" + (" and CDI" if cdi else ""))
         return
     yield "nvidia-ctk runtime configure --runtime=docker" + (" --cdi.enabled" if cdi else "")
@@ -286,7 +287,7 @@ def nvidia_runtime_configured(cdi: bool = False):
 @operation()
 def cdi_spec(driver_version: str, path: str = CDI_SPEC):
     """The NVIDIA CDI spec exists, names nvidia.com/gpu=all and the installed driver (else: generate it)."""
-    spec = host.get_fact(CdiSpec, path=path, driver=driver_version) or {}
+    spec = plain(host.get_fact(CdiSpec, path=path, driver=driver_version)) or {}
     if "nvidia.com/gpu=all" in (spec.get("devices") or []) and spec.get("current"):
         host.noop(f"{path}: nvidia.com/gpu=all for driver {driver_version}")
         return
