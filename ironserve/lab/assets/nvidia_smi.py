@@ -26,12 +26,16 @@ def fail_no_driver():
     sys.exit(9)
 
 
+ENV = os.environ.get  # the lab's unit tests point these at a temporary tree
+
+
 def module_loadable():
     release = os.uname().release
-    if not glob.glob(f"/var/lib/dkms/nvidia/{DRIVER}/{release}/*/module/nvidia.ko"):
+    if not glob.glob(f"{ENV('IRONLAB_DKMS_DIR', '/var/lib/dkms')}/nvidia/{DRIVER}/{release}/*/module/nvidia.ko"):
         return False  # nothing built for this kernel: modprobe nvidia finds no module
-    if os.path.exists("/etc/ironlab/nouveau"):
-        for conf in glob.glob("/etc/modprobe.d/*.conf") + glob.glob("/lib/modprobe.d/*.conf"):
+    if os.path.exists(ENV("IRONLAB_NOUVEAU_FILE", "/etc/ironlab/nouveau")):
+        modprobe_d = ENV("IRONLAB_MODPROBE_DIR", "/etc/modprobe.d")
+        for conf in glob.glob(f"{modprobe_d}/*.conf") + glob.glob("/lib/modprobe.d/*.conf"):
             try:
                 if any(line.split()[:2] == ["blacklist", "nouveau"] for line in open(conf)):
                     return True
@@ -45,7 +49,7 @@ def fabric():
     """(state, status, clique_id, cluster_uuid) of this host's GPUs."""
     values = {"clique_id": "32766", "cluster_uuid": "1ab2c3d4-0000-4000-8000-00000000a72b"}
     try:
-        for line in open("/etc/ironlab/fabric"):
+        for line in open(ENV("IRONLAB_FABRIC_FILE", "/etc/ironlab/fabric")):
             key, _, value = line.strip().partition("=")
             if key in values and value:
                 values[key] = value
