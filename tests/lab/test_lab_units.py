@@ -149,7 +149,8 @@ def _smi(tmp_path, hardware: str, *args: str, built: bool = True, nouveau: bool 
     (tmp_path / "fabric").write_text(fabric or "")
     env = {"IRONLAB_HARDWARE_FILE": str(hw), "IRONLAB_DKMS_DIR": str(tmp_path / "dkms"),
            "IRONLAB_NOUVEAU_FILE": str(tmp_path / "nouveau"), "IRONLAB_MODPROBE_DIR": str(tmp_path / "modprobe.d"),
-           "IRONLAB_FABRIC_FILE": str(tmp_path / "fabric")}
+           "IRONLAB_FABRIC_FILE": str(tmp_path / "fabric"), "IRONLAB_LOADED_FILE": str(tmp_path / "loaded")}
+    (tmp_path / "loaded").unlink(missing_ok=True)
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
 
 

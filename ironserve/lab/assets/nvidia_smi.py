@@ -30,18 +30,29 @@ ENV = os.environ.get  # the lab's unit tests point these at a temporary tree
 
 
 def module_loadable():
+    """Loaded stays loaded until the next boot (/run); loading needs a module built for the running kernel and
+    nouveau not holding the GPUs."""
+    loaded = ENV("IRONLAB_LOADED_FILE", "/run/ironlab-standins/nvidia-loaded")
+    if os.path.exists(loaded):
+        return True
     release = os.uname().release
     if not glob.glob(f"{ENV('IRONLAB_DKMS_DIR', '/var/lib/dkms')}/nvidia/{DRIVER}/{release}/*/module/nvidia.ko"):
         return False  # nothing built for this kernel: modprobe nvidia finds no module
     if os.path.exists(ENV("IRONLAB_NOUVEAU_FILE", "/etc/ironlab/nouveau")):
         modprobe_d = ENV("IRONLAB_MODPROBE_DIR", "/etc/modprobe.d")
+        blacklisted = False
         for conf in glob.glob(f"{modprobe_d}/*.conf") + glob.glob("/lib/modprobe.d/*.conf"):
             try:
-                if any(line.split()[:2] == ["blacklist", "nouveau"] for line in open(conf)):
-                    return True
+                blacklisted = blacklisted or any(line.split()[:2] == ["blacklist", "nouveau"] for line in open(conf))
             except OSError:
                 continue
-        return False  # nouveau holds the GPUs: the nvidia module's probe fails
+        if not blacklisted:
+            return False  # nouveau holds the GPUs: the nvidia module's probe fails
+    try:  # the module loads (nvidia-modprobe runs as root)
+        os.makedirs(os.path.dirname(loaded), exist_ok=True)
+        open(loaded, "w").close()
+    except OSError:
+        pass
     return True
 
 
