@@ -26,10 +26,12 @@ import shlex
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FactBase, OperationError, deploy, operation
+from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import apt, files, systemd
 
+from ironserve.units import sha256_text
 from roles import nvidia_driver, preflight
+from roles.common import run_if_changed
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -142,8 +144,6 @@ def engine_dropin_text() -> str:
 def apply(ctx: DeploymentContext) -> None:
     if not wanted(ctx):
         return
-    from roles.launch import run_if_changed
-
     preflight.check_nvlink_clique(ctx, strict=True)
     version = ctx.get("nvidia_driver_version", nvidia_driver.DRIVER_VERSION)
     package = imex_package(ctx)
@@ -172,8 +172,6 @@ def apply(ctx: DeploymentContext) -> None:
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     if not wanted(ctx):
         return []
-    from ironserve.audit.checks import sha256_text
-
     out = [{"path": NODES_CONFIG, "sha256": sha256_text(nodes_config_text(domain_addresses(ctx))), "mode": 0o644,
             "gate": "driver"}]
     out += [{"path": ENGINE_DROPIN.format(unit=p.unit), "sha256": sha256_text(engine_dropin_text()), "mode": 0o644,

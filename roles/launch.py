@@ -19,7 +19,7 @@ installed by roles/sglang_service.py) that restarts the whole group when one ran
 
 Each start is idempotent: a running unit whose unit file, env file and runtime did not change since it
 started (file mtimes against systemd's ActiveEnterTimestamp, plus the changed flags of this run's earlier
-operations, recorded on the context by the other roles) and that answers /health is left alone. A running
+operations, recorded on the context's ``changes`` by the other roles) and that answers /health is left alone. A running
 but stale unit is restarted; a running unit that is not healthy yet is waited for, not restarted.
 
 The health gate polls ``http://127.0.0.1:PORT/health`` on the host itself (or the bind address when the
@@ -29,8 +29,8 @@ journal lines when ``recipe.health_timeout_s`` passes or the unit dies.
 Host data (defaults in brackets): ``launch`` [true], ``health_poll_s`` [10], ``health_progress_s`` [60],
 ``health_journal_lines`` [40].
 
-Also the small shared helpers the other roles use: ``truthy``, ``changed``, ``run_if_changed`` and the
-per-context change records (``record_runtime_change``, ``record_unit_change``, ``note_image``).
+The helpers the roles share (``truthy``, ``changed``, ``run_if_changed``, the change records, the
+``UnitState``/``HttpStatus`` facts) live in roles/common.py.
 """
 
 from __future__ import annotations
@@ -42,77 +42,19 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
 from ironserve.render import Process
-from ironserve.units import local_url, rank_group, rank_guard_unit
-from roles import rollback
-from roles.context import FALSE, DeploymentContext
+from ironserve.units import ETC_DIR, UNIT_DIR, local_url, rank_group, rank_guard_unit
+from roles import launch_preflight, rollback
+from roles.common import HttpStatus, UnitState
+from roles.container_runtime import container_current
+from roles.context import DeploymentContext
+from roles.sglang_service import marker_path
 
 HEALTH_POLL_S = 10
 HEALTH_PROGRESS_S = 60
 HEALTH_JOURNAL_LINES = 40
 
 
-# --------------------------------------------------------------------------- shared helpers
-
-
-def truthy(value, default: bool = False) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() not in FALSE
-
-
-def changed(meta) -> bool:
-    """Did (or, while planning, will) an earlier operation change something? Plain bools pass through."""
-    if meta is None or isinstance(meta, bool):
-        return bool(meta)
-    if meta.is_complete():
-        return meta.did_change()
-    return bool(meta.will_change)
-
-
-def _records(ctx: DeploymentContext) -> dict:
-    # kept on the context object (one per host and model), so every role of this host sees the same record
-    return ctx.__dict__.setdefault("_ironserve_changes", {"runtime": [], "units": {}, "paths": [], "image": None})
-
-
-def record_runtime_change(ctx: DeploymentContext, *metas) -> None:
-    """Operations whose change means every unit of this host runs new code (image, venv packages)."""
-    _records(ctx)["runtime"].extend(metas)
-
-
-def record_unit_change(ctx: DeploymentContext, unit: str, *metas) -> None:
-    """Operations whose change means this unit must restart (unit file, env file)."""
-    _records(ctx)["units"].setdefault(unit, []).extend(metas)
-
-
-def record_runtime_paths(ctx: DeploymentContext, *paths: str) -> None:
-    """Files that change when the runtime does (requirements, Dockerfile, lock): newer than a start = stale."""
-    _records(ctx)["paths"].extend(paths)
-
-
-def note_image(ctx: DeploymentContext, ref: str) -> None:
-    _records(ctx)["image"] = ref
-
-
-def runtime_paths(ctx: DeploymentContext) -> list[str]:
-    return list(_records(ctx)["paths"])
-
-
-def unit_change_flag(ctx: DeploymentContext, unit: str):
-    """A callable for unit_started(restart=...): evaluated when the start operation runs."""
-    rec = _records(ctx)
-    metas = list(rec["runtime"]) + list(rec["units"].get(unit, []))
-    return lambda: any(changed(m) for m in metas)
-
-
-@operation()
-def run_if_changed(command: str, triggers: list):
-    """Run a command when any trigger (an earlier operation's result, or a bool) changed something."""
-    if any(changed(t) for t in triggers):
-        yield command
-    else:
-        host.noop(f"nothing changed: not running {command}")
+# --------------------------------------------------------------------------- plan
 
 
 def health_url(proc: Process) -> str | None:
@@ -129,52 +71,6 @@ def start_order(processes: list[Process]) -> list[list[Process]]:
                      key=lambda p: (order.get(p.role, 3), p.group, p.instance, p.node_rank))
     return [[p for p in engines if p.node_rank == 0], [p for p in engines if p.node_rank != 0],
             [p for p in processes if p.role == "router"]]
-
-
-# --------------------------------------------------------------------------- facts
-
-
-class UnitState(FactBase):
-    """systemd state of a unit and the mtimes of the files it was started from.
-
-    {active, sub, since (unix seconds of ActiveEnterTimestamp or None), mtimes {path: seconds}}
-    """
-
-    @staticmethod
-    def default():
-        return {"active": None, "sub": None, "since": None, "mtimes": {}}
-
-    def command(self, unit, paths):
-        stat = f"stat -c 'mtime %Y %n' {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; " if paths else ""
-        return (f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
-                f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true")
-
-    def process(self, output):
-        state = UnitState.default()
-        for line in output:
-            if line.startswith("mtime "):
-                _, seconds, path = line.split(" ", 2)
-                state["mtimes"][path] = int(seconds)
-                continue
-            key, _, value = line.partition("=")
-            if key == "ActiveState":
-                state["active"] = value
-            elif key == "SubState":
-                state["sub"] = value
-            elif key == "ActiveEnterTimestamp" and value.startswith("@"):
-                state["since"] = int(value[1:].split(".")[0]) or None
-        return state
-
-
-class HttpStatus(FactBase):
-    """HTTP status of a GET from the host itself (curl), None when nothing answers."""
-
-    def command(self, url):
-        return f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)} || true"
-
-    def process(self, output):
-        text = "".join(output).strip()
-        return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 # --------------------------------------------------------------------------- operations
@@ -202,13 +98,15 @@ def _wants_restart(restart) -> bool:
 
 @operation()
 def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
-                 restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None):
+                 restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None,
+                 gate_results: dict | None = None):
     """The unit runs its current configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
     (``paths``) or ``restart`` says this run changed it; waits for health after either. A running, fresh
     unit is only checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members``
-    (host, unit, config paths) back to their last good configuration (roles/rollback.py).
+    (host, unit, config paths) back to their last good configuration (roles/rollback.py). The gate's outcome goes
+    into ``gate_results`` (the deployment context's, shared by every host of the run).
 
     ``rank0`` ([host, unit], ranks > 0 of a multi-node group): the rank's guard restarts it by itself when rank 0
     restarts, so a running rank is restarted only if it has not started since rank 0 did (checked when the
@@ -233,7 +131,7 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
             host.noop(f"{unit} is running and unchanged")
             return
     if gate:
-        yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+        yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or [], gate_results), {})
 
 
 def _since(run, unit: str) -> float:
@@ -258,19 +156,24 @@ def restart_unless_following(state, host, unit: str, rank0: list[str]) -> bool:
 
 
 @operation()
-def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None = None):
+def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None = None,
+                gate_results: dict | None = None):
     """Wait until the unit answers /health (after the ranks of its multi-node group were started)."""
     if host.get_fact(HttpStatus, url=url) == 200:
         host.noop(f"{unit} is healthy")
         return
-    yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+    yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or [], gate_results), {})
 
 
-def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members: list) -> bool:
+def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members: list,
+                      gate_results: dict | None = None) -> bool:
     """The health gate; when it fails, the rollback of ``members`` to their last good configuration. A gate
-    that failed fails the operation even when the rollback healed the service: the deploy did not converge."""
+    that failed fails the operation even when the rollback healed the service: the deploy did not converge.
+    The outcome is recorded in ``gate_results`` [(host, unit)]: ranks > 0 save their last good configuration
+    only when their rank 0's gate passed."""
     ok, why = await_health(state, host, unit, url, timeout_s)
-    rollback.GATE_RESULTS[(host.name, unit)] = ok
+    if gate_results is not None:
+        gate_results[(host.name, unit)] = ok
     if not ok and members:
         rollback.roll_back(state, host, unit, url, timeout_s, members, why, wait_healthy)
     return ok
@@ -358,24 +261,17 @@ def not_launched(reason: str):
     yield  # noqa: unreachable - an operation is a generator
 
 
-def record_container(ctx: DeploymentContext, unit: str, image: str, cmd: list[str], env_names: list[str]) -> None:
-    """What the running container of a docker unit must look like (checked for drift before the starts)."""
-    _records(ctx).setdefault("containers", {})[unit] = (image, list(cmd), sorted(env_names))
-
-
 def config_paths(proc: Process) -> list[str]:
     """The files a unit is started from, which a rollback restores: unit, env, and a rank's guard files."""
-    from roles.sglang_service import marker_path
-
     # the parse marker too: a restored unit needs no new parse check on the next run
-    paths = [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", marker_path(proc.unit)]
+    paths = [f"{UNIT_DIR}/{proc.unit}.service", f"{ETC_DIR}/{proc.unit}.env", marker_path(proc.unit)]
     if proc.nnodes > 1 and proc.role != "router":
-        paths += [f"/etc/systemd/system/{rank_guard_unit(proc)}.service", f"/etc/ironserve/{proc.unit}.rank-group.json"]
+        paths += [f"{UNIT_DIR}/{rank_guard_unit(proc)}.service", f"{ETC_DIR}/{proc.unit}.rank-group.json"]
     return paths
 
 
 def _unit_paths(ctx: DeploymentContext, proc: Process) -> list[str]:
-    return [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", *runtime_paths(ctx)]
+    return [f"{UNIT_DIR}/{proc.unit}.service", f"{ETC_DIR}/{proc.unit}.env", *ctx.changes.runtime_paths]
 
 
 def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, str, list[str]]]:
@@ -391,9 +287,10 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
         url=health_url(proc),
         timeout_s=ctx.recipe.health_timeout_s,
         paths=_unit_paths(ctx, proc),
-        restart=unit_change_flag(ctx, proc.unit),
+        restart=ctx.changes.unit_change_flag(proc.unit),
         wait=wait,
         members=rollback_members(ctx, proc),
+        gate_results=ctx.gate_results,
         rank0=[group[0].host, group[0].unit] if (group := rank_group(ctx.rendered, proc)) and proc.node_rank else None,
     )
 
@@ -402,14 +299,13 @@ def _save_last_good(ctx: DeploymentContext, procs: list[Process]) -> None:
     for proc in procs:
         head = (rank_group(ctx.rendered, proc) or [proc])[0]
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
-                                 paths=config_paths(proc), restart=unit_change_flag(ctx, proc.unit),
-                                 gate=None if head is proc else (head.host, head.unit))
+                                 paths=config_paths(proc), restart=ctx.changes.unit_change_flag(proc.unit),
+                                 gate=None if head is proc else (head.host, head.unit),
+                                 gate_results=ctx.gate_results)
 
 
 @deploy("Launch")
 def apply(ctx: DeploymentContext) -> None:
-    from roles import launch_preflight
-
     if not ctx.launch:
         # the checks that need no running peer still validate the prepared hosts
         launch_preflight.apply(ctx)
@@ -418,13 +314,9 @@ def apply(ctx: DeploymentContext) -> None:
     # the deployment = every host the render placed a process on (inventory names)
     deployment = sorted({p.host for p in ctx.rendered.processes})
     launch_gate(name="Launch gate: every host converged", hosts=deployment)
-    containers = _records(ctx).get("containers") or {}
-    if containers:
-        from roles.container_runtime import container_current
-
-        for unit, (image, cmd, env_names) in containers.items():
-            container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
-                              env_names=env_names)
+    for unit, (image, cmd, env_names) in ctx.changes.containers.items():
+        container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
+                          env_names=env_names)
     # /dev/shm, memlock, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
     ranks0, others, routers = start_order(ctx.processes)
@@ -442,7 +334,8 @@ def apply(ctx: DeploymentContext) -> None:
         if proc.nnodes > 1 and health_url(proc):
             # rank 0 answers /health only once every rank of its group joined
             health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
-                        timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc))
+                        timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc),
+                        gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1])
     wave_barrier(name="Launch: the routers (every engine group healthy)")

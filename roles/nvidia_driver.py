@@ -67,15 +67,16 @@ from io import BytesIO, StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
-from pyinfra.api import OperationError
 from pyinfra.operations import apt, files, server, systemd
 
+from ironserve.units import sha256_text
 from roles import preflight
-from roles.context import DeploymentContext, truthy
+from roles.common import deb822_source, run_if_changed, truthy
+from roles.context import DeploymentContext
 from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
@@ -231,15 +232,11 @@ def with_slash(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def deb822_source(uri: str, keyring: str | None = KEYRING, trusted: bool = False) -> str:
-    """A flat repository (``Suites: /``, no components), as NVIDIA's CUDA repositories are."""
-    lines = ["# Managed by ironserve (roles/nvidia_driver.py): NVIDIA driver and CUDA packages.",
-             "Types: deb", f"URIs: {with_slash(uri)}", "Suites: /"]
-    if trusted:
-        lines.append("Trusted: yes")  # lab: the cluster's own unsigned mirror, reached only inside it
-    elif keyring:
-        lines.append(f"Signed-By: {keyring}")
-    return "\n".join(lines) + "\n"
+def source_text(uri: str, keyring: str | None = KEYRING, trusted: bool = False) -> str:
+    """NVIDIA's repository as a flat deb822 source (``Suites: /``, no components), as its CUDA repositories are;
+    ``trusted``: the cluster's own unsigned mirror, reached only inside it."""
+    return deb822_source(with_slash(uri), "/", None, keyring, trusted,
+                         comment="# Managed by ironserve (roles/nvidia_driver.py): NVIDIA driver and CUDA packages.")
 
 
 def upstream(version: str) -> str:
@@ -313,7 +310,7 @@ def reboot_reasons(state: dict | None, want_version: str) -> list[str]:
 def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool = False, path: str = SOURCE_FILE):
     """The deb822 source for NVIDIA's repository (or the cluster's mirror of it)."""
     uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
-    yield from files.put._inner(StringIO(deb822_source(uri, keyring, trusted)), path, mode="644")
+    yield from files.put._inner(StringIO(source_text(uri, keyring, trusted)), path, mode="644")
 
 
 @operation()
@@ -460,8 +457,6 @@ def repository(ctx: DeploymentContext) -> None:
 
 def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
     """nouveau blacklisted, module options, initramfs, module packages of the running kernel, holds."""
-    from roles.launch import run_if_changed
-
     release = (plain(host.get_fact(KernelVersion)) or "").strip()
     changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
     options = nvidia_module_options(ctx)
@@ -507,8 +502,6 @@ def apply(ctx: DeploymentContext) -> None:
                   reboot_timeout=int(ctx.get("reboot_timeout", REBOOT_TIMEOUT)))
     # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)
-    from roles.launch import run_if_changed
-
     dropin = files.put(name="nvidia-persistenced runs with persistence mode", src=StringIO(PERSISTENCED_TEXT),
                        dest=PERSISTENCED_DROPIN, mode="644")
     run_if_changed(name="systemctl daemon-reload (persistenced drop-in)", triggers=[dropin],
@@ -537,8 +530,6 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     """nouveau blacklist, nvidia module options, unattended-upgrades policy, persistenced drop-in."""
     if ctx.vendor != "nvidia":
         return []
-    from ironserve.audit.checks import sha256_text
-
     texts = {NOUVEAU_CONF: NOUVEAU_TEXT, UNATTENDED_CONF: UNATTENDED_TEXT, PERSISTENCED_DROPIN: PERSISTENCED_TEXT}
     if nvidia_module_options(ctx):
         texts[NVIDIA_OPTIONS_CONF] = nvidia_module_options(ctx)

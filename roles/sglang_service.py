@@ -33,9 +33,11 @@ from pyinfra.operations import files, systemd
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (JIT_CACHE_ROOT, KEY_LAUNCHER, RANK_GUARD, exec_argv, image_ref, jit_dir,
-                             rank_group, rank_guard_files, unit_files, venv_path)
-from roles import launch
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER,
+                             RANK_GUARD, UNIT_DIR, exec_argv, image_ref, jit_dir, rank_group, rank_guard_files,
+                             sha256_text, sourcing_script, unit_files, venv_path)
+from roles.common import run_if_changed, truthy
+from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
 from roles.model_weights import read_secret
 
@@ -43,7 +45,6 @@ BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
 PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
-UNIT_DIR = "/etc/systemd/system"
 CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
 HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
@@ -70,13 +71,12 @@ def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
         core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
         run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
         if sourced:
-            script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, "parse-check", *core]
+            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced),
+                          "parse-check", *core]
         return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
     core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
     if sourced:
-        script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-        return ["/bin/bash", "-c", script, "parse-check", *core]
+        return ["/bin/bash", "-c", sourcing_script(sourced), "parse-check", *core]
     return core
 
 
@@ -107,7 +107,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
 
     out = {}
     if ctx.get("api_key_file"):
-        out["IRONSERVE_API_KEY"] = secret("api_key_file", "api_key_file")
+        out[API_KEY_ENV] = secret("api_key_file", "api_key_file")
     else:
         groups = ctx.recipe.topology.groups
         # the router: keyed when any engine group is
@@ -118,9 +118,9 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
             if isinstance(ctx.recipe.runtime, DockerRuntime):
                 raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
                                      "a container cannot read; give the key with host data api_key_file instead")
-            out["IRONSERVE_API_KEY_FILE"] = on_host
+            out[API_KEY_FILE_ENV] = on_host
     if ctx.get("hf_token_file") and proc.role != "router":
-        out["HF_TOKEN"] = secret("hf_token_file", "hf_token_file")
+        out[HF_TOKEN_ENV] = secret("hf_token_file", "hf_token_file")
     return out
 
 
@@ -184,7 +184,7 @@ def install_scripts(ctx: DeploymentContext) -> None:
         op = files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root",
                        group="root")
         if dest == RANK_GUARD:
-            ctx.__dict__["_rank_guard_script_op"] = op  # a new guard script restarts the running guards
+            ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards
 
 
 def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
@@ -206,14 +206,12 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         unit_op = files.put(name=f"{UNIT_DIR}/{uf.unit_name}", src=StringIO(uf.unit_text),
                             dest=f"{UNIT_DIR}/{uf.unit_name}", mode="644", user="root", group="root")
         unit_ops.append(unit_op)
-        launch.record_unit_change(ctx, proc.unit, env_op, unit_op)
+        ctx.changes.record_unit_change(proc.unit, env_op, unit_op)
         if isinstance(recipe.runtime, DockerRuntime):
-            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
-            from roles.container_runtime import container_argv
-
-            launch.record_container(ctx, proc.unit, image_ref(recipe),
-                                    container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
-                                    [*proc.env, *secrets])
+            api_key = any(k in secrets for k in KEY_ENV)
+            ctx.changes.record_container(proc.unit, image_ref(recipe),
+                                         container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
+                                         [*proc.env, *secrets])
     guards = []
     for proc, uf, secrets in built:
         members = rank_group(ctx.rendered, proc)
@@ -224,17 +222,17 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
             guard_op = files.put(name=f"{UNIT_DIR}/{gf.unit_name}", src=StringIO(gf.unit_text),
                                  dest=f"{UNIT_DIR}/{gf.unit_name}", mode="644", user="root", group="root")
             unit_ops.append(guard_op)
-            guards.append((gf.unit_name, [config_op, guard_op, ctx.__dict__.get("_rank_guard_script_op", False)]))
-    launch.run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
+            guards.append((gf.unit_name, [config_op, guard_op, ctx.changes.rank_guard_script]))
+    run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
                           triggers=unit_ops)
     for guard_unit, triggers in guards:
         # a new group layout reaches a running guard without restarting its engine
-        launch.run_if_changed(name=f"{guard_unit} picks up its new config", triggers=triggers,
+        run_if_changed(name=f"{guard_unit} picks up its new config", triggers=triggers,
                               command=f"systemctl try-restart {guard_unit}")
-    if launch.truthy(ctx.get("parse_check"), True):
+    if truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))
         for proc, uf, secrets in built:
-            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
+            api_key = any(k in secrets for k in KEY_ENV)
             digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
             argv_parses(name=f"{proc.unit}: argv parsed by the installed SGLang", unit=proc.unit,
                         probe=parse_check_argv(recipe, proc), digest=digest)
@@ -246,8 +244,6 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
     themselves are checked by ironserve.audit.checks, with their env files)."""
-    from ironserve.audit.checks import sha256_text
-
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:

@@ -8,7 +8,6 @@ ironserve.units renders, so a new recipe is audited without new code.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,17 +29,13 @@ class Check:
 GATES = ["host", "driver", "runtime", "service", "workload"]
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _fix(deploy: str, inventory: str, host: str) -> str:
     return f"pyinfra {inventory} {deploy} --limit {host}"
 
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
-    from ironserve.units import rank_group, rank_guard_unit, unit_files
+    from ironserve.units import UNIT_DIR, rank_group, rank_guard_unit, sha256_text, unit_files
 
     from . import providers
 
@@ -77,7 +72,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values
         # are compared nowhere, the env file check skips them
         files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc, read=False))
-        unit_path = f"/etc/systemd/system/{files.unit_name}"
+        unit_path = f"{UNIT_DIR}/{files.unit_name}"
         add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
             mode=0o644, owner="root")
         add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=files.env_path, mode=0o600)
