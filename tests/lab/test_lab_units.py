@@ -246,3 +246,31 @@ def test_cli_reports_errors_without_traceback(monkeypatch, capsys):
     monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
     assert cli.main(["down"]) == 1
     assert "[lab] error: the lab needs root" in capsys.readouterr().err
+
+
+def _imex(tmp_path, nodes: str | None, driver: bool = True) -> subprocess.CompletedProcess:
+    """The stand-in nvidia-imex over a temporary config (port 0: never binds a real one)."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    smi = tmp_path / "bin/nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexit {0 if driver else 9}\n")
+    smi.chmod(0o755)
+    script = tmp_path / "nvidia-imex"
+    script.write_text(standins.IMEX)
+    config = tmp_path / "config.cfg"
+    config.write_text(f"SERVER_PORT=0\nIMEX_NODE_CONFIG_FILE={tmp_path / 'nodes_config.cfg'}\n")
+    if nodes is not None:
+        (tmp_path / "nodes_config.cfg").write_text(nodes)
+    return subprocess.run([sys.executable, str(script), "-c", str(config)], capture_output=True, text=True,
+                          timeout=20, env={"PATH": f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"})
+
+
+@pytest.mark.parametrize("nodes,driver,why", [
+    (None, True, "cannot open node config file"),
+    ("", True, "lists no nodes"),
+    ("10.0.0.1\nnot-an-ip\n", True, "invalid IP address 'not-an-ip'"),
+    ("192.0.2.77\n192.0.2.78\n", True, "no address of this node is in the node config file"),
+    ("192.0.2.77\n", False, "failed to open the NVIDIA driver"),
+])
+def test_nvidia_imex_stand_in_refuses_like_the_real_service(tmp_path, nodes, driver, why):
+    out = _imex(tmp_path, nodes, driver)
+    assert out.returncode == 1 and why in out.stderr, out.stderr
