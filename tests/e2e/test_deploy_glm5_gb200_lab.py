@@ -11,7 +11,6 @@ About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, one refused pla
 from __future__ import annotations
 
 import json
-import os
 import shlex
 
 import pytest
@@ -27,16 +26,11 @@ IMAGE = "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    secrets = tmp_path_factory.mktemp("secrets")
-    (secrets / "api_key").write_text("lab-api-key-gb200\n")
-    ironserve("lab", "up", "--nodes", "5", "--hardware", "gb200", timeout=2400)
-    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
-    data = ["--data", f"api_key_file={secrets / 'api_key'}"]
+    hosts, api_key_file = labcli.up_with_api_key(tmp_path_factory, 5, "gb200", timeout=2400)
+    data = ["--data", f"api_key_file={api_key_file}"]
     try:
         pyinfra("-y", "deploys/glm5.py", *data, timeout=2400)
-        yield {"hosts": status["hosts"], "data": data}
+        yield {"hosts": hosts, "data": data}
     finally:
         lab_down()
 
