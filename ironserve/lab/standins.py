@@ -162,7 +162,7 @@ def _profiles_json() -> str:
 
 NVIDIA_CTK = r'''#!/usr/bin/python3
 """ironserve lab stand-in for nvidia-ctk (runtime configure, cdi generate/list, system create-dev-char-symlinks)."""
-import glob, json, os, subprocess, sys
+import glob, json, os, re, subprocess, sys
 a = sys.argv[1:]
 DRIVER = "__DRIVER__"
 def opt(name, default=None):
@@ -171,17 +171,10 @@ def opt(name, default=None):
             return x.split("=", 1)[1]
     return default
 def cdi_devices():
-    found = []
-    for f in sorted(glob.glob("/etc/cdi/*.yaml") + glob.glob("/etc/cdi/*.json") + glob.glob("/var/run/cdi/*.yaml")
-                    + glob.glob("/var/run/cdi/*.json")):
-        kind = None
-        for line in open(f):
-            s = line.strip()
-            if s.startswith("kind:"):
-                kind = s.split(":", 1)[1].strip().strip('"')
-            elif s.startswith("- name:") and kind:
-                found.append(f"{kind}={s.split(':', 1)[1].strip().strip(chr(34))}")
-    return found
+    """nvidia.com/gpu devices of the spec files nvidia-ctk reads (the stand-in reads its own format)."""
+    texts = [open(f).read() for d in ("/etc/cdi", "/var/run/cdi") for f in sorted(glob.glob(d + "/*.yaml"))]
+    return [f"nvidia.com/gpu={n}" for t in texts if re.search(r"^kind: nvidia.com/gpu$", t, re.M)
+            for n in re.findall(r'^- name: "?([^"\n]+?)"?$', t, re.M)]
 if a[:1] in (["--version"], ["-v"]):
     print("NVIDIA Container Toolkit CLI version 1.18.0\ncommit: ironlab"); sys.exit(0)
 if a[:2] == ["runtime", "configure"]:
