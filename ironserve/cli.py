@@ -126,9 +126,10 @@ def cmd_lint(args) -> int:
     engine = _engine_version(args.engine)
     if args.rules:
         for row in rule_table():
-            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}")
+            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}\n{'':45s}scope: {row['scope']}; "
+                  f"source: {row['source']}")
         return 0
-    if args.command:
+    if args.command or args.file:
         if not args.hardware:
             raise SpecError([catalogue.Problem("command line", "--hardware", "a pasted command needs the hardware",
                                                f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
@@ -140,17 +141,32 @@ def cmd_lint(args) -> int:
         if args.gpus is not None:
             accel = profile.accelerator.model_copy(update={"count": args.gpus})
             profile = profile.model_copy(update={"accelerator": accel})
-        words = args.command
-        try:
-            findings = lint_pasted(words, profile, engine)
-        except ValueError as exc:
-            raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-        if engine and not args.offline:
-            from .lint import parse_pasted
+        from .commandline import CommandError, parse_command, parse_script
 
-            _, argv = parse_pasted(words)
-            findings += _parser_findings(engine, [argv])
-        _print_findings(findings, args.format, "command")
+        launches = [args.command] if args.command else []
+        if args.file:
+            try:
+                launches += [words for _, words in parse_script(open(args.file).read()).commands]
+            except (OSError, CommandError) as exc:
+                raise SpecError([catalogue.Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
+            if not launches:
+                raise SpecError([catalogue.Problem(args.file, "", "no SGLang launch command in the script",
+                                                   "lint a script that runs python3 -m sglang.launch_server ...")])
+        findings = []
+        for n, words in enumerate(launches):
+            try:
+                found = lint_pasted(words, profile, engine)
+            except ValueError as exc:
+                raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+            if engine and not args.offline and not has_errors(found):
+                try:
+                    found += _parser_findings(engine, [parse_command(words).argv])
+                except CommandError:
+                    pass  # already a finding
+            if len(launches) > 1:
+                found = [Finding(f.rule, f.severity, f.message, f.fix, f"command {n + 1}") for f in found]
+            findings += found
+        _print_findings(findings, args.format, args.file or "command")
         return 1 if has_errors(findings) else 0
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
     worst = 0
@@ -171,21 +187,38 @@ def cmd_lint(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from .importer import import_command, to_yaml
+    from .commandline import CommandError, parse_command
+    from .importer import import_commands, import_script, to_yaml
 
     profiles = catalogue.hardware_profiles()
     if args.hardware not in profiles:
         raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
                                            f"one of {', '.join(profiles)}")])
     words = args.command
-    if not words:
-        raise SpecError([catalogue.Problem("command line", "", "no command to import", "paste it after --")])
+    if not words and not args.file:
+        raise SpecError([catalogue.Problem("command line", "", "no command to import",
+                                           "paste it after --, or name a launch script with --file")])
+    arch = profiles[args.hardware].accelerator.arch
+    engine = _engine_version(args.engine)
     try:
-        data = import_command(words, args.hardware, args.id, _engine_version(args.engine),
-                              profiles[args.hardware].accelerator.arch)
-    except ValueError as exc:
-        raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-    text = to_yaml(data)
+        if args.file:
+            try:
+                text = open(args.file).read()
+            except OSError as exc:
+                raise SpecError([catalogue.Problem(args.file, "", f"cannot read ({exc.strerror})", "check the path")])
+            result = import_script(text, args.hardware, args.id, engine, arch, detect=not args.offline)
+        else:
+            result = import_commands([parse_command(words)], args.hardware, args.id, engine, arch,
+                                     detect=not args.offline)
+    except CommandError as exc:
+        source = args.file or "command"
+        raise SpecError([catalogue.Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
+    text = to_yaml(result.data)
+    for f in result.findings:
+        print(f.line(), file=sys.stderr)
+    if any(h for h in result.hosts):
+        print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
+              file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
@@ -225,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, help="devices present on the node, if fewer than the profile's")
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
+    p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")
     p.set_defaults(func=cmd_lint)
@@ -232,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import", help="pasted command -> recipe YAML", allow_abbrev=False)
     p.add_argument("--hardware", required=True)
     p.add_argument("--id", help="recipe id (default: derived)")
-    p.add_argument("--engine", help="sglang==VERSION")
+    p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
+    p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
+    p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--output", "-o", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_import)
 

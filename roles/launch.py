@@ -42,7 +42,7 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
 from ironserve.render import Process
-from ironserve.units import ETC_DIR, UNIT_DIR, local_url, rank_group, rank_guard_unit
+from ironserve.units import ETC_DIR, UNIT_DIR, rank_guard_unit
 from roles import launch_preflight, rollback
 from roles.common import HttpStatus, UnitState
 from roles.container_runtime import container_current
@@ -55,13 +55,6 @@ HEALTH_JOURNAL_LINES = 40
 
 
 # --------------------------------------------------------------------------- plan
-
-
-def health_url(proc: Process) -> str | None:
-    """Where the host itself reaches the process's health path (None for ranks > 0: only rank 0 is gated)."""
-    if not proc.serves_http or proc.port is None:
-        return None
-    return local_url(proc, proc.health_path)
 
 
 def start_order(processes: list[Process]) -> list[list[Process]]:
@@ -265,7 +258,7 @@ def config_paths(proc: Process) -> list[str]:
     """The files a unit is started from, which a rollback restores: unit, env, and a rank's guard files."""
     # the parse marker too: a restored unit needs no new parse check on the next run
     paths = [f"{UNIT_DIR}/{proc.unit}.service", f"{ETC_DIR}/{proc.unit}.env", marker_path(proc.unit)]
-    if proc.nnodes > 1 and proc.role != "router":
+    if proc.in_rank_group:
         paths += [f"{UNIT_DIR}/{rank_guard_unit(proc)}.service", f"{ETC_DIR}/{proc.unit}.rank-group.json"]
     return paths
 
@@ -276,7 +269,7 @@ def _unit_paths(ctx: DeploymentContext, proc: Process) -> list[str]:
 
 def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, str, list[str]]]:
     """Who rolls back together when proc's gate fails: its whole multi-node group (rank order), or itself."""
-    group = rank_group(ctx.rendered, proc) or [proc]
+    group = ctx.rendered.rank_group(proc) or [proc]
     return [(p.host, p.unit, config_paths(p)) for p in group]
 
 
@@ -284,23 +277,22 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
     unit_started(
         name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
         unit=proc.unit,
-        url=health_url(proc),
+        url=proc.health_url,
         timeout_s=ctx.recipe.health_timeout_s,
         paths=_unit_paths(ctx, proc),
         restart=ctx.changes.unit_change_flag(proc.unit),
         wait=wait,
         members=rollback_members(ctx, proc),
         gate_results=ctx.gate_results,
-        rank0=[group[0].host, group[0].unit] if (group := rank_group(ctx.rendered, proc)) and proc.node_rank else None,
+        rank0=[proc.head, proc.unit] if proc.in_rank_group and proc.node_rank else None,
     )
 
 
 def _save_last_good(ctx: DeploymentContext, procs: list[Process]) -> None:
     for proc in procs:
-        head = (rank_group(ctx.rendered, proc) or [proc])[0]
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
                                  paths=config_paths(proc), restart=ctx.changes.unit_change_flag(proc.unit),
-                                 gate=None if head is proc else (head.host, head.unit),
+                                 gate=(proc.head, proc.unit) if proc.in_rank_group and proc.node_rank else None,
                                  gate_results=ctx.gate_results)
 
 
@@ -331,9 +323,9 @@ def apply(ctx: DeploymentContext) -> None:
     for proc in others:
         _start(ctx, proc, wait=False)
     for proc in ranks0:
-        if proc.nnodes > 1 and health_url(proc):
+        if proc.nnodes > 1 and proc.health_url:
             # rank 0 answers /health only once every rank of its group joined
-            health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
+            health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=proc.health_url,
                         timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc),
                         gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration

@@ -34,7 +34,7 @@ from pyinfra.operations import files, systemd
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER,
-                             RANK_GUARD, UNIT_DIR, exec_argv, image_ref, jit_dir, rank_group, rank_guard_files,
+                             RANK_GUARD, UNIT_DIR, exec_argv, image_ref, jit_dir, rank_guard_files,
                              sha256_text, sourcing_script, unit_files, venv_path)
 from roles.common import run_if_changed, truthy
 from roles.container_runtime import container_argv
@@ -54,17 +54,17 @@ HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHE
 # --------------------------------------------------------------------------- pure helpers
 
 
-def parse_kind(argv: list[str]) -> tuple[str, list[str]]:
-    """(probe kind, engine args without the launcher) of a rendered argv."""
+def parse_kind(proc: Process) -> str:
+    """The probe kind of a process's launcher."""
     for launcher, kind in ((LAUNCH_ROUTER, "router"), (LAUNCH_SERVER, "server"), (SERVE, "serve")):
-        if argv[: len(launcher)] == launcher:
-            return kind, argv[len(launcher):]
-    raise ValueError(f"unknown launcher in {argv[:3]}")
+        if proc.launcher == launcher:
+            return kind
+    raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
 
 
 def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
     """The probe invocation: SGLang's own parser, in the runtime the unit will run."""
-    kind, args = parse_kind(proc.argv)
+    kind, args = parse_kind(proc), proc.engine_args
     runtime = recipe.runtime
     sourced = runtime.source_env
     if isinstance(runtime, DockerRuntime):
@@ -214,7 +214,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
                                          [*proc.env, *secrets])
     guards = []
     for proc, uf, secrets in built:
-        members = rank_group(ctx.rendered, proc)
+        members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(recipe, proc, members)
             config_op = files.put(name=f"{gf.config_path} (rank group)", src=StringIO(gf.config_text),
@@ -247,7 +247,7 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:
-        members = rank_group(ctx.rendered, proc)
+        members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
             out.append({"path": gf.config_path, "sha256": sha256_text(gf.config_text), "mode": 0o644,
