@@ -29,12 +29,40 @@ def gpu_access(toolkit_version: str | None) -> str:
     return "cdi" if version_tuple(toolkit_version or NVIDIA_CONTAINER_TOOLKIT_VERSION) >= CDI_SINCE else "dev-char"
 
 
+def gpu_ids(gpus: str) -> list[str]:
+    """docker's --gpus value as device ids: "all" -> ["all"]; '"device=0,1"' / "device=0,1" -> ["0", "1"];
+    a count N -> the first N ("0" .. "N-1"), as docker picks them."""
+    value = gpus.strip().strip('"').strip("'")
+    if value == "all":
+        return ["all"]
+    if value.isdigit():
+        return [str(i) for i in range(int(value))]
+    return [g.strip() for g in value.removeprefix("device=").split(",") if g.strip()]
+
+
 def docker_gpu_args(gpus: str, access: str) -> list[str]:
-    """docker run flags that give the container ``gpus`` ("all" or "0,1,...")."""
+    """docker run flags that give the container ``gpus`` (docker's --gpus value)."""
     if access != "cdi":
         return ["--gpus", gpus]
-    names = ["all"] if gpus == "all" else [g.strip() for g in gpus.removeprefix("device=").split(",") if g.strip()]
     out: list[str] = []
-    for name in names:
+    for name in gpu_ids(gpus):
         out += ["--device", f"{CDI_KIND}={name}"]
     return out
+
+
+def cdi_gpus(devices: list[str], gpus: str | None = None) -> str | None:
+    """The --gpus value that CDI GPU devices (``nvidia.com/gpu=N``) among ``devices`` stand for, merged with
+    ``gpus`` ('"device=0,1"', docker's CSV form, or "all"); None when there are none."""
+    ids = gpu_ids(gpus) if gpus else []
+    for device in devices:
+        if device.startswith(CDI_KIND + "="):
+            ids.append(device.split("=", 1)[1])
+    if not ids:
+        return None
+    if "all" in ids:
+        return "all"
+    return '"device=' + ",".join(dict.fromkeys(ids)) + '"'
+
+
+def is_cdi_gpu(device: str) -> bool:
+    return device.startswith(CDI_KIND + "=")

@@ -89,3 +89,12 @@ def test_audit_checks_gb200_host_steps():
         assert ("gb200-d3", check) in found, check
     rtx, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py")
     assert not any(c.id.startswith("imex:") or c.id == "dcgm:active" for c in rtx)
+
+
+def test_cdi_devices_read_back_as_the_gpus_they_ask_for():
+    from ironserve.nvidia import cdi_gpus
+
+    assert docker_gpu_args('"device=5"', "cdi") == ["--device", "nvidia.com/gpu=5"]
+    assert docker_gpu_args("2", "cdi") == ["--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=1"]
+    assert cdi_gpus(["nvidia.com/gpu=0", "/dev/x", "nvidia.com/gpu=1"]) == '"device=0,1"'
+    assert cdi_gpus(["nvidia.com/gpu=all"]) == "all" and cdi_gpus(["/dev/x"]) is None
