@@ -35,6 +35,7 @@ per-context change records (``record_runtime_change``, ``record_unit_change``, `
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 
@@ -42,7 +43,8 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
 from ironserve.render import Process
-from ironserve.units import local_url, rank_group, rank_guard_unit
+from ironserve.units import (RANK_FOLLOW_S, following_path, local_url, rank_group, rank_guard_unit,
+                             staged_path)
 from roles import rollback
 from roles.context import FALSE, DeploymentContext
 
@@ -166,6 +168,40 @@ class UnitState(FactBase):
         return state
 
 
+class ConfigFiles(FactBase):
+    """sha256 of each staged file and of its live counterpart: {live path: {"staged": sha|None, "live": sha|None}}."""
+
+    def command(self, pairs):
+        quoted = " ".join(shlex.quote(p) for pair in pairs for p in pair)
+        return f"sha256sum {quoted} 2>/dev/null; true"
+
+    def process(self, output):
+        sums = {}
+        for line in output:
+            digest, _, path = line.strip().partition(" ")
+            sums[path.lstrip(" *")] = digest
+        return sums
+
+
+class NeedDaemonReload(FactBase):
+    """Units whose file on disk is not what systemd loaded: {unit: True/False} (systemd's NeedDaemonReload; a
+    unit systemd knew as not-found while its file now exists counts as needing the reload too)."""
+
+    def command(self, units):
+        return f"systemctl show -p Id -p NeedDaemonReload -p LoadState {' '.join(shlex.quote(u) for u in units)}"
+
+    def process(self, output):
+        found, unit = {}, None
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "Id":
+                unit = value
+                found.setdefault(unit, False)
+            elif unit and (key, value) in (("NeedDaemonReload", "yes"), ("LoadState", "not-found")):
+                found[unit] = True
+        return found
+
+
 class HttpStatus(FactBase):
     """HTTP status of a GET from the host itself (curl), None when nothing answers."""
 
@@ -194,6 +230,52 @@ def launch_gate(hosts: list[str]):
     host.noop(f"all {len(hosts)} host(s) of the deployment converged")
     return
     yield  # noqa: unreachable - an operation is a generator
+
+
+def install_command(staged: str, live: str, mode: str) -> str:
+    """Make a staged file live: a fresh temporary copy (created under umask 077: a secret is never readable by
+    others, not even a leftover of a killed run), its mode, then an atomic rename. Its mtime is the moment it
+    became live, which tells unit_started that a running unit started before it is stale."""
+    s, dst = shlex.quote(staged), shlex.quote(live)
+    tmp = shlex.quote(f"{live}.ironserve-new")
+    return (f"cmp -s {s} {dst} || {{ rm -f {tmp} && (umask 077 && cp {s} {tmp}) && chmod {mode} {tmp} "
+            f"&& chown root:root {tmp} && mv -f {tmp} {dst}; }}")
+
+
+@operation()
+def config_live(unit: str, files: list, changing=False):
+    """The staged files of ``unit`` (``files``: [staged, live, mode]) are its live files (the launch stage only).
+
+    While planning, the facts say which differ; ``changing`` (bool or callable) says that the prepare stage of
+    this run rewrites a staged file (the facts predate it). Each copy is skipped when the files are already equal.
+    """
+    sums = host.get_fact(ConfigFiles, pairs=[[staged, live] for staged, live, _ in files])
+    pending = [live for staged, live, _ in files if sums.get(staged) != sums.get(live) or not sums.get(live)]
+    if not pending and not _wants_restart(changing):
+        host.noop(f"{unit}: the staged configuration is the live one")
+        return
+    for staged, live, mode in files:
+        yield install_command(staged, live, mode)
+
+
+def reload_command(units: list[str]) -> str:
+    """daemon-reload only when systemd itself says a unit file changed under it (decided when it runs)."""
+    names = " ".join(shlex.quote(u) for u in units)
+    return (f"if systemctl show -p NeedDaemonReload -p LoadState --value {names} | grep -qx -e yes -e not-found; "
+            f"then systemctl daemon-reload; fi")
+
+
+@operation()
+def daemon_reloaded(units: list[str], changing=False):
+    """systemd runs the unit files on disk: NeedDaemonReload is no for every unit (systemd's own view, not this
+    run's change flags: a run killed between writing a unit and reloading is finished by the next one).
+    ``changing``: a unit file becomes live in this run (the fact predates it); the reload still happens only if
+    systemd then says so."""
+    need = sorted(u for u, yes in (host.get_fact(NeedDaemonReload, units=list(units)) or {}).items() if yes)
+    if not need and not _wants_restart(changing):
+        host.noop(f"systemd loaded the current files of {', '.join(units)}")
+        return
+    yield reload_command(list(units))
 
 
 def _wants_restart(restart) -> bool:
@@ -236,24 +318,42 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
         yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
 
 
-def _since(run, unit: str) -> float:
-    _, out = run(f"systemctl show -p ActiveEnterTimestamp --timestamp=unix {shlex.quote(unit)}.service")
-    text = "".join(out.stdout_lines).partition("=@")[2].strip()
+def _show(run, unit: str) -> dict:
+    _, out = run(f"systemctl show -p InvocationID -p ActiveState {shlex.quote(unit)}.service")
+    return dict(line.strip().partition("=")[::2] for line in out.stdout_lines if "=" in line)
+
+
+def _following(run, unit: str) -> dict:
+    _, out = run(f"cat {shlex.quote(following_path(unit))} 2>/dev/null || true")
     try:
-        return float(text)
+        return json.loads("".join(out.stdout_lines) or "{}")
     except ValueError:
-        return 0.0
+        return {}
 
 
-def restart_unless_following(state, host, unit: str, rank0: list[str]) -> bool:
-    """Restart a rank > 0 unless it (re)started after rank 0's current start (its guard already followed)."""
+def restart_unless_following(state, host, unit: str, rank0: list[str], follow_s: float = RANK_FOLLOW_S) -> bool:
+    """Restart a rank > 0 unless its engine already follows rank 0's current engine invocation (the group's
+    generation): its guard records which invocation of rank 0 its engine joined (ironserve.units.following_path).
+    Rank 0 was just (re)started: the guard follows within a few polls, so this waits up to ``follow_s`` for it
+    before restarting the rank itself (a second restart would break the group rank 0 is forming). Identity only,
+    no clocks of two hosts compared."""
+    sudo = bool(host.data.get("_sudo"))
     head = state.inventory.get_host(rank0[0])
-    mine, theirs = _since(host.run_shell_command, unit), _since(head.run_shell_command, rank0[1])
-    if theirs and mine >= theirs:
-        host.log(f"{unit}: already restarted after rank 0 ({rank0[0]}) did: its rank guard followed")
-        return True
-    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service",
-                                       _sudo=bool(host.data.get("_sudo")))
+    generation = _show(lambda c: head.run_shell_command(c, _sudo=bool(head.data.get("_sudo"))), rank0[1])
+    generation = generation.get("InvocationID", "")
+    run = lambda c: host.run_shell_command(c, _sudo=sudo)  # noqa: E731
+    deadline = time.monotonic() + follow_s
+    while generation:
+        mine, follows = _show(run, unit), _following(run, unit)
+        if (mine.get("ActiveState") in ("active", "activating") and follows.get("leader_invocation") == generation
+                and follows.get("engine_invocation") == mine.get("InvocationID")):
+            host.log(f"{unit}: follows rank 0's invocation {generation} ({rank0[0]}): its rank guard restarted it")
+            return True
+        if time.monotonic() >= deadline:
+            break
+        _sleep(2)
+    host.log(f"{unit}: not following rank 0's invocation {generation or '(none)'}: restarting it")
+    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service", _sudo=sudo)
     return bool(status)
 
 
@@ -384,26 +484,73 @@ def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, s
     return [(p.host, p.unit, config_paths(p)) for p in group]
 
 
-def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
+def _in_run(name: str) -> bool:
+    """Is the host part of this run (not left out by --limit)?"""
+    target = context.inventory.get_host(name) if context.inventory else None
+    return target is not None and context.state.is_host_in_limit(target)
+
+
+def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> None:
+    group = rank_group(ctx.rendered, proc)
+    made_live = live.get(proc.unit)
+    url = health_url(proc)
+    if url is None and proc.node_rank and wait:
+        url = local_url(proc, "/health")  # a rank > 0 answers /health on its own host once it joined its group
     unit_started(
         name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
         unit=proc.unit,
-        url=health_url(proc),
+        url=url,
         timeout_s=ctx.recipe.health_timeout_s,
         paths=_unit_paths(ctx, proc),
-        restart=unit_change_flag(ctx, proc.unit),
+        restart=lambda: changed(made_live) or unit_change_flag(ctx, proc.unit)(),
         wait=wait,
         members=rollback_members(ctx, proc),
-        rank0=[group[0].host, group[0].unit] if (group := rank_group(ctx.rendered, proc)) and proc.node_rank else None,
+        rank0=[group[0].host, group[0].unit] if group and proc.node_rank and _in_run(group[0].host) else None,
     )
 
 
-def _save_last_good(ctx: DeploymentContext, procs: list[Process]) -> None:
+def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) -> None:
     for proc in procs:
         head = (rank_group(ctx.rendered, proc) or [proc])[0]
+        # a rank whose rank 0 is outside the run (--limit) passed its own join gate
+        gate = None if head is proc else (head.host, head.unit) if _in_run(head.host) else (proc.host, proc.unit)
+        made_live = live.get(proc.unit)
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
-                                 paths=config_paths(proc), restart=unit_change_flag(ctx, proc.unit),
-                                 gate=None if head is proc else (head.host, head.unit))
+                                 paths=config_paths(proc), gate=gate,
+                                 restart=lambda made_live=made_live, unit=proc.unit: (
+                                     changed(made_live) or unit_change_flag(ctx, unit)()))
+
+
+def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
+    """The staged configuration of ``procs`` becomes their live one (one call site each: every host of the wave
+    together), systemd reloads what it says changed, the units are enabled, the guards pick up new configs.
+    Returns unit -> the activation's result, which restarts the unit."""
+    from pyinfra.operations import systemd
+
+    from roles.sglang_service import live_files
+
+    if not procs:
+        return {}
+    live, guards = {}, []
+    for proc in procs:
+        files = [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
+        live[proc.unit] = config_live(name=f"{proc.unit}: staged configuration made live", unit=proc.unit,
+                                      files=files, changing=unit_change_flag(ctx, proc.unit))
+        if rank_group(ctx.rendered, proc):
+            guards.append((proc, live[proc.unit]))
+    units = [f"{p.unit}.service" for p in procs] + [f"{rank_guard_unit(p)}.service" for p, _ in guards]
+    ops = list(live.values())
+    daemon_reloaded(name="systemd loaded the live unit files (NeedDaemonReload=no)", units=units,
+                    changing=lambda: any(changed(op) for op in ops))
+    for proc in procs:
+        systemd.service(name=f"{proc.unit}.service enabled", service=f"{proc.unit}.service", running=None,
+                        enabled=True)
+    script = ctx.__dict__.get("_rank_guard_script_op", False)
+    for proc, op in guards:
+        # a new guard config or script reaches a running guard without restarting its engine
+        run_if_changed(name=f"{rank_guard_unit(proc)} picks up its new config", triggers=[op, script],
+                       command=f"systemctl try-restart {rank_guard_unit(proc)}.service")
+    return live
 
 
 @deploy("Launch")
@@ -411,9 +558,9 @@ def apply(ctx: DeploymentContext) -> None:
     from roles import launch_preflight
 
     if not ctx.launch:
-        # the checks that need no running peer still validate the prepared hosts
+        # the checks that need no running peer still validate the prepared hosts; nothing staged becomes live
         launch_preflight.apply(ctx)
-        not_launched(name="Launch", reason="prepared and validated; not started: launch=false")
+        not_launched(name="Launch", reason="prepared and validated; staged, not live, not started: launch=false")
         return
     # the deployment = every host the render placed a process on (inventory names)
     deployment = sorted({p.host for p in ctx.rendered.processes})
@@ -425,27 +572,35 @@ def apply(ctx: DeploymentContext) -> None:
         for unit, (image, cmd, env_names) in containers.items():
             container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
                               env_names=env_names)
-    # /dev/shm, memlock, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
+    # /dev/shm, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
     ranks0, others, routers = start_order(ctx.processes)
     # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
     # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
     # host from one line each, are operations every host shares: no host passes one before all reached it.
-    wave_barrier(name="Launch: rank 0 of each group (all hosts passed the preflight)")
+    wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
+    # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
+    # from here on starts the new configuration on every rank, never a mix
+    live = make_live(ctx, ranks0 + others)
+    launch_preflight.memlock_checks(ctx, {unit: (lambda op=op: changed(op)) for unit, op in live.items()})
+    wave_barrier(name="Launch: rank 0 of each group")
     for proc in ranks0:
-        _start(ctx, proc, wait=proc.nnodes == 1)
-    _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1])
+        _start(ctx, proc, wait=proc.nnodes == 1, live=live)
+    _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1], live)
     wave_barrier(name="Launch: the other ranks (rank 0 of every group started)")
     for proc in others:
-        _start(ctx, proc, wait=False)
+        head = rank_group(ctx.rendered, proc)[0]
+        # rank 0 outside this run (--limit, e.g. a rebuilt host): the rank is gated on joining its group
+        _start(ctx, proc, wait=not _in_run(head.host), live=live)
     for proc in ranks0:
         if proc.nnodes > 1 and health_url(proc):
             # rank 0 answers /health only once every rank of its group joined
             health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
                         timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc))
     # every rank of a healthy group: its files are the group's last good configuration
-    _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1])
+    _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
     wave_barrier(name="Launch: the routers (every engine group healthy)")
+    live = make_live(ctx, routers)
     for proc in routers:
-        _start(ctx, proc, wait=True)
-    _save_last_good(ctx, routers)
+        _start(ctx, proc, wait=True, live=live)
+    _save_last_good(ctx, routers, live)
