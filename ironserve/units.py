@@ -6,6 +6,8 @@ all see byte-identical files.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,11 @@ class UnitFiles:
 
 
 def venv_path(recipe: Recipe) -> str:
-    return f"{VENV_ROOT}/{recipe.id}"
+    """Versioned by what is installed in it (Python, pinned packages, indexes): a new set of packages is a new venv
+    beside the one the live unit runs, never an upgrade in place, and a unit's ExecStart names its venv, so a
+    rollback of the unit is a rollback of its runtime too."""
+    digest = hashlib.sha256(json.dumps(recipe.runtime.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    return f"{VENV_ROOT}/{recipe.id}-{digest[:12]}"
 
 
 def image_ref(recipe: Recipe) -> str:

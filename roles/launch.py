@@ -1,26 +1,37 @@
 """Launch: the final stage. Nothing starts serving until every host of the deployment converged.
 
-With ``launch=false`` (host data) the stage only says so: everything is prepared and validated, nothing started.
-Otherwise, in order (pyinfra runs each operation on every host before the next one):
+Staged configurations: the prepare stage only writes the next unit, env and guard files beside the live ones
+(roles/sglang_service.py, under /etc/ironserve/staged); this stage alone makes them live. So a crash or guard
+restart always starts the live configuration, and with ``launch=false`` (host data) the stage only says so:
+everything is prepared and validated, nothing live changed, nothing started. Otherwise, in order (pyinfra runs
+each operation on every host before the next one):
 
 1. ``launch_gate``: at execution time, fails (stopping the whole run) if any host of the deployment failed
    earlier, so no host starts serving next to a half-provisioned peer; then the launch preflight
    (roles/launch_preflight.py: each rank's NIC leads to rank 0, a gloo rendezvous of every multi-node group,
-   memlock, PCIe ACS);
-2. rank 0 of each engine group, then the other ranks (prefill/decode groups before the router); single-node
+   PCIe ACS);
+2. the engines' staged files become live (``config_live``), every rank of every group in one wave before any of
+   them restarts, so a restart from then on starts the new configuration on every rank, never a mix; systemd
+   reloads when its own ``NeedDaemonReload`` says so (``daemon_reloaded``: a run killed between writing and
+   reloading is finished by the next one, whatever its change flags); the units are enabled; memlock is judged;
+3. rank 0 of each engine group, then the other ranks (prefill/decode groups before the router); single-node
    groups are health-gated right after their start, multi-node groups after all their ranks are started
-   (rank 0 only answers /health once the other ranks joined);
-3. the router, health-gated.
+   (rank 0 only answers /health once the other ranks joined); a rank whose rank 0 is outside the run
+   (``--limit``, e.g. a rebuilt host) is gated on its own /health (it joined its group);
+4. the router's staged files become live, then the router starts, health-gated.
 
 A unit that passes its gate has its files saved as its last good configuration; one that fails it after this run
 started or restarted it is rolled back to that configuration with its whole group (roles/rollback.py), and the
 deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve-rank-guard,
-installed by roles/sglang_service.py) that restarts the whole group when one rank fails after the launch.
+staged by roles/sglang_service.py) that restarts the whole group when one rank fails after the launch.
 
-Each start is idempotent: a running unit whose unit file, env file and runtime did not change since it
-started (file mtimes against systemd's ActiveEnterTimestamp, plus the changed flags of this run's earlier
-operations, recorded on the context by the other roles) and that answers /health is left alone. A running
-but stale unit is restarted; a running unit that is not healthy yet is waited for, not restarted.
+Each start is idempotent: a running unit whose live files did not change since it started (their mtimes
+against its ActiveEnterTimestamp, both on its own host; judged again when the operation runs if a file became
+live in this run) and whose runtime this run did not change (the change flags recorded on the context by the
+runtime roles), and that answers /health, is left alone. A running but stale unit is restarted; a running unit
+that is not healthy yet is waited for, not restarted. Group identity is systemd's: rank 0's engine
+InvocationID is the group's generation, and a rank > 0 whose guard records that its engine follows it is not
+restarted again (clocks of two hosts are never compared).
 
 The health gate polls ``http://127.0.0.1:PORT/health`` on the host itself (or the bind address when the
 process binds one address), printing progress every ``health_progress_s``, and fails with the unit's last
@@ -99,6 +110,12 @@ def note_image(ctx: DeploymentContext, ref: str) -> None:
 
 def runtime_paths(ctx: DeploymentContext) -> list[str]:
     return list(_records(ctx)["paths"])
+
+
+def runtime_change_flag(ctx: DeploymentContext):
+    """A callable: did this run change the runtime every unit of this host runs (image, venv packages)?"""
+    metas = list(_records(ctx)["runtime"])
+    return lambda: any(changed(m) for m in metas)
 
 
 def unit_change_flag(ctx: DeploymentContext, unit: str):
@@ -284,30 +301,35 @@ def _wants_restart(restart) -> bool:
 
 @operation()
 def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
-                 restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None):
-    """The unit runs its current configuration and (with ``url`` and ``wait``) answers /health.
+                 restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None,
+                 live_changing=False):
+    """The unit runs its live configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
-    (``paths``) or ``restart`` says this run changed it; waits for health after either. A running, fresh
-    unit is only checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members``
-    (host, unit, config paths) back to their last good configuration (roles/rollback.py).
+    (``paths``; mtimes and ActiveEnterTimestamp of this one host) or ``restart`` says this run changed its runtime;
+    ``live_changing``: the launch may make a new file live in this run (the facts predate it), so the staleness
+    is judged again when the operation runs. Waits for health after a (re)start. A running, fresh unit is only
+    checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members`` (host, unit,
+    config paths) back to their last good configuration (roles/rollback.py).
 
     ``rank0`` ([host, unit], ranks > 0 of a multi-node group): the rank's guard restarts it by itself when rank 0
-    restarts, so a running rank is restarted only if it has not started since rank 0 did (checked when the
-    operation runs); a second restart would break the group rank 0 is forming.
+    restarts, so a running rank is restarted only if its engine does not already follow rank 0's current
+    invocation (checked when the operation runs); a second restart would break the group rank 0 is forming.
     """
-    state = host.get_fact(UnitState, unit=unit, paths=list(paths or []))
+    paths = list(paths or [])
+    state = host.get_fact(UnitState, unit=unit, paths=paths)
     running = state["active"] in ("active", "activating", "reloading")
     gate = url is not None and wait
     if not running:
         yield f"systemctl start {shlex.quote(unit)}.service"
     else:
-        since = state.get("since")
-        stale = sorted(p for p, t in (state.get("mtimes") or {}).items() if since and t > since)
-        if (stale or _wants_restart(restart)) and rank0:
-            yield FunctionCommand(restart_unless_following, (unit, list(rank0)), {})
-        elif stale or _wants_restart(restart):
-            yield f"systemctl restart {shlex.quote(unit)}.service"
+        if stale_paths(state) or _wants_restart(restart):
+            if rank0:
+                yield FunctionCommand(restart_unless_following, (unit, list(rank0), paths), {})
+            else:
+                yield f"systemctl restart {shlex.quote(unit)}.service"
+        elif _wants_restart(live_changing):
+            yield FunctionCommand(restart_if_stale, (unit, paths, list(rank0) if rank0 else None), {})
         elif gate and host.get_fact(HttpStatus, url=url) == 200:
             host.noop(f"{unit} is running, unchanged and healthy")
             return
@@ -316,6 +338,30 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
             return
     if gate:
         yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+
+
+def stale_paths(state: dict) -> list[str]:
+    """The files (live) written after the unit's current start, on the unit's own host."""
+    since = state.get("since")
+    return sorted(p for p, t in (state.get("mtimes") or {}).items() if since and t > since)
+
+
+def _stale_now(host, unit: str, paths: list[str]) -> list[str]:
+    _, out = host.run_shell_command(UnitState().command(unit, paths), _sudo=bool(host.data.get("_sudo")))
+    return stale_paths(UnitState().process(out.stdout_lines))
+
+
+def restart_if_stale(state, host, unit: str, paths: list[str], rank0: list | None) -> bool:
+    """Restart the unit if a live file became newer than its start in this run (judged now); else leave it."""
+    stale = _stale_now(host, unit, paths)
+    if not stale:
+        host.log(f"{unit}: its live files did not change: not restarted")
+        return True
+    if rank0:
+        return restart_unless_following(state, host, unit, rank0, paths)
+    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service",
+                                       _sudo=bool(host.data.get("_sudo")))
+    return bool(status)
 
 
 def _show(run, unit: str) -> dict:
@@ -331,12 +377,13 @@ def _following(run, unit: str) -> dict:
         return {}
 
 
-def restart_unless_following(state, host, unit: str, rank0: list[str], follow_s: float = RANK_FOLLOW_S) -> bool:
+def restart_unless_following(state, host, unit: str, rank0: list[str], paths: list[str] | None = None,
+                             follow_s: float = RANK_FOLLOW_S) -> bool:
     """Restart a rank > 0 unless its engine already follows rank 0's current engine invocation (the group's
-    generation): its guard records which invocation of rank 0 its engine joined (ironserve.units.following_path).
-    Rank 0 was just (re)started: the guard follows within a few polls, so this waits up to ``follow_s`` for it
-    before restarting the rank itself (a second restart would break the group rank 0 is forming). Identity only,
-    no clocks of two hosts compared."""
+    generation) and started after its own live files: its guard records which invocation of rank 0 its engine
+    joined (ironserve.units.following_path). Rank 0 was just (re)started: the guard follows within a few polls, so
+    this waits up to ``follow_s`` for it before restarting the rank itself (a second restart would break the group
+    rank 0 is forming). Identity across hosts, never their clocks compared."""
     sudo = bool(host.data.get("_sudo"))
     head = state.inventory.get_host(rank0[0])
     generation = _show(lambda c: head.run_shell_command(c, _sudo=bool(head.data.get("_sudo"))), rank0[1])
@@ -347,6 +394,8 @@ def restart_unless_following(state, host, unit: str, rank0: list[str], follow_s:
         mine, follows = _show(run, unit), _following(run, unit)
         if (mine.get("ActiveState") in ("active", "activating") and follows.get("leader_invocation") == generation
                 and follows.get("engine_invocation") == mine.get("InvocationID")):
+            if paths and _stale_now(host, unit, paths):
+                break  # in rank 0's group, but started before its own new files: the group restarts around it
             host.log(f"{unit}: follows rank 0's invocation {generation} ({rank0[0]}): its rank guard restarted it")
             return True
         if time.monotonic() >= deadline:
@@ -502,7 +551,8 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
         url=url,
         timeout_s=ctx.recipe.health_timeout_s,
         paths=_unit_paths(ctx, proc),
-        restart=lambda: changed(made_live) or unit_change_flag(ctx, proc.unit)(),
+        restart=runtime_change_flag(ctx),
+        live_changing=lambda: changed(made_live),
         wait=wait,
         members=rollback_members(ctx, proc),
         rank0=[group[0].host, group[0].unit] if group and proc.node_rank and _in_run(group[0].host) else None,

@@ -7,14 +7,17 @@ good configuration. A converged rerun copies nothing (the fact compares hashes).
 
 When a started or restarted unit then fails its gate (the unit dies, or no 200 within the recipe's
 ``health_timeout_s``) and a last good configuration differing from the current files exists on every host of
-its group, the gate rolls back: the last good files are restored on each of those hosts, systemd reloaded, the
-units restarted (rank 0 first) and the gate waited for again. The deploy still fails, and says what happened:
+its group, the gate rolls back: the last good files are restored on each of those hosts (each restore checked;
+env files keep the CURRENT values of their secrets, so a rotated key never comes back), systemd reloaded, the
+units restarted (rank 0 first, each restart checked) and the gate waited for again. A rank > 0 saves its files
+only when rank 0's gate positively passed in this run (a gate that did not run vouches for nothing). The deploy still fails, and says what happened:
 ``ROLLED BACK <unit> ...: the new configuration failed its health gate (why); the last good one from <time> is
 serving again`` (or that the rollback did not become healthy either). The next run applies the new configuration
 again (it is still what the recipe declares) unless the recipe is fixed.
 
-Not rolled back: the runtime itself. A venv whose pinned packages changed is upgraded in place, and a derived
-image is rebuilt under the same tag; a digest-pinned image change is rolled back (the digest is in the unit).
+Not rolled back: the runtime itself where it is not versioned. A derived image is rebuilt under the same tag;
+a digest-pinned image change is rolled back (the digest is in the unit), and so is a venv (versioned by its
+pinned packages: ironserve.units.venv_path, in the unit's ExecStart).
 
 Host data: ``rollback`` [true] (false: a failed gate only fails the deploy).
 """

@@ -1,4 +1,8 @@
-"""uv runtime (uv recipes): a pinned uv, and /opt/ironserve/venvs/<recipe> with the recipe's Python and packages.
+"""uv runtime (uv recipes): a pinned uv, and a venv with the recipe's Python and packages.
+
+The venv is versioned by what goes into it (ironserve.units.venv_path: /opt/ironserve/venvs/<recipe>-<digest of
+the runtime>): a changed package set is installed into a new venv beside the one the live unit runs, never into
+it, and the staged unit names the new one, so nothing that runs changes before the launch stage makes it live.
 
 Host data (defaults in brackets):
 
@@ -12,7 +16,8 @@ Host data (defaults in brackets):
   host has no interpreter of the recipe's version (air-gapped clusters)
 
 Idempotent where pyinfra's uv.venv is not: the venv is created only when missing or of another Python
-(major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs.
+(major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs (an
+install a killed run left unfinished, in a venv no unit runs yet).
 The requirements as installed (with the index options) are written to <venv>/ironserve-requirements.txt for
 audit; its mtime also tells the launch stage that the runtime changed under a running unit.
 """

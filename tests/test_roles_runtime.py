@@ -22,7 +22,7 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import KEY_LAUNCHER, exec_argv, unit_files
+from ironserve.units import KEY_LAUNCHER, exec_argv, unit_files, venv_path
 from roles import container_runtime as cr
 from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
 
@@ -95,6 +95,17 @@ def test_drift_reasons():
 
 
 # --------------------------------------------------------------------------- uv
+
+
+def test_a_new_package_set_is_a_new_venv_beside_the_live_one():
+    recipe = catalogue.get_recipe("tiny-cpu")
+    bumped = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(
+        update={"packages": [p if not p.startswith("numpy==") else "numpy==2.3.4" for p in recipe.runtime.packages]})})
+    assert venv_path(recipe).startswith("/opt/ironserve/venvs/tiny-cpu-") and venv_path(recipe) == venv_path(recipe)
+    assert venv_path(bumped) != venv_path(recipe)  # never an upgrade in place under a running unit
+    hosts = [InventoryHost(n, {"hardware": "cpu-lab"}) for n in ("r0", "n0", "n1")]
+    hosts[0].data["ironserve_role"] = "router"
+    assert exec_argv(bumped, render(bumped, hosts).processes[0])[0].startswith(venv_path(bumped) + "/bin/")
 
 
 def test_requirements_diff_only_changed_pins():
@@ -178,7 +189,7 @@ def test_parse_check_invocations():
     recipe, rendered = _tiny()
     server, router = rendered.processes[0], rendered.processes[-1]
     argv = ss.parse_check_argv(recipe, server)
-    assert argv[:5] == ["/opt/ironserve/venvs/tiny-cpu/bin/python3", ss.PARSE_CHECK, "--kind", "server", "--"]
+    assert argv[:5] == [f"{venv_path(recipe)}/bin/python3", ss.PARSE_CHECK, "--kind", "server", "--"]
     assert argv[5:] == server.argv[3:]
     assert ss.parse_check_argv(recipe, router)[3] == "router"
     glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
