@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .spec import HardwareProfile, Recipe, ServerOptions
+from .spec import RANK_GUARD_PORT_OFFSET, HardwareProfile, Recipe, ServerOptions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,8 +192,6 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
 def _rank_guard_port_problems(recipe: Recipe, file: str) -> list[Problem]:
     """Rank 0 of a multi-node group also listens on its rank guard's port (dist-init + 100, see
     ironserve/units.py): it must not be a port the deployment already uses."""
-    from .units import RANK_GUARD_PORT_OFFSET
-
     taken = {recipe.server.port or 30000: "server.port"}
     if recipe.topology.router:
         taken[recipe.topology.router.port] = "topology.router.port"

@@ -287,6 +287,11 @@ class Router(Strict):
     )
 
 
+# rank 0 of a multi-node group runs its rank guard (files/bin/ironserve-rank-guard) on the group's dist-init
+# port + 100: SGLang itself takes dist-init .. dist-init + 6 + dp
+RANK_GUARD_PORT_OFFSET = 100
+
+
 class Group(Strict):
     """A set of identical engine instances: one server, one prefill or one decode group."""
 

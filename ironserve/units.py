@@ -15,21 +15,23 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from .render import Process, Rendered
-from .spec import DockerRuntime, HostTuning, Recipe, UvRuntime
+from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HostTuning, Recipe, UvRuntime
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "files" / "templates"
 
 ETC_DIR = "/etc/ironserve"
+UNIT_DIR = "/etc/systemd/system"
 VENV_ROOT = "/opt/ironserve/venvs"
 JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
 # files/bin/ironserve-exec on the host (and mounted read-only at the same path in containers): it appends
 # --api-key from the environment to the engine's argv in-process, so the key never shows in `ps`.
 KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
-KEY_ENV = ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE")
+API_KEY_ENV = "IRONSERVE_API_KEY"
+API_KEY_FILE_ENV = "IRONSERVE_API_KEY_FILE"
+KEY_ENV = (API_KEY_ENV, API_KEY_FILE_ENV)
+HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
-# the leader's guard listens on the group's dist-init port + 100: SGLang takes dist-init .. dist-init + 6 + dp
-RANK_GUARD_PORT_OFFSET = 100
 RANK_GUARD_POLL_S = 5
 RANK_GUARD_FAILURES = 3
 # The deploy's health gate (recipe.health_timeout_s) and its rollback decide about a new group first: the leader's
@@ -44,7 +46,7 @@ RANK_GROUP_STATE_DIR = "/run/ironserve/rank-groups"
 # live path (/etc/ironserve/staged/etc/systemd/system/U.service); only the launch stage makes them live.
 STAGED_DIR = "/etc/ironserve/staged"
 # env keys holding secrets: a rollback keeps their current values (a rotated secret never comes back)
-SECRET_ENV = ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE", "HF_TOKEN")
+SECRET_ENV = (API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV)
 
 
 @dataclass
@@ -53,6 +55,17 @@ class UnitFiles:
     unit_text: str
     env_path: str
     env_text: str  # 0600: may hold secrets (HF_TOKEN, API key)
+
+
+def sha256_text(text: str) -> str:
+    """The content hash of a file ironserve writes: what the deploy compares and the audit checks."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sourcing_script(scripts: list[str]) -> str:
+    """A bash -c script that sources the runtime's env scripts (CANN's set_env.sh, ...) and then execs its
+    arguments: ``["/bin/bash", "-c", sourcing_script(s), NAME, *argv]``."""
+    return "; ".join(f"source {shlex.quote(s)}" for s in scripts) + '; exec "$@"'
 
 
 def venv_path(recipe: Recipe) -> str:
@@ -105,8 +118,7 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
         bin_dir = f"{venv_path(recipe)}/bin"
         argv[0] = f"{bin_dir}/{argv[0]}"
         if sourced:
-            script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-            argv = ["/bin/bash", "-c", script, proc.unit, *argv]
+            argv = ["/bin/bash", "-c", sourcing_script(sourced), proc.unit, *argv]
         return argv
     assert isinstance(runtime, DockerRuntime)
     run = runtime.run
@@ -136,8 +148,7 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     if api_key:
         docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
-        script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-        docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, proc.unit]
+        docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced), proc.unit]
     else:
         docker.append(image_ref(recipe))
     return docker + argv
@@ -311,11 +322,11 @@ def systemd_bundle(rendered: Rendered, tuning: HostTuning) -> str:
     out = []
     for proc in rendered.processes:
         files = unit_files(rendered.recipe, proc, tuning)
-        out.append(f"# ===== host {proc.host}: /etc/systemd/system/{files.unit_name}\n{files.unit_text}")
+        out.append(f"# ===== host {proc.host}: {UNIT_DIR}/{files.unit_name}\n{files.unit_text}")
         out.append(f"# ===== host {proc.host}: {files.env_path} (mode 0600)\n{files.env_text}")
         members = rank_group(rendered, proc)
         if members:
             guard = rank_guard_files(rendered.recipe, proc, members)
-            out.append(f"# ===== host {proc.host}: /etc/systemd/system/{guard.unit_name}\n{guard.unit_text}")
+            out.append(f"# ===== host {proc.host}: {UNIT_DIR}/{guard.unit_name}\n{guard.unit_text}")
             out.append(f"# ===== host {proc.host}: {guard.config_path}\n{guard.config_text}")
     return "\n".join(out)

@@ -26,7 +26,7 @@ from pyinfra.operations import python
 
 from ironserve import bench
 from ironserve.spec import DockerRuntime
-from ironserve.units import env_path, image_ref, venv_path
+from ironserve.units import API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV, env_path, image_ref, sourcing_script, venv_path
 from roles.context import DeploymentContext
 
 TIMEOUT_S = 3600
@@ -53,11 +53,10 @@ def command(ctx: DeploymentContext) -> str:
     else:
         wrapper = [f"{venv_path(recipe)}/bin/{argv[0]}", *argv[1:]]
     if runtime.source_env:
-        sourced = "; ".join(f"source {shlex.quote(s)}" for s in runtime.source_env)
-        wrapper = ["/bin/bash", "-c", sourced + '; exec "$@"', "bench", *wrapper]
+        wrapper = ["/bin/bash", "-c", sourcing_script(runtime.source_env), "bench", *wrapper]
     key_env = (f"set -a; . {shlex.quote(env_path(engine))}; set +a; "
-               'export OPENAI_API_KEY="${IRONSERVE_API_KEY:-$(cat "${IRONSERVE_API_KEY_FILE:-/dev/null}" 2>/dev/null)}"; '
-               "unset IRONSERVE_API_KEY IRONSERVE_API_KEY_FILE HF_TOKEN; ")
+               f'export OPENAI_API_KEY="${{{API_KEY_ENV}:-$(cat "${{{API_KEY_FILE_ENV}:-/dev/null}}" 2>/dev/null)}}"; '
+               f"unset {API_KEY_ENV} {API_KEY_FILE_ENV} {HF_TOKEN_ENV}; ")
     run = " ".join(shlex.quote(a) for a in wrapper)
     return (f"rm -f {bench.RESULT_FILE}; ( {key_env}{run} ) > /tmp/ironserve-bench.log 2>&1; rc=$?; "
             f"tail -n 40 /tmp/ironserve-bench.log; echo ironserve-bench-rc=$rc; "

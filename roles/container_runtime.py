@@ -31,7 +31,6 @@ operation ``container_current`` (called by roles/launch.py, which owns restarts)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from io import StringIO
@@ -44,9 +43,9 @@ from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd
 
 from ironserve.spec import DockerRuntime
-from ironserve.units import ETC_DIR, image_ref
+from ironserve.units import ETC_DIR, image_ref, sha256_text
+from roles.common import deb822_source, run_if_changed, truthy
 from roles.context import DeploymentContext
-from roles import launch
 
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
 NVIDIA_CONTAINER_PACKAGES = ["nvidia-container-toolkit"]
@@ -97,21 +96,6 @@ def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url
         # the build runs on the host: an air-gapped host reaches only the mirror (ARG is visible to RUN only)
         lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
     lines += list(patches)
-    return "\n".join(lines) + "\n"
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def deb822_source(uris: str, suite: str, components: str | None, signed_by: str | None, trusted: bool) -> str:
-    lines = ["# managed by ironserve", "Types: deb", f"URIs: {uris}", f"Suites: {suite}"]
-    if components and not suite.endswith("/"):
-        lines.append(f"Components: {components}")
-    if trusted:
-        lines.append("Trusted: yes")
-    elif signed_by:
-        lines.append(f"Signed-By: {signed_by}")
     return "\n".join(lines) + "\n"
 
 
@@ -362,7 +346,7 @@ def drift(have: dict, image: str, cmd: list[str], env_names: list[str]) -> list[
 
 def _keyring(ctx: DeploymentContext, name: str, url: str) -> tuple[str | None, bool]:
     """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says."""
-    if launch.truthy(ctx.get("apt_trusted"), False):
+    if truthy(ctx.get("apt_trusted"), False):
         return None, True
     if ctx.get("apt_signed_by"):
         return ctx.get("apt_signed_by"), False
@@ -404,7 +388,7 @@ def apply(ctx: DeploymentContext) -> None:
     # also when a package is still missing: a run that failed after writing the sources never updated
     installed = host.get_fact(DebPackages) or {}
     missing = any(p not in installed for p in packages)
-    launch.run_if_changed(name="apt update (sources changed)", command="apt-get update", triggers=[*sources, missing])
+    run_if_changed(name="apt update (sources changed)", command="apt-get update", triggers=[*sources, missing])
     apt.packages(name="Docker and the NVIDIA container toolkit", packages=packages, no_recommends=True)
     systemd.service(name="Docker running", service="docker.service", running=True, enabled=True)
     if ctx.vendor == "nvidia":
@@ -416,11 +400,11 @@ def apply(ctx: DeploymentContext) -> None:
         changes.append(derived_image(name=f"Derived image ironserve/{ctx.recipe.id}:derived", recipe_id=ctx.recipe.id,
                                      image=runtime.image, digest=runtime.digest, patches=list(runtime.patches),
                                      pip_index_url=ctx.get("pip_index_url")))
-    launch.record_runtime_change(ctx, *changes)
+    ctx.changes.record_runtime_change(*changes)
     # a unit started before these files last changed runs an older image (see roles/launch.py)
-    launch.record_runtime_paths(ctx, *([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
-                                *([] if runtime.digest else [lock_path(ctx.recipe.id)]))
-    launch.note_image(ctx, image_ref(ctx.recipe))
+    ctx.changes.record_runtime_paths(*([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
+                                     *([] if runtime.digest else [lock_path(ctx.recipe.id)]))
+    ctx.changes.image = image_ref(ctx.recipe)
 
 
 # --------------------------------------------------------------------------- audit

@@ -23,8 +23,7 @@ from ironserve.catalogue import Problem, SpecError
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, render
 from ironserve.spec import HardwareProfile, HostTuning, Recipe, effective_tuning
-
-FALSE = {"false", "0", "no", "off"}
+from roles.common import ChangeRecords, truthy
 
 
 @dataclass
@@ -38,6 +37,11 @@ class DeploymentContext:
     processes: list[Process]
     launch: bool
     data: dict = field(default_factory=dict)
+    # what this run's operations on this host change (filled by the roles while planning, read by the launch)
+    changes: ChangeRecords = field(default_factory=ChangeRecords)
+    # {(host, unit): did its health gate pass}, filled while the run executes; one dict shared by the contexts of
+    # every host of the run (a rank > 0 saves its last good configuration only when rank 0's gate passed)
+    gate_results: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     @property
     def is_router_only(self) -> bool:
@@ -59,15 +63,8 @@ class DeploymentContext:
         return model_path_on(self.recipe, InventoryHost(self.host_name, self.data))
 
 
-def truthy(value, default=True) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() not in FALSE
-
-
-def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], where: str = "inventory") -> DeploymentContext:
+def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], where: str = "inventory",
+                  gate_results: dict | None = None) -> DeploymentContext:
     """Pure: from (name, data) pairs of the whole inventory, in order, to this host's context."""
     data = dict(next(d for n, d in hosts if n == host_name))
     hw_id = data.get("hardware")
@@ -92,8 +89,9 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
         rendered=rendered,
         host_name=host_name,
         processes=rendered.for_host(host_name),
-        launch=truthy(data.get("launch")),
+        launch=truthy(data.get("launch"), True),
         data=data,
+        gate_results=gate_results if gate_results is not None else {},
     )
 
 
@@ -107,7 +105,9 @@ def current(model: str) -> DeploymentContext:
     key = (model, host.name)
     if key not in _CACHE:
         hosts = [(h.name, _host_data(h)) for h in inventory]
-        _CACHE[key] = build_context(model, host.name, hosts)
+        # the hosts of one run share its gate results
+        peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
+        _CACHE[key] = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
     return _CACHE[key]
 
 

@@ -13,6 +13,10 @@ of the prepare stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+
+from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
     container_runtime,
@@ -29,27 +33,68 @@ from roles import (
     uv_env,
 )
 from roles.context import DeploymentContext, current
-from ironserve.spec import DockerRuntime
+
+
+def _always(ctx: DeploymentContext) -> bool:
+    return True
+
+
+def _nvidia(ctx: DeploymentContext) -> bool:
+    return ctx.vendor == "nvidia"
+
+
+def _docker(ctx: DeploymentContext) -> bool:
+    return isinstance(ctx.recipe.runtime, DockerRuntime)
+
+
+# The one role registry: the prepare stage's roles in order, each with when it applies to a host. The deploy runs
+# them; the audit collects what they put on a host (their desired_files/packages/runtime) from the same list.
+PREPARE_ROLES: list[tuple[ModuleType, Callable[[DeploymentContext], bool]]] = [
+    (preflight, _always),
+    (host_tuning, _always),
+    (nvidia_driver, _nvidia),
+    (cuda, _nvidia),
+    (gpu_clocks, _nvidia),
+    (nccl, _nvidia),
+    (ascend, lambda ctx: ctx.vendor == "huawei"),
+    (container_runtime, _docker),
+    (uv_env, lambda ctx: not _docker(ctx)),
+    (model_weights, lambda ctx: not ctx.is_router_only),
+    (sglang_service, _always),
+    (router, _always),
+]
+
+
+def roles_for(ctx: DeploymentContext) -> list[ModuleType]:
+    """The prepare stage's roles that apply to this host, in order."""
+    return [role for role, applies in PREPARE_ROLES if applies(ctx)]
 
 
 def prepare(ctx: DeploymentContext) -> None:
-    preflight.apply(ctx)
-    host_tuning.apply(ctx)
-    if ctx.vendor == "nvidia":
-        nvidia_driver.apply(ctx)
-        cuda.apply(ctx)
-        gpu_clocks.apply(ctx)
-        nccl.apply(ctx)
-    elif ctx.vendor == "huawei":
-        ascend.apply(ctx)
-    if isinstance(ctx.recipe.runtime, DockerRuntime):
-        container_runtime.apply(ctx)
-    else:
-        uv_env.apply(ctx)
-    if not ctx.is_router_only:
-        model_weights.apply(ctx)
-    sglang_service.apply(ctx)
-    router.apply(ctx)
+    applies, called = roles_for(ctx), []
+
+    def run(role: ModuleType) -> None:
+        called.append(role)
+        if role in applies:
+            role.apply(ctx)
+
+    # one call line per role, in the registry's order: pyinfra orders operations by the line numbers of their
+    # call stack, so a loop over the registry would order the roles' operations by their lines in each role file
+    run(preflight)
+    run(host_tuning)
+    run(nvidia_driver)
+    run(cuda)
+    run(gpu_clocks)
+    run(nccl)
+    run(ascend)
+    run(container_runtime)
+    run(uv_env)
+    run(model_weights)
+    run(sglang_service)
+    run(router)
+    if called != [role for role, _ in PREPARE_ROLES]:
+        raise RuntimeError("roles/deployment.py: prepare() calls the roles "
+                           f"{[r.__name__ for r in called]}, the registry lists {[r.__name__ for r, _ in PREPARE_ROLES]}")
 
 
 def deploy_model(model: str) -> DeploymentContext:

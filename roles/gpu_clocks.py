@@ -31,11 +31,11 @@ from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import apt, files, pip, systemd
 
+from ironserve.units import UNIT_DIR, sha256_text
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
 UNIT = "ironserve-gpu-clocks.service"
-UNIT_DIR = "/etc/systemd/system"
 SCRIPT_SOURCE = Path(__file__).resolve().parents[1] / "files" / "host" / "ironserve-gpu-clocks.py"
 SCRIPT = "/usr/local/lib/ironserve/ironserve-gpu-clocks.py"
 TOOLS_VENV = "/opt/ironserve/tools"
@@ -141,8 +141,6 @@ def apply(ctx: DeploymentContext) -> None:
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """The boot-time clock unit and its script, for `ironserve audit`."""
-    from ironserve.audit.checks import sha256_text
-
     if ctx.vendor != "nvidia":
         return []
     offset = clock_offset(ctx.profile.accelerator.max_q, ctx.tuning.gpu_memory_clock_offset_mhz, ctx.profile.id)

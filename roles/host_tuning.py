@@ -35,13 +35,13 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import files, systemd
 
+from ironserve.units import UNIT_DIR, sha256_text
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
 GOVERNOR_UNIT = "ironserve-cpu-governor.service"
 SYSCTL_FILE = "/etc/sysctl.d/90-ironserve.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-ironserve.conf"
-UNIT_DIR = "/etc/systemd/system"
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 HEADER = "# Managed by ironserve ({}); local edits are overwritten on the next deploy.\n"
 
@@ -268,8 +268,6 @@ def apply(ctx: DeploymentContext) -> None:
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """What this role writes, for `ironserve audit` (same text functions as the operations above)."""
-    from ironserve.audit.checks import sha256_text
-
     tuning = ctx.tuning
     out = []
     if tuning.governor:

@@ -27,8 +27,8 @@ staged by roles/sglang_service.py) that restarts the whole group when one rank f
 
 Each start is idempotent: a running unit whose live files did not change since it started (their mtimes
 against its ActiveEnterTimestamp, both on its own host; judged again when the operation runs if a file became
-live in this run) and whose runtime this run did not change (the change flags recorded on the context by the
-runtime roles), and that answers /health, is left alone. A running but stale unit is restarted; a running unit
+live in this run) and whose runtime this run did not change (the change flags recorded on the context's ``changes`` by
+the runtime roles), and that answers /health, is left alone. A running but stale unit is restarted; a running unit
 that is not healthy yet is waited for, not restarted. Group identity is systemd's: rank 0's engine
 InvocationID is the group's generation, and a rank > 0 whose guard records that its engine follows it is not
 restarted again (clocks of two hosts are never compared).
@@ -40,8 +40,8 @@ journal lines when ``recipe.health_timeout_s`` passes or the unit dies.
 Host data (defaults in brackets): ``launch`` [true], ``health_poll_s`` [10], ``health_progress_s`` [60],
 ``health_journal_lines`` [40].
 
-Also the small shared helpers the other roles use: ``truthy``, ``changed``, ``run_if_changed`` and the
-per-context change records (``record_runtime_change``, ``record_unit_change``, ``note_image``).
+The helpers the roles share (``truthy``, ``changed``, ``run_if_changed``, the change records, the
+``UnitState``/``HttpStatus`` facts) live in roles/common.py.
 """
 
 from __future__ import annotations
@@ -52,86 +52,23 @@ import time
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
+from pyinfra.operations import systemd
 
 from ironserve.render import Process
-from ironserve.units import (RANK_FOLLOW_S, following_path, local_url, rank_group, rank_guard_unit,
-                             staged_path)
-from roles import rollback
-from roles.context import FALSE, DeploymentContext
+from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, local_url, rank_group,
+                             rank_guard_unit, staged_path)
+from roles import launch_preflight, rollback
+from roles.common import HttpStatus, UnitState, changed, run_if_changed
+from roles.container_runtime import container_current
+from roles.context import DeploymentContext
+from roles.sglang_service import live_files, marker_path
 
 HEALTH_POLL_S = 10
 HEALTH_PROGRESS_S = 60
 HEALTH_JOURNAL_LINES = 40
 
 
-# --------------------------------------------------------------------------- shared helpers
-
-
-def truthy(value, default: bool = False) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() not in FALSE
-
-
-def changed(meta) -> bool:
-    """Did (or, while planning, will) an earlier operation change something? Plain bools pass through."""
-    if meta is None or isinstance(meta, bool):
-        return bool(meta)
-    if meta.is_complete():
-        return meta.did_change()
-    return bool(meta.will_change)
-
-
-def _records(ctx: DeploymentContext) -> dict:
-    # kept on the context object (one per host and model), so every role of this host sees the same record
-    return ctx.__dict__.setdefault("_ironserve_changes", {"runtime": [], "units": {}, "paths": [], "image": None})
-
-
-def record_runtime_change(ctx: DeploymentContext, *metas) -> None:
-    """Operations whose change means every unit of this host runs new code (image, venv packages)."""
-    _records(ctx)["runtime"].extend(metas)
-
-
-def record_unit_change(ctx: DeploymentContext, unit: str, *metas) -> None:
-    """Operations whose change means this unit must restart (unit file, env file)."""
-    _records(ctx)["units"].setdefault(unit, []).extend(metas)
-
-
-def record_runtime_paths(ctx: DeploymentContext, *paths: str) -> None:
-    """Files that change when the runtime does (requirements, Dockerfile, lock): newer than a start = stale."""
-    _records(ctx)["paths"].extend(paths)
-
-
-def note_image(ctx: DeploymentContext, ref: str) -> None:
-    _records(ctx)["image"] = ref
-
-
-def runtime_paths(ctx: DeploymentContext) -> list[str]:
-    return list(_records(ctx)["paths"])
-
-
-def runtime_change_flag(ctx: DeploymentContext):
-    """A callable: did this run change the runtime every unit of this host runs (image, venv packages)?"""
-    metas = list(_records(ctx)["runtime"])
-    return lambda: any(changed(m) for m in metas)
-
-
-def unit_change_flag(ctx: DeploymentContext, unit: str):
-    """A callable for unit_started(restart=...): evaluated when the start operation runs."""
-    rec = _records(ctx)
-    metas = list(rec["runtime"]) + list(rec["units"].get(unit, []))
-    return lambda: any(changed(m) for m in metas)
-
-
-@operation()
-def run_if_changed(command: str, triggers: list):
-    """Run a command when any trigger (an earlier operation's result, or a bool) changed something."""
-    if any(changed(t) for t in triggers):
-        yield command
-    else:
-        host.noop(f"nothing changed: not running {command}")
+# --------------------------------------------------------------------------- plan
 
 
 def health_url(proc: Process) -> str | None:
@@ -151,38 +88,6 @@ def start_order(processes: list[Process]) -> list[list[Process]]:
 
 
 # --------------------------------------------------------------------------- facts
-
-
-class UnitState(FactBase):
-    """systemd state of a unit and the mtimes of the files it was started from.
-
-    {active, sub, since (unix seconds of ActiveEnterTimestamp or None), mtimes {path: seconds}}
-    """
-
-    @staticmethod
-    def default():
-        return {"active": None, "sub": None, "since": None, "mtimes": {}}
-
-    def command(self, unit, paths):
-        stat = f"stat -c 'mtime %Y %n' {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; " if paths else ""
-        return (f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
-                f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true")
-
-    def process(self, output):
-        state = UnitState.default()
-        for line in output:
-            if line.startswith("mtime "):
-                _, seconds, path = line.split(" ", 2)
-                state["mtimes"][path] = int(seconds)
-                continue
-            key, _, value = line.partition("=")
-            if key == "ActiveState":
-                state["active"] = value
-            elif key == "SubState":
-                state["sub"] = value
-            elif key == "ActiveEnterTimestamp" and value.startswith("@"):
-                state["since"] = int(value[1:].split(".")[0]) or None
-        return state
 
 
 class ConfigFiles(FactBase):
@@ -217,17 +122,6 @@ class NeedDaemonReload(FactBase):
             elif unit and (key, value) in (("NeedDaemonReload", "yes"), ("LoadState", "not-found")):
                 found[unit] = True
         return found
-
-
-class HttpStatus(FactBase):
-    """HTTP status of a GET from the host itself (curl), None when nothing answers."""
-
-    def command(self, url):
-        return f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)} || true"
-
-    def process(self, output):
-        text = "".join(output).strip()
-        return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 # --------------------------------------------------------------------------- operations
@@ -302,7 +196,7 @@ def _wants_restart(restart) -> bool:
 @operation()
 def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
                  restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None,
-                 live_changing=False):
+                 live_changing=False, gate_results: dict | None = None):
     """The unit runs its live configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
@@ -315,6 +209,7 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
     ``rank0`` ([host, unit], ranks > 0 of a multi-node group): the rank's guard restarts it by itself when rank 0
     restarts, so a running rank is restarted only if its engine does not already follow rank 0's current
     invocation (checked when the operation runs); a second restart would break the group rank 0 is forming.
+    The gate's outcome goes into ``gate_results`` (the deployment context's, shared by every host of the run).
     """
     paths = list(paths or [])
     state = host.get_fact(UnitState, unit=unit, paths=paths)
@@ -337,7 +232,7 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
             host.noop(f"{unit} is running and unchanged")
             return
     if gate:
-        yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+        yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or [], gate_results), {})
 
 
 def stale_paths(state: dict) -> list[str]:
@@ -407,19 +302,24 @@ def restart_unless_following(state, host, unit: str, rank0: list[str], paths: li
 
 
 @operation()
-def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None = None):
+def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None = None,
+                gate_results: dict | None = None):
     """Wait until the unit answers /health (after the ranks of its multi-node group were started)."""
     if host.get_fact(HttpStatus, url=url) == 200:
         host.noop(f"{unit} is healthy")
         return
-    yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or []), {})
+    yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or [], gate_results), {})
 
 
-def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members: list) -> bool:
+def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members: list,
+                      gate_results: dict | None = None) -> bool:
     """The health gate; when it fails, the rollback of ``members`` to their last good configuration. A gate
-    that failed fails the operation even when the rollback healed the service: the deploy did not converge."""
+    that failed fails the operation even when the rollback healed the service: the deploy did not converge.
+    The outcome is recorded in ``gate_results`` [(host, unit)]: ranks > 0 save their last good configuration
+    only when their rank 0's gate passed."""
     ok, why = await_health(state, host, unit, url, timeout_s)
-    rollback.GATE_RESULTS[(host.name, unit)] = ok
+    if gate_results is not None:
+        gate_results[(host.name, unit)] = ok
     if not ok and members:
         rollback.roll_back(state, host, unit, url, timeout_s, members, why, wait_healthy)
     return ok
@@ -507,24 +407,17 @@ def not_launched(reason: str):
     yield  # noqa: unreachable - an operation is a generator
 
 
-def record_container(ctx: DeploymentContext, unit: str, image: str, cmd: list[str], env_names: list[str]) -> None:
-    """What the running container of a docker unit must look like (checked for drift before the starts)."""
-    _records(ctx).setdefault("containers", {})[unit] = (image, list(cmd), sorted(env_names))
-
-
 def config_paths(proc: Process) -> list[str]:
     """The files a unit is started from, which a rollback restores: unit, env, and a rank's guard files."""
-    from roles.sglang_service import marker_path
-
     # the parse marker too: a restored unit needs no new parse check on the next run
-    paths = [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", marker_path(proc.unit)]
+    paths = [f"{UNIT_DIR}/{proc.unit}.service", f"{ETC_DIR}/{proc.unit}.env", marker_path(proc.unit)]
     if proc.nnodes > 1 and proc.role != "router":
-        paths += [f"/etc/systemd/system/{rank_guard_unit(proc)}.service", f"/etc/ironserve/{proc.unit}.rank-group.json"]
+        paths += [f"{UNIT_DIR}/{rank_guard_unit(proc)}.service", f"{ETC_DIR}/{proc.unit}.rank-group.json"]
     return paths
 
 
 def _unit_paths(ctx: DeploymentContext, proc: Process) -> list[str]:
-    return [f"/etc/systemd/system/{proc.unit}.service", f"/etc/ironserve/{proc.unit}.env", *runtime_paths(ctx)]
+    return [f"{UNIT_DIR}/{proc.unit}.service", f"{ETC_DIR}/{proc.unit}.env", *ctx.changes.runtime_paths]
 
 
 def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, str, list[str]]]:
@@ -551,9 +444,10 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
         url=url,
         timeout_s=ctx.recipe.health_timeout_s,
         paths=_unit_paths(ctx, proc),
-        restart=runtime_change_flag(ctx),
+        restart=ctx.changes.runtime_change_flag(),
         live_changing=lambda: changed(made_live),
         wait=wait,
+        gate_results=ctx.gate_results,
         members=rollback_members(ctx, proc),
         rank0=[group[0].host, group[0].unit] if group and proc.node_rank and _in_run(group[0].host) else None,
     )
@@ -565,27 +459,23 @@ def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) ->
         # a rank whose rank 0 is outside the run (--limit) passed its own join gate
         gate = None if head is proc else (head.host, head.unit) if _in_run(head.host) else (proc.host, proc.unit)
         made_live = live.get(proc.unit)
+        flag = ctx.changes.unit_change_flag(proc.unit)
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
-                                 paths=config_paths(proc), gate=gate,
-                                 restart=lambda made_live=made_live, unit=proc.unit: (
-                                     changed(made_live) or unit_change_flag(ctx, unit)()))
+                                 paths=config_paths(proc), gate=gate, gate_results=ctx.gate_results,
+                                 restart=lambda made_live=made_live, flag=flag: changed(made_live) or flag())
 
 
 def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
     """The staged configuration of ``procs`` becomes their live one (one call site each: every host of the wave
     together), systemd reloads what it says changed, the units are enabled, the guards pick up new configs.
     Returns unit -> the activation's result, which restarts the unit."""
-    from pyinfra.operations import systemd
-
-    from roles.sglang_service import live_files
-
     if not procs:
         return {}
     live, guards = {}, []
     for proc in procs:
         files = [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
         live[proc.unit] = config_live(name=f"{proc.unit}: staged configuration made live", unit=proc.unit,
-                                      files=files, changing=unit_change_flag(ctx, proc.unit))
+                                      files=files, changing=ctx.changes.unit_change_flag(proc.unit))
         if rank_group(ctx.rendered, proc):
             guards.append((proc, live[proc.unit]))
     units = [f"{p.unit}.service" for p in procs] + [f"{rank_guard_unit(p)}.service" for p, _ in guards]
@@ -595,7 +485,7 @@ def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
     for proc in procs:
         systemd.service(name=f"{proc.unit}.service enabled", service=f"{proc.unit}.service", running=None,
                         enabled=True)
-    script = ctx.__dict__.get("_rank_guard_script_op", False)
+    script = ctx.changes.rank_guard_script
     for proc, op in guards:
         # a new guard config or script reaches a running guard without restarting its engine
         run_if_changed(name=f"{rank_guard_unit(proc)} picks up its new config", triggers=[op, script],
@@ -605,8 +495,6 @@ def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
 
 @deploy("Launch")
 def apply(ctx: DeploymentContext) -> None:
-    from roles import launch_preflight
-
     if not ctx.launch:
         # the checks that need no running peer still validate the prepared hosts; nothing staged becomes live
         launch_preflight.apply(ctx)
@@ -615,13 +503,9 @@ def apply(ctx: DeploymentContext) -> None:
     # the deployment = every host the render placed a process on (inventory names)
     deployment = sorted({p.host for p in ctx.rendered.processes})
     launch_gate(name="Launch gate: every host converged", hosts=deployment)
-    containers = _records(ctx).get("containers") or {}
-    if containers:
-        from roles.container_runtime import container_current
-
-        for unit, (image, cmd, env_names) in containers.items():
-            container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
-                              env_names=env_names)
+    for unit, (image, cmd, env_names) in ctx.changes.containers.items():
+        container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
+                          env_names=env_names)
     # /dev/shm, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
     ranks0, others, routers = start_order(ctx.processes)
@@ -646,7 +530,8 @@ def apply(ctx: DeploymentContext) -> None:
         if proc.nnodes > 1 and health_url(proc):
             # rank 0 answers /health only once every rank of its group joined
             health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
-                        timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc))
+                        timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc),
+                        gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
     wave_barrier(name="Launch: the routers (every engine group healthy)")

@@ -42,8 +42,9 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 
 from ironserve.render import Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import dist_init, image_ref, venv_path
-from roles.context import DeploymentContext, truthy
+from ironserve.units import dist_init, image_ref, sourcing_script, venv_path
+from roles.common import UnitState, truthy
+from roles.context import DeploymentContext
 from roles.preflight import plain
 
 LIB_DIR = "/usr/local/lib/ironserve"
@@ -135,18 +136,18 @@ def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: 
             "--world", str(group.world), "--timeout", str(timeout_s)]
     env = nic_env(proc)
     runtime = recipe.runtime
-    sourced = "; ".join(f"source {shlex.quote(s)}" for s in runtime.source_env)
+    sourced = sourcing_script(runtime.source_env) if runtime.source_env else None
     if isinstance(runtime, DockerRuntime):
         run = ["docker", "run", "--rm", "--network", "host", "-v", f"{RENDEZVOUS}:{CONTAINER_RENDEZVOUS}:ro"]
         for key, value in env.items():
             run += ["-e", f"{key}={value}"]
         if sourced:
-            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourced + '; exec "$@"', "rendezvous",
+            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourced, "rendezvous",
                           "python3", CONTAINER_RENDEZVOUS, *args]
         return run + ["--entrypoint", "python3", image_ref(recipe), CONTAINER_RENDEZVOUS, *args]
     core = [f"{venv_path(recipe)}/bin/python3", RENDEZVOUS, *args]
     if sourced:
-        core = ["/bin/bash", "-c", sourced + '; exec "$@"', "rendezvous", *core]
+        core = ["/bin/bash", "-c", sourced, "rendezvous", *core]
     return ["env", *(f"{k}={v}" for k, v in env.items()), *core]
 
 
@@ -243,8 +244,6 @@ def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
 @operation()
 def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str]):
     """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc)."""
-    from roles.launch import UnitState
-
     state = host.get_fact(UnitState, unit=unit, paths=[])
     running = (plain(state) or {}).get("active") in ("active", "activating", "reloading")
     _RUNNING.setdefault(key, {})[rank] = running

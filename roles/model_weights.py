@@ -33,7 +33,7 @@ from pyinfra.operations import files
 
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
-from roles import launch
+from roles.common import truthy
 from roles.context import DeploymentContext
 
 MODEL_SOURCE = "path"
@@ -220,9 +220,9 @@ def apply(ctx: DeploymentContext) -> None:
             ctx.recipe.model.hub_id, path, revision=ctx.recipe.model.revision,
             venv=None if isinstance(runtime, DockerRuntime) else venv_path(ctx.recipe),
             image=image_ref(ctx.recipe) if isinstance(runtime, DockerRuntime) else None,
-            token=token, hf_transfer=launch.truthy(ctx.get("hf_transfer"), False), endpoint=ctx.get("hf_endpoint"))
+            token=token, hf_transfer=truthy(ctx.get("hf_transfer"), False), endpoint=ctx.get("hf_endpoint"))
         weights_downloaded(name=f"Weights {ctx.recipe.model.hub_id} -> {path}", path=path, command=command,
-                           _run_once=launch.truthy(ctx.get("model_shared"), False))
+                           _run_once=truthy(ctx.get("model_shared"), False))
     elif source != "path":
         raise OperationError(f"{ctx.host_name}: model_source must be 'hub' or 'path', not {source!r}")
     checkpoint_verified(name=f"Weights at {path} verified", path=path, strict=not download)

@@ -50,7 +50,8 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from roles import preflight
-from roles.context import DeploymentContext, truthy
+from roles.common import deb822_source, truthy
+from roles.context import DeploymentContext
 from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
@@ -146,15 +147,11 @@ def with_slash(url: str) -> str:
     return url if url.endswith("/") else url + "/"
 
 
-def deb822_source(uri: str, keyring: str | None = KEYRING, trusted: bool = False) -> str:
-    """A flat repository (``Suites: /``, no components), as NVIDIA's CUDA repositories are."""
-    lines = ["# Managed by ironserve (roles/nvidia_driver.py): NVIDIA driver and CUDA packages.",
-             "Types: deb", f"URIs: {with_slash(uri)}", "Suites: /"]
-    if trusted:
-        lines.append("Trusted: yes")  # lab: the cluster's own unsigned mirror, reached only inside it
-    elif keyring:
-        lines.append(f"Signed-By: {keyring}")
-    return "\n".join(lines) + "\n"
+def source_text(uri: str, keyring: str | None = KEYRING, trusted: bool = False) -> str:
+    """NVIDIA's repository as a flat deb822 source (``Suites: /``, no components), as its CUDA repositories are;
+    ``trusted``: the cluster's own unsigned mirror, reached only inside it."""
+    return deb822_source(with_slash(uri), "/", None, keyring, trusted,
+                         comment="# Managed by ironserve (roles/nvidia_driver.py): NVIDIA driver and CUDA packages.")
 
 
 def upstream(version: str) -> str:
@@ -214,7 +211,7 @@ def reboot_reasons(state: dict | None, want_version: str) -> list[str]:
 def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool = False, path: str = SOURCE_FILE):
     """The deb822 source for NVIDIA's repository (or the cluster's mirror of it)."""
     uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
-    yield from files.put._inner(StringIO(deb822_source(uri, keyring, trusted)), path, mode="644")
+    yield from files.put._inner(StringIO(source_text(uri, keyring, trusted)), path, mode="644")
 
 
 @operation()

@@ -27,7 +27,8 @@ from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.server import Arch, LinuxDistribution
 
-from roles.context import DeploymentContext, truthy
+from roles.common import truthy
+from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
 GPU_QUERY = "index,name,memory.total,driver_version,compute_cap"

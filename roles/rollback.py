@@ -31,12 +31,9 @@ from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
 from ironserve.units import SECRET_ENV
+from roles.common import truthy
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
-
-# (host, unit) of a gated unit -> did its gate pass, set while executing: the ranks > 0 of a multi-node group have
-# no gate of their own, their files become the last good ones only when rank 0's gate passed
-GATE_RESULTS: dict[tuple[str, str], bool] = {}
 
 
 def snapshot_dir(unit: str) -> str:
@@ -102,9 +99,12 @@ def differs(state: dict) -> bool:
 
 
 @operation()
-def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str, str] | None = None):
+def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str, str] | None = None,
+                    gate_results: dict | None = None):
     """The unit's current files are its last good configuration (run right after its health gate passed; for a
-    rank > 0, ``gate`` names rank 0's (host, unit) whose gate must have passed)."""
+    rank > 0, ``gate`` names rank 0's (host, unit) whose gate must have passed: the ranks > 0 of a multi-node
+    group have no gate of their own). ``gate_results``: the deployment context's, {(host, unit): passed}, filled
+    by the gates while the run executes."""
     state = host.get_fact(LastGood, unit=unit, paths=list(paths))
     changing = bool(restart() if callable(restart) else restart)
     if not changing and state.get("snapshot") == state.get("current") and state.get("current"):
@@ -113,12 +113,13 @@ def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str,
     if gate is None:
         yield save_command(unit, list(paths))
         return
-    yield FunctionCommand(_save_if_gate_passed, (unit, list(paths), list(gate)), {})
+    yield FunctionCommand(_save_if_gate_passed, (unit, list(paths), list(gate), gate_results), {})
 
 
-def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: list[str]) -> bool:
+def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: list[str],
+                         gate_results: dict | None = None) -> bool:
     # positively true: a gate that did not run (its host dropped out of the run) vouches for nothing
-    if GATE_RESULTS.get(tuple(gate)) is not True:
+    if (gate_results or {}).get(tuple(gate)) is not True:
         host.log(f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} did not "
                  f"pass in this run")
         return True
@@ -130,7 +131,7 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
               why: str, wait) -> None:
     """Restore the last good configuration of every member (host name, unit, paths), restart and wait for the
     gate again; logs the outcome on the gated host. ``wait``: roles.launch.wait_healthy."""
-    if str(gate_host.data.get("rollback", True)).strip().lower() in ("false", "0", "no", "off"):
+    if not truthy(gate_host.data.get("rollback"), True):
         return
     hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
     outside = sorted(name for (name, _, _), (h, _, _) in zip(members, hosts)

@@ -38,9 +38,11 @@ from pyinfra.operations import files
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (ETC_DIR, JIT_CACHE_ROOT, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, exec_argv, image_ref,
-                             jit_dir, rank_group, rank_guard_files, staged_path, unit_files, venv_path)
-from roles import launch
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR,
+                             exec_argv, image_ref, jit_dir, rank_group, rank_guard_files, sha256_text,
+                             sourcing_script, staged_path, unit_files, venv_path)
+from roles.common import truthy
+from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
 from roles.model_weights import read_secret
 
@@ -48,7 +50,6 @@ BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
 PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
-UNIT_DIR = "/etc/systemd/system"
 CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
 HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
@@ -75,13 +76,12 @@ def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
         core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
         run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
         if sourced:
-            script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", script, "parse-check", *core]
+            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced),
+                          "parse-check", *core]
         return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
     core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
     if sourced:
-        script = "; ".join(f"source {shlex.quote(s)}" for s in sourced) + '; exec "$@"'
-        return ["/bin/bash", "-c", script, "parse-check", *core]
+        return ["/bin/bash", "-c", sourcing_script(sourced), "parse-check", *core]
     return core
 
 
@@ -112,7 +112,7 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
 
     out = {}
     if ctx.get("api_key_file"):
-        out["IRONSERVE_API_KEY"] = secret("api_key_file", "api_key_file")
+        out[API_KEY_ENV] = secret("api_key_file", "api_key_file")
     else:
         groups = ctx.recipe.topology.groups
         # the router: keyed when any engine group is
@@ -123,9 +123,9 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
             if isinstance(ctx.recipe.runtime, DockerRuntime):
                 raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
                                      "a container cannot read; give the key with host data api_key_file instead")
-            out["IRONSERVE_API_KEY_FILE"] = on_host
+            out[API_KEY_FILE_ENV] = on_host
     if ctx.get("hf_token_file") and proc.role != "router":
-        out["HF_TOKEN"] = secret("hf_token_file", "hf_token_file")
+        out[HF_TOKEN_ENV] = secret("hf_token_file", "hf_token_file")
     return out
 
 
@@ -189,7 +189,7 @@ def install_scripts(ctx: DeploymentContext) -> None:
         op = files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root",
                        group="root")
         if dest == RANK_GUARD:
-            ctx.__dict__["_rank_guard_script_op"] = op  # a new guard script restarts the running guards (launch)
+            ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards (launch)
 
 
 def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
@@ -215,18 +215,16 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         for live, text, mode in live_files(ctx, proc, uf):
             op = files.put(name=f"{live} (staged{', 0600' if mode == '600' else ''})", src=StringIO(text),
                            dest=staged_path(live), mode=mode, user="root", group="root")
-            launch.record_unit_change(ctx, proc.unit, op)
+            ctx.changes.record_unit_change(proc.unit, op)
         if isinstance(recipe.runtime, DockerRuntime):
-            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
-            from roles.container_runtime import container_argv
-
-            launch.record_container(ctx, proc.unit, image_ref(recipe),
-                                    container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
-                                    [*proc.env, *secrets])
-    if launch.truthy(ctx.get("parse_check"), True):
+            api_key = any(k in secrets for k in KEY_ENV)
+            ctx.changes.record_container(proc.unit, image_ref(recipe),
+                                         container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
+                                         [*proc.env, *secrets])
+    if truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))
         for proc, uf, secrets in built:
-            api_key = any(k in secrets for k in ("IRONSERVE_API_KEY", "IRONSERVE_API_KEY_FILE"))
+            api_key = any(k in secrets for k in KEY_ENV)
             digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
             argv_parses(name=f"{proc.unit}: argv parsed by the installed SGLang", unit=proc.unit,
                         probe=parse_check_argv(recipe, proc), digest=digest)
@@ -247,8 +245,6 @@ def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
     themselves are checked by ironserve.audit.checks, with their env files): live with launch, else staged."""
-    from ironserve.audit.checks import sha256_text
-
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:

@@ -36,7 +36,7 @@ from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import venv_path
-from roles import launch
+from roles.common import run_if_changed
 from roles.context import DeploymentContext
 
 UV_VERSION = "0.13.9"
@@ -207,7 +207,7 @@ def apply(ctx: DeploymentContext) -> None:
         # uv comes from the package index through pip; Debian's python3 has no pip module without this.
         # A fresh host may never have fetched its apt lists (or has stale ones): update only while it is missing
         missing = "python3-pip" not in (host.get_fact(DebPackages) or {})
-        launch.run_if_changed(name="apt update (python3-pip missing)", command="apt-get update", triggers=[missing])
+        run_if_changed(name="apt update (python3-pip missing)", command="apt-get update", triggers=[missing])
         apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
     uv_installed(name=f"uv {ctx.get('uv_version', UV_VERSION)}", version=ctx.get("uv_version", UV_VERSION),
                  index_url=mirror, url=ctx.get("uv_url"))
@@ -219,8 +219,8 @@ def apply(ctx: DeploymentContext) -> None:
                               args=install_args(runtime, idx), env=env)
     files.put(name="venv requirements record", src=StringIO(requirements_text(ctx.recipe.id, runtime, idx)),
                        dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
-    launch.record_runtime_change(ctx, created, installed)
-    launch.record_runtime_paths(ctx, f"{path}/{REQUIREMENTS_NAME}")
+    ctx.changes.record_runtime_change(created, installed)
+    ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")
 
 
 # --------------------------------------------------------------------------- audit

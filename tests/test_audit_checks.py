@@ -7,7 +7,8 @@ import os
 import pytest
 import testinfra
 
-from ironserve.audit.checks import Check, sha256_text
+from ironserve.audit.checks import Check
+from ironserve.units import sha256_text
 from ironserve.audit.evaluate import evaluate
 from ironserve.audit.runner import deploy_model, plan_checks, table, Result
 from ironserve.catalogue import SpecError

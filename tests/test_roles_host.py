@@ -131,11 +131,11 @@ def test_default_repo_url_refuses_unknown():
         nvidia_driver.default_repo_url({"release_meta": {}}, "x86_64")
 
 
-def test_deb822_source_signed_and_trusted():
-    signed = nvidia_driver.deb822_source("https://mirror.example/cuda/ubuntu2404/x86_64")
+def test_nvidia_source_signed_and_trusted():
+    signed = nvidia_driver.source_text("https://mirror.example/cuda/ubuntu2404/x86_64")
     assert "URIs: https://mirror.example/cuda/ubuntu2404/x86_64/\nSuites: /\n" in signed
     assert "Signed-By: /usr/share/keyrings/ironserve-nvidia.gpg" in signed and "Trusted" not in signed
-    lab = nvidia_driver.deb822_source("http://10.213.7.1:8780/apt", None, trusted=True)
+    lab = nvidia_driver.source_text("http://10.213.7.1:8780/apt", None, trusted=True)
     assert "Trusted: yes" in lab and "Signed-By" not in lab
 
 

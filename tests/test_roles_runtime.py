@@ -22,8 +22,9 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import KEY_LAUNCHER, exec_argv, unit_files, venv_path
+from ironserve.units import KEY_LAUNCHER, exec_argv, sha256_text, unit_files, venv_path
 from roles import container_runtime as cr
+from roles.common import changed, deb822_source
 from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def test_dockerfile_is_pinned_base_plus_patches_verbatim():
     assert lines[2:] == recipe.runtime.patches
     assert "transformers==5.2.0" in text and "DEEPGEMM_SCALE_UE8M0 = False" in text
     with_mirror = cr.dockerfile_text(recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches, "http://m/simple")
-    assert "ARG PIP_INDEX_URL" in with_mirror and cr.sha256_text(with_mirror) != cr.sha256_text(text)
+    assert "ARG PIP_INDEX_URL" in with_mirror and sha256_text(with_mirror) != sha256_text(text)
 
 
 def test_split_image_keeps_registry_ports():
@@ -79,9 +80,9 @@ def test_first_resolution_writes_the_lock_text(tmp_path):
 
 
 def test_deb822_sources():
-    flat = cr.deb822_source("http://10.0.0.1/apt", "/", "stable", None, True)
+    flat = deb822_source("http://10.0.0.1/apt", "/", "stable", None, True)
     assert "Components" not in flat and "Trusted: yes" in flat
-    docker = cr.deb822_source("https://download.docker.com/linux/ubuntu", "noble", "stable", "/etc/apt/keyrings/docker.asc",
+    docker = deb822_source("https://download.docker.com/linux/ubuntu", "noble", "stable", "/etc/apt/keyrings/docker.asc",
                               False)
     assert "Components: stable" in docker and "Signed-By: /etc/apt/keyrings/docker.asc" in docker
 
@@ -395,9 +396,9 @@ def test_wait_healthy_fails_with_journal_when_the_unit_dies(monkeypatch):
 
 
 def test_changed_accepts_bools_and_metas():
-    assert launch.changed(True) and not launch.changed(None)
+    assert changed(True) and not changed(None)
     meta = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True)
-    assert launch.changed(meta)
+    assert changed(meta)
 
 
 class _GroupHost:

@@ -8,7 +8,6 @@ ironserve.units renders, so a new recipe is audited without new code.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,17 +29,13 @@ class Check:
 GATES = ["host", "driver", "runtime", "service", "workload"]
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _fix(deploy: str, inventory: str, host: str) -> str:
     return f"pyinfra {inventory} {deploy} --limit {host}"
 
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
-    from ironserve.units import rank_group, rank_guard_unit, staged_path, unit_files
+    from ironserve.units import UNIT_DIR, rank_group, rank_guard_unit, sha256_text, staged_path, unit_files
 
     from . import providers
 
@@ -79,7 +74,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc, read=False))
         # launch=false: the configuration is staged (validated, not live); a launch makes it the live one
         where = (lambda path: path) if ctx.launch else staged_path
-        unit_path = where(f"/etc/systemd/system/{files.unit_name}")
+        unit_path = where(f"{UNIT_DIR}/{files.unit_name}")
         add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
             mode=0o644, owner="root")
         add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=where(files.env_path),

@@ -8,9 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+from ironserve.units import API_KEY_ENV, HF_TOKEN_ENV
+
 from .checks import Check
 
-SECRET_KEYS = {"IRONSERVE_API_KEY", "HF_TOKEN"}
+SECRET_KEYS = {API_KEY_ENV, HF_TOKEN_ENV}
 
 
 def _short(value, n=12) -> str:

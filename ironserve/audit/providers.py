@@ -1,25 +1,19 @@
 """What the roles put on a host, as data for the audit: files with their content hash, packages, runtime state.
 
 Each role module that manages files or packages exposes a pure `desired_files(ctx)` / `desired_packages(ctx)` /
-`desired_runtime(ctx)` built from the same functions its operations use; this module collects them, so the
-audit compares exactly what the deploy writes.
+`desired_runtime(ctx)` built from the same functions its operations use; this module collects them from the
+roles the deploy runs on the host (roles.deployment's registry), so the audit compares exactly what the deploy
+writes. A role that cannot be imported fails the audit: a silently skipped role would pass as clean.
 """
 
 from __future__ import annotations
 
-import importlib
-
-ROLE_MODULES = ["host_tuning", "nvidia_driver", "cuda", "gpu_clocks", "nccl", "ascend", "container_runtime",
-                "uv_env", "model_weights", "sglang_service", "router"]
-
 
 def _collect(ctx, fn_name: str) -> list[dict]:
+    from roles.deployment import roles_for
+
     out: list[dict] = []
-    for name in ROLE_MODULES:
-        try:
-            module = importlib.import_module(f"roles.{name}")
-        except ImportError:
-            continue
+    for module in roles_for(ctx):
         fn = getattr(module, fn_name, None)
         if fn is not None:
             out.extend(fn(ctx))

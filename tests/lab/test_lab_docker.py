@@ -18,7 +18,7 @@ from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.lab import images
 from ironserve.render import render
-from ironserve.units import exec_argv
+from ironserve.units import exec_argv, sha256_text
 from roles import container_runtime as cr
 from roles import model_weights as mw
 from roles import sglang_service as ss
@@ -107,11 +107,11 @@ def test_derived_image_build_like_the_role(lab, docker_host):
     sudo(lab, h, f"mkdir -p {shlex.quote(str(Path(path).parent))} && echo {blob} | base64 -d > {path}")
     tag = f"ironserve/{recipe.id}:derived"
     assert fact(lab, h, cr.DockerImageLabel(), ref=tag, label=cr.DOCKERFILE_LABEL) is None
-    build = ["docker", "build", "--network", "host", "--label", f"{cr.DOCKERFILE_LABEL}={cr.sha256_text(text)}",
+    build = ["docker", "build", "--network", "host", "--label", f"{cr.DOCKERFILE_LABEL}={sha256_text(text)}",
              "-t", tag, "-f", path, "--build-arg", f"PIP_INDEX_URL={lab.status['pip_index']}", str(Path(path).parent)]
     out = sudo(lab, h, shlex.join(build)).stdout
     assert "RUN recorded, NOT executed" in out and f"Successfully tagged {tag}" in out
-    assert fact(lab, h, cr.DockerImageLabel(), ref=tag, label=cr.DOCKERFILE_LABEL) == cr.sha256_text(text)
+    assert fact(lab, h, cr.DockerImageLabel(), ref=tag, label=cr.DOCKERFILE_LABEL) == sha256_text(text)
     assert fact(lab, h, cr.DockerImageLabel(), ref=runtime.pinned_ref, label=cr.DOCKERFILE_LABEL) == ""
 
 

@@ -24,7 +24,7 @@ from ironserve.inventory import InventoryHost
 from ironserve.lab import cluster, images, standins
 from ironserve.render import model_path_on, render
 from ironserve.spec import DockerRuntime
-from ironserve.units import exec_argv
+from ironserve.units import exec_argv, sha256_text
 from roles import container_runtime as cr
 from roles import gpu_clocks, model_weights as mw, sglang_service as ss, uv_env
 
@@ -240,13 +240,13 @@ def test_build_records_label_and_parent_and_runs_nothing(docker, tmp_path):
     (folder / "Dockerfile").write_text(text)
     tag = f"ironserve/{recipe.id}:derived"
     assert docker.fact(cr.DockerImageLabel(), ref=tag, label=cr.DOCKERFILE_LABEL) is None
-    build = ["docker", "build", "--network", "host", "--label", f"{cr.DOCKERFILE_LABEL}={cr.sha256_text(text)}",
+    build = ["docker", "build", "--network", "host", "--label", f"{cr.DOCKERFILE_LABEL}={sha256_text(text)}",
              "-t", tag, "-f", str(folder / "Dockerfile"), "--build-arg", "PIP_INDEX_URL=http://10.213.7.1:8780/simple/",
              str(folder)]
     out = docker.sh(shlex.join(build))
     assert out.returncode == 0, out.stderr
     assert "RUN recorded, NOT executed" in out.stdout and f"Successfully tagged {tag}" in out.stdout
-    assert docker.fact(cr.DockerImageLabel(), ref=tag, label=cr.DOCKERFILE_LABEL) == cr.sha256_text(text)
+    assert docker.fact(cr.DockerImageLabel(), ref=tag, label=cr.DOCKERFILE_LABEL) == sha256_text(text)
     base_id = docker("image", "inspect", "--format", "{{.Id}}", runtime.pinned_ref).stdout.strip()
     assert docker("image", "inspect", "--format", "{{.Parent}}", tag).stdout.strip() == base_id
     built_id = docker("image", "inspect", "--format", "{{.Id}}", tag).stdout

@@ -1,0 +1,143 @@
+"""What several roles share: host-data booleans, change records, run-if-changed, the unit facts, apt sources.
+
+One home for each: a role that needs one of these imports it from here, never from another role, so the roles
+form no import loop (roles/launch.py is only the launch stage).
+
+Change records: which operations of this run change what a unit runs (image, venv packages: every unit of the
+host; unit and env file: that unit) and which files are newer than a start when the runtime changed. The roles
+that prepare a host record them on the deployment context (``ctx.changes``); the launch stage reads them to
+restart exactly the units whose configuration changed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+
+FALSE = {"false", "0", "no", "off"}
+
+
+def truthy(value, default: bool) -> bool:
+    """A host-data boolean: True/False, or text ("false", "0", "no", "off" are false); unset = default."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() not in FALSE
+
+
+def changed(meta) -> bool:
+    """Did (or, while planning, will) an earlier operation change something? Plain bools pass through."""
+    if meta is None or isinstance(meta, bool):
+        return bool(meta)
+    if meta.is_complete():
+        return meta.did_change()
+    return bool(meta.will_change)
+
+
+@dataclass
+class ChangeRecords:
+    """This host's record of the operations whose change means a unit must restart (see the module doc)."""
+
+    runtime: list = field(default_factory=list)  # image, venv packages: every unit of this host runs new code
+    units: dict[str, list] = field(default_factory=dict)  # unit -> its unit file and env file operations
+    runtime_paths: list[str] = field(default_factory=list)  # requirements, Dockerfile, lock: newer = stale start
+    image: str | None = None  # the image the docker units run
+    # docker units: unit -> (image, container command, env names) the running container must have
+    containers: dict[str, tuple[str, list[str], list[str]]] = field(default_factory=dict)
+    rank_guard_script: object = False  # the put of the rank guard script: a new one restarts the running guards
+
+    def record_runtime_change(self, *metas) -> None:
+        self.runtime.extend(metas)
+
+    def record_unit_change(self, unit: str, *metas) -> None:
+        self.units.setdefault(unit, []).extend(metas)
+
+    def record_runtime_paths(self, *paths: str) -> None:
+        self.runtime_paths.extend(paths)
+
+    def record_container(self, unit: str, image: str, cmd: list[str], env_names: list[str]) -> None:
+        """What the running container of a docker unit must look like (checked for drift before the starts)."""
+        self.containers[unit] = (image, list(cmd), sorted(env_names))
+
+    def runtime_change_flag(self):
+        """A callable: did this run change the runtime every unit of this host runs (image, venv packages)?"""
+        metas = list(self.runtime)
+        return lambda: any(changed(m) for m in metas)
+
+    def unit_change_flag(self, unit: str):
+        """A callable for unit_started(restart=...): evaluated when the start operation runs."""
+        metas = list(self.runtime) + list(self.units.get(unit, []))
+        return lambda: any(changed(m) for m in metas)
+
+
+@operation()
+def run_if_changed(command: str, triggers: list):
+    """Run a command when any trigger (an earlier operation's result, or a bool) changed something."""
+    if any(changed(t) for t in triggers):
+        yield command
+    else:
+        host.noop(f"nothing changed: not running {command}")
+
+
+def deb822_source(uris: str, suite: str, components: str | None = None, signed_by: str | None = None,
+                  trusted: bool = False, comment: str = "# managed by ironserve") -> str:
+    """An apt source in deb822 form. A flat repository (suite ending in "/") has no components; ``trusted`` (a
+    cluster's own unsigned mirror, reached only inside it) replaces the keyring."""
+    lines = [comment, "Types: deb", f"URIs: {uris}", f"Suites: {suite}"]
+    if components and not suite.endswith("/"):
+        lines.append(f"Components: {components}")
+    if trusted:
+        lines.append("Trusted: yes")
+    elif signed_by:
+        lines.append(f"Signed-By: {signed_by}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- facts
+
+
+class UnitState(FactBase):
+    """systemd state of a unit and the mtimes of the files it was started from.
+
+    {active, sub, since (unix seconds of ActiveEnterTimestamp or None), mtimes {path: seconds}}
+    """
+
+    @staticmethod
+    def default():
+        return {"active": None, "sub": None, "since": None, "mtimes": {}}
+
+    def command(self, unit, paths):
+        stat = f"stat -c 'mtime %Y %n' {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; " if paths else ""
+        return (f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
+                f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true")
+
+    def process(self, output):
+        state = UnitState.default()
+        for line in output:
+            if line.startswith("mtime "):
+                _, seconds, path = line.split(" ", 2)
+                state["mtimes"][path] = int(seconds)
+                continue
+            key, _, value = line.partition("=")
+            if key == "ActiveState":
+                state["active"] = value
+            elif key == "SubState":
+                state["sub"] = value
+            elif key == "ActiveEnterTimestamp" and value.startswith("@"):
+                state["since"] = int(value[1:].split(".")[0]) or None
+        return state
+
+
+class HttpStatus(FactBase):
+    """HTTP status of a GET from the host itself (curl), None when nothing answers."""
+
+    def command(self, url):
+        return f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)} || true"
+
+    def process(self, output):
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() and int(text) > 0 else None

@@ -1,0 +1,134 @@
+"""The architecture, checked on the source: data flows one way.
+
+- No import loops among ironserve/ and roles/, counting imports inside functions (which hide loops from Python
+  until the function runs).
+- The core (ironserve/ minus the commands that drive hosts: cli, status, audit, lab) imports neither roles nor
+  pyinfra.
+- One role registry: the deploy's prepare stage calls exactly the registry's roles, in its order.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("ironserve", "roles")
+# the commands on top of the core: they may drive hosts (pyinfra, the roles)
+NOT_CORE = ("ironserve.cli", "ironserve.status", "ironserve.audit", "ironserve.lab")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module of ``known`` that ``name`` imports, at module level or inside functions."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # `from package import module` imports the module; `from module import name` the module
+            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            # `import a.b.c` runs a, a.b and a.b.c; the edge that matters is to the deepest module we know
+            while target and target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != name:
+                found.add(target)
+            elif target.split(".")[0] in ("pyinfra", "pyinfra_cli"):
+                found.add("pyinfra")
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_function_level_imports():
+    graph = _graph()
+    # roles.context imports pyinfra only inside current(); ironserve.cli imports render inside a command
+    assert "pyinfra" in graph["roles.context"] and "ironserve.render" in graph["ironserve.cli"]
+    # relative imports resolve
+    assert "ironserve.spec" in graph["ironserve.render"] and "ironserve.audit.runner" in graph["ironserve.audit"]
+
+
+def test_no_import_loops():
+    assert _cycles(_graph()) == []
+
+
+def test_a_loop_is_found():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_core_imports_neither_roles_nor_pyinfra():
+    graph = _graph()
+    core = [m for m in graph if m.startswith("ironserve") and not m.startswith(NOT_CORE)]
+    assert "ironserve.render" in core and "ironserve.units" in core
+    bad = {m: sorted(t for t in graph[m] if t == "pyinfra" or t.startswith("roles")) for m in core}
+    assert {m: t for m, t in bad.items() if t} == {}
+
+
+def test_prepare_calls_the_registry_in_order():
+    from roles import deployment
+
+    tree = ast.parse(Path(deployment.__file__).read_text())
+    prepare = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "prepare")
+    called = [c.args[0].id for c in ast.walk(prepare) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "run"]
+    assert called == [role.__name__.rsplit(".", 1)[1] for role, _ in deployment.PREPARE_ROLES]
