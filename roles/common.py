@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from pyinfra import host
+from pyinfra import context, host
 from pyinfra.api import FactBase, operation
 
 FALSE = {"false", "0", "no", "off"}
@@ -72,6 +72,12 @@ class ChangeRecords:
         """A callable for unit_started(restart=...): evaluated when the start operation runs."""
         metas = list(self.runtime) + list(self.units.get(unit, []))
         return lambda: any(changed(m) for m in metas)
+
+
+def in_run(name: str) -> bool:
+    """Is the inventory host ``name`` part of this run (not left out by --limit)?"""
+    target = context.inventory.get_host(name) if context.inventory else None
+    return target is not None and context.state.is_host_in_limit(target)
 
 
 @operation()

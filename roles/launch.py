@@ -27,9 +27,9 @@ staged by roles/sglang_service.py) that restarts the whole group when one rank f
 
 Each start is idempotent: a running unit whose live files did not change since it started (their mtimes
 against its ActiveEnterTimestamp, both on its own host; judged again when the operation runs if a file became
-live in this run) and whose runtime this run did not change (the change flags recorded on the context's ``changes`` by
-the runtime roles), and that answers /health, is left alone. A running but stale unit is restarted; a running unit
-that is not healthy yet is waited for, not restarted. Group identity is systemd's: rank 0's engine
+live in this run) and whose runtime this run did not change (the change flags recorded on the context's
+``changes`` by the runtime roles), and that answers /health, is left alone. A running but stale unit is
+restarted; a running unit that is not healthy yet is waited for, not restarted. Group identity is systemd's: rank 0's engine
 InvocationID is the group's generation, and a rank > 0 whose guard records that its engine follows it is not
 restarted again (clocks of two hosts are never compared).
 
@@ -58,7 +58,7 @@ from ironserve.render import Process
 from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, local_url, rank_group,
                              rank_guard_unit, staged_path)
 from roles import launch_preflight, rollback
-from roles.common import HttpStatus, UnitState, changed, run_if_changed
+from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
 from roles.context import DeploymentContext
 from roles.sglang_service import live_files, marker_path
@@ -426,12 +426,6 @@ def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, s
     return [(p.host, p.unit, config_paths(p)) for p in group]
 
 
-def _in_run(name: str) -> bool:
-    """Is the host part of this run (not left out by --limit)?"""
-    target = context.inventory.get_host(name) if context.inventory else None
-    return target is not None and context.state.is_host_in_limit(target)
-
-
 def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> None:
     group = rank_group(ctx.rendered, proc)
     made_live = live.get(proc.unit)
@@ -449,7 +443,7 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
         wait=wait,
         gate_results=ctx.gate_results,
         members=rollback_members(ctx, proc),
-        rank0=[group[0].host, group[0].unit] if group and proc.node_rank and _in_run(group[0].host) else None,
+        rank0=[group[0].host, group[0].unit] if group and proc.node_rank and in_run(group[0].host) else None,
     )
 
 
@@ -457,7 +451,7 @@ def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) ->
     for proc in procs:
         head = (rank_group(ctx.rendered, proc) or [proc])[0]
         # a rank whose rank 0 is outside the run (--limit) passed its own join gate
-        gate = None if head is proc else (head.host, head.unit) if _in_run(head.host) else (proc.host, proc.unit)
+        gate = None if head is proc else (head.host, head.unit) if in_run(head.host) else (proc.host, proc.unit)
         made_live = live.get(proc.unit)
         flag = ctx.changes.unit_change_flag(proc.unit)
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
@@ -525,7 +519,7 @@ def apply(ctx: DeploymentContext) -> None:
     for proc in others:
         head = rank_group(ctx.rendered, proc)[0]
         # rank 0 outside this run (--limit, e.g. a rebuilt host): the rank is gated on joining its group
-        _start(ctx, proc, wait=not _in_run(head.host), live=live)
+        _start(ctx, proc, wait=not in_run(head.host), live=live)
     for proc in ranks0:
         if proc.nnodes > 1 and health_url(proc):
             # rank 0 answers /health only once every rank of its group joined

@@ -43,7 +43,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 from ironserve.render import Process
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import dist_init, image_ref, sourcing_script, venv_path
-from roles.common import UnitState, truthy
+from roles.common import UnitState, in_run, truthy
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -355,13 +355,19 @@ def apply(ctx: DeploymentContext) -> None:
     mine = [(groups[group_key(p)], p) for p in engines if group_key(p) in groups]
     if not mine:
         return
-    if not (ctx.launch and truthy(ctx.get("rendezvous"), True)):
-        for group, proc in mine:
+    rendezvous = ctx.launch and truthy(ctx.get("rendezvous"), True)
+    for group, proc in mine:
+        if not (rendezvous and all(in_run(m.host) for m in group.members)):
+            # prepared only; or a member outside this run (--limit, a rebuilt host): no rendezvous can form
+            # without it, and its running engine's dist-init port is not to be disturbed
             nic_reaches_rank0(name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0", rank=proc.node_rank,
                               env=nic_env(proc), addr=group.addr, port=group.port)
+    if not rendezvous:
         return
     timeout_s = int(ctx.get("rendezvous_timeout_s", RENDEZVOUS_TIMEOUT_S))
     for group, proc in mine:
+        if not all(in_run(m.host) for m in group.members):
+            continue
         # NIC problems do not stop the rendezvous: it runs anyway (the proof), they explain its failure
         problems = nic_problems(host.name, proc.node_rank, nic_env(proc), (group.addr, group.port),
                                 host.get_fact(NetworkPath, target=group.addr))

@@ -10,7 +10,8 @@ When a started or restarted unit then fails its gate (the unit dies, or no 200 w
 its group, the gate rolls back: the last good files are restored on each of those hosts (each restore checked;
 env files keep the CURRENT values of their secrets, so a rotated key never comes back), systemd reloaded, the
 units restarted (rank 0 first, each restart checked) and the gate waited for again. A rank > 0 saves its files
-only when rank 0's gate positively passed in this run (a gate that did not run vouches for nothing). The deploy still fails, and says what happened:
+only when rank 0's gate positively passed in this run (a gate that did not run vouches for nothing). The deploy
+still fails, and says what happened:
 ``ROLLED BACK <unit> ...: the new configuration failed its health gate (why); the last good one from <time> is
 serving again`` (or that the rollback did not become healthy either). The next run applies the new configuration
 again (it is still what the recipe declares) unless the recipe is fixed.

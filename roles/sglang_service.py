@@ -38,9 +38,9 @@ from pyinfra.operations import files
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR,
-                             exec_argv, image_ref, jit_dir, rank_group, rank_guard_files, sha256_text,
-                             sourcing_script, staged_path, unit_files, venv_path)
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV,
+                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, exec_argv, image_ref, jit_dir, rank_group,
+                             rank_guard_files, sha256_text, sourcing_script, staged_path, unit_files, venv_path)
 from roles.common import truthy
 from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
