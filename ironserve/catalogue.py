@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .spec import RANK_GUARD_PORT_OFFSET, HardwareProfile, Recipe, ServerOptions
+from .spec import RANK_GUARD_PORT_OFFSET, HardwareProfile, Recipe, devices_per_node
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,14 +147,6 @@ def load_recipe_file(path: Path, hardware: dict[str, HardwareProfile] | None = N
     return recipe
 
 
-def devices_per_node(recipe: Recipe, group_index: int) -> int:
-    """Accelerators one node of a group drives: tp * pp spread over the group's nodes."""
-    group = recipe.topology.groups[group_index]
-    server: ServerOptions = recipe.group_server(group)
-    total = (server.tp_size or 1) * (server.pp_size or 1)
-    return -(-total // group.nodes)
-
-
 def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str) -> None:
     """Cross-field checks the schema cannot express: hardware ids, devices per node, file name."""
     problems: list[Problem] = []
@@ -168,7 +160,10 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
     known = [hardware[h] for h in recipe.hardware if h in hardware]
     for gi, group in enumerate(recipe.topology.groups):
         server = recipe.group_server(group)
-        need = devices_per_node(recipe, gi)
+        need = devices_per_node(server, group.nodes)
+        # DP without DP attention runs dp_size copies of the TP group (see spec.devices_per_node)
+        dp_factor = 1 if server.enable_dp_attention else (server.dp_size or 1)
+        dp = f" x dp_size {dp_factor}" if dp_factor > 1 else ""
         for profile in known:
             have = profile.accelerator.count
             if profile.accelerator.vendor != "none" and need > have:
@@ -177,10 +172,10 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
                     Problem(
                         file,
                         field,
-                        f"tp_size {server.tp_size} x pp_size {server.pp_size or 1} over {group.nodes} node(s) needs "
-                        f"{need} devices per node; {profile.id} has {have}",
-                        f"lower tp_size to at most {have * group.nodes // (server.pp_size or 1)} or raise nodes to "
-                        f"{-(-need * group.nodes // have)}",
+                        f"tp_size {server.tp_size} x pp_size {server.pp_size or 1}{dp} over {group.nodes} node(s) "
+                        f"needs {need} devices per node; {profile.id} has {have}",
+                        f"lower tp_size to at most {have * group.nodes // (server.pp_size or 1) // dp_factor} or "
+                        f"raise nodes to {-(-need * group.nodes // have)}",
                     )
                 )
     problems += _memlock_problems(recipe, known, file)

@@ -145,11 +145,13 @@ def cmd_lint(args) -> int:
             findings = lint_pasted(words, profile, engine)
         except ValueError as exc:
             raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-        if engine and not args.offline:
-            from .lint import parse_pasted
+        if engine and not args.offline and not has_errors(findings):
+            from .commandline import CommandError, parse_command
 
-            _, argv = parse_pasted(words)
-            findings += _parser_findings(engine, [argv])
+            try:
+                findings += _parser_findings(engine, [parse_command(words).argv])
+            except CommandError:
+                pass  # already a finding
         _print_findings(findings, args.format, "command")
         return 1 if has_errors(findings) else 0
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
@@ -171,21 +173,38 @@ def cmd_lint(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from .importer import import_command, to_yaml
+    from .commandline import CommandError, parse_command
+    from .importer import import_commands, import_script, to_yaml
 
     profiles = catalogue.hardware_profiles()
     if args.hardware not in profiles:
         raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
                                            f"one of {', '.join(profiles)}")])
     words = args.command
-    if not words:
-        raise SpecError([catalogue.Problem("command line", "", "no command to import", "paste it after --")])
+    if not words and not args.file:
+        raise SpecError([catalogue.Problem("command line", "", "no command to import",
+                                           "paste it after --, or name a launch script with --file")])
+    arch = profiles[args.hardware].accelerator.arch
+    engine = _engine_version(args.engine)
     try:
-        data = import_command(words, args.hardware, args.id, _engine_version(args.engine),
-                              profiles[args.hardware].accelerator.arch)
-    except ValueError as exc:
-        raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-    text = to_yaml(data)
+        if args.file:
+            try:
+                text = open(args.file).read()
+            except OSError as exc:
+                raise SpecError([catalogue.Problem(args.file, "", f"cannot read ({exc.strerror})", "check the path")])
+            result = import_script(text, args.hardware, args.id, engine, arch, detect=not args.offline)
+        else:
+            result = import_commands([parse_command(words)], args.hardware, args.id, engine, arch,
+                                     detect=not args.offline)
+    except CommandError as exc:
+        source = args.file or "command"
+        raise SpecError([catalogue.Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
+    text = to_yaml(result.data)
+    for f in result.findings:
+        print(f.line(), file=sys.stderr)
+    if any(h for h in result.hosts):
+        print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
+              file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
@@ -232,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import", help="pasted command -> recipe YAML", allow_abbrev=False)
     p.add_argument("--hardware", required=True)
     p.add_argument("--id", help="recipe id (default: derived)")
-    p.add_argument("--engine", help="sglang==VERSION")
+    p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
+    p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
+    p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--output", "-o", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_import)
 

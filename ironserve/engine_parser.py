@@ -389,41 +389,39 @@ def _probe_raw(path: Path, request: dict, timeout: int = PROBE_TIMEOUT_S) -> dic
     return json.loads(lines[-1])
 
 
-_LAUNCH_MODULES = {
-    "sglang.launch_server": ("server", "launch_server"),
-    "sglang_router.launch_router": ("router", "launch_router"),
-}
-_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-
-
 def split_launcher(argv: list[str] | str) -> tuple[str, str, list[str]]:
     """(kind, launcher, flags) for a full engine command.
 
-    kind is "server" or "router"; launcher "launch_server", "serve" or "launch_router". Accepts
-    leading VAR=value assignments, ``env``, ``uv run``, any python interpreter path, ``-m module``,
-    ``sglang serve``. Raises ValueError for anything else.
+    kind is "server" or "router"; launcher "launch_server", "serve", "launch_router" or "router_launch_server"
+    (sglang_router.launch_server: its engine flags are checked by the server parser, its --router-* flags are not).
+    Env assignments, wrappers (nohup, exec, env, numactl, taskset, uv run, sudo) and docker run in front are
+    understood the way import and lint understand them (ironserve.commandline). Raises ValueError for anything
+    that is no SGLang launch.
     """
+    from ironserve.commandline import parse_command
+
     args = shlex.split(argv) if isinstance(argv, str) else list(argv)
-    i = 0
-    while i < len(args) and (_ENV_ASSIGN.match(args[i]) or args[i] == "env"):
-        i += 1
-    if args[i:i + 2] == ["uv", "run"]:
-        i += 2
-    if i < len(args) and re.match(r"^(.*/)?python(\d+(\.\d+)?)?$", args[i]):
-        i += 1
-        while i < len(args) and args[i].startswith("-") and args[i] != "-m":
-            i += 1  # interpreter options such as -u, -X importtime (value-less ones only)
-        if args[i:i + 1] == ["-m"] and i + 1 < len(args):
-            module = args[i + 1]
-            if module in _LAUNCH_MODULES:
-                kind, launcher = _LAUNCH_MODULES[module]
-                return kind, launcher, args[i + 2:]
-            if module in ("sglang", "sglang.cli.main") and args[i + 2:i + 3] == ["serve"]:
-                return "server", "serve", args[i + 3:]
-            raise ValueError(f"unknown launcher module {module!r}")
-    elif i < len(args) and re.match(r"^(.*/)?sglang$", args[i]) and args[i + 1:i + 2] == ["serve"]:
-        return "server", "serve", args[i + 2:]
-    raise ValueError(f"not an SGLang server/router command: {shlex.join(args[:4])} ...")
+    command = parse_command(args)
+    if command.kind == "router-server":
+        return "server", command.launcher, _without_router_flags(command.flags)
+    return command.kind, command.launcher, command.flags
+
+
+def _without_router_flags(flags: list[str]) -> list[str]:
+    out, skipping = [], False
+    for arg in flags:
+        if arg.startswith("--"):
+            skipping = arg.startswith("--router-")
+        if not skipping:
+            out.append(arg)
+    return out
+
+
+def cached_versions() -> list[str]:
+    """SGLang versions with a built parser venv, newest first."""
+    versions = [p.name for p in parsers_dir().glob("*") if not p.name.startswith((".", "router-"))
+                and _manifest(p).is_file()]
+    return sorted(versions, key=_vkey, reverse=True)
 
 
 def _to_finding(d: dict, version: str, package: str) -> Finding:
@@ -451,8 +449,8 @@ def check_many(version: str, argvs: list, *, router_version: str | None = None,
             kind, launcher, flags = split_launcher(argv)
         except (ValueError, IndexError) as err:
             results[n].append(Finding("engine-unknown-launcher", Severity.error, str(err),
-                                      "use python3 -m sglang.launch_server, sglang serve or "
-                                      "python3 -m sglang_router.launch_router", ""))
+                                      getattr(err, "fix", "") or "use python3 -m sglang.launch_server, sglang serve "
+                                      "or python3 -m sglang_router.launch_router", ""))
             continue
         groups[kind].append((n, launcher, flags))
     for kind, items in groups.items():
@@ -671,6 +669,6 @@ def env_info(version: str, *, router: bool = False) -> dict:
 __all__ = [
     "DEFAULT_ROUTER_VERSION", "EngineNotAvailable", "ParserEnvError", "check_many",
     "check_router_argv", "check_server_argv", "env_info", "flag_changes", "flag_table",
-    "KNOWN_RENAMES", "known_flags", "normalize_version", "parser_env", "release_for_era", "replacement_hint", "router_env",
+    "KNOWN_RENAMES", "cached_versions", "known_flags", "normalize_version", "parser_env", "release_for_era", "replacement_hint", "router_env",
     "split_launcher",
 ]

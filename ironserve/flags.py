@@ -20,11 +20,12 @@ CANONICAL = {
     "--model": "--model-path",
     "--speculative-algo": "--speculative-algorithm",
     "--moe-dense-tp": "--moe-dense-tp-size",
+    "--trust-remote": "--trust-remote-code",
 }
 
 # Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names); checked
 # with every SGLang parser 0.5.9 .. 0.5.23 (docs/engine-flags.md). --model and --ep are registered aliases.
-ABBREVIATIONS = {"--tp", "--dp", "--speculative-algo", "--moe-dense-tp"}
+ABBREVIATIONS = {"--tp", "--dp", "--speculative-algo", "--moe-dense-tp", "--trust-remote"}
 # Prefixes several flags share: argparse refuses them, so the server does not start.
 AMBIGUOUS = {"--pp"}
 

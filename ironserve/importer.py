@@ -1,20 +1,27 @@
-"""Import: a pasted 'ENV=VAL ... python3 -m sglang.launch_server --flags' into recipe YAML.
+"""Import: pasted launch commands (or a launch script) into recipe YAML.
 
-The result renders back to the same argv (full flag names) and env. Known flags become typed fields,
-the rest stay, in order, in server.extra_args; multi-node flags become topology.
+Reads what ``ironserve.commandline`` parsed: env, wrappers, ``docker run`` options, the engine command, router
+launchers. The recipe renders back to the same engine flags (full names), env, container options and router argv.
+Known flags become typed fields, the rest stay, in order, in server.extra_args; multi-node, PD and router flags
+become topology. What import cannot know or must not keep (shell variables without a value, secrets) comes back as
+findings next to the recipe, never as a recipe that cannot render.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from .flags import canonical, launcher_split, split_flags
-from .lint import parse_pasted
-from .spec import Recipe, ServerOptions
+from .commandline import SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions, parse_command, parse_script
+from .findings import Finding, Severity
+from .flags import canonical, split_flags
+from .lint import SEED_ERA, model_family
+from .spec import Recipe, ServerOptions, Speculative
 
 _SPECULATIVE = {
     "--speculative-algorithm": "algorithm",
@@ -24,7 +31,99 @@ _SPECULATIVE = {
     "--speculative-draft-model-path": "draft_model_path",
     "--speculative-draft-model-quantization": "draft_model_quantization",
 }
-_RENDERER_OWNED = {"--dist-init-addr", "--nnodes", "--node-rank"}
+_TOPOLOGY_FLAGS = {"--dist-init-addr", "--nnodes", "--node-rank", "--disaggregation-mode",
+                   "--disaggregation-bootstrap-port"}
+# SGLang's and sglang-router's defaults, made explicit where ironserve always emits the value
+DEFAULT_BOOTSTRAP_PORT = 8998
+ROUTER_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "policy": "cache_aware"}
+SECRET_FLAGS = {"--api-key", "--admin-api-key"}
+API_KEY_FILE = "/etc/ironserve/{id}.api_key"
+# Ascend NPU hosts run SGLang's NPU build on CANN (torch-npu), never the CUDA stack PyPI resolves to.
+ASCEND_STACK = {"python": "3.11", "packages": ["torch==2.8.0", "torch-npu==2.8.0"],
+                "source_env": ["/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/nnal/atb/set_env.sh"]}
+# The image each hardware's seeds run, used when a command is imported without --engine or docker run.
+ERA_IMAGE = {"sm120": "lmsysorg/sglang:dev-cu13", "sm100": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"}
+DEFAULT_ENGINE = "0.5.23"  # newest PyPI release ironserve knows; used when no parser is cached to choose one
+
+
+@dataclass
+class Imported:
+    data: dict
+    findings: list[Finding] = field(default_factory=list)  # what to set, what was moved or added, and why
+    hosts: list[str | None] = field(default_factory=list)  # worker addresses in render order, where the commands say
+    engine_note: str = ""
+
+
+def _note(rule: str, message: str, fix: str = "", where: str = "", severity=Severity.warning) -> Finding:
+    return Finding(rule, severity, message, fix, where)
+
+
+# --------------------------------------------------------------------------- values
+
+
+class _Values:
+    """Shell variables and secrets in values: turned into recipe inputs, each with a finding."""
+
+    def __init__(self, recipe_id: str):
+        self.findings: list[Finding] = []
+        self.recipe_id = recipe_id
+        self.api_key = False
+        self.hf_token = False
+
+    def unset(self, text: str, where: str, placeholder: str | None = None) -> str:
+        """A value with $var / ${var} / <VAR> in it: the inventory placeholder when one fits, else <var>."""
+        names = [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(text)]
+        if not names:
+            return text
+        if placeholder:
+            self.findings.append(_note("import-placeholder", f"{where} was {text!r}: rendered per host as "
+                                       f"{placeholder}", "", where, Severity.info))
+            return SHELL_VAR.sub(placeholder, text)
+        out = SHELL_VAR.sub(lambda m: f"<{m.group(1) or m.group(3) or m.group(4)}>", text)
+        self.findings.append(_note("import-set-value", f"{where} is the shell variable {', '.join(names)} "
+                                   f"(no value in the command); imported as {out!r}",
+                                   f"set this value in the recipe ({where})", where))
+        return out
+
+
+def _placeholder_for(flag_or_env: str) -> str | None:
+    if flag_or_env in ("--host",):
+        return "{node_address}"
+    if flag_or_env.endswith("SOCKET_IFNAME"):
+        return "{nic}"
+    if flag_or_env in ("--model-path",):
+        return "{model_path}"
+    return None
+
+
+def _is_secret(name: str, value: str) -> bool:
+    return bool(SECRET_NAME.search(name) and value) or bool(SECRET_VALUE.match(value))
+
+
+def _env(env: dict[str, str], values: _Values, where: str) -> dict[str, str]:
+    out = {}
+    for key, value in env.items():
+        if _is_secret(key, value) and not SHELL_VAR.fullmatch(value or ""):
+            _secret_env(key, values, where)
+            continue
+        if SHELL_VAR.search(value) and SECRET_NAME.search(key):
+            _secret_env(key, values, where)
+            continue
+        out[key] = values.unset(value, f"env {key}", _placeholder_for(key))
+    return out
+
+
+def _secret_env(key: str, values: _Values, where: str) -> None:
+    if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        values.hf_token = True
+        fix = "put the token in a 0600 file on the controller and set host data hf_token_file to it"
+    else:
+        fix = f"keep {key} in a 0600 file (never in a recipe): see docs on secrets"
+    values.findings.append(_note("import-secret", f"{where}: {key} holds a secret; it is not written into the "
+                                 "recipe", fix, f"env {key}"))
+
+
+# --------------------------------------------------------------------------- one engine command
 
 
 def _typed_fields() -> dict[str, tuple[str, Any]]:
@@ -41,115 +140,592 @@ def _convert(annotation, values: list[str]):
     if "bool" in text:
         return True if not values else None
     if "list[int]" in text:
-        return [int(v) for v in values]
+        return [int(v) for v in values] if values and all(re.fullmatch(r"-?\d+", v) for v in values) else None
     if len(values) != 1:
         return None
     value = values[0]
-    try:
-        if "dict" in text:
+    if "dict" in text:
+        try:
             return json.loads(value)
-        if "int" in text and "float" not in text:
-            return int(value)
-        if "float" in text:
+        except ValueError:
+            return None
+    if "int" in text and "float" not in text:
+        return int(value) if re.fullmatch(r"-?\d+", value) else ValueError
+    if "float" in text:
+        try:
             return float(value)
-    except ValueError:
-        return None
+        except ValueError:
+            return ValueError
     return value
 
 
-def _family(model_path: str) -> str:
-    m = model_path.lower()
-    for pattern, family in ((r"glm-?5\.1", "glm5.1"), (r"glm-?5", "glm5"), ("kimi", "kimi-k2.5"),
-                            ("minimax", "minimax-m2.5"), ("qwen3.5", "qwen3.5"), ("llama", "llama3")):
-        if re.search(pattern, m):
-            return family
-    return "unknown"
+@dataclass
+class _Server:
+    """One engine command, as recipe pieces."""
+
+    server: dict[str, Any]
+    model_path: str
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init: str | None = None
+    mode: str | None = None
+    bootstrap_port: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    explicit_nnodes: bool = False
+    address: str | None = None  # the node's own address, when --host named it
 
 
-# The image each hardware's seeds run, used when a command is imported without --engine.
-ERA_IMAGE = {"sm120": "lmsysorg/sglang:dev-cu13", "sm100": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"}
+def _int(flag: str, values: list[str], where: str) -> int:
+    if len(values) != 1 or not re.fullmatch(r"\d+", values[0]):
+        raise CommandError(f"{flag} {' '.join(values)!s}: expected one whole number", f"write e.g. {flag} 2", where)
+    return int(values[0])
 
 
-def _runtime_for(arch: str, engine: str | None, launch: str) -> tuple[dict, dict]:
-    from .lint import SEED_ERA
-
-    if engine or arch not in ERA_IMAGE:
-        version = engine or SEED_ERA.get(arch, "0.5.23")
-        if not version[0].isdigit():
-            version = "0.5.23"
-        return ({"kind": "uv", "python": "3.12", "packages": [f"sglang=={version}"]},
-                {"sglang": version, "launcher": launch})
-    return ({"kind": "docker", "image": ERA_IMAGE[arch]}, {"sglang": SEED_ERA[arch], "launcher": launch})
-
-
-def import_command(words: list[str], hardware: str, recipe_id: str | None = None,
-                   engine: str | None = None, hardware_arch: str = "none") -> dict:
-    env, argv = parse_pasted(words)
-    launcher, flag_words = launcher_split(argv)
-    if not launcher:
-        raise ValueError("no command found: expected 'python3 -m sglang.launch_server ...' or 'sglang serve ...'")
-    text = " ".join(launcher)
-    if "sglang.launch_server" in text:
-        launch = "launch_server"
-    elif launcher[-2:] == ["sglang", "serve"] or text.endswith("sglang serve"):
-        launch = "serve"
-    else:
-        raise ValueError(f"'{text}' is not an SGLang server command (launch_server or sglang serve)")
+def _server_of(command: Command, values: _Values, where: str) -> _Server:
     typed = _typed_fields()
     server: dict[str, Any] = {}
     speculative: dict[str, Any] = {}
+    spec_words: list[str] = []
     extra: list[str] = []
-    nnodes, dist_port = 1, None
-    model_path = ""
-    for name, values in split_flags(flag_words):
+    out = _Server({}, "")
+    for name, vals in split_flags(command.flags):
+        if not name:
+            raise CommandError(f"{' '.join(vals)!r} before any flag", "start with a flag (--model-path ...)", where)
+        if "_" in name.split("=")[0]:
+            raise CommandError(f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
+                               f"write {name.replace('_', '-')} (check the name with --help)", where)
         flag = canonical(name)
         if flag == "--model-path":
-            model_path = values[0] if values else ""
+            out.model_path = vals[0] if vals else ""
             continue
-        if flag == "--nnodes":
-            nnodes = int(values[0])
+        if flag in SECRET_FLAGS:
+            values.api_key = True
+            values.findings.append(_note("import-secret", f"{flag} on the command line: the key is not written into "
+                                         "the recipe", f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
+                                         "(0600) on each host: server.api_key_file points there", flag))
             continue
-        if flag == "--dist-init-addr":
-            dist_port = int(values[0].rsplit(":", 1)[1]) if ":" in values[0] else None
+        if flag in _TOPOLOGY_FLAGS:
+            value = vals[0] if vals else ""
+            if flag == "--nnodes":
+                out.nnodes = _int(flag, vals, where)
+                out.explicit_nnodes = True
+            elif flag == "--node-rank":
+                out.node_rank = _int(flag, vals, where) if not SHELL_VAR.search(value) else 0
+            elif flag == "--dist-init-addr":
+                out.dist_init = value
+            elif flag == "--disaggregation-mode":
+                out.mode = value
+            else:
+                out.bootstrap_port = _int(flag, vals, where)
             continue
-        if flag in _RENDERER_OWNED:
+        if flag == "--host" and vals and _is_node_address(vals[0]):
+            out.address = vals[0]
+            values.findings.append(_note("import-placeholder", f"--host {vals[0]} is this node's address: rendered "
+                                         "per host as {node_address} (list the host in the inventory)", "", flag,
+                                         Severity.info))
+            server["host"] = "{node_address}"
             continue
+        vals = [values.unset(v, flag, _placeholder_for(flag)) for v in vals]
         if flag in _SPECULATIVE:
             key = _SPECULATIVE[flag]
-            speculative[key] = int(values[0]) if values and values[0].isdigit() else values[0]
+            speculative[key] = int(vals[0]) if vals and vals[0].isdigit() else (vals[0] if vals else None)
+            spec_words += [flag, *vals]
             continue
         if flag in typed:
-            field, annotation = typed[flag]
-            converted = _convert(annotation, values)
+            field_name, annotation = typed[flag]
+            converted = _convert(annotation, vals)
+            if converted is ValueError or (converted is not None and not _valid(field_name, converted)):
+                if any(v.startswith("<") for v in vals):  # a variable in a typed field: SGLang's default
+                    continue
+                raise CommandError(f"{flag} {' '.join(vals)}: {_expected(field_name)}",
+                                   f"write {flag} {_example(field_name)}", where)
             if converted is not None:
-                server[field] = converted
+                server[field_name] = converted
                 continue
-        extra += [flag, *values]
+        extra += [flag, *vals]
     if speculative:
-        server["speculative"] = speculative
+        try:
+            Speculative.model_validate(speculative)
+            server["speculative"] = speculative
+        except ValidationError:
+            extra += spec_words  # an algorithm the recipe schema does not type: kept as written
     if extra:
         server["extra_args"] = extra
-    family = _family(model_path)
-    runtime, engine_data = _runtime_for(hardware_arch, engine, launch)
+    out.server = server
+    out.env = _env({**(command.docker.env if command.docker else {}), **command.env}, values, where)
+    return out
+
+
+def _is_node_address(value: str) -> bool:
+    """A literal address of one machine (not a wildcard or loopback), which only fits one host of an inventory."""
+    return bool(value) and not SHELL_VAR.search(value) and value not in ("0.0.0.0", "::", "localhost") and \
+        not value.startswith("127.") and value != "::1"
+
+
+def _valid(field_name: str, value) -> bool:
+    try:
+        ServerOptions.model_validate({field_name: value})
+        return True
+    except ValidationError:
+        return False
+
+
+def _expected(field_name: str) -> str:
+    info = ServerOptions.model_fields[field_name]
+    kind = str(info.annotation)
+    bounds = {type(m).__name__: m for m in info.metadata}
+    if "float" in kind:
+        return "expected a fraction between 0 and 1" if "Gt" in bounds else "expected a number"
+    if "int" in kind:
+        return "expected a whole number" + (" between 1 and 65535" if field_name == "port" else
+                                            " of at least 1" if "Ge" in bounds else "")
+    return "expected a value"
+
+
+def _example(field_name: str) -> str:
+    return {"port": "30000", "mem_fraction_static": "0.85"}.get(field_name, "1")
+
+
+# --------------------------------------------------------------------------- docker
+
+
+def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> dict:
+    d.volumes = [values.unset(v, "docker -v") for v in d.volumes]
+    d.devices = [values.unset(v, "docker --device") for v in d.devices]
+    d.env_files = [values.unset(v, "docker --env-file") for v in d.env_files]
+    d.other = [values.unset(v, "docker option") for v in d.other]
+    run: dict[str, Any] = {
+        "shm_size": d.shm_size,
+        "ipc_host": d.ipc == "host",
+        "network_host": d.network == "host",
+        "gpus": d.gpus,
+        "privileged": d.privileged,
+        "cpuset_cpus": d.cpuset_cpus,
+        "ulimits": dict(d.ulimits),
+        "volumes": list(d.volumes),
+        "devices": list(d.devices),
+    }
+    extra = list(d.other)
+    if d.ipc and d.ipc != "host":
+        extra.append(f"--ipc={d.ipc}")
+    if d.network and d.network != "host":
+        extra.append(f"--network={d.network}")
+    if extra:
+        run["extra_options"] = extra
+    if d.env_files:
+        run["env_files"] = list(d.env_files)
+        notes.append(_note("import-env-file", f"--env-file {', '.join(d.env_files)} is passed by reference: the "
+                           "file must exist on each host (0600 if it holds secrets)", "", "docker", Severity.info))
+    if d.entrypoint:
+        run["entrypoint"] = d.entrypoint
+    for name in d.env_from_host:
+        if SECRET_NAME.search(name):
+            _secret_env(name, values, "docker -e")
+        else:
+            values.findings.append(_note("import-set-value", f"docker -e {name} takes the value from the shell that "
+                                         "ran docker; a service has none", f"set env {name} in the recipe",
+                                         f"env {name}"))
+    dropped = [*d.dropped, *(["-d"] if d.detach else []), *([f"--name {d.name}"] if d.name else [])]
+    if dropped:
+        notes.append(_note("import-docker-dropped", f"docker run {' '.join(dropped)} not kept: the systemd unit runs "
+                           "the container in the foreground, removes it on exit and names it after the unit", "",
+                           "docker", Severity.info))
+    runtime: dict[str, Any] = {"kind": "docker", "image": d.image}
+    if d.digest:
+        runtime["digest"] = d.digest
+    runtime["run"] = run
+    return runtime
+
+
+def _image_version(image: str) -> str | None:
+    tag = image.rsplit(":", 1)[1] if ":" in image.split("/")[-1] else ""
+    m = re.match(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)", tag)
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------- router
+
+
+@dataclass
+class _Router:
+    pd: bool
+    prefill: list[tuple[str, int | None]]  # (url, bootstrap port)
+    decode: list[str]
+    workers: list[str]
+    router: dict[str, Any]
+
+
+def _router_of(command: Command, values: _Values) -> _Router:
+    pd, prefill, decode, workers = False, [], [], []
+    router: dict[str, Any] = dict(ROUTER_DEFAULTS)
+    extra: list[str] = []
+    for name, vals in split_flags(command.flags):
+        if name not in ("--prefill", "--decode", "--worker-urls"):  # worker URLs come from the inventory
+            vals = [values.unset(v, name) for v in vals]
+        if name == "--pd-disaggregation":
+            pd = True
+        elif name == "--prefill":
+            if not vals or len(vals) > 2:
+                raise CommandError(f"--prefill {' '.join(vals)}: expected URL [BOOTSTRAP_PORT]",
+                                   "write --prefill http://HOST:PORT 8998", "router")
+            boot = _int("--prefill bootstrap port", vals[1:], "router") if len(vals) == 2 else None
+            prefill.append((vals[0], boot))
+        elif name == "--decode":
+            decode += vals
+        elif name == "--worker-urls":
+            workers += vals
+        elif name in ("--host", "--policy"):
+            router[name[2:]] = vals[0] if vals else ""
+        elif name == "--port":
+            router["port"] = _int(name, vals, "router")
+        elif name in SECRET_FLAGS:
+            values.api_key = True
+            values.findings.append(_note("import-secret", f"router {name}: the key is not written into the recipe",
+                                         "the router gets the engines' key from server.api_key_file", name))
+        else:
+            extra += [name, *vals] if name else vals
+    if extra:
+        router["extra_args"] = extra
+    return _Router(pd, prefill, decode, workers, router)
+
+
+def _url(url: str, where: str) -> tuple[str | None, int]:
+    """(host, port) of a worker URL; host None when it is a shell variable (the inventory says which host)."""
+    m = re.match(r"^(?:[a-z]+://)?(\[[^\]]+\]|[^/:]+):(\d+)/?$", url)
+    if not m:
+        raise CommandError(f"{where} {url!r}: expected http://HOST:PORT", f"write {where} http://10.0.0.1:30000",
+                           "router")
+    host = m.group(1)
+    return (None if SHELL_VAR.search(host) else host), int(m.group(2))
+
+
+# --------------------------------------------------------------------------- assembling
+
+
+def _groups_from_servers(servers: list[_Server], role: str) -> tuple[list[dict], list[str | None], list[int]]:
+    """Engine commands of one role -> groups: one instance per command (multi-node: per dist-init address)."""
+    instances: dict[str, list[_Server]] = {}
+    for n, s in enumerate(servers):
+        key = s.dist_init if s.nnodes > 1 and s.dist_init else f"#{n}"
+        instances.setdefault(key, []).append(s)
+    groups: list[dict] = []
+    hosts: list[str | None] = []
+    heads: list[int] = []  # index in hosts of each instance's rank 0
+    last: tuple | None = None
+    for members in instances.values():
+        head = sorted(members, key=lambda s: s.node_rank)[0]
+        group: dict[str, Any] = {"role": role} if role != "server" else {}
+        nodes = max(head.nnodes, 1)
+        if nodes > 1:
+            group["nodes"] = nodes
+            if head.dist_init and ":" in head.dist_init:
+                port = head.dist_init.rsplit(":", 1)[1]
+                if port.isdigit():
+                    group["dist_init_port"] = int(port)
+        elif head.explicit_nnodes and role != "server":
+            group["explicit_single_node_rank"] = True
+        if role == "prefill":
+            group["bootstrap_port"] = head.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+        group["server"] = head.server
+        if head.env:
+            group["env"] = head.env
+        same = (json.dumps(head.server, sort_keys=True), json.dumps(head.env, sort_keys=True), nodes)
+        prev = groups[-1] if groups else None
+        if prev is not None and last == same and (role != "prefill" or prev["bootstrap_port"] + prev.get(
+                "instances", 1) == group["bootstrap_port"]):
+            prev["instances"] = prev.get("instances", 1) + 1
+        else:
+            groups.append(group)
+        last = same
+        ranks = {s.node_rank: s.address for s in members}
+        heads.append(len(hosts))
+        hosts += [ranks.get(r) for r in range(nodes)]
+    return groups, hosts, heads
+
+
+def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple[list[dict], list[str | None]]:
+    groups: list[dict] = []
+    hosts: list[str | None] = []
+    for url, boot in entries:
+        host, port = _url(url, f"--{role}")
+        hosts.append(host)
+        prev = groups[-1] if groups else None
+        if prev and prev["server"]["port"] == port and (
+                role != "prefill" or prev["bootstrap_port"] + prev.get("instances", 1) == (boot or
+                                                                                         DEFAULT_BOOTSTRAP_PORT)):
+            prev["instances"] = prev.get("instances", 1) + 1
+            continue
+        group: dict[str, Any] = {"role": role, "server": {"port": port}}
+        if role == "prefill":
+            group["bootstrap_port"] = boot or DEFAULT_BOOTSTRAP_PORT
+        groups.append(group)
+    return groups, hosts
+
+
+def _topology(servers: list[_Server], router: _Router | None, notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    if router and router.pd:
+        groups, hosts = [], []
+        for role in ("prefill", "decode"):
+            mine = [s for s in servers if s.mode == role]
+            entries = router.prefill if role == "prefill" else [(u, None) for u in router.decode]
+            if mine:
+                g, h, heads = _groups_from_servers(mine, role)
+                urls = [_url(u, f"--{role}")[0] for u, _ in entries]
+                if len(urls) == len(heads):
+                    for index, address in zip(heads, urls):
+                        h[index] = address
+                elif entries:
+                    notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
+                                       f"commands give {len(heads)} {role} instance(s): the recipe follows the "
+                                       "commands",
+                                       "check the router's --prefill/--decode list", "router"))
+            else:
+                g, h = _groups_from_urls(entries, role)
+            groups += g
+            hosts += h
+        if not any(g["role"] == "prefill" for g in groups) or not any(g["role"] == "decode" for g in groups):
+            raise CommandError("--pd-disaggregation without both --prefill and --decode",
+                               "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
+                               "router")
+        return {"kind": "pd-disaggregation", "groups": groups, "router": router.router}, hosts
+    modes = {s.mode for s in servers}
+    if modes - {None}:
+        if not {"prefill", "decode"} <= modes:
+            missing = ({"prefill", "decode"} - modes).pop()
+            raise CommandError(f"{(modes - {None}).pop()} commands without {missing} commands",
+                               f"import the {missing} commands too (a launch script with --file)")
+        notes.append(_note("import-router-added", "PD commands without a router: the recipe adds sglang-router "
+                           f"(--pd-disaggregation, policy {ROUTER_DEFAULTS['policy']}, port "
+                           f"{ROUTER_DEFAULTS['port']}) in front of them", "set topology.router to your router's "
+                           "address, port and policy", "topology.router"))
+        return _topology(servers, _Router(True, [], [], [], dict(ROUTER_DEFAULTS)), notes)
+    if router:
+        if servers:
+            groups, _, _ = _groups_from_servers(servers[:1], "server")
+        else:
+            groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
+            groups[0].pop("role")
+        hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
+        count = max(len(router.workers), 1)
+        groups[0]["instances"] = count
+        if count == 1:
+            groups[0].pop("instances")
+        kind = "replicas" if count > 1 else "single"
+        return {"kind": kind, "groups": groups, "router": router.router}, hosts
+    groups, hosts, _ = _groups_from_servers(servers, "server")
+    if len(groups) != 1:
+        raise CommandError(f"{len(groups)} different engine commands and no router",
+                           "import one launch (or one multi-node group) per recipe, or add the router command")
+    g = groups[0]
+    if g.get("instances", 1) > 1:
+        g.pop("instances")
+        notes.append(_note("import-duplicate-command", "the same engine command appears several times without a "
+                           "router: imported once", "", "command", Severity.info))
+    if g.get("nodes", 1) > 1:
+        return {"kind": "multinode-tp", "groups": [g]}, hosts
+    return {"kind": "single", "groups": [g]}, hosts[:1]
+
+
+def _flat_single(topology: dict) -> tuple[dict, dict, dict]:
+    """single / multinode-tp: the group's server and env become the recipe's (the way recipes are written)."""
+    g = topology["groups"][0]
+    server, env = g.pop("server", {}), g.pop("env", {})
+    if not g and "router" not in topology:
+        topology = {"kind": topology["kind"]}
+    return topology, server, env
+
+
+def import_commands(commands: list[Command], hardware: str, recipe_id: str | None = None,
+                    engine: str | None = None, hardware_arch: str = "none", detect: bool = False) -> Imported:
+    """Commands of one deployment (engine commands, at most one router) -> recipe data and findings."""
+    if not commands:
+        raise CommandError("no SGLang launch command found", "paste 'python3 -m sglang.launch_server ...'")
+    routers = [c for c in commands if c.kind == "router"]
+    engines = [c for c in commands if c.kind != "router"]
+    if len(routers) > 1:
+        raise CommandError(f"{len(routers)} router commands", "import one router per deployment")
+    launchers = {c.launcher for c in engines}
+    if len(launchers) > 1:
+        raise CommandError(f"engine commands with different launchers ({', '.join(sorted(launchers))})",
+                           "use one launcher for every engine of a deployment")
+    dockers = [c.docker for c in engines if c.docker] or [c.docker for c in routers if c.docker]
+    notes: list[Finding] = []
+    model_path = ""
+    first_model = next((s for s in (_first_model(c) for c in engines) if s), "")
+    family = model_family(first_model) or "unknown"
     rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
-    group: dict[str, Any] = {"nodes": nnodes}
-    if dist_port:
-        group["dist_init_port"] = dist_port
+    values = _Values(rid)
+    servers = [_server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command")
+               for n, c in enumerate(engines)]
+    router = _router_of(routers[0], values) if routers else None
+    for s in servers:
+        model_path = model_path or s.model_path
+    topology, hosts = _topology(servers, router, notes)
+    server: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    if topology["kind"] in ("single", "multinode-tp"):
+        topology, server, env = _flat_single(topology)
+    if values.api_key:
+        server["api_key_file"] = API_KEY_FILE.format(id=rid)
+    model = _model(model_path, family, values)
+    launch = next(iter(launchers), "launch_server")
+    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch, dockers[0] if dockers else None,
+                                                        values, notes, [c.argv for c in commands], detect)
+    if router:
+        from .engine_parser import DEFAULT_ROUTER_VERSION
+
+        engine_data["router"] = DEFAULT_ROUTER_VERSION
     data: dict[str, Any] = {
         "id": rid,
         "description": f"Imported from a pasted command ({family} on {hardware})",
         "source": {"seed": "pasted", "section": "ironserve import"},
         "hardware": [hardware],
-        "model": {"family": family, **({"path": model_path} if model_path.startswith("/") else {"hub_id": model_path})},
+        "model": model,
         "engine": engine_data,
         "runtime": runtime,
-        "topology": {"kind": "multinode-tp", "groups": [group]} if nnodes > 1 else {"kind": "single"},
+        "topology": topology,
         "server": server,
     }
     if env:
         data["env"] = env
-    Recipe.model_validate(data)  # what import writes must load
-    return data
+    wrappers = sorted({w for c in commands for w in c.wrappers})
+    if wrappers:
+        notes.append(_note("import-wrapper", f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "
+                           "runs the engine; CPU/NUMA placement is host tuning)", "", "command", Severity.info))
+    _memlock(data, hardware, notes)
+    try:
+        Recipe.model_validate(data)  # what import writes must load
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise CommandError(f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: "
+                           f"{err['msg']}", "report this command: import should have refused it earlier") from exc
+    return Imported(data, values.findings + notes, hosts, engine_note)
+
+
+def _first_model(command: Command) -> str:
+    for name, vals in split_flags(command.flags):
+        if canonical(name) == "--model-path" and vals:
+            return vals[0]
+    return ""
+
+
+def _model(model_path: str, family: str, values: _Values) -> dict:
+    if not model_path:
+        values.findings.append(_note("import-set-value", "no --model-path in the commands (a router alone names no "
+                                     "model)", "set model.hub_id or model.path in the recipe", "model"))
+        return {"family": family, "path": "/models/set-me"}
+    if SHELL_VAR.search(model_path):
+        names = [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(model_path)]
+        values.findings.append(_note("import-set-value", f"--model-path is the shell variable {', '.join(names)}",
+                                     "set model.hub_id or model.path in the recipe, or host data model_path in the "
+                                     "inventory", "model"))
+        return {"family": family, "path": "/models/" + "-".join(n.lower() for n in names)}
+    if model_path.startswith("/") or model_path.startswith("~") or model_path.startswith("."):
+        return {"family": family, "path": model_path}
+    return {"family": family, "hub_id": model_path}
+
+
+def _memlock(data: dict, hardware: str, notes: list[Finding]) -> None:
+    """Docker on hardware that wants unlimited locked memory: the catalogue refuses a recipe without it."""
+    runtime = data["runtime"]
+    if runtime["kind"] != "docker" or "run" not in runtime:  # no run: DockerRun's defaults (memlock -1)
+        return
+    from .catalogue import hardware_profiles
+
+    profile = hardware_profiles().get(hardware)
+    ulimits = runtime["run"]["ulimits"]
+    if profile and profile.tuning.limits.memlock == "unlimited" and str(ulimits.get("memlock")) not in (
+            "-1", "unlimited"):
+        ulimits["memlock"] = "-1"
+        notes.append(_note("import-added-memlock", f"added --ulimit memlock=-1: {hardware} needs unlimited locked "
+                           "memory inside the container (RDMA, pinned buffers)", "", "runtime.run.ulimits"))
+
+
+def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOptions | None, values: _Values,
+                    notes: list[Finding], argvs: list[list[str]], detect: bool) -> tuple[dict, dict, str]:
+    from .engine_parser import release_for_era
+
+    version, how = engine, "named with --engine"
+    if docker and not engine and _image_version(docker.image):
+        version, how = _image_version(docker.image), f"the release in the image tag ({docker.image})"
+    if not version and detect:
+        version, how = detect_engine(argvs)
+    if not version:
+        era = SEED_ERA.get(arch, "")
+        if release_for_era(era):
+            version, how = release_for_era(era), f"the PyPI release of the seeds' {era} era for this hardware " \
+                                                 "(not checked: `ironserve lint` runs its parser)"
+        else:
+            version, how = DEFAULT_ENGINE, "the newest release ironserve knows (not checked: `ironserve lint` runs " \
+                                           "its parser)"
+    note = f"sglang {version} ({how})"
+    notes.append(_note("import-engine", note, "name another with --engine sglang==X.Y.Z", "engine", Severity.info))
+    if docker:
+        runtime = docker_runtime(docker, values, notes)
+        tag_version = _image_version(docker.image)
+        if tag_version:
+            return runtime, {"sglang": tag_version, "launcher": launch}, note
+        tag = docker.image.rsplit(":", 1)[1] if ":" in docker.image.split("/")[-1] else "latest"
+        return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
+    if arch == "ascend-a3":
+        runtime = {"kind": "uv", "python": ASCEND_STACK["python"],
+                   "packages": [f"sglang=={version}", *ASCEND_STACK["packages"]],
+                   "source_env": list(ASCEND_STACK["source_env"])}
+        notes.append(_note("import-npu-runtime", "Ascend NPU runtime: torch-npu on the CANN toolkit (sourced), not "
+                           "a CUDA stack; the NPU build of SGLang (sgl-kernel-npu) comes from Ascend's wheels",
+                           "or import the docker run line of an Ascend SGLang image", "runtime", Severity.info))
+        return runtime, {"sglang": version, "launcher": launch}, note
+    if arch in ERA_IMAGE and not engine:
+        return ({"kind": "docker", "image": ERA_IMAGE[arch]},
+                {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version}, note)
+    return ({"kind": "uv", "python": "3.12", "packages": [f"sglang=={version}"]},
+            {"sglang": version, "launcher": launch}, note)
+
+
+def detect_engine(argvs: list[list[str]]) -> tuple[str | None, str]:
+    """The newest cached SGLang parser that accepts every command, said how it was chosen."""
+    from . import engine_parser
+
+    cached = engine_parser.cached_versions()
+    if not cached:
+        return None, ""
+    for version in cached:
+        try:
+            results = engine_parser.check_many(version, argvs)
+        except (engine_parser.ParserEnvError, engine_parser.EngineNotAvailable):
+            continue
+        if not any(f.severity is Severity.error for found in results for f in found):
+            return version, f"the newest cached SGLang parser that accepts the command ({', '.join(cached)} cached)"
+    return DEFAULT_ENGINE, f"no cached parser ({', '.join(cached)}) accepts the command: `ironserve lint " \
+                           f"--engine sglang=={DEFAULT_ENGINE}` says what to change"
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def import_command(words: list[str], hardware: str, recipe_id: str | None = None,
+                   engine: str | None = None, hardware_arch: str = "none") -> dict:
+    """One pasted command (as the shell split it) -> recipe data."""
+    return import_commands([parse_command(words)], hardware, recipe_id, engine, hardware_arch).data
+
+
+def import_script(text: str, hardware: str, recipe_id: str | None = None, engine: str | None = None,
+                  hardware_arch: str = "none", detect: bool = False) -> Imported:
+    """A launch script (the engine commands and the router of one deployment) -> recipe data and findings."""
+    script = parse_script(text)
+    if not script.commands:
+        raise CommandError("no SGLang launch command in the script", "the script must run python3 -m "
+                           "sglang.launch_server, sglang serve or python3 -m sglang_router.launch_router", "file")
+    result = import_commands([c for c, _ in script.commands], hardware, recipe_id, engine, hardware_arch, detect)
+    if script.sourced:
+        runtime = result.data["runtime"]
+        runtime["source_env"] = list(dict.fromkeys([*runtime.get("source_env", []), *script.sourced]))
+    if script.skipped:
+        result.findings.append(_note("import-skipped", f"{len(script.skipped)} line(s) of the script are not launches "
+                                     f"and were not imported (first: {script.skipped[0]!r})",
+                                     "host tuning lines (sysctl, governor) are in the hardware profile", "file",
+                                     Severity.info))
+    return result
 
 
 def to_yaml(data: dict) -> str:

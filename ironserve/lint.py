@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .commandline import SECRET_NAME, SECRET_VALUE, CommandError, parse_command
 from .findings import Finding, Severity
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
 from .spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
@@ -36,6 +37,20 @@ DROPPED_IN = {
 DROPPED_CHOICES = {"0.5.23": {("--tool-call-parser", "qwen3"): "use --tool-call-parser qwen3_coder"}}
 
 
+# model path pattern -> family, first match wins (more specific first)
+FAMILIES = (
+    (r"glm-?5\.1", "glm5.1"), (r"glm-?5", "glm5"), (r"kimi", "kimi-k2.5"), (r"minimax", "minimax-m2.5"),
+    (r"qwen3[._-]?5", "qwen3.5"), (r"qwen3-?next", "qwen3-next"), (r"llama-?4", "llama4"),
+    (r"deepseek-(v3|r1)", "deepseek-v3"), (r"llama", "llama3"),
+)
+
+
+def model_family(model_path: str) -> str:
+    """The model family a checkpoint name says (glm5, qwen3.5, llama4, ...), '' when none is known."""
+    m = model_path.lower()
+    return next((family for pattern, family in FAMILIES if re.search(pattern, m)), "")
+
+
 @dataclass
 class Launch:
     """One engine command as lint sees it: canonical flags plus what is known around it."""
@@ -52,6 +67,9 @@ class Launch:
     where: str = ""
     from_recipe: bool = False  # recipes get per-host values (NIC, ranks) from the inventory at render time
     has_api_key: bool = False
+    launcher: str = "launch_server"  # router_launch_server runs --dp-size engines of --tp-size devices each
+    launch_error: str = ""  # the command is no SGLang launch of any release (commandline.CommandError)
+    launch_fix: str = ""
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
@@ -72,18 +90,7 @@ class Launch:
 
     @property
     def family(self) -> str:
-        m = self.model_path.lower()
-        if re.search(r"glm-?5\.1", m):
-            return "glm5.1"
-        if re.search(r"glm-?5", m):
-            return "glm5"
-        if "kimi" in m:
-            return "kimi-k2.5"
-        if "minimax" in m:
-            return "minimax-m2.5"
-        if "qwen3.5" in m or "qwen3_5" in m:
-            return "qwen3.5"
-        return ""
+        return model_family(self.model_path)
 
     @property
     def nvfp4(self) -> bool:
@@ -91,19 +98,32 @@ class Launch:
 
 
 Rule = Callable[[Launch], list[Finding]]
-RULES: dict[str, tuple[Severity, str, Rule]] = {}
 
 
-def rule(rule_id: str, severity: Severity, summary: str):
+@dataclass(frozen=True)
+class RuleInfo:
+    severity: Severity
+    summary: str
+    fn: Rule
+    scope: str  # where the field observed it: hardware, model family, engine era ("any" when universal)
+    source: str  # the seed (or document) the rule encodes
+
+
+RULES: dict[str, RuleInfo] = {}
+
+
+def rule(rule_id: str, severity: Severity, summary: str, scope: str = "any launch", source: str = "ironserve"):
     def register(fn: Rule) -> Rule:
-        RULES[rule_id] = (severity, summary, fn)
+        RULES[rule_id] = RuleInfo(severity, summary, fn, scope, source)
         return fn
 
     return register
 
 
 def _f(rule_id: str, launch: Launch, message: str, fix: str, severity: Severity | None = None) -> Finding:
-    return Finding(rule_id, severity or RULES[rule_id][0], message, fix, launch.where)
+    info = RULES[rule_id]
+    return Finding(rule_id, severity or info.severity, f"{message} [scope: {info.scope}; source: {info.source}]", fix,
+                   launch.where)
 
 
 def _truthy(value: str | None) -> bool:
@@ -113,7 +133,8 @@ def _truthy(value: str | None) -> bool:
 # --------------------------------------------------------------------------- model/hardware pitfalls
 
 
-@rule("glm5-kv-cache-sm120", Severity.error, "GLM-5 on SM120 needs --kv-cache-dtype bf16; FP8 KV garbles output")
+@rule("glm5-kv-cache-sm120", Severity.error, "GLM-5 on SM120 needs --kv-cache-dtype bf16; FP8 KV garbles output",
+      scope="GLM-5 on SM120 (RTX PRO 6000), 2026-03 images", source="seed 000 (GLM-5 NVFP4 commands)")
 def glm5_kv_cache(l: Launch) -> list[Finding]:
     if l.family != "glm5" or l.arch != "sm120":
         return []
@@ -127,23 +148,32 @@ def glm5_kv_cache(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("nextn-needs-spec-v2", Severity.error, "NEXTN/EAGLE without SGLANG_ENABLE_SPEC_V2 loads the model twice (OOM)")
+# Where seed 000 saw NEXTN fall back to EAGLE and load the model twice: these families on 96 GB SM120 cards.
+SPEC_V2_FAMILIES = ("glm5", "glm5.1", "qwen3.5")
+
+
+@rule("nextn-needs-spec-v2", Severity.error, "NEXTN/EAGLE without SGLANG_ENABLE_SPEC_V2 loads the model twice (OOM)",
+      scope="GLM-5/GLM-5.1/Qwen3.5 on 96 GB SM120 cards (RTX PRO 6000), engines of 2026-03 and later; a warning for "
+      "other models on SM120", source="seed 000 (SGLANG_ENABLE_SPEC_V2 table and 'Critical' note)")
 def nextn_spec_v2(l: Launch) -> list[Finding]:
     algo = l.value("--speculative-algorithm")
-    if algo not in ("NEXTN", "EAGLE"):
+    if algo not in ("NEXTN", "EAGLE") or l.arch != "sm120" or _truthy(l.env.get("SGLANG_ENABLE_SPEC_V2")):
         return []
-    if _truthy(l.env.get("SGLANG_ENABLE_SPEC_V2")):
-        return []
-    return [_f("nextn-needs-spec-v2", l, f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2: SGLang "
-               "converts NEXTN to EAGLE and loads a second copy of the model as draft (instant OOM: 57 GB x 2 per GPU"
-               " on 96 GB cards)", "set SGLANG_ENABLE_SPEC_V2=True")]
+    if l.family in SPEC_V2_FAMILIES:
+        return [_f("nextn-needs-spec-v2", l, f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2: SGLang "
+                   "converts NEXTN to EAGLE and loads a second copy of the model as draft (instant OOM: 57 GB x 2 per "
+                   "GPU on 96 GB cards)", "set SGLANG_ENABLE_SPEC_V2=True")]
+    return [_f("nextn-needs-spec-v2", l, f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2 on 96 GB "
+               "SM120 cards: for GLM-5/Qwen3.5 this loaded a second copy of the model as draft (OOM); not observed "
+               "for this model", "set SGLANG_ENABLE_SPEC_V2=True if memory runs out at load", Severity.warning)]
 
 
 # Checkpoints whose MTP layers the seeds state; recipes carry model.has_mtp_weights instead.
 KNOWN_MTP = {"lukealonso/glm-5-nvfp4": False, "festr2/glm-5-nvfp4-mtp": True, "nvidia/qwen3.5-397b-a17b-nvfp4": True}
 
 
-@rule("mtp-without-mtp-weights", Severity.error, "MTP speculative decoding on a checkpoint without MTP weights")
+@rule("mtp-without-mtp-weights", Severity.error, "MTP speculative decoding on a checkpoint without MTP weights",
+      scope="NEXTN on any hardware; checkpoints the seeds name", source="seed 000 (MTP checkpoints)")
 def mtp_weights(l: Launch) -> list[Finding]:
     if l.value("--speculative-algorithm") != "NEXTN":
         return []
@@ -157,7 +187,8 @@ def mtp_weights(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("expandable-segments-oneshot", Severity.error, "expandable_segments crashes PCIe one-shot allreduce")
+@rule("expandable-segments-oneshot", Severity.error, "expandable_segments crashes PCIe one-shot allreduce",
+      scope="PCIe one-shot allreduce (patched SM120 images)", source="seed 000 (pcie_allreduce.cu:321 crash)")
 def expandable_oneshot(l: Launch) -> list[Finding]:
     conf = l.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + l.env.get("PYTORCH_ALLOC_CONF", "")
     if "expandable_segments:true" in conf.lower().replace(" ", "") and l.has("--enable-pcie-oneshot-allreduce"):
@@ -167,7 +198,8 @@ def expandable_oneshot(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("deep-gemm-sm120", Severity.warning, "DeepGemm is not supported on SM120")
+@rule("deep-gemm-sm120", Severity.warning, "DeepGemm is not supported on SM120",
+      scope="SM120 (RTX PRO 6000)", source="seed 000 (DeepGemm on SM120)")
 def deep_gemm_sm120(l: Launch) -> list[Finding]:
     if l.arch != "sm120":
         return []
@@ -181,7 +213,8 @@ def deep_gemm_sm120(l: Launch) -> list[Finding]:
     return out
 
 
-@rule("fp4-gemm-cutlass-race", Severity.warning, "flashinfer_cutlass FP4 GEMM race (flashinfer#2708)")
+@rule("fp4-gemm-cutlass-race", Severity.warning, "flashinfer_cutlass FP4 GEMM race (flashinfer#2708)",
+      scope="NVFP4 checkpoints on SM120, flashinfer of 2026-03", source="seed 000 (flashinfer#2708)")
 def fp4_race(l: Launch) -> list[Finding]:
     if not l.nvfp4 or l.arch not in ("sm120",):
         return []
@@ -194,7 +227,8 @@ def fp4_race(l: Launch) -> list[Finding]:
                "(needs nvidia-cudnn-cu13==9.19.1.2)")]
 
 
-@rule("cudnn-for-fp4", Severity.warning, "flashinfer_cudnn needs nvidia-cudnn-cu13==9.19.1.2")
+@rule("cudnn-for-fp4", Severity.warning, "flashinfer_cudnn needs nvidia-cudnn-cu13==9.19.1.2",
+      scope="flashinfer_cudnn FP4 GEMMs in a uv venv, CUDA 13", source="seed 000 (cuDNN 9.19 pin)")
 def cudnn_for_fp4(l: Launch) -> list[Finding]:
     if l.value("--fp4-gemm-backend") != "flashinfer_cudnn" or not isinstance(l.runtime, UvRuntime):
         return []
@@ -204,7 +238,8 @@ def cudnn_for_fp4(l: Launch) -> list[Finding]:
                "add nvidia-cudnn-cu13==9.19.1.2 to runtime.packages")]
 
 
-@rule("minimax-nvfp4-ep", Severity.error, "Expert parallelism makes MiniMax M2 NVFP4 fail to load")
+@rule("minimax-nvfp4-ep", Severity.error, "Expert parallelism makes MiniMax M2 NVFP4 fail to load",
+      scope="MiniMax M2/M2.5 NVFP4", source="seed 003 (MiniMax M2.5 NVFP4 on 2x RTX PRO 6000)")
 def minimax_ep(l: Launch) -> list[Finding]:
     if l.family == "minimax-m2.5" and l.nvfp4 and l.int_value("--ep-size") > 1:
         return [_f("minimax-nvfp4-ep", l, "--ep-size with MiniMax M2 NVFP4 can make the model fail to load",
@@ -212,7 +247,8 @@ def minimax_ep(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("kimi-fp8-kv-slow", Severity.warning, "FP8 KV cache on the original Kimi K2.5 checkpoint drops to 16 tok/s")
+@rule("kimi-fp8-kv-slow", Severity.warning, "FP8 KV cache on the original Kimi K2.5 checkpoint drops to 16 tok/s",
+      scope="original Kimi K2.5 INT4 checkpoint on SM120", source="seed 000 (Kimi K2.5 figures)")
 def kimi_fp8(l: Launch) -> list[Finding]:
     kv = l.value("--kv-cache-dtype") or ""
     if l.family == "kimi-k2.5" and not l.nvfp4 and kv.startswith("fp8"):
@@ -221,7 +257,8 @@ def kimi_fp8(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("ep-on-pcie", Severity.warning, "Expert parallel over PCIe needs custom allreduce patches")
+@rule("ep-on-pcie", Severity.warning, "Expert parallel over PCIe needs custom allreduce patches",
+      scope="PCIe-only GPUs (no NVLink)", source="seed 000 (--ep-size needs custom allreduce patches on PCIe)")
 def ep_pcie(l: Launch) -> list[Finding]:
     if l.hardware.accelerator.interconnect == "pcie" and l.int_value("--ep-size") > 1 and l.family != "minimax-m2.5":
         return [_f("ep-on-pcie", l, "--ep-size on PCIe-only GPUs requires custom allreduce patches",
@@ -229,7 +266,8 @@ def ep_pcie(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("legacy-disable-custom-all-reduce", Severity.warning, "--disable-custom-all-reduce is the legacy PCIe setting")
+@rule("legacy-disable-custom-all-reduce", Severity.warning, "--disable-custom-all-reduce is the legacy PCIe setting",
+      scope="PCIe-only GPUs with the one-shot allreduce image", source="seed 000 (flag table)")
 def legacy_car(l: Launch) -> list[Finding]:
     if l.has("--disable-custom-all-reduce") and l.hardware.accelerator.interconnect == "pcie":
         return [_f("legacy-disable-custom-all-reduce", l, "--disable-custom-all-reduce is no longer needed on PCIe",
@@ -237,7 +275,8 @@ def legacy_car(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("glm5-dcp-unavailable", Severity.warning, "Decode context parallel is not available for GLM-5")
+@rule("glm5-dcp-unavailable", Severity.warning, "Decode context parallel is not available for GLM-5",
+      scope="GLM-5, 2026-03 engines", source="seed 000 (DCP note)")
 def glm5_dcp(l: Launch) -> list[Finding]:
     if l.family == "glm5" and "SGLANG_DCP" in l.env:
         return [_f("glm5-dcp-unavailable", l, "SGLANG_DCP has no effect for GLM-5 (DCP for GLM-5 is not available)",
@@ -248,21 +287,25 @@ def glm5_dcp(l: Launch) -> list[Finding]:
 # --------------------------------------------------------------------------- parallelism and topology
 
 
-@rule("tp-exceeds-devices", Severity.error, "TP x PP needs more devices per node than the hardware has")
+@rule("tp-exceeds-devices", Severity.error, "TP x PP needs more devices per node than the hardware has",
+      scope="any GPU/NPU hardware profile", source="hardware profiles")
 def tp_devices(l: Launch) -> list[Finding]:
     have = l.hardware.accelerator.count
     if l.hardware.accelerator.vendor == "none":
         return []
     nnodes = l.int_value("--nnodes")
-    need = -(-(l.int_value("--tp-size") * l.int_value("--pp-size")) // nnodes)
+    replicas = l.int_value("--dp-size") if l.launcher == "router_launch_server" else 1
+    need = -(-(l.int_value("--tp-size") * l.int_value("--pp-size") * replicas) // nnodes)
     if need > have:
+        dp = f" x --dp-size {replicas} (router replicas)" if replicas > 1 else ""
         return [_f("tp-exceeds-devices", l, f"--tp-size {l.int_value('--tp-size')} x --pp-size "
-                   f"{l.int_value('--pp-size')} over {nnodes} node(s) needs {need} devices per node; "
+                   f"{l.int_value('--pp-size')}{dp} over {nnodes} node(s) needs {need} devices per node; "
                    f"{l.hardware.id} has {have}", f"lower --tp-size or spread over more nodes (--nnodes)")]
     return []
 
 
-@rule("tp-not-power-of-2", Severity.warning, "Non-power-of-2 TP fails for most models")
+@rule("tp-not-power-of-2", Severity.warning, "Non-power-of-2 TP fails for most models",
+      scope="most models", source="seed 000 (flag table: TP power of 2)")
 def tp_pow2(l: Launch) -> list[Finding]:
     tp = l.int_value("--tp-size")
     if tp & (tp - 1):
@@ -271,7 +314,8 @@ def tp_pow2(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("multinode-without-dist-init", Severity.error, "Multi-node launch without --dist-init-addr/--node-rank hangs")
+@rule("multinode-without-dist-init", Severity.error, "Multi-node launch without --dist-init-addr/--node-rank hangs",
+      scope="multi-node launches, any engine", source="seed 002 (multi-node TP)")
 def multinode_init(l: Launch) -> list[Finding]:
     if l.int_value("--nnodes") <= 1:
         return []
@@ -283,7 +327,8 @@ def multinode_init(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("multinode-socket-ifname", Severity.warning, "Multi-node without the socket interface set")
+@rule("multinode-socket-ifname", Severity.warning, "Multi-node without the socket interface set",
+      scope="multi-node launches (GLOO; HCCL on Ascend)", source="seed 004 (HCCL/GLOO_SOCKET_IFNAME)")
 def socket_ifname(l: Launch) -> list[Finding]:
     if l.int_value("--nnodes") <= 1 or l.from_recipe:  # render sets them from the inventory's nic
         return []
@@ -296,7 +341,8 @@ def socket_ifname(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("pd-ascend-transfer-backend", Severity.error, "PD disaggregation on Ascend needs the ascend transfer backend")
+@rule("pd-ascend-transfer-backend", Severity.error, "PD disaggregation on Ascend needs the ascend transfer backend",
+      scope="PD disaggregation on Ascend NPUs", source="seed 004 (Atlas 800I A3 PD scripts)")
 def pd_ascend(l: Launch) -> list[Finding]:
     if l.hardware.accelerator.vendor == "huawei" and l.has("--disaggregation-mode"):
         if l.value("--disaggregation-transfer-backend") != "ascend":
@@ -305,7 +351,8 @@ def pd_ascend(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("nixl-silent-tcp", Severity.warning, "NIXL KV transfer silently falls back to TCP without its backend env")
+@rule("nixl-silent-tcp", Severity.warning, "NIXL KV transfer silently falls back to TCP without its backend env",
+      scope="NIXL KV transfer, kernel 6.8+", source="seed 001 (GB200 NIXL/UCX, LIBFABRIC)")
 def nixl_tcp(l: Launch) -> list[Finding]:
     if l.value("--disaggregation-transfer-backend") != "nixl":
         return []
@@ -316,7 +363,8 @@ def nixl_tcp(l: Launch) -> list[Finding]:
                "SGLANG_DISAGGREGATION_NIXL_BACKEND=LIBFABRIC (EFA)")]
 
 
-@rule("proxy-env", Severity.warning, "Proxy variables reach the engine's cluster traffic")
+@rule("proxy-env", Severity.warning, "Proxy variables reach the engine's cluster traffic",
+      scope="multi-node and PD launches", source="seed 004 (unset http(s)_proxy)")
 def proxy_env(l: Launch) -> list[Finding]:
     present = [k for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY") if k in l.env]
     if present:
@@ -325,7 +373,8 @@ def proxy_env(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("speculative-draft-tokens", Severity.warning, "num_draft_tokens should be num_steps + 1 with topk 1")
+@rule("speculative-draft-tokens", Severity.warning, "num_draft_tokens should be num_steps + 1 with topk 1",
+      scope="EAGLE/NEXTN with topk 1", source="seeds 000 and 004 (steps 3, draft tokens 4)")
 def draft_tokens(l: Launch) -> list[Finding]:
     steps, topk, draft = (l.value(f"--speculative-{x}") for x in ("num-steps", "eagle-topk", "num-draft-tokens"))
     if steps and draft and (topk in (None, "1")) and int(draft) != int(steps) + 1:
@@ -337,7 +386,8 @@ def draft_tokens(l: Launch) -> list[Finding]:
 # --------------------------------------------------------------------------- spelling, engine and security
 
 
-@rule("abbreviated-flag", Severity.warning, "Abbreviated flag: breaks when SGLang adds a flag with the same prefix")
+@rule("abbreviated-flag", Severity.warning, "Abbreviated flag: breaks when SGLang adds a flag with the same prefix",
+      scope="SGLang 0.5.9 .. 0.5.23 parsers", source="docs/engine-flags.md")
 def abbreviated(l: Launch) -> list[Finding]:
     out = [_f("abbreviated-flag", l, f"{flag} is a prefix that argparse expands today", f"write {canonical(flag)}")
            for flag in l.written_flags if flag in ABBREVIATIONS]
@@ -346,7 +396,8 @@ def abbreviated(l: Launch) -> list[Finding]:
     return out
 
 
-@rule("engine-dropped-flag", Severity.error, "Flag or choice the target SGLang version no longer accepts")
+@rule("engine-dropped-flag", Severity.error, "Flag or choice the target SGLang version no longer accepts",
+      scope="the target SGLang release", source="docs/engine-flags.md (real parsers)")
 def dropped(l: Launch) -> list[Finding]:
     out = []
     for flag, fix in DROPPED_IN.get(l.engine, {}).items():
@@ -361,7 +412,8 @@ def dropped(l: Launch) -> list[Finding]:
 LOOPBACK = ("127.", "localhost", "::1")
 
 
-@rule("bind-without-api-key", Severity.warning, "Server on a non-loopback address without an API key")
+@rule("bind-without-api-key", Severity.warning, "Server on a non-loopback address without an API key",
+      scope="any launch", source="the brief's security rules")
 def bind_key(l: Launch) -> list[Finding]:
     host = l.value("--host") or "127.0.0.1"
     if host.startswith(LOOPBACK) or l.has("--api-key") or l.has_api_key:
@@ -371,7 +423,8 @@ def bind_key(l: Launch) -> list[Finding]:
                "set an API key (recipe server.api_key_file, kept in the unit's 0600 env file) or bind 127.0.0.1")]
 
 
-@rule("api-key-in-argv", Severity.warning, "API key on the command line is visible in ps")
+@rule("api-key-in-argv", Severity.warning, "API key on the command line is visible in ps",
+      scope="any launch", source="the brief's security rules")
 def key_argv(l: Launch) -> list[Finding]:
     if l.has("--api-key"):
         return [_f("api-key-in-argv", l, "--api-key on the command line is readable by every user through ps",
@@ -379,7 +432,8 @@ def key_argv(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("unpinned-image", Severity.warning, "Container image by tag only: the tag moves under you")
+@rule("unpinned-image", Severity.warning, "Container image by tag only: the tag moves under you",
+      scope="docker runtimes", source="ironserve (reproducible deploys)")
 def unpinned_image(l: Launch) -> list[Finding]:
     if isinstance(l.runtime, DockerRuntime) and not l.runtime.digest:
         return [_f("unpinned-image", l, f"image {l.runtime.image} is not pinned by digest",
@@ -387,12 +441,58 @@ def unpinned_image(l: Launch) -> list[Finding]:
     return []
 
 
-@rule("prerelease-install", Severity.warning, "Pre-release installs (-U --pre) are not reproducible")
+@rule("prerelease-install", Severity.warning, "Pre-release installs (-U --pre) are not reproducible",
+      scope="uv runtimes", source="seed 003 (sglang --pre)")
 def prerelease(l: Launch) -> list[Finding]:
     if isinstance(l.runtime, UvRuntime) and l.runtime.prerelease:
         return [_f("prerelease-install", l, "runtime allows pre-releases: the next install can differ",
                    "pin every package with == and drop prerelease")]
     return []
+
+
+@rule("not-an-sglang-launch", Severity.error, "A command no SGLang launcher of any release accepts",
+      scope="every SGLang release (launch_server, sglang serve, sglang_router)", source="SGLang's entry points")
+def not_a_launch(l: Launch) -> list[Finding]:
+    out = []
+    if l.launch_error:
+        out.append(_f("not-an-sglang-launch", l, l.launch_error, l.launch_fix))
+    for flag in l.written_flags:
+        if flag.startswith("--") and "_" in flag.split("=")[0]:
+            out.append(_f("not-an-sglang-launch", l, f"{flag}: no SGLang release registers flags with underscores",
+                          f"write {flag.replace('_', '-')} (check the name with --help)"))
+    return out
+
+
+@rule("literal-secret", Severity.error, "A secret written into a recipe (argv or env)",
+      scope="recipes", source="the brief's security rules (secrets only in 0600 files)")
+def literal_secret(l: Launch) -> list[Finding]:
+    if not l.from_recipe:
+        return []
+    out = []
+    for flag in ("--api-key", "--admin-api-key"):
+        if l.value(flag):
+            out.append(_f("literal-secret", l, f"{flag} with a literal key in the recipe: it reaches argv, the unit "
+                          "file and ps", "remove it from extra_args; set server.api_key_file (a 0600 file on the host)"))
+    for key, value in l.env.items():
+        if (SECRET_NAME.search(key) and value and not value.startswith("<")) or SECRET_VALUE.match(value):
+            out.append(_f("literal-secret", l, f"env {key} holds a literal secret in the recipe",
+                          f"remove {key} from the recipe; keep it in a 0600 file (HF_TOKEN: host data hf_token_file)"))
+    return out
+
+
+UNSET_VALUE = re.compile(r"<[A-Za-z_][A-Za-z0-9_]*>")
+
+
+@rule("unset-value", Severity.error, "A value import could not know (a shell variable) is still unset",
+      scope="imported recipes", source="ironserve import")
+def unset_value(l: Launch) -> list[Finding]:
+    if not l.from_recipe:
+        return []
+    places = [f"{flag} {' '.join(v)}" for flag, v in l.flags.items() if any(UNSET_VALUE.search(x) for x in v)]
+    places += [f"env {k}={v}" for k, v in l.env.items() if UNSET_VALUE.search(v) and v != "<nic>"]
+    return [_f("unset-value", l, f"{p} was a shell variable when imported and still has no value",
+               "set it in the recipe (or use a placeholder: {node_address}, {nic}, {model_path}, ...)")
+            for p in places]
 
 
 # --------------------------------------------------------------------------- recipe-level rules
@@ -426,8 +526,8 @@ RECIPE_RULES = {
 
 def lint_launch(launch: Launch) -> list[Finding]:
     out: list[Finding] = []
-    for _, _, fn in RULES.values():
-        out.extend(fn(launch))
+    for info in RULES.values():
+        out.extend(info.fn(launch))
     return out
 
 
@@ -458,6 +558,7 @@ def lint_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], engine: st
                 where=f"{recipe.id} {proc.role}",
                 from_recipe=True,
                 has_api_key=bool(server.api_key_file),
+                launcher=recipe.engine.launcher,
             )
             found += lint_launch(launch)
         # one finding per rule and place, whatever the number of ranks; hardware ids listed where they differ
@@ -474,26 +575,24 @@ def lint_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], engine: st
     return findings
 
 
-def parse_pasted(words: list[str]) -> tuple[dict[str, str], list[str]]:
-    """'ENV=VAL ... python3 -m sglang.launch_server --flags' (as the shell split it) -> (env, argv)."""
-    env: dict[str, str] = {}
-    i = 0
-    while i < len(words) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[i]):
-        key, _, value = words[i].partition("=")
-        env[key] = value
-        i += 1
-    if i < len(words) and words[i] == "export":
-        raise ValueError("pass variables as NAME=VALUE before the command, not with export")
-    return env, words[i:]
-
-
 def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None = None) -> list[Finding]:
-    env, argv = parse_pasted(words)
-    if not argv:
-        raise ValueError("no command after the environment variables")
-    _, flags = launcher_split(argv)
-    pairs = split_flags(flags)
+    """Lint a pasted command as the shell split it: env, wrappers and docker run in front are understood
+    (commandline.parse_command, the parser import and the real-parser check use too)."""
+    if not words:
+        raise ValueError("no command to lint")
+    try:
+        command = parse_command(words)
+    except CommandError as exc:
+        if str(exc).startswith("'export'"):
+            raise
+        launch = Launch(hardware=hardware, flags={}, env={}, engine=engine or SEED_ERA[hardware.accelerator.arch],
+                        where="command", launch_error=str(exc), launch_fix=exc.fix)
+        return lint_launch(launch)
+    if command.kind == "router":
+        return []  # router flags are the real sglang-router parser's to check (--engine)
+    pairs = split_flags(command.flags)
     canon = {canonical(k): v for k, v in pairs}
+    env = {**(command.docker.env if command.docker else {}), **command.env}
     launch = Launch(
         hardware=hardware,
         flags=canon,
@@ -502,11 +601,14 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
         written_flags=[k for k, _ in pairs],
         model_path=(canon.get("--model-path") or [""])[0],
         where="command",
+        launcher=command.launcher,
     )
     return lint_launch(launch)
 
 
 def rule_table() -> list[dict]:
-    rows = [{"rule": k, "severity": v[0].value, "summary": v[1]} for k, v in RULES.items()]
-    rows += [{"rule": k, "severity": v[0].value, "summary": v[1]} for k, v in RECIPE_RULES.items()]
+    rows = [{"rule": k, "severity": v.severity.value, "summary": v.summary, "scope": v.scope, "source": v.source}
+            for k, v in RULES.items()]
+    rows += [{"rule": k, "severity": v[0].value, "summary": v[1], "scope": "recipes", "source": "seed 000"}
+             for k, v in RECIPE_RULES.items()]
     return rows

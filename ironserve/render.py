@@ -2,6 +2,10 @@
 
 This is the one place where a recipe becomes command lines. Deploy, audit, lint and the CLI all call it,
 so what is checked is exactly what runs.
+
+A process is structured: its bind address and port, its group's dist-init address, its rank and group identity
+(with the host of the group's rank 0), the devices it drives on its node, its model path and its health URL are
+fields, and its argv is built from them. Later stages read the fields; nothing downstream parses argv back.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from dataclasses import asdict, dataclass, field
 
 from .catalogue import Problem, SpecError
 from .inventory import InventoryHost
-from .spec import Group, Recipe, ServerOptions
+from .spec import Group, Recipe, ServerOptions, devices_per_node
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
 LAUNCH_ROUTER = ["python3", "-m", "sglang_router.launch_router"]
+ROUTER_LAUNCH_SERVER = ["python3", "-m", "sglang_router.launch_server"]
+LAUNCHERS = {"launch_server": LAUNCH_SERVER, "serve": SERVE, "router_launch_server": ROUTER_LAUNCH_SERVER}
 
 # Typed fields that are not plain "--name value" flags, or not flags at all.
 _SPECIAL = {"speculative", "extra_args", "api_key_file", "model_path"}
@@ -31,22 +37,33 @@ _SPECULATIVE_FLAGS = {
 }
 
 
+# addresses a process that binds them is reached at, from its own host, on the loopback
+_ANY_ADDRESS = (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost")
+
+
 @dataclass
 class Process:
-    host: str
-    address: str
+    host: str  # inventory name
+    address: str  # the host's cluster address
     role: str  # server | prefill | decode | router
     node_rank: int
-    argv: list[str]
+    argv: list[str]  # built from the fields below
     env: dict[str, str]
-    group: int = 0
-    instance: int = 0
-    nnodes: int = 1
-    port: int | None = None
+    group: int = 0  # index of its group in the recipe's topology (-1: the router)
+    instance: int = 0  # which copy of its group
+    nnodes: int = 1  # nodes of its group instance
+    port: int | None = None  # the HTTP port (every rank has it; only rank 0 of a group answers requests)
     serves_http: bool = True  # only rank 0 of a multi-node group answers HTTP
-    unit: str = ""
+    unit: str = ""  # the systemd unit (the same on every rank of a group)
     source_env: list[str] = field(default_factory=list)
     env_unset: list[str] = field(default_factory=list)
+    launcher: list[str] = field(default_factory=list)  # argv's launcher (python3 -m sglang.launch_server, ...)
+    bind: str | None = None  # the address it binds (--host); None: the engine's default
+    dist_init_addr: str | None = None  # multi-node groups: rank 0's address and port (--dist-init-addr)
+    dist_init_port: int | None = None
+    head: str | None = None  # multi-node groups: the inventory host of rank 0
+    devices: int = 0  # accelerators it drives on its node
+    model_path: str | None = None  # --model-path
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,21 +75,49 @@ class Process:
 
     @property
     def health_url(self) -> str | None:
-        if not self.serves_http or self.port is None:
-            return None
-        return f"http://{self.address}:{self.port}{self.health_path}"
+        """Where its own host reaches its health path (the launch's gate, the audit, status); None for ranks > 0
+        of a multi-node group: only rank 0 answers requests."""
+        return self.local_url(self.health_path) if self.serves_http else None
+
+    @property
+    def group_key(self) -> str:
+        """Its group instance: the ranks sharing a key form one multi-node engine."""
+        return f"{self.role}-g{self.group}-i{self.instance}"
+
+    @property
+    def in_rank_group(self) -> bool:
+        return self.role != "router" and self.nnodes > 1
+
+    @property
+    def engine_args(self) -> list[str]:
+        """argv without its launcher."""
+        return self.argv[len(self.launcher):]
+
+    def local_url(self, path: str) -> str:
+        """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
+        Every rank has the port (ranks > 0 of a multi-node group answer /health there once they joined)."""
+        bind = "127.0.0.1" if self.bind in _ANY_ADDRESS else self.bind
+        if ":" in bind:
+            bind = f"[{bind}]"
+        return f"http://{bind}:{self.port or 30000}{path}"
 
 
 @dataclass
 class Rendered:
     recipe: Recipe
     processes: list[Process]
+    # multi-node group instances: group key -> its ranks in node-rank order
+    groups: dict[str, list[Process]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"recipe": self.recipe.id, "processes": [p.as_dict() for p in self.processes]}
 
     def for_host(self, host: str) -> list[Process]:
         return [p for p in self.processes if p.host == host]
+
+    def rank_group(self, proc: Process) -> list[Process]:
+        """The processes of proc's multi-node group instance, by node rank ([] for single-node processes)."""
+        return list(self.groups.get(proc.group_key, [])) if proc.in_rank_group else []
 
     @property
     def endpoint(self) -> str | None:
@@ -87,10 +132,11 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def server_flags(server: ServerOptions) -> list[str]:
-    """Typed server options as full-name flags, in the model's field order, then extra_args."""
+def server_flags(server: ServerOptions, **values) -> list[str]:
+    """Typed server options as full-name flags, in the model's field order, then extra_args; ``values``
+    replace fields' values (the process's own bind address)."""
     argv: list[str] = []
-    data = server.model_dump()
+    data = {**server.model_dump(), **values}
     for name in ServerOptions.model_fields:
         if name in _SPECIAL:
             continue
@@ -223,7 +269,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
     hosts = hosts if hosts is not None else _placeholder_hosts(recipe)
     slots, router_host = _assign(recipe, hosts, where)
     groups = recipe.topology.groups
-    launcher = SERVE if recipe.engine.launcher == "serve" else LAUNCH_SERVER
+    launcher = LAUNCHERS[recipe.engine.launcher]
     heads: dict[tuple[int, int], InventoryHost] = {}
     for slot in slots:
         if slot.node_rank == 0:
@@ -234,22 +280,25 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
         group = groups[slot.group_index]
         server = recipe.group_server(group)
         head = heads[(slot.group_index, slot.instance)]
-        model_path = model_path_on(recipe, slot.host)
+        host_model_path = model_path_on(recipe, slot.host)
         values = _Placeholders(
             {
                 "node_address": slot.host.address,
                 "group_head": head.address,
                 "deployment_head": deployment_head,
                 "nic": str(slot.host.data.get("nic", NIC_FROM_INVENTORY)),
-                "model_path": model_path,
+                "model_path": host_model_path,
             },
             f"{where}: {slot.host.name}",
         )
-        argv = list(launcher) + ["--model-path", _fill(server.model_path or model_path, values)]
-        argv += [_fill(a, values) for a in server_flags(server)]
+        model_path = _fill(server.model_path or host_model_path, values)
+        bind = _fill(server.host, values) if server.host else None
+        dist_init = (head.address, group.dist_init_port) if group.nodes > 1 else None
+        argv = list(launcher) + ["--model-path", model_path]
+        argv += [_fill(a, values) for a in server_flags(server, host=bind)]
         multi = recipe.topology.kind != "single"
-        if group.nodes > 1:
-            argv += ["--dist-init-addr", f"{head.address}:{group.dist_init_port}"]
+        if dist_init:
+            argv += ["--dist-init-addr", _host_port(*dist_init)]
         if group.nodes > 1 or (multi and group.explicit_single_node_rank):
             argv += ["--nnodes", str(group.nodes), "--node-rank", str(slot.node_rank)]
         if group.role in ("prefill", "decode"):
@@ -260,27 +309,40 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
         if group.nodes > 1:
             env.update(_socket_ifname_env(recipe, slot.host, env, where))
         runtime = recipe.runtime
-        processes.append(
-            Process(
-                host=slot.host.name,
-                address=slot.host.address,
-                role=group.role,
-                node_rank=slot.node_rank,
-                argv=argv,
-                env=env,
-                group=slot.group_index,
-                instance=slot.instance,
-                nnodes=group.nodes,
-                port=server.port or 30000,
-                serves_http=slot.node_rank == 0,
-                unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
-                source_env=list(runtime.source_env),
-                env_unset=list(recipe.env_unset),
-            )
-        )
+        processes.append(Process(
+            host=slot.host.name,
+            address=slot.host.address,
+            role=group.role,
+            node_rank=slot.node_rank,
+            argv=argv,
+            env=env,
+            group=slot.group_index,
+            instance=slot.instance,
+            nnodes=group.nodes,
+            port=server.port or 30000,
+            serves_http=slot.node_rank == 0,
+            unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
+            source_env=list(runtime.source_env),
+            env_unset=list(recipe.env_unset),
+            launcher=list(launcher),
+            bind=bind,
+            dist_init_addr=dist_init[0] if dist_init else None,
+            dist_init_port=dist_init[1] if dist_init else None,
+            head=head.name if group.nodes > 1 else None,
+            devices=devices_per_node(server, group.nodes),
+            model_path=model_path,
+        ))
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
-    return Rendered(recipe, processes)
+    rank_groups: dict[str, list[Process]] = {}
+    for proc in processes:
+        if proc.in_rank_group:
+            rank_groups.setdefault(proc.group_key, []).append(proc)
+    return Rendered(recipe, processes, {k: sorted(v, key=lambda p: p.node_rank) for k, v in rank_groups.items()})
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"{address}:{port}"
 
 
 NIC_FROM_INVENTORY = "<nic>"
@@ -330,6 +392,8 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
         group=-1,
         port=router.port,
         unit=f"sglang-{recipe.id}-router",
+        launcher=list(LAUNCH_ROUTER),
+        bind=router.host,
     )
 
 

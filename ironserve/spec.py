@@ -124,6 +124,11 @@ class DockerRun(Strict):
     ulimits: dict[str, str] = Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
     volumes: list[str] = Field(default_factory=list, description="host:container[:ro] mounts")
     devices: list[str] = Field(default_factory=list)
+    env_files: list[str] = Field(default_factory=list, description="host env files passed with --env-file, by "
+                                 "reference (after the unit's own env file)")
+    entrypoint: str | None = Field(None, description="--entrypoint: the first words of the engine argv it replaces")
+    extra_options: list[str] = Field(default_factory=list, description="other docker run options, as written "
+                                     "(--runtime=nvidia, -p 30000:30000, --cap-add=...)")
 
 
 class DockerRuntime(Strict):
@@ -181,7 +186,9 @@ PYPI_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+|rc[0-9]+)?$")
 
 class Engine(Strict):
     sglang: str = Field(description="A PyPI version (0.5.9) or a named image era (dev-cu13-2026-03)")
-    launcher: Literal["launch_server", "serve"] = "launch_server"
+    launcher: Literal["launch_server", "serve", "router_launch_server"] = Field(
+        "launch_server", description="router_launch_server: python -m sglang_router.launch_server, the router and "
+        "--dp-size engines in one process")
     parser_version: str | None = Field(
         None, description="PyPI version whose parser checks this command when `sglang` is an image era"
     )
@@ -272,7 +279,41 @@ class ServerOptions(Strict):
     def _flags_first(cls, value: list[str]) -> list[str]:
         if value and not value[0].startswith("--"):
             raise ValueError(f"extra_args must start with a flag (--name), got {value[0]!r}")
+        derived = derived_flag_problems(value)
+        if derived:
+            raise ValueError("; ".join(f"{flag} does not belong in extra_args: render derives it from {where} "
+                                       f"(set that instead)" for flag, where in derived))
         return value
+
+
+# flags render derives from typed fields and the topology, which later stages read as the process's fields
+# (bind address, dist-init address, ranks, devices, model path): in extra_args they would contradict them
+DERIVED_FLAGS = {
+    "--host": "server.host", "--port": "server.port", "--model-path": "server.model_path",
+    "--model": "server.model_path", "--tp-size": "server.tp_size", "--tp": "server.tp_size",
+    "--tensor-parallel-size": "server.tp_size", "--pp-size": "server.pp_size", "--pp": "server.pp_size",
+    "--pipeline-parallel-size": "server.pp_size", "--dp-size": "server.dp_size", "--dp": "server.dp_size",
+    "--data-parallel-size": "server.dp_size", "--enable-dp-attention": "server.enable_dp_attention",
+    "--dist-init-addr": "topology.groups[].dist_init_port (the address is rank 0's)",
+    "--nnodes": "topology.groups[].nodes", "--node-rank": "the inventory order of the group's hosts",
+    "--disaggregation-mode": "topology.groups[].role",
+    "--disaggregation-bootstrap-port": "topology.groups[].bootstrap_port",
+}
+
+
+def derived_flag_problems(extra_args: list[str]) -> list[tuple[str, str]]:
+    """(flag, where it belongs) for each flag of extra_args that render derives from a typed field."""
+    names = [a.split("=", 1)[0] for a in extra_args if a.startswith("--")]
+    return [(n, DERIVED_FLAGS[n]) for n in names if n in DERIVED_FLAGS]
+
+
+def devices_per_node(server: ServerOptions, nodes: int) -> int:
+    """Accelerators one node of an engine instance drives: TP x PP, x DP unless DP attention (which runs DP
+    inside the TP group), spread over the instance's nodes."""
+    world = (server.tp_size or 1) * (server.pp_size or 1)
+    if not server.enable_dp_attention:
+        world *= server.dp_size or 1
+    return -(-world // max(1, nodes))
 
 
 class Router(Strict):

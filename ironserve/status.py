@@ -36,7 +36,6 @@ def _probe(spec: str, units: list[dict]) -> tuple[list[dict], str | None]:
 
 def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout, fmt: str = "json") -> int:
     from roles.context import build_context
-    from roles.launch import health_url
 
     model = deploy_model(deploy)
     hosts = load_inventory(inventory)
@@ -47,7 +46,7 @@ def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout
     for h in hosts:
         ctx = contexts[h.name]
         plans[h.name] = [{"unit": p.unit, "role": p.role, "node_rank": p.node_rank,
-                          "health_url": health_url(p) if ctx.launch else None} for p in ctx.processes]
+                          "health_url": p.health_url if ctx.launch else None} for p in ctx.processes]
     specs = {h.name: hostspec(h.name, {**h.data, "address": h.address}) for h in hosts}
     with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
         results = dict(zip(plans, pool.map(lambda n: _probe(specs[n], plans[n]), plans)))

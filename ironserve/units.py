@@ -96,13 +96,14 @@ def _limit(value) -> str:
     return "infinity" if value in ("unlimited", -1, None) else str(value)
 
 
-def with_key_launcher(argv: list[str]) -> list[str]:
+def with_key_launcher(proc: Process) -> list[str]:
     """The engine argv run through ironserve-exec (python3 -m M ... / sglang serve ...)."""
-    if len(argv) >= 3 and argv[0] == "python3" and argv[1] == "-m":
-        return ["python3", KEY_LAUNCHER, "-m", *argv[2:]]
-    if argv and argv[0] == "sglang":
-        return ["python3", KEY_LAUNCHER, "-e", "sglang", *argv[1:]]
-    raise ValueError(f"cannot pass an API key to {argv[:3]}: not python3 -m MODULE or sglang serve")
+    launcher = proc.launcher
+    if len(launcher) == 3 and launcher[:2] == ["python3", "-m"]:
+        return ["python3", KEY_LAUNCHER, "-m", launcher[2], *proc.engine_args]
+    if launcher and launcher[0] == "sglang":
+        return ["python3", KEY_LAUNCHER, "-e", "sglang", *launcher[1:], *proc.engine_args]
+    raise ValueError(f"cannot pass an API key to {launcher}: not python3 -m MODULE or sglang serve")
 
 
 def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]:
@@ -112,7 +113,7 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     --api-key in-process (SGLang only takes the key on argv, where every user could read it).
     """
     runtime = recipe.runtime
-    argv = with_key_launcher(list(proc.argv)) if api_key else list(proc.argv)
+    argv = with_key_launcher(proc) if api_key else list(proc.argv)
     sourced = runtime.source_env
     if isinstance(runtime, UvRuntime):
         bin_dir = f"{venv_path(recipe)}/bin"
@@ -139,26 +140,26 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
         docker += ["--cpuset-cpus", run.cpuset_cpus]
     for volume in run.volumes:
         docker += ["-v", volume]
-    weights = _model_path_arg(argv)
+    weights = proc.model_path.rstrip("/") if proc.model_path and proc.model_path.startswith("/") else None
     if weights and not _mounted(weights, run.volumes):
         # the weights must be visible at the same path inside the container as on the host
         docker += ["-v", f"{weights}:{weights}:ro"]
     for device in run.devices:
         docker += ["--device", device]
+    for env_file in run.env_files:
+        docker += ["--env-file", env_file]
+    docker += run.extra_options
     if api_key:
         docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
         docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced), proc.unit]
+    elif run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
+        # the image's entrypoint replaced by the argv's first words, as the pasted line had it
+        docker += ["--entrypoint", run.entrypoint, image_ref(recipe)]
+        argv = argv[len(shlex.split(run.entrypoint)):]
     else:
         docker.append(image_ref(recipe))
     return docker + argv
-
-
-def _model_path_arg(argv: list[str]) -> str | None:
-    if "--model-path" in argv:
-        value = argv[argv.index("--model-path") + 1]
-        return value.rstrip("/") if value.startswith("/") else None
-    return None
 
 
 def _mounted(path: str, volumes: list[str]) -> bool:
@@ -197,45 +198,12 @@ class RankGuardFiles:
     config_text: str
 
 
-def local_url(proc: Process, path: str) -> str:
-    """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
-    Every rank has the port (ranks > 0 of a multi-node group answer /health there once they joined)."""
-    bind, port = None, proc.port or 30000
-    for i, arg in enumerate(proc.argv[:-1]):
-        if arg == "--host":
-            bind = proc.argv[i + 1]
-        elif arg == "--port":
-            port = int(proc.argv[i + 1])
-    if bind in (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost"):
-        bind = "127.0.0.1"
-    if ":" in bind:
-        bind = f"[{bind}]"
-    return f"http://{bind}:{port}{path}"
-
-
-def rank_group(rendered: Rendered, proc: Process) -> list[Process]:
-    """The processes of proc's multi-node group instance, by node rank ([] for single-node processes)."""
-    if proc.role == "router" or proc.nnodes < 2:
-        return []
-    members = [p for p in rendered.processes
-               if (p.role, p.group, p.instance) == (proc.role, proc.group, proc.instance) and p.role != "router"]
-    return sorted(members, key=lambda p: p.node_rank)
-
-
 def rank_guard_unit(proc: Process) -> str:
     return f"{proc.unit}-rank-guard"
 
 
-def dist_init(proc: Process) -> tuple[str, int] | None:
-    """(address, port) of the process's --dist-init-addr (rank 0 of its group), None without one."""
-    if "--dist-init-addr" not in proc.argv:
-        return None
-    addr, _, port = proc.argv[proc.argv.index("--dist-init-addr") + 1].rpartition(":")
-    return addr.strip("[]"), int(port)
-
-
 def rank_guard_port(proc: Process) -> int:
-    return dist_init(proc)[1] + RANK_GUARD_PORT_OFFSET
+    return proc.dist_init_port + RANK_GUARD_PORT_OFFSET
 
 
 def formation_timeout_s(recipe: Recipe) -> int:
@@ -255,7 +223,7 @@ def following_path(unit: str) -> str:
 
 
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
-    """The guard unit and its JSON config for one rank of a multi-node group (members: rank_group())."""
+    """The guard unit and its JSON config for one rank of a multi-node group (members: Rendered.rank_group())."""
     import json
 
     head = members[0]
@@ -267,7 +235,7 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         "world": len(members),
         "guard_port": port,
         "leader_url": f"http://{host}:{port}/group",
-        "health_url": local_url(proc, "/health"),
+        "health_url": proc.local_url("/health"),
         "poll_s": RANK_GUARD_POLL_S,
         "failure_threshold": RANK_GUARD_FAILURES,
         # a cold start of the whole group may take as long as the recipe's health budget
@@ -302,7 +270,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         nofile=_limit(tuning.limits.nofile),
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
-        rank_guard=f"{rank_guard_unit(proc)}.service" if proc.nnodes > 1 and proc.role != "router" else None,
+        rank_guard=f"{rank_guard_unit(proc)}.service" if proc.in_rank_group else None,
         start_timeout=recipe.health_timeout_s,
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
@@ -324,7 +292,7 @@ def systemd_bundle(rendered: Rendered, tuning: HostTuning) -> str:
         files = unit_files(rendered.recipe, proc, tuning)
         out.append(f"# ===== host {proc.host}: {UNIT_DIR}/{files.unit_name}\n{files.unit_text}")
         out.append(f"# ===== host {proc.host}: {files.env_path} (mode 0600)\n{files.env_text}")
-        members = rank_group(rendered, proc)
+        members = rendered.rank_group(proc)
         if members:
             guard = rank_guard_files(rendered.recipe, proc, members)
             out.append(f"# ===== host {proc.host}: {UNIT_DIR}/{guard.unit_name}\n{guard.unit_text}")

@@ -29,9 +29,9 @@ Each start is idempotent: a running unit whose live files did not change since i
 against its ActiveEnterTimestamp, both on its own host; judged again when the operation runs if a file became
 live in this run) and whose runtime this run did not change (the change flags recorded on the context's
 ``changes`` by the runtime roles), and that answers /health, is left alone. A running but stale unit is
-restarted; a running unit that is not healthy yet is waited for, not restarted. Group identity is systemd's: rank 0's engine
-InvocationID is the group's generation, and a rank > 0 whose guard records that its engine follows it is not
-restarted again (clocks of two hosts are never compared).
+restarted; a running unit that is not healthy yet is waited for, not restarted. Group identity is systemd's:
+rank 0's engine InvocationID is the group's generation, and a rank > 0 whose guard records that its engine
+follows it is not restarted again (clocks of two hosts are never compared).
 
 The health gate polls ``http://127.0.0.1:PORT/health`` on the host itself (or the bind address when the
 process binds one address), printing progress every ``health_progress_s``, and fails with the unit's last
@@ -55,8 +55,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 from pyinfra.operations import systemd
 
 from ironserve.render import Process
-from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, local_url, rank_group,
-                             rank_guard_unit, staged_path)
+from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, rank_guard_unit, staged_path
 from roles import launch_preflight, rollback
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
@@ -69,13 +68,6 @@ HEALTH_JOURNAL_LINES = 40
 
 
 # --------------------------------------------------------------------------- plan
-
-
-def health_url(proc: Process) -> str | None:
-    """Where the host itself reaches the process's health path (None for ranks > 0: only rank 0 is gated)."""
-    if not proc.serves_http or proc.port is None:
-        return None
-    return local_url(proc, proc.health_path)
 
 
 def start_order(processes: list[Process]) -> list[list[Process]]:
@@ -411,7 +403,7 @@ def config_paths(proc: Process) -> list[str]:
     """The files a unit is started from, which a rollback restores: unit, env, and a rank's guard files."""
     # the parse marker too: a restored unit needs no new parse check on the next run
     paths = [f"{UNIT_DIR}/{proc.unit}.service", f"{ETC_DIR}/{proc.unit}.env", marker_path(proc.unit)]
-    if proc.nnodes > 1 and proc.role != "router":
+    if proc.in_rank_group:
         paths += [f"{UNIT_DIR}/{rank_guard_unit(proc)}.service", f"{ETC_DIR}/{proc.unit}.rank-group.json"]
     return paths
 
@@ -422,16 +414,15 @@ def _unit_paths(ctx: DeploymentContext, proc: Process) -> list[str]:
 
 def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, str, list[str]]]:
     """Who rolls back together when proc's gate fails: its whole multi-node group (rank order), or itself."""
-    group = rank_group(ctx.rendered, proc) or [proc]
+    group = ctx.rendered.rank_group(proc) or [proc]
     return [(p.host, p.unit, config_paths(p)) for p in group]
 
 
 def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> None:
-    group = rank_group(ctx.rendered, proc)
     made_live = live.get(proc.unit)
-    url = health_url(proc)
+    url = proc.health_url
     if url is None and proc.node_rank and wait:
-        url = local_url(proc, "/health")  # a rank > 0 answers /health on its own host once it joined its group
+        url = proc.local_url("/health")  # a rank > 0 answers /health on its own host once it joined its group
     unit_started(
         name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
         unit=proc.unit,
@@ -443,15 +434,17 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
         wait=wait,
         gate_results=ctx.gate_results,
         members=rollback_members(ctx, proc),
-        rank0=[group[0].host, group[0].unit] if group and proc.node_rank and in_run(group[0].host) else None,
+        rank0=[proc.head, proc.unit] if proc.in_rank_group and proc.node_rank and in_run(proc.head) else None,
     )
 
 
 def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) -> None:
     for proc in procs:
-        head = (rank_group(ctx.rendered, proc) or [proc])[0]
-        # a rank whose rank 0 is outside the run (--limit) passed its own join gate
-        gate = None if head is proc else (head.host, head.unit) if in_run(head.host) else (proc.host, proc.unit)
+        # a rank > 0 saves when its rank 0's gate passed; one whose rank 0 is outside the run (--limit) when its own
+        # join gate did
+        gate = None
+        if proc.in_rank_group and proc.node_rank:
+            gate = (proc.head, proc.unit) if in_run(proc.head) else (proc.host, proc.unit)
         made_live = live.get(proc.unit)
         flag = ctx.changes.unit_change_flag(proc.unit)
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
@@ -470,7 +463,7 @@ def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
         files = [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
         live[proc.unit] = config_live(name=f"{proc.unit}: staged configuration made live", unit=proc.unit,
                                       files=files, changing=ctx.changes.unit_change_flag(proc.unit))
-        if rank_group(ctx.rendered, proc):
+        if proc.in_rank_group:
             guards.append((proc, live[proc.unit]))
     units = [f"{p.unit}.service" for p in procs] + [f"{rank_guard_unit(p)}.service" for p, _ in guards]
     ops = list(live.values())
@@ -517,13 +510,12 @@ def apply(ctx: DeploymentContext) -> None:
     _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1], live)
     wave_barrier(name="Launch: the other ranks (rank 0 of every group started)")
     for proc in others:
-        head = rank_group(ctx.rendered, proc)[0]
         # rank 0 outside this run (--limit, e.g. a rebuilt host): the rank is gated on joining its group
-        _start(ctx, proc, wait=not in_run(head.host), live=live)
+        _start(ctx, proc, wait=not in_run(proc.head), live=live)
     for proc in ranks0:
-        if proc.nnodes > 1 and health_url(proc):
+        if proc.nnodes > 1 and proc.health_url:
             # rank 0 answers /health only once every rank of its group joined
-            health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=health_url(proc),
+            health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=proc.health_url,
                         timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc),
                         gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
-from ironserve.render import Process
+from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import dist_init, image_ref, sourcing_script, venv_path
+from ironserve.units import image_ref, sourcing_script, venv_path
 from roles.common import UnitState, in_run, truthy
 from roles.context import DeploymentContext
 from roles.preflight import plain
@@ -73,20 +73,10 @@ class RankGroup:
     members: list[Process] = field(default_factory=list)
 
 
-def group_key(proc: Process) -> str:
-    return f"{proc.role}-g{proc.group}-i{proc.instance}"
-
-
-def rank_groups(processes: list[Process]) -> dict[str, RankGroup]:
+def rank_groups(rendered: Rendered) -> dict[str, RankGroup]:
     """Multi-node groups of a render, by key (single-node processes have nobody to meet)."""
-    groups: dict[str, RankGroup] = {}
-    for proc in processes:
-        where = dist_init(proc)
-        if proc.role == "router" or proc.nnodes < 2 or where is None:
-            continue
-        group = groups.setdefault(group_key(proc), RankGroup(group_key(proc), where[0], where[1], proc.nnodes))
-        group.members.append(proc)
-    return groups
+    return {key: RankGroup(key, members[0].dist_init_addr, members[0].dist_init_port, members[0].nnodes,
+                           list(members)) for key, members in rendered.groups.items()}
 
 
 def nic_env(proc: Process) -> dict[str, str]:
@@ -156,13 +146,6 @@ def parse_rendezvous(stdout_lines: list[str]) -> dict:
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
     return {"ok": False, "error": "the rendezvous printed no result: " + " | ".join(stdout_lines[-5:])}
-
-
-def gpus_per_rank(recipe: Recipe, proc: Process) -> int:
-    from roles.preflight import PP_FLAGS, TP_FLAGS, _flag_value
-
-    tp, pp = _flag_value(proc.argv, TP_FLAGS), _flag_value(proc.argv, PP_FLAGS)
-    return max(1, tp * pp // max(1, proc.nnodes))
 
 
 # --------------------------------------------------------------------------- facts
@@ -349,10 +332,10 @@ def apply(ctx: DeploymentContext) -> None:
         # the live units (a launch checks its new ones once it made them live: memlock_checks)
         memlock_checks(ctx, {})
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
-            and truthy(ctx.get("pcie_acs_check"), True) and any(gpus_per_rank(recipe, p) > 1 for p in engines)):
+            and truthy(ctx.get("pcie_acs_check"), True) and any(p.devices > 1 for p in engines)):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
-    groups = rank_groups(ctx.rendered.processes)
-    mine = [(groups[group_key(p)], p) for p in engines if group_key(p) in groups]
+    groups = rank_groups(ctx.rendered)
+    mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
     if not mine:
         return
     rendezvous = ctx.launch and truthy(ctx.get("rendezvous"), True)

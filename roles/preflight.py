@@ -32,9 +32,6 @@ from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
 GPU_QUERY = "index,name,memory.total,driver_version,compute_cap"
-TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size")
-PP_FLAGS = ("--pp-size", "--pp", "--pipeline-parallel-size")
-DP_FLAGS = ("--dp-size", "--dp", "--data-parallel-size")
 
 
 # --------------------------------------------------------------------------- facts
@@ -109,33 +106,10 @@ def plain(value):
     return getattr(value, "data", value)
 
 
-def _flag_value(argv: list[str], names: tuple[str, ...], default: int = 1) -> int:
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                return int(argv[i + 1])
-            if arg.startswith(name + "="):
-                return int(arg.split("=", 1)[1])
-    return default
-
-
 def devices_needed(processes) -> int:
-    """Accelerators the rendered engine processes of one host use together.
-
-    Per process: TP x PP (x DP unless DP attention, which runs DP inside the TP group), spread over
-    --nnodes nodes. Several processes on one host (replicas) need their own devices, so they add up.
-    """
-    total = 0
-    for p in processes:
-        if p.role == "router":
-            continue
-        argv = list(p.argv)
-        world = _flag_value(argv, TP_FLAGS) * _flag_value(argv, PP_FLAGS)
-        if "--enable-dp-attention" not in argv:
-            world *= _flag_value(argv, DP_FLAGS)
-        nnodes = _flag_value(argv, ("--nnodes",))
-        total += -(-world // nnodes)
-    return total
+    """Accelerators the rendered engine processes of one host use together: each process's devices on its node
+    (ironserve.spec.devices_per_node); several processes on one host (replicas) need their own, so they add up."""
+    return sum(p.devices for p in processes if p.role != "router")
 
 
 def platform_problems(host_name: str, cpu_arch: str, arch: str | None, distro: dict | None,

@@ -39,7 +39,7 @@ from pyinfra.operations import files
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV,
-                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, exec_argv, image_ref, jit_dir, rank_group,
+                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, exec_argv, image_ref, jit_dir,
                              rank_guard_files, sha256_text, sourcing_script, staged_path, unit_files, venv_path)
 from roles.common import truthy
 from roles.container_runtime import container_argv
@@ -59,17 +59,17 @@ HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHE
 # --------------------------------------------------------------------------- pure helpers
 
 
-def parse_kind(argv: list[str]) -> tuple[str, list[str]]:
-    """(probe kind, engine args without the launcher) of a rendered argv."""
+def parse_kind(proc: Process) -> str:
+    """The probe kind of a process's launcher."""
     for launcher, kind in ((LAUNCH_ROUTER, "router"), (LAUNCH_SERVER, "server"), (SERVE, "serve")):
-        if argv[: len(launcher)] == launcher:
-            return kind, argv[len(launcher):]
-    raise ValueError(f"unknown launcher in {argv[:3]}")
+        if proc.launcher == launcher:
+            return kind
+    raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
 
 
 def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
     """The probe invocation: SGLang's own parser, in the runtime the unit will run."""
-    kind, args = parse_kind(proc.argv)
+    kind, args = parse_kind(proc), proc.engine_args
     runtime = recipe.runtime
     sourced = runtime.source_env
     if isinstance(runtime, DockerRuntime):
@@ -235,7 +235,7 @@ def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str
     a multi-node group its guard's unit and config. Staged by the prepare stage, made live by the launch."""
     uf = uf or unit_files(ctx.recipe, proc, ctx.tuning, process_secrets(ctx, proc))
     out = [(uf.env_path, uf.env_text, "600"), (f"{UNIT_DIR}/{uf.unit_name}", uf.unit_text, "644")]
-    members = rank_group(ctx.rendered, proc)
+    members = ctx.rendered.rank_group(proc)
     if members:
         gf = rank_guard_files(ctx.recipe, proc, members)
         out += [(gf.config_path, gf.config_text, "644"), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text, "644")]
@@ -248,7 +248,7 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:
-        members = rank_group(ctx.rendered, proc)
+        members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
             for path, text in ((gf.config_path, gf.config_text), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text)):

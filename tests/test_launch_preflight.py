@@ -19,8 +19,7 @@ from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.units import venv_path
-from roles.launch_preflight import (dist_init, nic_env, nic_problems, parse_rendezvous, rank_groups,
-                                    rendezvous_argv)
+from roles.launch_preflight import nic_env, nic_problems, parse_rendezvous, rank_groups, rendezvous_argv
 
 SCRIPT = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rendezvous"
 
@@ -32,7 +31,7 @@ def hosts(n: int, nic: str = "eth0") -> list[InventoryHost]:
 
 def test_rank_groups_of_a_multinode_recipe():
     rendered = render(catalogue.get_recipe("tiny-cpu-tp2"), hosts(2))
-    groups = rank_groups(rendered.processes)
+    groups = rank_groups(rendered)
     assert list(groups) == ["server-g0-i0"]
     group = groups["server-g0-i0"]
     assert (group.addr, group.port, group.world) == ("10.0.0.1", 29500, 2)
@@ -46,11 +45,12 @@ def test_rank_groups_of_pd_disaggregation_are_per_instance():
     placed = [InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
               for i in range(n + 1)]
     placed[-1].data["ironserve_role"] = "router"
-    groups = rank_groups(render(recipe, placed).processes)
+    groups = rank_groups(render(recipe, placed))
     assert groups, "the 2P1D recipe has multi-node groups"
     for group in groups.values():
         assert group.world == len(group.members) >= 2
-        assert {dist_init(p) for p in group.members} == {(group.addr, group.port)}
+        assert {(p.dist_init_addr, p.dist_init_port) for p in group.members} == {(group.addr, group.port)}
+        assert {p.head for p in group.members} == {group.members[0].host}
         assert group.members[0].address == group.addr  # rank 0 hosts the dist-init address
     assert len({(g.addr, g.port) for g in groups.values()}) == len(groups)
 
@@ -58,7 +58,7 @@ def test_rank_groups_of_pd_disaggregation_are_per_instance():
 def test_single_node_recipes_have_no_rank_group():
     placed = hosts(3)
     placed[0].data["ironserve_role"] = "router"
-    assert rank_groups(render(catalogue.get_recipe("tiny-cpu"), placed).processes) == {}
+    assert rank_groups(render(catalogue.get_recipe("tiny-cpu"), placed)) == {}
 
 
 R1 = {"addrs": {"lo": ["127.0.0.1"], "host0": ["10.213.7.12"]}, "target": "10.213.7.11", "route_dev": "host0"}
@@ -89,7 +89,7 @@ def test_nic_problems_name_host_interface_and_fix():
 
 def test_rendezvous_runs_in_the_engine_runtime():
     rendered = render(catalogue.get_recipe("tiny-cpu-tp2"), hosts(2, nic="host0"))
-    group = rank_groups(rendered.processes)["server-g0-i0"]
+    group = rank_groups(rendered)["server-g0-i0"]
     argv = rendezvous_argv(rendered.recipe, group.members[1], group, 60)
     assert argv[:3] == ["env", "GLOO_SOCKET_IFNAME=host0", "NCCL_SOCKET_IFNAME=host0"]
     assert argv[3] == f"{venv_path(rendered.recipe)}/bin/python3"
@@ -100,7 +100,7 @@ def test_rendezvous_runs_in_the_engine_runtime():
     placed = [InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
               for i in range(2)]
     r = render(recipe, placed)
-    g = rank_groups(r.processes)["server-g0-i0"]
+    g = rank_groups(r)["server-g0-i0"]
     ascend = rendezvous_argv(r.recipe, g.members[-1], g, 60)
     assert "HCCL_SOCKET_IFNAME=enp1" in ascend and ascend[ascend.index("/bin/bash") + 1] == "-c"
     assert "source " in ascend[ascend.index("/bin/bash") + 2]
@@ -111,7 +111,7 @@ def test_rendezvous_runs_in_the_engine_runtime():
               for i in range(n + 1)]
     placed[-1].data["ironserve_role"] = "router"
     r = render(recipe, placed)
-    g = next(gr for gr in rank_groups(r.processes).values() if gr.world == 4)
+    g = next(gr for gr in rank_groups(r).values() if gr.world == 4)
     docker = rendezvous_argv(r.recipe, g.members[-1], g, 60)
     assert docker[:5] == ["docker", "run", "--rm", "--network", "host"]
     assert "GLOO_SOCKET_IFNAME=enP6p3s0f0np0" in docker
@@ -163,7 +163,7 @@ def test_rendezvous_script_reports_a_missing_torch_as_a_result(tmp_path):
 
 def test_shell_quoting_of_the_rendezvous_command():
     rendered = render(catalogue.get_recipe("tiny-cpu-tp2"), hosts(2))
-    group = rank_groups(rendered.processes)["server-g0-i0"]
+    group = rank_groups(rendered)["server-g0-i0"]
     command = " ".join(shlex.quote(a) for a in rendezvous_argv(rendered.recipe, group.members[0], group, 30))
     assert shlex.split(command)[-2:] == ["--timeout", "30"]
     assert json.dumps(command)  # plain text for the operation's arguments

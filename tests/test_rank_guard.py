@@ -156,9 +156,11 @@ def test_a_group_that_never_forms_is_restarted_after_the_formation_timeout(guard
 
 def test_guard_config_from_the_render():
     procs = [Process(host=f"n{i}", address=f"10.0.0.{i + 1}", role="decode", node_rank=i, group=1, instance=0,
-                     nnodes=2, port=30000, serves_http=i == 0, unit="sglang-r-decode",
+                     nnodes=2, port=30001, serves_http=i == 0, unit="sglang-r-decode",
                      argv=["python3", "-m", "sglang.launch_server", "--host", "0.0.0.0", "--port", "30001",
-                           "--dist-init-addr", "10.0.0.1:5000", "--nnodes", "2", "--node-rank", str(i)], env={})
+                           "--dist-init-addr", "10.0.0.1:5000", "--nnodes", "2", "--node-rank", str(i)], env={},
+                     launcher=["python3", "-m", "sglang.launch_server"], bind="0.0.0.0", dist_init_addr="10.0.0.1",
+                     dist_init_port=5000, head="n0")
              for i in range(2)]
     from ironserve.catalogue import get_recipe
 

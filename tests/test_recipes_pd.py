@@ -12,7 +12,8 @@ import re
 import pytest
 
 from ironserve import catalogue
-from ironserve.catalogue import SpecError, devices_per_node
+from ironserve.catalogue import SpecError
+from ironserve.spec import devices_per_node as _devices
 from ironserve.flags import split_flags
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
@@ -340,3 +341,8 @@ def test_gb200_render_places_prefill_then_one_4_node_decode_group():
     (router,) = by_role(out, "router")
     assert router_targets(router.argv, "--prefill") == [["http://10.0.0.1:30000", "30001"]]
     assert router_targets(router.argv, "--decode") == [["http://10.0.0.2:30000"]]
+
+
+def devices_per_node(recipe, group_index: int) -> int:
+    group = recipe.topology.groups[group_index]
+    return _devices(recipe.group_server(group), group.nodes)

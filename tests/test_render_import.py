@@ -125,3 +125,32 @@ def test_schema(capsys):
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["additionalProperties"] is False and "server" in schema["properties"]
+
+
+def test_argv_is_built_from_the_structured_fields():
+    """Every rendered process of the catalogue: what later stages read from its fields is what its argv says."""
+    from ironserve.flags import launcher_split, split_flags
+    from ironserve.render import NIC_FROM_INVENTORY  # noqa: F401 - placeholders render without an inventory
+
+    checked = 0
+    for recipe in catalogue.catalogue().values():
+        for proc in render(recipe).processes:
+            launcher, flags = launcher_split(proc.argv)
+            assert launcher == proc.launcher and flags == proc.engine_args
+            values = {name: vals for name, vals in split_flags(flags)}
+            assert values.get("--host", [None]) == [proc.bind], proc.unit
+            if proc.role == "router":
+                continue
+            assert values["--model-path"] == [proc.model_path]
+            if proc.in_rank_group:
+                assert values["--dist-init-addr"] == [f"{proc.dist_init_addr}:{proc.dist_init_port}"]
+                assert values["--node-rank"] == [str(proc.node_rank)] and values["--nnodes"] == [str(proc.nnodes)]
+                assert proc.head == next(p.host for p in render(recipe).processes
+                                         if p.group_key == proc.group_key and p.node_rank == 0)
+            else:
+                assert "--dist-init-addr" not in values and proc.dist_init_port is None and proc.head is None
+            tp, pp, dp = (int(values.get(f, ["1"])[0]) for f in ("--tp-size", "--pp-size", "--dp-size"))
+            world = tp * pp * (1 if "--enable-dp-attention" in values else dp)
+            assert proc.devices == -(-world // proc.nnodes), proc.unit
+            checked += 1
+    assert checked > 20

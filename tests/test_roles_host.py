@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationError
 
+from ironserve.spec import ServerOptions, devices_per_node
 from roles import ascend, cuda, gpu_clocks, host_tuning, nccl, nvidia_driver, preflight
 from roles.context import build_context
 
@@ -38,10 +39,10 @@ def test_devices_needed_multinode_dp_attention():
 
 def test_devices_needed_counts_dp_without_attention_and_skips_router():
     class P:
-        def __init__(self, role, argv):
-            self.role, self.argv = role, argv
+        def __init__(self, role, server):
+            self.role, self.devices = role, devices_per_node(server, 1)
 
-    procs = [P("server", ["python3", "--tp", "2", "--dp-size=2"]), P("router", ["--tp-size", "64"])]
+    procs = [P("server", ServerOptions(tp_size=2, dp_size=2)), P("router", ServerOptions(tp_size=64))]
     assert preflight.devices_needed(procs) == 4
 
 

@@ -331,13 +331,13 @@ def test_argv_parses_raises_with_the_parser_message_at_execution():
 
 def test_health_url_on_the_host_itself():
     recipe, rendered = _tiny()
-    assert launch.health_url(rendered.processes[0]) == "http://127.0.0.1:30000/health"
+    assert rendered.processes[0].health_url == "http://127.0.0.1:30000/health"
     proc = rendered.processes[0]
-    bound = dataclasses.replace(proc, argv=proc.argv + ["--host", "10.0.0.10"], serves_http=True, port=30000)
-    assert launch.health_url(bound) == "http://10.0.0.10:30000/health"
+    bound = dataclasses.replace(proc, bind="10.0.0.10", serves_http=True, port=30000)
+    assert bound.health_url == "http://10.0.0.10:30000/health"
     router = next(p for p in rendered.processes if p.role == "router")
     # the router answers /health before any worker registered: its gate is /readiness
-    assert launch.health_url(router).endswith("/readiness")
+    assert router.health_url.endswith("/readiness")
 
 
 def test_start_order_rank0_then_ranks_then_router():

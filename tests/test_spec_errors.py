@@ -125,3 +125,11 @@ def test_topology_consistency(tmp_path):
 
     (p,) = problems(write_variant(tmp_path, mutate))
     assert p.field == "topology" and "decode" in p.message
+
+
+def test_a_flag_render_derives_is_refused_in_extra_args(tmp_path):
+    # later stages read the bind address, ranks and devices from the process's fields, built from typed fields
+    path = write_variant(tmp_path, lambda d: d["server"].__setitem__("extra_args", ["--tp=4", "--watchdog-timeout", "9"]))
+    (p,) = problems(path)
+    assert p.field == "server.extra_args" and "--tp does not belong in extra_args" in p.message
+    assert "server.tp_size" in p.message

@@ -35,7 +35,7 @@ def _fix(deploy: str, inventory: str, host: str) -> str:
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
-    from ironserve.units import UNIT_DIR, rank_group, rank_guard_unit, sha256_text, staged_path, unit_files
+    from ironserve.units import UNIT_DIR, rank_guard_unit, sha256_text, staged_path, unit_files
 
     from . import providers
 
@@ -81,7 +81,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
             mode=0o600)
         add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
         units = [files.unit_name]
-        if rank_group(ctx.rendered, proc):
+        if proc.in_rank_group:
             # the guard that restarts the group as a whole runs whenever its engine does
             guard = f"{rank_guard_unit(proc)}.service"
             add(f"unit-active:{guard}", "service_active", ctx.launch, "service", name=guard)
@@ -92,8 +92,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         for name in units:
             # the files on disk are what systemd runs: a run killed between writing and reloading shows here
             add(f"unit-loaded:{name}", "daemon_reloaded", True, "service", name=name)
-        if ctx.launch and proc.serves_http and proc.port:
+        if proc.health_url:
             add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
-            add(f"health:{proc.unit}", "http_ok", 200, "workload",
-                url=f"http://127.0.0.1:{proc.port}{proc.health_path}")
+            add(f"health:{proc.unit}", "http_ok", 200, "workload", url=proc.health_url)
     return checks

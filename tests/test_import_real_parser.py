@@ -1,0 +1,67 @@
+"""Import chooses its engine with SGLang's real parsers (cached venvs), and says so; wrapped commands reach the
+parsers as the launch they are. Reuses the suite's parser versions (0.5.9, 0.5.23)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from ironserve import engine_parser
+from ironserve.cli import main
+from ironserve.commandline import parse_command
+from ironserve.findings import Severity
+from ironserve.importer import import_commands
+
+pytestmark = pytest.mark.parser
+
+# seed-era spelling: 0.5.9 takes --cuda-graph-max-bs, 0.5.23 made it an ambiguous prefix
+OLD_SPELLING = ("nohup numactl --cpunodebind=0 python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B "
+                "--tp-size 2 --cuda-graph-max-bs 8 > log 2>&1 &")
+
+
+@pytest.fixture
+def two_cached(monkeypatch):
+    for version in ("0.5.9", "0.5.23"):
+        engine_parser.parser_env(version)  # built once, shared with the rest of the suite
+    monkeypatch.setattr(engine_parser, "cached_versions", lambda: ["0.5.23", "0.5.9"])
+
+
+def test_engine_is_the_newest_cached_parser_that_accepts_the_command(two_cached):
+    result = import_commands([parse_command(shlex.split(OLD_SPELLING))], "cpu-lab", "q", detect=True)
+    assert result.data["engine"]["sglang"] == "0.5.9"
+    assert result.data["runtime"]["packages"] == ["sglang==0.5.9"]
+    (note,) = [f for f in result.findings if f.rule == "import-engine"]
+    assert "0.5.9" in note.message and "newest cached SGLang parser that accepts" in note.message
+    current = OLD_SPELLING.replace("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode")
+    result = import_commands([parse_command(shlex.split(current))], "cpu-lab", "q", detect=True)
+    assert result.data["engine"]["sglang"] == "0.5.23"
+
+
+def test_wrapped_and_router_launches_reach_the_real_parsers():
+    argvs = [shlex.split(OLD_SPELLING),
+             shlex.split("python -m sglang_router.launch_server --model-path m --dp 2 --tp-size 1 "
+                         "--router-policy round_robin"),
+             shlex.split("nohup python -u -m sglang_router.launch_router --pd-disaggregation --prefill "
+                         "http://10.0.0.1:8000 8995 --decode http://10.0.0.2:8000 > log 2>&1 &")]
+    results = engine_parser.check_many("0.5.9", argvs)
+    for found in results:
+        assert not [f for f in found if f.rule == "engine-unknown-launcher"], [f.line() for f in found]
+    assert not [f for f in results[0] + results[2] if f.severity is Severity.error]
+    # --dp is an abbreviation the parser names; the --router-* flags are not the server parser's
+    assert not [f for f in results[1] if "--router-policy" in f.message]
+
+
+def test_imported_recipe_is_checked_by_the_real_parser(tmp_path, capsys):
+    """An imported recipe carries a parser version, so `ironserve lint` runs the real parser on it."""
+    import json
+
+    out = tmp_path / "q.yaml"
+    typo = OLD_SPELLING.replace("--tp-size 2", "--tp-size 2 --mem-fraction-statik 0.8")
+    assert main(["import", "--hardware", "cpu-lab", "--id", "q", "--engine", "sglang==0.5.9", "-o", str(out), "--",
+                 *shlex.split(typo)]) == 0
+    capsys.readouterr()
+    assert main(["lint", str(out), "--format", "json"]) == 1
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    (hit,) = [f for f in findings if f["rule"] == "engine-unknown-flag"]
+    assert "--mem-fraction-statik" in hit["message"] and "--mem-fraction-static" in hit["fix"]
