@@ -126,9 +126,10 @@ def cmd_lint(args) -> int:
     engine = _engine_version(args.engine)
     if args.rules:
         for row in rule_table():
-            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}")
+            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}\n{'':45s}scope: {row['scope']}; "
+                  f"source: {row['source']}")
         return 0
-    if args.command:
+    if args.command or args.file:
         if not args.hardware:
             raise SpecError([catalogue.Problem("command line", "--hardware", "a pasted command needs the hardware",
                                                f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
@@ -140,19 +141,32 @@ def cmd_lint(args) -> int:
         if args.gpus is not None:
             accel = profile.accelerator.model_copy(update={"count": args.gpus})
             profile = profile.model_copy(update={"accelerator": accel})
-        words = args.command
-        try:
-            findings = lint_pasted(words, profile, engine)
-        except ValueError as exc:
-            raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-        if engine and not args.offline and not has_errors(findings):
-            from .commandline import CommandError, parse_command
+        from .commandline import CommandError, parse_command, parse_script
 
+        launches = [args.command] if args.command else []
+        if args.file:
             try:
-                findings += _parser_findings(engine, [parse_command(words).argv])
-            except CommandError:
-                pass  # already a finding
-        _print_findings(findings, args.format, "command")
+                launches += [words for _, words in parse_script(open(args.file).read()).commands]
+            except (OSError, CommandError) as exc:
+                raise SpecError([catalogue.Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
+            if not launches:
+                raise SpecError([catalogue.Problem(args.file, "", "no SGLang launch command in the script",
+                                                   "lint a script that runs python3 -m sglang.launch_server ...")])
+        findings = []
+        for n, words in enumerate(launches):
+            try:
+                found = lint_pasted(words, profile, engine)
+            except ValueError as exc:
+                raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+            if engine and not args.offline and not has_errors(found):
+                try:
+                    found += _parser_findings(engine, [parse_command(words).argv])
+                except CommandError:
+                    pass  # already a finding
+            if len(launches) > 1:
+                found = [Finding(f.rule, f.severity, f.message, f.fix, f"command {n + 1}") for f in found]
+            findings += found
+        _print_findings(findings, args.format, args.file or "command")
         return 1 if has_errors(findings) else 0
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
     worst = 0
@@ -244,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, help="devices present on the node, if fewer than the profile's")
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
+    p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")
     p.set_defaults(func=cmd_lint)

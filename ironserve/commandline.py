@@ -38,6 +38,7 @@ SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
 SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
                          r"(?:_|$)", re.I)
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
 SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{16,}|gh[pousr]_[A-Za-z0-9]{30,}|"
                           r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,})$")
 
@@ -131,6 +132,7 @@ class Command:
     launcher: str  # launch_server | serve | launch_router | router_launch_server
     flags: list[str]
     tail: list[str] = field(default_factory=list)  # redirections, '&', pipes: not part of the launch
+    env_unset: list[str] = field(default_factory=list)  # env -u NAME: removed from the engine's environment
 
     @property
     def argv(self) -> list[str]:
@@ -163,6 +165,7 @@ def parse_command(words: list[str]) -> Command:
     """A pasted launch (as the shell split it) -> Command. CommandError says what is wrong and how to fix it."""
     words, tail = _cut_tail(list(words))
     env: dict[str, str] = {}
+    env_unset: list[str] = []
     wrappers: list[str] = []
     docker: DockerOptions | None = None
     i = 0
@@ -179,6 +182,8 @@ def parse_command(words: list[str]) -> Command:
         base = word.rsplit("/", 1)[-1]
         if base in ("sudo", "env", "numactl", "nice", "ionice", "stdbuf", "chrt"):
             j = _skip_options(words, i + 1, _WRAPPER_VALUE_OPTS[base])
+            if base == "env":
+                env_unset += _env_unsets(words[i + 1:j])
             if base == "chrt" and j < len(words) and words[j].isdigit():
                 j += 1
             wrappers.append(shlex.join(words[i:j]))
@@ -236,7 +241,20 @@ def parse_command(words: list[str]) -> Command:
                            "paste 'python3 -m sglang.launch_server ...', 'sglang serve ...' or "
                            "'python3 -m sglang_router.launch_router ...' (docker run, nohup, numactl, taskset, env "
                            "and uv run in front are understood)")
-    return Command(env, wrappers, docker, interpreter, module, kind, launcher, flags, tail)
+    return Command(env, wrappers, docker, interpreter, module, kind, launcher, flags, tail, env_unset)
+
+
+def _env_unsets(options: list[str]) -> list[str]:
+    """Names `env -u NAME` / `env --unset=NAME` removes from the engine's environment."""
+    out, it = [], iter(options)
+    for opt in it:
+        if opt in ("-u", "--unset"):
+            out.append(next(it, ""))
+        elif opt.startswith("--unset="):
+            out.append(opt.split("=", 1)[1])
+        elif opt.startswith("-u") and len(opt) > 2:
+            out.append(opt[2:])
+    return [name for name in out if name]
 
 
 def _launcher(rest: list[str]) -> tuple[list[str], str, list[str]]:
@@ -274,6 +292,10 @@ def _parse_docker(words: list[str], i: int) -> tuple[DockerOptions, int]:
             name, inline, eq = word[:2], word[2:], "="
         if name in _DOCKER_SWITCHES and not eq:
             _docker_switch(d, name)
+            i += 1
+            continue
+        if name not in _DOCKER_VALUE_OPTS and eq and name.startswith("--"):
+            d.other.append(word)  # --option=value: kept as written
             i += 1
             continue
         if name not in _DOCKER_VALUE_OPTS:

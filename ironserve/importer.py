@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .commandline import SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions, parse_command, parse_script
+from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions,
+                          parse_command, parse_script)
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
@@ -36,7 +37,6 @@ _TOPOLOGY_FLAGS = {"--dist-init-addr", "--nnodes", "--node-rank", "--disaggregat
 # SGLang's and sglang-router's defaults, made explicit where ironserve always emits the value
 DEFAULT_BOOTSTRAP_PORT = 8998
 ROUTER_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "policy": "cache_aware"}
-SECRET_FLAGS = {"--api-key", "--admin-api-key"}
 API_KEY_FILE = "/etc/ironserve/{id}.api_key"
 # Ascend NPU hosts run SGLang's NPU build on CANN (torch-npu), never the CUDA stack PyPI resolves to.
 ASCEND_STACK = {"python": "3.11", "packages": ["torch==2.8.0", "torch-npu==2.8.0"],
@@ -305,6 +305,9 @@ def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> d
         "volumes": list(d.volumes),
         "devices": list(d.devices),
     }
+    for key in ("privileged", "cpuset_cpus", "volumes", "devices"):  # their defaults say the same: left out
+        if not run[key]:
+            del run[key]
     extra = list(d.other)
     if d.ipc and d.ipc != "host":
         extra.append(f"--ipc={d.ipc}")
@@ -402,7 +405,8 @@ def _url(url: str, where: str) -> tuple[str | None, int]:
 # --------------------------------------------------------------------------- assembling
 
 
-def _groups_from_servers(servers: list[_Server], role: str) -> tuple[list[dict], list[str | None], list[int]]:
+def _groups_from_servers(servers: list[_Server], role: str,
+                         notes: list[Finding] | None = None) -> tuple[list[dict], list[str | None], list[int]]:
     """Engine commands of one role -> groups: one instance per command (multi-node: per dist-init address)."""
     instances: dict[str, list[_Server]] = {}
     for n, s in enumerate(servers):
@@ -422,8 +426,13 @@ def _groups_from_servers(servers: list[_Server], role: str) -> tuple[list[dict],
                 port = head.dist_init.rsplit(":", 1)[1]
                 if port.isdigit():
                     group["dist_init_port"] = int(port)
-        elif head.explicit_nnodes and role != "server":
-            group["explicit_single_node_rank"] = True
+        else:
+            if head.explicit_nnodes and role != "server":
+                group["explicit_single_node_rank"] = True
+            if head.dist_init and notes is not None:
+                notes.append(_note("import-dist-init-dropped", f"--dist-init-addr {head.dist_init} on a one-node "
+                                   f"{role}: not kept (a single node needs no rendezvous; ironserve adds it for "
+                                   "multi-node groups from the inventory)", "", "--dist-init-addr", Severity.info))
         if role == "prefill":
             group["bootstrap_port"] = head.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
         group["server"] = head.server
@@ -469,7 +478,7 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
             mine = [s for s in servers if s.mode == role]
             entries = router.prefill if role == "prefill" else [(u, None) for u in router.decode]
             if mine:
-                g, h, heads = _groups_from_servers(mine, role)
+                g, h, heads = _groups_from_servers(mine, role, notes)
                 urls = [_url(u, f"--{role}")[0] for u, _ in entries]
                 if len(urls) == len(heads):
                     for index, address in zip(heads, urls):
@@ -512,7 +521,7 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
             groups[0].pop("instances")
         kind = "replicas" if count > 1 else "single"
         return {"kind": kind, "groups": groups, "router": router.router}, hosts
-    groups, hosts, _ = _groups_from_servers(servers, "server")
+    groups, hosts, _ = _groups_from_servers(servers, "server", notes)
     if len(groups) != 1:
         raise CommandError(f"{len(groups)} different engine commands and no router",
                            "import one launch (or one multi-node group) per recipe, or add the router command")
@@ -588,6 +597,9 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     }
     if env:
         data["env"] = env
+    env_unset = list(dict.fromkeys(name for c in commands for name in c.env_unset))
+    if env_unset:
+        data["env_unset"] = env_unset
     wrappers = sorted({w for c in commands for w in c.wrappers})
     if wrappers:
         notes.append(_note("import-wrapper", f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "

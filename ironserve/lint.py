@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .commandline import SECRET_NAME, SECRET_VALUE, CommandError, parse_command
+from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, CommandError, parse_command
 from .findings import Finding, Severity
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
 from .spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
@@ -41,7 +41,7 @@ DROPPED_CHOICES = {"0.5.23": {("--tool-call-parser", "qwen3"): "use --tool-call-
 FAMILIES = (
     (r"glm-?5\.1", "glm5.1"), (r"glm-?5", "glm5"), (r"kimi", "kimi-k2.5"), (r"minimax", "minimax-m2.5"),
     (r"qwen3[._-]?5", "qwen3.5"), (r"qwen3-?next", "qwen3-next"), (r"llama-?4", "llama4"),
-    (r"deepseek-(v3|r1)", "deepseek-v3"), (r"llama", "llama3"),
+    (r"deepseek-(v3|r1)", "deepseek-v3"), (r"llama", "llama3"), (r"qwen3", "qwen3"),
 )
 
 
@@ -469,7 +469,7 @@ def literal_secret(l: Launch) -> list[Finding]:
     if not l.from_recipe:
         return []
     out = []
-    for flag in ("--api-key", "--admin-api-key"):
+    for flag in SECRET_FLAGS:
         if l.value(flag):
             out.append(_f("literal-secret", l, f"{flag} with a literal key in the recipe: it reaches argv, the unit "
                           "file and ps", "remove it from extra_args; set server.api_key_file (a 0600 file on the host)"))
@@ -593,7 +593,15 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
     pairs = split_flags(command.flags)
     canon = {canonical(k): v for k, v in pairs}
     env = {**(command.docker.env if command.docker else {}), **command.env}
+    runtime = None
+    if command.docker:
+        try:
+            runtime = DockerRuntime.model_validate({"kind": "docker", "image": command.docker.image,
+                                                    "digest": command.docker.digest})
+        except ValueError:
+            runtime = None
     launch = Launch(
+        runtime=runtime,
         hardware=hardware,
         flags=canon,
         env=env,

@@ -10,14 +10,14 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from .render import Process, Rendered
+from .resources import files_dir
 from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HostTuning, Recipe, UvRuntime
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "files" / "templates"
+TEMPLATES = files_dir() / "templates"
 
 ETC_DIR = "/etc/ironserve"
 UNIT_DIR = "/etc/systemd/system"

@@ -30,13 +30,13 @@ import hashlib
 import json
 import shlex
 from io import StringIO
-from pathlib import Path
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import files
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
+from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV,
                              KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, exec_argv, image_ref, jit_dir,
@@ -46,7 +46,7 @@ from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
 from roles.model_weights import read_secret
 
-BIN_SRC = Path(__file__).resolve().parent.parent / "files" / "bin"
+BIN_SRC = files_dir() / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
 PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"

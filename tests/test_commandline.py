@@ -165,3 +165,30 @@ def test_import_errors_name_the_flag_what_was_expected_and_the_fix(capsys):
     err = capsys.readouterr().err
     assert rc == 1 and "--mem-fraction-static 85: expected a fraction between 0 and 1" in err
     assert "Traceback" not in err
+
+
+def test_lint_reads_scripts_and_docker_lines(tmp_path, capsys):
+    script = tmp_path / "pd.sh"
+    script.write_text("export SGLANG_ENABLE_SPEC_V2=1\n"
+                      "nohup python -m sglang.launch_server --model-path /m --device npu --tp-size 16 \\\n"
+                      "  --disaggregation-mode prefill --disaggregation-transfer-backend mooncake > p.log 2>&1 &\n"
+                      "python -m sglang_router.launch_router --pd-disaggregation --prefill http://10.0.0.1:8000 8998 "
+                      "--decode http://10.0.0.2:8001\n")
+    assert main(["lint", "--hardware", "atlas-800i-a3", "--offline", "--file", str(script)]) == 1
+    out = capsys.readouterr().out
+    assert "pd-ascend-transfer-backend" in out and "command 1" in out
+    words = shlex.split("docker run --gpus all lmsysorg/sglang:latest python3 -m sglang.launch_server "
+                        "--model-path /m --host 127.0.0.1")
+    assert "unpinned-image" in {f.rule for f in lint_pasted(words, HW["rtx6000-pro"])}
+
+
+def test_env_unset_and_unknown_docker_options():
+    words = shlex.split("env -u http_proxy --unset=https_proxy python3 -m sglang.launch_server --model-path m")
+    assert parse_command(words).env_unset == ["http_proxy", "https_proxy"]
+    assert import_command(words, "cpu-lab", "e", engine="0.5.23")["env_unset"] == ["http_proxy", "https_proxy"]
+    kept = parse_command(shlex.split("docker run --gpus all --blkio-weight=300 img:1 python3 -m sglang.launch_server "
+                                     "--model-path m"))
+    assert kept.docker.other == ["--blkio-weight=300"]
+    with pytest.raises(CommandError) as err:
+        parse_command(shlex.split("docker run --blkio-weight 300 img:1 python3 -m sglang.launch_server"))
+    assert "--blkio-weight" in str(err.value) and "--option=value" in err.value.fix

@@ -111,7 +111,7 @@ def test_import_multinode_becomes_topology():
 
 def test_import_cli_writes_yaml(tmp_path, capsys):
     out = tmp_path / "mine.yaml"
-    assert main(["import", "--hardware", "rtx6000-pro", "--id", "mine", "-o", str(out), "--",
+    assert main(["import", "--hardware", "rtx6000-pro", "--id", "mine", "--offline", "-o", str(out), "--",
                  *shlex.split(SEED_PASTE)]) == 0
     assert catalogue.get_recipe(str(out)).id == "mine"
 

@@ -45,6 +45,10 @@ def run_lab(args: argparse.Namespace) -> int:
     from . import cluster  # imported late: `--help` needs nothing but argparse
     try:
         if args.lab_command == "up":
+            if not cluster.ASSETS.is_dir():
+                # the product wheel leaves the lab's host assets out (pyproject.toml)
+                raise LabError(f"the lab's host assets ({cluster.ASSETS}) are not here: the lab runs from a "
+                               "checkout of ironserve (cd into it and run .venv/bin/ironserve lab up)")
             cluster.up(args.nodes, args.hardware)
         elif args.lab_command == "reset":
             cluster.reset(args.host)

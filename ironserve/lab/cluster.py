@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import cgroups, cpu_runtime, hosts, images, network, rootfs, standins, state, supply, tiny_model
 from .profiles import PROFILES
+from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
 from .system import LabError, ensure_tools, require_root, run, say, wait_for
 
