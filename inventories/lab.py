@@ -27,7 +27,8 @@ _common = {
     "ssh_known_hosts_file": _state["known_hosts"],   # host keys are stable per host name across down/up
     "ssh_strict_host_key_checking": "yes",
     "_sudo": True,
-    "lab": True,
+    # the lab runs the aarch64 profiles (gb200, atlas-800i-a3) on x86_64 stand-in hosts
+    "allow_emulated_arch": True,
     # the lab hosts' only interface: GLOO/NCCL socket traffic goes over the lab bridge
     "nic": "host0",
     # air-gapped mirrors on the lab bridge (the lab repo also carries the stand-in NVIDIA packages)

@@ -219,6 +219,12 @@ def cmd_import(args) -> int:
     if any(h for h in result.hosts):
         print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
               file=sys.stderr)
+    if args.inventory_out:
+        from .importer import inventory_text
+
+        with open(args.inventory_out, "w") as fh:
+            fh.write(inventory_text(result))
+        print(f"wrote {args.inventory_out}", file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
@@ -269,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
     p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
+    p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
     p.add_argument("--output", "-o", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_import)
 

@@ -452,6 +452,17 @@ def _groups_from_servers(servers: list[_Server], role: str,
     return groups, hosts, heads
 
 
+def _check_bootstrap(groups: list[dict], entries: list[tuple[str, int | None]], notes: list[Finding]) -> None:
+    """The router's bootstrap port for each prefill must be the one that prefill listens on."""
+    ports = [g["bootstrap_port"] + i for g in groups for i in range(g.get("instances", 1))]
+    for (url, boot), port in zip(entries, ports):
+        if (boot or DEFAULT_BOOTSTRAP_PORT) != port:
+            notes.append(_note("import-bootstrap-mismatch", f"the router gives {url} bootstrap port "
+                               f"{boot or DEFAULT_BOOTSTRAP_PORT}, the prefill command listens on {port}: as pasted, "
+                               "requests would not reach it; the recipe uses the prefill's port for both",
+                               "check --disaggregation-bootstrap-port on the prefill command", "router"))
+
+
 def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple[list[dict], list[str | None]]:
     groups: list[dict] = []
     hosts: list[str | None] = []
@@ -483,6 +494,8 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
                 if len(urls) == len(heads):
                     for index, address in zip(heads, urls):
                         h[index] = address
+                    if role == "prefill":
+                        _check_bootstrap(g, entries, notes)
                 elif entries:
                     notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
                                        f"commands give {len(heads)} {role} instance(s): the recipe follows the "
@@ -738,6 +751,32 @@ def import_script(text: str, hardware: str, recipe_id: str | None = None, engine
                                      "host tuning lines (sysctl, governor) are in the hardware profile", "file",
                                      Severity.info))
     return result
+
+
+def inventory_text(result: Imported) -> str:
+    """A pyinfra inventory for the imported recipe: one host per worker slot in render order, at the addresses the
+    commands named (router URLs, --host), SET-ME where they named none."""
+    from .spec import Recipe
+
+    recipe = Recipe.model_validate(result.data)
+    lines = [f"# pyinfra inventory for recipe {recipe.id} (written by ironserve import): hosts in render order.",
+             "# Replace every SET-ME; multi-node groups need each host's cluster NIC (nic)."]
+    n = 0
+    for group in recipe.topology.groups:
+        env = recipe.group_env(group)
+        nic = next((v for k, v in env.items() if k.endswith("SOCKET_IFNAME") and not v.startswith(("{", "<"))),
+                   "SET-ME")
+        hosts = []
+        for instance in range(group.instances):
+            for rank in range(group.nodes):
+                address = result.hosts[n] if n < len(result.hosts) and result.hosts[n] else "SET-ME"
+                data = {"ssh_hostname": address}
+                if group.nodes > 1:
+                    data["nic"] = nic
+                hosts.append((f"{group.role}{len(hosts)}" if group.role != "server" else f"node{n}", data))
+                n += 1
+        lines.append(f"{group.role}_hosts = {hosts!r}")
+    return "\n".join(lines) + "\n"
 
 
 def to_yaml(data: dict) -> str:

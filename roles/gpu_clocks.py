@@ -25,18 +25,18 @@ Host data (defaults in the constants below):
 from __future__ import annotations
 
 from io import StringIO
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import apt, files, pip, systemd
 
+from ironserve.resources import files_dir
 from ironserve.units import UNIT_DIR, sha256_text
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
 UNIT = "ironserve-gpu-clocks.service"
-SCRIPT_SOURCE = Path(__file__).resolve().parents[1] / "files" / "host" / "ironserve-gpu-clocks.py"
+SCRIPT_SOURCE = files_dir() / "host" / "ironserve-gpu-clocks.py"
 SCRIPT = "/usr/local/lib/ironserve/ironserve-gpu-clocks.py"
 TOOLS_VENV = "/opt/ironserve/tools"
 NVIDIA_ML_PY_VERSION = "13.580.82"

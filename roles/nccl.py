@@ -26,9 +26,9 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files
 
+from ironserve.resources import project_file
 from roles.context import DeploymentContext
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_KEY = "NCCL_GRAPH_FILE"
 
 
@@ -37,9 +37,9 @@ def is_url(source: str) -> bool:
 
 
 def local_source(source: str) -> Path:
-    """A repository path (relative to the repository root) as an absolute path."""
+    """A repository path (relative to the repository root: files/...) as an absolute path."""
     path = Path(source)
-    return path if path.is_absolute() else REPO_ROOT / path
+    return path if path.is_absolute() else project_file(source)
 
 
 def graph_env_problems(path: str | None, envs: dict[str, dict]) -> list[str]:

@@ -25,8 +25,9 @@ Every failure raises ``OperationError`` with one line per problem: host, what, e
 
 Host data:
 
-- ``lab`` (default ``false``): lab stand-in hosts. The lab emulates aarch64 profiles (gb200,
-  atlas-800i-a3) on x86_64 machines; only with ``lab=true`` is that arch mismatch accepted.
+- ``allow_emulated_arch`` (default ``false``): accept an x86_64 host for a profile of another architecture
+  (aarch64: gb200, atlas-800i-a3), for hosts that stand in for it (emulators, test rigs); never set it on
+  real servers.
 """
 
 from __future__ import annotations
@@ -187,9 +188,9 @@ def devices_needed(processes) -> int:
 
 
 def platform_problems(host_name: str, cpu_arch: str, arch: str | None, distro: dict | None,
-                      lab: bool = False) -> list[str]:
+                      allow_emulated_arch: bool = False) -> list[str]:
     problems = []
-    if arch != cpu_arch and not (lab and arch == "x86_64"):
+    if arch != cpu_arch and not (allow_emulated_arch and arch == "x86_64"):
         problems.append(f"{host_name}: CPU architecture: expected {cpu_arch}, found {arch}. Fix: use a host of "
                         f"the profile's architecture or another hardware profile (host data 'hardware')")
     os_id = ((distro or {}).get("release_meta") or {}).get("ID", "").lower()
@@ -309,9 +310,10 @@ def device_problems(host_name: str, vendor: str, name: str, count: int, needed: 
 
 
 @operation()
-def check_platform(cpu_arch: str, lab: bool = False):
+def check_platform(cpu_arch: str, allow_emulated_arch: bool = False):
     """Fail unless the host's CPU arch and OS are what the hardware profile and the roles expect."""
-    problems = platform_problems(host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution), lab)
+    problems = platform_problems(host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution),
+                                 allow_emulated_arch)
     if problems:
         raise OperationError("\n".join(problems))
     host.noop(f"platform matches: {cpu_arch}, Debian/Ubuntu")
@@ -433,9 +435,7 @@ def check_devices_of(ctx: DeploymentContext, defer_if_absent: bool) -> None:
 
 @deploy("ironserve: preflight")
 def apply(ctx: DeploymentContext) -> None:
-    lab = truthy(ctx.get("lab"), default=False)
-    # lab=true: the lab runs aarch64 profiles (gb200, atlas-800i-a3) as stand-ins on x86_64 hosts.
-    check_platform(ctx.profile.cpu_arch, lab=lab)
+    check_platform(ctx.profile.cpu_arch, allow_emulated_arch=truthy(ctx.get("allow_emulated_arch"), False))
     if ctx.vendor == "nvidia":
         modules_loadable(name="NVIDIA modules loadable (Secure Boot, module source)",
                          module_source=str(ctx.get("nvidia_module_source", "dkms")))

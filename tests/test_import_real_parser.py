@@ -48,8 +48,17 @@ def test_wrapped_and_router_launches_reach_the_real_parsers():
     for found in results:
         assert not [f for f in found if f.rule == "engine-unknown-launcher"], [f.line() for f in found]
     assert not [f for f in results[0] + results[2] if f.severity is Severity.error]
-    # --dp is an abbreviation the parser names; the --router-* flags are not the server parser's
-    assert not [f for f in results[1] if "--router-policy" in f.message]
+    # sglang_router.launch_server: engine flags by the sglang parser, --router-X by sglang-router's as --X
+    assert not [f for f in results[1] if f.severity is Severity.error], [f.line() for f in results[1]]
+
+
+def test_router_prefixed_flags_are_checked_by_the_router_parser():
+    argv = shlex.split("python -m sglang_router.launch_server --model-path m --dp-size 2 --router-policy "
+                       "round_robin --router-polcy cache_aware")
+    (found,) = engine_parser.check_many("0.5.9", [argv])
+    errors = [f for f in found if f.severity is Severity.error]
+    assert errors and all("--router-polcy" in f.message + f.where for f in errors), [f.line() for f in found]
+    assert not [f for f in found if "--router-policy " in f.message]
 
 
 def test_imported_recipe_is_checked_by_the_real_parser(tmp_path, capsys):

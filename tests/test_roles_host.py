@@ -46,11 +46,11 @@ def test_devices_needed_counts_dp_without_attention_and_skips_router():
     assert preflight.devices_needed(procs) == 4
 
 
-def test_platform_lab_allows_x86_standins_only_when_lab():
-    assert preflight.platform_problems("h", "aarch64", "x86_64", UBUNTU, lab=True) == []
+def test_platform_allows_x86_standins_only_when_emulated_arch_is_allowed():
+    assert preflight.platform_problems("h", "aarch64", "x86_64", UBUNTU, allow_emulated_arch=True) == []
     assert "expected aarch64, found x86_64" in preflight.platform_problems("h", "aarch64", "x86_64", UBUNTU)[0]
-    # lab does not excuse the opposite mismatch
-    assert preflight.platform_problems("h", "x86_64", "aarch64", UBUNTU, lab=True)
+    # it does not excuse the opposite mismatch
+    assert preflight.platform_problems("h", "x86_64", "aarch64", UBUNTU, allow_emulated_arch=True)
 
 
 def test_platform_os_must_be_debian_or_ubuntu():
