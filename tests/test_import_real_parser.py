@@ -74,3 +74,15 @@ def test_imported_recipe_is_checked_by_the_real_parser(tmp_path, capsys):
     findings = json.loads(capsys.readouterr().out)["findings"]
     (hit,) = [f for f in findings if f["rule"] == "engine-unknown-flag"]
     assert "--mem-fraction-statik" in hit["message"] and "--mem-fraction-static" in hit["fix"]
+
+
+def test_pasted_command_without_engine_is_still_parsed(capsys):
+    """No --engine: the hardware's seed-era release parses it (warnings), the check is never silently skipped."""
+    import json
+
+    rc = main(["lint", "--hardware", "rtx6000-pro", "--format", "json", "--", *shlex.split(
+        "nohup python3 -m sglang.launch_server --model-path /m --tp-size 2 --host 127.0.0.1 --mem-fraction-statik 0.8 "
+        "> log 2>&1 &")])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    (hit,) = [f for f in findings if f["rule"] == "engine-unknown-flag"]
+    assert rc == 0 and hit["severity"] == "warning" and "parser of sglang 0.5.9" in hit["message"]
