@@ -294,6 +294,9 @@ def _example(field_name: str) -> str:
 
 
 def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> dict:
+    if SHELL_VAR.search(d.image):
+        raise CommandError(f"the docker image is the shell variable {d.image!r}",
+                           "write the image as repository:tag (and @sha256:... to pin it) in the command", "docker")
     d.volumes = [values.unset(v, "docker -v") for v in d.volumes]
     d.devices = [values.unset(v, "docker --device") for v in d.devices]
     d.env_files = [values.unset(v, "docker --env-file") for v in d.env_files]
