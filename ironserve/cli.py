@@ -116,6 +116,23 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool) -> list[Finding]
     return findings
 
 
+def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> list[Finding]:
+    """The real parser on a pasted command: the version named with --engine, else the PyPI release of the hardware's
+    seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
+    if engine:
+        return _parser_findings(engine, [argv])
+    from .engine_parser import release_for_era
+    from .importer import DEFAULT_ENGINE
+    from .lint import SEED_ERA
+
+    era = SEED_ERA.get(profile.accelerator.arch, "")
+    version = release_for_era(era) or DEFAULT_ENGINE
+    why = f"the PyPI release of the {era} era" if release_for_era(era) else "the newest release ironserve knows"
+    return [Finding(f.rule, Severity.warning if f.severity is Severity.error else f.severity,
+                    f"{f.message} (parser of sglang {version}, {why}; name --engine to judge for your version)",
+                    f.fix, f.where) for f in _parser_findings(version, [argv])]
+
+
 def _where(f: Finding, recipe_id: str) -> Finding:
     return Finding(f.rule, f.severity, f.message, f.fix, f"{recipe_id} {f.where}".strip())
 
@@ -158,9 +175,9 @@ def cmd_lint(args) -> int:
                 found = lint_pasted(words, profile, engine)
             except ValueError as exc:
                 raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-            if engine and not args.offline and not has_errors(found):
+            if not args.offline and not has_errors(found):
                 try:
-                    found += _parser_findings(engine, [parse_command(words).argv])
+                    found += _pasted_parser_findings(engine, parse_command(words).argv, profile)
                 except CommandError:
                     pass  # already a finding
             if len(launches) > 1:
@@ -219,6 +236,12 @@ def cmd_import(args) -> int:
     if any(h for h in result.hosts):
         print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
               file=sys.stderr)
+    if args.inventory_out:
+        from .importer import inventory_text
+
+        with open(args.inventory_out, "w") as fh:
+            fh.write(inventory_text(result))
+        print(f"wrote {args.inventory_out}", file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
@@ -269,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
     p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
+    p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
     p.add_argument("--output", "-o", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_import)
 

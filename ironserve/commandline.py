@@ -399,6 +399,7 @@ def expand(word: str, variables: dict[str, str]) -> str:
 def parse_script(text: str) -> Script:
     variables: dict[str, str] = {}
     exported: dict[str, str] = {}
+    unset: list[str] = []
     commands, skipped, sourced = [], [], []
     for line in logical_lines(text):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -420,6 +421,8 @@ def parse_script(text: str) -> Script:
                 continue
             if part[0] == "unset":
                 for name in part[1:]:
+                    if name not in variables:  # unset of the caller's environment (proxies, ...): the engine's too
+                        unset.append(name)
                     variables.pop(name, None)
                     exported.pop(name, None)
                 continue
@@ -434,6 +437,7 @@ def parse_script(text: str) -> Script:
                 continue
             if command.docker is None:  # exported variables do not cross into a container (only -e does)
                 command.env = {**exported, **command.env}
+                command.env_unset = list(dict.fromkeys([*unset, *command.env_unset]))
             commands.append((command, expanded))
     return Script(commands, variables, skipped, sourced)
 

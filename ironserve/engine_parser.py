@@ -417,6 +417,29 @@ def _without_router_flags(flags: list[str]) -> list[str]:
     return out
 
 
+def _router_flags(argv: list[str] | str) -> list[str]:
+    """The --router-X flags of a sglang_router.launch_server command, as launch_router's --X (with values)."""
+    from ironserve.commandline import parse_command
+
+    flags = parse_command(shlex.split(argv) if isinstance(argv, str) else list(argv)).flags
+    out, keep = [], False
+    for arg in flags:
+        if arg.startswith("--"):
+            keep = arg.startswith("--router-")
+            if keep:
+                arg = "--" + arg[len("--router-"):]
+        if keep:
+            out.append(arg)
+    return out
+
+
+def _router_prefixed(f: Finding) -> Finding:
+    def back(text: str) -> str:
+        return re.sub(r"(?<![\w-])--(?!router-)([a-z0-9][a-z0-9-]*)", r"--router-\1", text)
+
+    return Finding(f.rule, f.severity, back(f.message), back(f.fix), back(f.where))
+
+
 def cached_versions() -> list[str]:
     """SGLang versions with a built parser venv, newest first."""
     versions = [p.name for p in parsers_dir().glob("*") if not p.name.startswith((".", "router-"))
@@ -453,6 +476,10 @@ def check_many(version: str, argvs: list, *, router_version: str | None = None,
                                       "or python3 -m sglang_router.launch_router", ""))
             continue
         groups[kind].append((n, launcher, flags))
+        if launcher == "router_launch_server":  # its --router-X flags are launch_router's --X: that parser checks them
+            router_flags = _router_flags(argv)
+            if router_flags:
+                groups["router"].append((n, "launch_router", router_flags))
     for kind, items in groups.items():
         if not items:
             continue
@@ -465,8 +492,11 @@ def check_many(version: str, argvs: list, *, router_version: str | None = None,
                                    "post_init": post_init})
         if not answer.get("ok"):
             raise ParserEnvError(f"{package} {v} parser probe failed:\n{answer.get('error')}")
-        for (n, _, _), res in zip(items, answer["results"]):
-            results[n] = [_enrich(_to_finding(d, v, package), v, kind) for d in res["findings"]]
+        for (n, launcher, _), res in zip(items, answer["results"]):
+            found = [_enrich(_to_finding(d, v, package), v, kind) for d in res["findings"]]
+            if kind == "router" and split_launcher(argvs[n])[1] == "router_launch_server":
+                found = [_router_prefixed(f) for f in found]
+            results[n] += found
     return results
 
 

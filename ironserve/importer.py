@@ -38,9 +38,13 @@ _TOPOLOGY_FLAGS = {"--dist-init-addr", "--nnodes", "--node-rank", "--disaggregat
 DEFAULT_BOOTSTRAP_PORT = 8998
 ROUTER_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "policy": "cache_aware"}
 API_KEY_FILE = "/etc/ironserve/{id}.api_key"
-# Ascend NPU hosts run SGLang's NPU build on CANN (torch-npu), never the CUDA stack PyPI resolves to.
-ASCEND_STACK = {"python": "3.11", "packages": ["torch==2.8.0", "torch-npu==2.8.0"],
-                "source_env": ["/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/nnal/atb/set_env.sh"]}
+# Ascend NPU hosts run SGLang's NPU image (CANN, torch-npu, sgl-kernel-npu inside), never the CUDA stack PyPI's
+# sglang resolves to; the container gets the NPU devices and the host's driver as SGLang's Ascend docs run it.
+ASCEND_IMAGE = "lmsysorg/sglang:main-cann{toolkit}-a3"
+ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+ASCEND_VOLUMES = ["/usr/local/sbin:/usr/local/sbin", "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
+                  "/usr/local/Ascend/firmware:/usr/local/Ascend/firmware",
+                  "/etc/ascend_install.info:/etc/ascend_install.info"]
 # The image each hardware's seeds run, used when a command is imported without --engine or docker run.
 ERA_IMAGE = {"sm120": "lmsysorg/sglang:dev-cu13", "sm100": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"}
 DEFAULT_ENGINE = "0.5.23"  # newest PyPI release ironserve knows; used when no parser is cached to choose one
@@ -452,6 +456,17 @@ def _groups_from_servers(servers: list[_Server], role: str,
     return groups, hosts, heads
 
 
+def _check_bootstrap(groups: list[dict], entries: list[tuple[str, int | None]], notes: list[Finding]) -> None:
+    """The router's bootstrap port for each prefill must be the one that prefill listens on."""
+    ports = [g["bootstrap_port"] + i for g in groups for i in range(g.get("instances", 1))]
+    for (url, boot), port in zip(entries, ports):
+        if (boot or DEFAULT_BOOTSTRAP_PORT) != port:
+            notes.append(_note("import-bootstrap-mismatch", f"the router gives {url} bootstrap port "
+                               f"{boot or DEFAULT_BOOTSTRAP_PORT}, the prefill command listens on {port}: as pasted, "
+                               "requests would not reach it; the recipe uses the prefill's port for both",
+                               "check --disaggregation-bootstrap-port on the prefill command", "router"))
+
+
 def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple[list[dict], list[str | None]]:
     groups: list[dict] = []
     hosts: list[str | None] = []
@@ -483,6 +498,8 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
                 if len(urls) == len(heads):
                     for index, address in zip(heads, urls):
                         h[index] = address
+                    if role == "prefill":
+                        _check_bootstrap(g, entries, notes)
                 elif entries:
                     notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
                                        f"commands give {len(heads)} {role} instance(s): the recipe follows the "
@@ -545,8 +562,15 @@ def _flat_single(topology: dict) -> tuple[dict, dict, dict]:
 
 
 def import_commands(commands: list[Command], hardware: str, recipe_id: str | None = None,
-                    engine: str | None = None, hardware_arch: str = "none", detect: bool = False) -> Imported:
-    """Commands of one deployment (engine commands, at most one router) -> recipe data and findings."""
+                    engine: str | None = None, hardware_arch: str | None = None, detect: bool = False) -> Imported:
+    """Commands of one deployment (engine commands, at most one router) -> recipe data and findings.
+
+    hardware_arch defaults to the arch of the hardware profile `hardware` names ("none" for unknown ids)."""
+    if hardware_arch is None:
+        from .catalogue import hardware_profiles
+
+        profile = hardware_profiles().get(hardware)
+        hardware_arch = profile.accelerator.arch if profile else "none"
     if not commands:
         raise CommandError("no SGLang launch command found", "paste 'python3 -m sglang.launch_server ...'")
     routers = [c for c in commands if c.kind == "router"]
@@ -680,13 +704,20 @@ def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOp
         tag = docker.image.rsplit(":", 1)[1] if ":" in docker.image.split("/")[-1] else "latest"
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch == "ascend-a3":
-        runtime = {"kind": "uv", "python": ASCEND_STACK["python"],
-                   "packages": [f"sglang=={version}", *ASCEND_STACK["packages"]],
-                   "source_env": list(ASCEND_STACK["source_env"])}
-        notes.append(_note("import-npu-runtime", "Ascend NPU runtime: torch-npu on the CANN toolkit (sourced), not "
-                           "a CUDA stack; the NPU build of SGLang (sgl-kernel-npu) comes from Ascend's wheels",
-                           "or import the docker run line of an Ascend SGLang image", "runtime", Severity.info))
-        return runtime, {"sglang": version, "launcher": launch}, note
+        from .catalogue import hardware_profiles
+
+        profile = next(p for p in hardware_profiles().values() if p.accelerator.arch == arch)
+        npu = DockerOptions(image=ASCEND_IMAGE.format(toolkit=(profile.toolkit or "8.3.RC1").lower()),
+                            privileged=True, network="host", ipc="host", shm_size="16g",
+                            devices=[f"/dev/davinci{n}" for n in range(profile.accelerator.count)] + ASCEND_DEVICES,
+                            volumes=list(ASCEND_VOLUMES))
+        runtime = docker_runtime(npu, values, notes)
+        notes.append(_note("import-npu-runtime", f"Ascend NPU runtime: SGLang's NPU image {npu.image} (CANN "
+                           f"{profile.toolkit}, torch-npu) with the {profile.accelerator.count} NPU dies and the host "
+                           "driver mounted, not a CUDA PyPI stack", "pin runtime.digest, or import the docker run "
+                           "line you use", "runtime", Severity.info))
+        tag = npu.image.rsplit(":", 1)[1]
+        return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch in ERA_IMAGE and not engine:
         return ({"kind": "docker", "image": ERA_IMAGE[arch]},
                 {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version}, note)
@@ -716,13 +747,13 @@ def detect_engine(argvs: list[list[str]]) -> tuple[str | None, str]:
 
 
 def import_command(words: list[str], hardware: str, recipe_id: str | None = None,
-                   engine: str | None = None, hardware_arch: str = "none") -> dict:
+                   engine: str | None = None, hardware_arch: str | None = None) -> dict:
     """One pasted command (as the shell split it) -> recipe data."""
     return import_commands([parse_command(words)], hardware, recipe_id, engine, hardware_arch).data
 
 
 def import_script(text: str, hardware: str, recipe_id: str | None = None, engine: str | None = None,
-                  hardware_arch: str = "none", detect: bool = False) -> Imported:
+                  hardware_arch: str | None = None, detect: bool = False) -> Imported:
     """A launch script (the engine commands and the router of one deployment) -> recipe data and findings."""
     script = parse_script(text)
     if not script.commands:
@@ -738,6 +769,32 @@ def import_script(text: str, hardware: str, recipe_id: str | None = None, engine
                                      "host tuning lines (sysctl, governor) are in the hardware profile", "file",
                                      Severity.info))
     return result
+
+
+def inventory_text(result: Imported) -> str:
+    """A pyinfra inventory for the imported recipe: one host per worker slot in render order, at the addresses the
+    commands named (router URLs, --host), SET-ME where they named none."""
+    from .spec import Recipe
+
+    recipe = Recipe.model_validate(result.data)
+    lines = [f"# pyinfra inventory for recipe {recipe.id} (written by ironserve import): hosts in render order.",
+             "# Replace every SET-ME; multi-node groups need each host's cluster NIC (nic)."]
+    n = 0
+    for group in recipe.topology.groups:
+        env = recipe.group_env(group)
+        nic = next((v for k, v in env.items() if k.endswith("SOCKET_IFNAME") and not v.startswith(("{", "<"))),
+                   "SET-ME")
+        hosts = []
+        for instance in range(group.instances):
+            for rank in range(group.nodes):
+                address = result.hosts[n] if n < len(result.hosts) and result.hosts[n] else "SET-ME"
+                data = {"ssh_hostname": address}
+                if group.nodes > 1:
+                    data["nic"] = nic
+                hosts.append((f"{group.role}{len(hosts)}" if group.role != "server" else f"node{n}", data))
+                n += 1
+        lines.append(f"{group.role}_hosts = {hosts!r}")
+    return "\n".join(lines) + "\n"
 
 
 def to_yaml(data: dict) -> str:

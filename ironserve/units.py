@@ -7,6 +7,7 @@ all see byte-identical files.
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from dataclasses import dataclass
 
@@ -33,6 +34,19 @@ HF_TOKEN_ENV = "HF_TOKEN"
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
 RANK_GUARD_POLL_S = 5
 RANK_GUARD_FAILURES = 3
+# The deploy's health gate (recipe.health_timeout_s) and its rollback decide about a new group first: the leader's
+# guard gives up on a forming group only this much later, so its restart never races the gate or the rollback
+# (the launch waits up to RANK_FOLLOW_S for the followers before gating; a restore takes seconds).
+RANK_GUARD_GATE_MARGIN_S = 180
+# how long the launch waits for a rank > 0's guard to follow rank 0's new invocation before restarting it itself
+RANK_FOLLOW_S = 45
+# where a follower's guard records which invocation of rank 0 its engine follows (files/bin/ironserve-rank-guard)
+RANK_GROUP_STATE_DIR = "/run/ironserve/rank-groups"
+# Staged configurations: the deploy's prepare stage writes the next unit, env and guard files here, under their
+# live path (/etc/ironserve/staged/etc/systemd/system/U.service); only the launch stage makes them live.
+STAGED_DIR = "/etc/ironserve/staged"
+# env keys holding secrets: a rollback keeps their current values (a rotated secret never comes back)
+SECRET_ENV = (API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV)
 
 
 @dataclass
@@ -55,7 +69,11 @@ def sourcing_script(scripts: list[str]) -> str:
 
 
 def venv_path(recipe: Recipe) -> str:
-    return f"{VENV_ROOT}/{recipe.id}"
+    """Versioned by what is installed in it (Python, pinned packages, indexes): a new set of packages is a new venv
+    beside the one the live unit runs, never an upgrade in place, and a unit's ExecStart names its venv, so a
+    rollback of the unit is a rollback of its runtime too."""
+    digest = hashlib.sha256(json.dumps(recipe.runtime.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    return f"{VENV_ROOT}/{recipe.id}-{digest[:12]}"
 
 
 def image_ref(recipe: Recipe) -> str:
@@ -198,6 +216,22 @@ def rank_guard_port(proc: Process) -> int:
     return proc.dist_init_port + RANK_GUARD_PORT_OFFSET
 
 
+def formation_timeout_s(recipe: Recipe) -> int:
+    """How long the leader's guard waits for a new group: a cold start of the whole group may take the recipe's
+    whole health budget, and the deploy's gate (the same budget) must decide before the guard does."""
+    return recipe.health_timeout_s + RANK_GUARD_GATE_MARGIN_S
+
+
+def staged_path(live: str) -> str:
+    """Where the prepare stage writes the next version of a live file."""
+    return f"{STAGED_DIR}{live}"
+
+
+def following_path(unit: str) -> str:
+    """A follower's record of the rank-0 invocation its engine joined (JSON {leader_invocation, engine_invocation})."""
+    return f"{RANK_GROUP_STATE_DIR}/{unit}.following"
+
+
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
     """The guard unit and its JSON config for one rank of a multi-node group (members: Rendered.rank_group())."""
     import json
@@ -215,7 +249,7 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         "poll_s": RANK_GUARD_POLL_S,
         "failure_threshold": RANK_GUARD_FAILURES,
         # a cold start of the whole group may take as long as the recipe's health budget
-        "formation_timeout_s": recipe.health_timeout_s,
+        "formation_timeout_s": formation_timeout_s(recipe),
         "backoff_base_s": 15,
         "backoff_max_s": 600,
         "backoff_window_s": 1800,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from pyinfra import host
+from pyinfra import context, host
 from pyinfra.api import FactBase, operation
 
 FALSE = {"false", "0", "no", "off"}
@@ -63,10 +63,21 @@ class ChangeRecords:
         """What the running container of a docker unit must look like (checked for drift before the starts)."""
         self.containers[unit] = (image, list(cmd), sorted(env_names))
 
+    def runtime_change_flag(self):
+        """A callable: did this run change the runtime every unit of this host runs (image, venv packages)?"""
+        metas = list(self.runtime)
+        return lambda: any(changed(m) for m in metas)
+
     def unit_change_flag(self, unit: str):
         """A callable for unit_started(restart=...): evaluated when the start operation runs."""
         metas = list(self.runtime) + list(self.units.get(unit, []))
         return lambda: any(changed(m) for m in metas)
+
+
+def in_run(name: str) -> bool:
+    """Is the inventory host ``name`` part of this run (not left out by --limit)?"""
+    target = context.inventory.get_host(name) if context.inventory else None
+    return target is not None and context.state.is_host_in_limit(target)
 
 
 @operation()

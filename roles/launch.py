@@ -1,26 +1,37 @@
 """Launch: the final stage. Nothing starts serving until every host of the deployment converged.
 
-With ``launch=false`` (host data) the stage only says so: everything is prepared and validated, nothing started.
-Otherwise, in order (pyinfra runs each operation on every host before the next one):
+Staged configurations: the prepare stage only writes the next unit, env and guard files beside the live ones
+(roles/sglang_service.py, under /etc/ironserve/staged); this stage alone makes them live. So a crash or guard
+restart always starts the live configuration, and with ``launch=false`` (host data) the stage only says so:
+everything is prepared and validated, nothing live changed, nothing started. Otherwise, in order (pyinfra runs
+each operation on every host before the next one):
 
 1. ``launch_gate``: at execution time, fails (stopping the whole run) if any host of the deployment failed
    earlier, so no host starts serving next to a half-provisioned peer; then the launch preflight
    (roles/launch_preflight.py: each rank's NIC leads to rank 0, a gloo rendezvous of every multi-node group,
-   memlock, PCIe ACS);
-2. rank 0 of each engine group, then the other ranks (prefill/decode groups before the router); single-node
+   PCIe ACS);
+2. the engines' staged files become live (``config_live``), every rank of every group in one wave before any of
+   them restarts, so a restart from then on starts the new configuration on every rank, never a mix; systemd
+   reloads when its own ``NeedDaemonReload`` says so (``daemon_reloaded``: a run killed between writing and
+   reloading is finished by the next one, whatever its change flags); the units are enabled; memlock is judged;
+3. rank 0 of each engine group, then the other ranks (prefill/decode groups before the router); single-node
    groups are health-gated right after their start, multi-node groups after all their ranks are started
-   (rank 0 only answers /health once the other ranks joined);
-3. the router, health-gated.
+   (rank 0 only answers /health once the other ranks joined); a rank whose rank 0 is outside the run
+   (``--limit``, e.g. a rebuilt host) is gated on its own /health (it joined its group);
+4. the router's staged files become live, then the router starts, health-gated.
 
 A unit that passes its gate has its files saved as its last good configuration; one that fails it after this run
 started or restarted it is rolled back to that configuration with its whole group (roles/rollback.py), and the
 deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve-rank-guard,
-installed by roles/sglang_service.py) that restarts the whole group when one rank fails after the launch.
+staged by roles/sglang_service.py) that restarts the whole group when one rank fails after the launch.
 
-Each start is idempotent: a running unit whose unit file, env file and runtime did not change since it
-started (file mtimes against systemd's ActiveEnterTimestamp, plus the changed flags of this run's earlier
-operations, recorded on the context's ``changes`` by the other roles) and that answers /health is left alone. A running
-but stale unit is restarted; a running unit that is not healthy yet is waited for, not restarted.
+Each start is idempotent: a running unit whose live files did not change since it started (their mtimes
+against its ActiveEnterTimestamp, both on its own host; judged again when the operation runs if a file became
+live in this run) and whose runtime this run did not change (the change flags recorded on the context's
+``changes`` by the runtime roles), and that answers /health, is left alone. A running but stale unit is
+restarted; a running unit that is not healthy yet is waited for, not restarted. Group identity is systemd's:
+rank 0's engine InvocationID is the group's generation, and a rank > 0 whose guard records that its engine
+follows it is not restarted again (clocks of two hosts are never compared).
 
 The health gate polls ``http://127.0.0.1:PORT/health`` on the host itself (or the bind address when the
 process binds one address), printing progress every ``health_progress_s``, and fails with the unit's last
@@ -35,19 +46,21 @@ The helpers the roles share (``truthy``, ``changed``, ``run_if_changed``, the ch
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
+from pyinfra.operations import systemd
 
 from ironserve.render import Process
-from ironserve.units import ETC_DIR, UNIT_DIR, rank_guard_unit
+from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, rank_guard_unit, staged_path
 from roles import launch_preflight, rollback
-from roles.common import HttpStatus, UnitState
+from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
 from roles.context import DeploymentContext
-from roles.sglang_service import marker_path
+from roles.sglang_service import live_files, marker_path
 
 HEALTH_POLL_S = 10
 HEALTH_PROGRESS_S = 60
@@ -64,6 +77,43 @@ def start_order(processes: list[Process]) -> list[list[Process]]:
                      key=lambda p: (order.get(p.role, 3), p.group, p.instance, p.node_rank))
     return [[p for p in engines if p.node_rank == 0], [p for p in engines if p.node_rank != 0],
             [p for p in processes if p.role == "router"]]
+
+
+# --------------------------------------------------------------------------- facts
+
+
+class ConfigFiles(FactBase):
+    """sha256 of each staged file and of its live counterpart: {live path: {"staged": sha|None, "live": sha|None}}."""
+
+    def command(self, pairs):
+        quoted = " ".join(shlex.quote(p) for pair in pairs for p in pair)
+        return f"sha256sum {quoted} 2>/dev/null; true"
+
+    def process(self, output):
+        sums = {}
+        for line in output:
+            digest, _, path = line.strip().partition(" ")
+            sums[path.lstrip(" *")] = digest
+        return sums
+
+
+class NeedDaemonReload(FactBase):
+    """Units whose file on disk is not what systemd loaded: {unit: True/False} (systemd's NeedDaemonReload; a
+    unit systemd knew as not-found while its file now exists counts as needing the reload too)."""
+
+    def command(self, units):
+        return f"systemctl show -p Id -p NeedDaemonReload -p LoadState {' '.join(shlex.quote(u) for u in units)}"
+
+    def process(self, output):
+        found, unit = {}, None
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            if key == "Id":
+                unit = value
+                found.setdefault(unit, False)
+            elif unit and (key, value) in (("NeedDaemonReload", "yes"), ("LoadState", "not-found")):
+                found[unit] = True
+        return found
 
 
 # --------------------------------------------------------------------------- operations
@@ -85,6 +135,52 @@ def launch_gate(hosts: list[str]):
     yield  # noqa: unreachable - an operation is a generator
 
 
+def install_command(staged: str, live: str, mode: str) -> str:
+    """Make a staged file live: a fresh temporary copy (created under umask 077: a secret is never readable by
+    others, not even a leftover of a killed run), its mode, then an atomic rename. Its mtime is the moment it
+    became live, which tells unit_started that a running unit started before it is stale."""
+    s, dst = shlex.quote(staged), shlex.quote(live)
+    tmp = shlex.quote(f"{live}.ironserve-new")
+    return (f"cmp -s {s} {dst} || {{ rm -f {tmp} && (umask 077 && cp {s} {tmp}) && chmod {mode} {tmp} "
+            f"&& chown root:root {tmp} && mv -f {tmp} {dst}; }}")
+
+
+@operation()
+def config_live(unit: str, files: list, changing=False):
+    """The staged files of ``unit`` (``files``: [staged, live, mode]) are its live files (the launch stage only).
+
+    While planning, the facts say which differ; ``changing`` (bool or callable) says that the prepare stage of
+    this run rewrites a staged file (the facts predate it). Each copy is skipped when the files are already equal.
+    """
+    sums = host.get_fact(ConfigFiles, pairs=[[staged, live] for staged, live, _ in files])
+    pending = [live for staged, live, _ in files if sums.get(staged) != sums.get(live) or not sums.get(live)]
+    if not pending and not _wants_restart(changing):
+        host.noop(f"{unit}: the staged configuration is the live one")
+        return
+    for staged, live, mode in files:
+        yield install_command(staged, live, mode)
+
+
+def reload_command(units: list[str]) -> str:
+    """daemon-reload only when systemd itself says a unit file changed under it (decided when it runs)."""
+    names = " ".join(shlex.quote(u) for u in units)
+    return (f"if systemctl show -p NeedDaemonReload -p LoadState --value {names} | grep -qx -e yes -e not-found; "
+            f"then systemctl daemon-reload; fi")
+
+
+@operation()
+def daemon_reloaded(units: list[str], changing=False):
+    """systemd runs the unit files on disk: NeedDaemonReload is no for every unit (systemd's own view, not this
+    run's change flags: a run killed between writing a unit and reloading is finished by the next one).
+    ``changing``: a unit file becomes live in this run (the fact predates it); the reload still happens only if
+    systemd then says so."""
+    need = sorted(u for u, yes in (host.get_fact(NeedDaemonReload, units=list(units)) or {}).items() if yes)
+    if not need and not _wants_restart(changing):
+        host.noop(f"systemd loaded the current files of {', '.join(units)}")
+        return
+    yield reload_command(list(units))
+
+
 def _wants_restart(restart) -> bool:
     return bool(restart() if callable(restart) else restart)
 
@@ -92,31 +188,35 @@ def _wants_restart(restart) -> bool:
 @operation()
 def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
                  restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None,
-                 gate_results: dict | None = None):
-    """The unit runs its current configuration and (with ``url`` and ``wait``) answers /health.
+                 live_changing=False, gate_results: dict | None = None):
+    """The unit runs its live configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
-    (``paths``) or ``restart`` says this run changed it; waits for health after either. A running, fresh
-    unit is only checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members``
-    (host, unit, config paths) back to their last good configuration (roles/rollback.py). The gate's outcome goes
-    into ``gate_results`` (the deployment context's, shared by every host of the run).
+    (``paths``; mtimes and ActiveEnterTimestamp of this one host) or ``restart`` says this run changed its runtime;
+    ``live_changing``: the launch may make a new file live in this run (the facts predate it), so the staleness
+    is judged again when the operation runs. Waits for health after a (re)start. A running, fresh unit is only
+    checked: healthy = no-op; not healthy yet = wait (not restart). A failed gate rolls ``members`` (host, unit,
+    config paths) back to their last good configuration (roles/rollback.py).
 
     ``rank0`` ([host, unit], ranks > 0 of a multi-node group): the rank's guard restarts it by itself when rank 0
-    restarts, so a running rank is restarted only if it has not started since rank 0 did (checked when the
-    operation runs); a second restart would break the group rank 0 is forming.
+    restarts, so a running rank is restarted only if its engine does not already follow rank 0's current
+    invocation (checked when the operation runs); a second restart would break the group rank 0 is forming.
+    The gate's outcome goes into ``gate_results`` (the deployment context's, shared by every host of the run).
     """
-    state = host.get_fact(UnitState, unit=unit, paths=list(paths or []))
+    paths = list(paths or [])
+    state = host.get_fact(UnitState, unit=unit, paths=paths)
     running = state["active"] in ("active", "activating", "reloading")
     gate = url is not None and wait
     if not running:
         yield f"systemctl start {shlex.quote(unit)}.service"
     else:
-        since = state.get("since")
-        stale = sorted(p for p, t in (state.get("mtimes") or {}).items() if since and t > since)
-        if (stale or _wants_restart(restart)) and rank0:
-            yield FunctionCommand(restart_unless_following, (unit, list(rank0)), {})
-        elif stale or _wants_restart(restart):
-            yield f"systemctl restart {shlex.quote(unit)}.service"
+        if stale_paths(state) or _wants_restart(restart):
+            if rank0:
+                yield FunctionCommand(restart_unless_following, (unit, list(rank0), paths), {})
+            else:
+                yield f"systemctl restart {shlex.quote(unit)}.service"
+        elif _wants_restart(live_changing):
+            yield FunctionCommand(restart_if_stale, (unit, paths, list(rank0) if rank0 else None), {})
         elif gate and host.get_fact(HttpStatus, url=url) == 200:
             host.noop(f"{unit} is running, unchanged and healthy")
             return
@@ -127,24 +227,69 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
         yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or [], gate_results), {})
 
 
-def _since(run, unit: str) -> float:
-    _, out = run(f"systemctl show -p ActiveEnterTimestamp --timestamp=unix {shlex.quote(unit)}.service")
-    text = "".join(out.stdout_lines).partition("=@")[2].strip()
-    try:
-        return float(text)
-    except ValueError:
-        return 0.0
+def stale_paths(state: dict) -> list[str]:
+    """The files (live) written after the unit's current start, on the unit's own host."""
+    since = state.get("since")
+    return sorted(p for p, t in (state.get("mtimes") or {}).items() if since and t > since)
 
 
-def restart_unless_following(state, host, unit: str, rank0: list[str]) -> bool:
-    """Restart a rank > 0 unless it (re)started after rank 0's current start (its guard already followed)."""
-    head = state.inventory.get_host(rank0[0])
-    mine, theirs = _since(host.run_shell_command, unit), _since(head.run_shell_command, rank0[1])
-    if theirs and mine >= theirs:
-        host.log(f"{unit}: already restarted after rank 0 ({rank0[0]}) did: its rank guard followed")
+def _stale_now(host, unit: str, paths: list[str]) -> list[str]:
+    _, out = host.run_shell_command(UnitState().command(unit, paths), _sudo=bool(host.data.get("_sudo")))
+    return stale_paths(UnitState().process(out.stdout_lines))
+
+
+def restart_if_stale(state, host, unit: str, paths: list[str], rank0: list | None) -> bool:
+    """Restart the unit if a live file became newer than its start in this run (judged now); else leave it."""
+    stale = _stale_now(host, unit, paths)
+    if not stale:
+        host.log(f"{unit}: its live files did not change: not restarted")
         return True
+    if rank0:
+        return restart_unless_following(state, host, unit, rank0, paths)
     status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service",
                                        _sudo=bool(host.data.get("_sudo")))
+    return bool(status)
+
+
+def _show(run, unit: str) -> dict:
+    _, out = run(f"systemctl show -p InvocationID -p ActiveState {shlex.quote(unit)}.service")
+    return dict(line.strip().partition("=")[::2] for line in out.stdout_lines if "=" in line)
+
+
+def _following(run, unit: str) -> dict:
+    _, out = run(f"cat {shlex.quote(following_path(unit))} 2>/dev/null || true")
+    try:
+        return json.loads("".join(out.stdout_lines) or "{}")
+    except ValueError:
+        return {}
+
+
+def restart_unless_following(state, host, unit: str, rank0: list[str], paths: list[str] | None = None,
+                             follow_s: float = RANK_FOLLOW_S) -> bool:
+    """Restart a rank > 0 unless its engine already follows rank 0's current engine invocation (the group's
+    generation) and started after its own live files: its guard records which invocation of rank 0 its engine
+    joined (ironserve.units.following_path). Rank 0 was just (re)started: the guard follows within a few polls, so
+    this waits up to ``follow_s`` for it before restarting the rank itself (a second restart would break the group
+    rank 0 is forming). Identity across hosts, never their clocks compared."""
+    sudo = bool(host.data.get("_sudo"))
+    head = state.inventory.get_host(rank0[0])
+    generation = _show(lambda c: head.run_shell_command(c, _sudo=bool(head.data.get("_sudo"))), rank0[1])
+    generation = generation.get("InvocationID", "")
+    run = lambda c: host.run_shell_command(c, _sudo=sudo)  # noqa: E731
+    deadline = time.monotonic() + follow_s
+    while generation:
+        mine, follows = _show(run, unit), _following(run, unit)
+        if (mine.get("ActiveState") in ("active", "activating") and follows.get("leader_invocation") == generation
+                and follows.get("engine_invocation") == mine.get("InvocationID")):
+            if paths and _stale_now(host, unit, paths):
+                break  # in rank 0's group, but started before its own new files: the group restarts around it
+            host.log(f"{unit}: follows rank 0's invocation {generation} ({rank0[0]}): its rank guard restarted it")
+            return True
+        if time.monotonic() >= deadline:
+            break
+        _sleep(2)
+    host.log(f"{unit}: not following rank 0's invocation {generation or '(none)'}: restarting it")
+    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service", _sudo=sudo)
     return bool(status)
 
 
@@ -273,35 +418,74 @@ def rollback_members(ctx: DeploymentContext, proc: Process) -> list[tuple[str, s
     return [(p.host, p.unit, config_paths(p)) for p in group]
 
 
-def _start(ctx: DeploymentContext, proc: Process, wait: bool) -> None:
+def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> None:
+    made_live = live.get(proc.unit)
+    url = proc.health_url
+    if url is None and proc.node_rank and wait:
+        url = proc.local_url("/health")  # a rank > 0 answers /health on its own host once it joined its group
     unit_started(
         name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
         unit=proc.unit,
-        url=proc.health_url,
+        url=url,
         timeout_s=ctx.recipe.health_timeout_s,
         paths=_unit_paths(ctx, proc),
-        restart=ctx.changes.unit_change_flag(proc.unit),
+        restart=ctx.changes.runtime_change_flag(),
+        live_changing=lambda: changed(made_live),
         wait=wait,
-        members=rollback_members(ctx, proc),
         gate_results=ctx.gate_results,
-        rank0=[proc.head, proc.unit] if proc.in_rank_group and proc.node_rank else None,
+        members=rollback_members(ctx, proc),
+        rank0=[proc.head, proc.unit] if proc.in_rank_group and proc.node_rank and in_run(proc.head) else None,
     )
 
 
-def _save_last_good(ctx: DeploymentContext, procs: list[Process]) -> None:
+def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) -> None:
     for proc in procs:
+        # a rank > 0 saves when its rank 0's gate passed; one whose rank 0 is outside the run (--limit) when its own
+        # join gate did
+        gate = None
+        if proc.in_rank_group and proc.node_rank:
+            gate = (proc.head, proc.unit) if in_run(proc.head) else (proc.host, proc.unit)
+        made_live = live.get(proc.unit)
+        flag = ctx.changes.unit_change_flag(proc.unit)
         rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
-                                 paths=config_paths(proc), restart=ctx.changes.unit_change_flag(proc.unit),
-                                 gate=(proc.head, proc.unit) if proc.in_rank_group and proc.node_rank else None,
-                                 gate_results=ctx.gate_results)
+                                 paths=config_paths(proc), gate=gate, gate_results=ctx.gate_results,
+                                 restart=lambda made_live=made_live, flag=flag: changed(made_live) or flag())
+
+
+def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
+    """The staged configuration of ``procs`` becomes their live one (one call site each: every host of the wave
+    together), systemd reloads what it says changed, the units are enabled, the guards pick up new configs.
+    Returns unit -> the activation's result, which restarts the unit."""
+    if not procs:
+        return {}
+    live, guards = {}, []
+    for proc in procs:
+        files = [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
+        live[proc.unit] = config_live(name=f"{proc.unit}: staged configuration made live", unit=proc.unit,
+                                      files=files, changing=ctx.changes.unit_change_flag(proc.unit))
+        if proc.in_rank_group:
+            guards.append((proc, live[proc.unit]))
+    units = [f"{p.unit}.service" for p in procs] + [f"{rank_guard_unit(p)}.service" for p, _ in guards]
+    ops = list(live.values())
+    daemon_reloaded(name="systemd loaded the live unit files (NeedDaemonReload=no)", units=units,
+                    changing=lambda: any(changed(op) for op in ops))
+    for proc in procs:
+        systemd.service(name=f"{proc.unit}.service enabled", service=f"{proc.unit}.service", running=None,
+                        enabled=True)
+    script = ctx.changes.rank_guard_script
+    for proc, op in guards:
+        # a new guard config or script reaches a running guard without restarting its engine
+        run_if_changed(name=f"{rank_guard_unit(proc)} picks up its new config", triggers=[op, script],
+                       command=f"systemctl try-restart {rank_guard_unit(proc)}.service")
+    return live
 
 
 @deploy("Launch")
 def apply(ctx: DeploymentContext) -> None:
     if not ctx.launch:
-        # the checks that need no running peer still validate the prepared hosts
+        # the checks that need no running peer still validate the prepared hosts; nothing staged becomes live
         launch_preflight.apply(ctx)
-        not_launched(name="Launch", reason="prepared and validated; not started: launch=false")
+        not_launched(name="Launch", reason="prepared and validated; staged, not live, not started: launch=false")
         return
     # the deployment = every host the render placed a process on (inventory names)
     deployment = sorted({p.host for p in ctx.rendered.processes})
@@ -309,19 +493,25 @@ def apply(ctx: DeploymentContext) -> None:
     for unit, (image, cmd, env_names) in ctx.changes.containers.items():
         container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
                           env_names=env_names)
-    # /dev/shm, memlock, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
+    # /dev/shm, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
     ranks0, others, routers = start_order(ctx.processes)
     # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
     # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
     # host from one line each, are operations every host shares: no host passes one before all reached it.
-    wave_barrier(name="Launch: rank 0 of each group (all hosts passed the preflight)")
+    wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
+    # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
+    # from here on starts the new configuration on every rank, never a mix
+    live = make_live(ctx, ranks0 + others)
+    launch_preflight.memlock_checks(ctx, {unit: (lambda op=op: changed(op)) for unit, op in live.items()})
+    wave_barrier(name="Launch: rank 0 of each group")
     for proc in ranks0:
-        _start(ctx, proc, wait=proc.nnodes == 1)
-    _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1])
+        _start(ctx, proc, wait=proc.nnodes == 1, live=live)
+    _save_last_good(ctx, [p for p in ranks0 if p.nnodes == 1], live)
     wave_barrier(name="Launch: the other ranks (rank 0 of every group started)")
     for proc in others:
-        _start(ctx, proc, wait=False)
+        # rank 0 outside this run (--limit, e.g. a rebuilt host): the rank is gated on joining its group
+        _start(ctx, proc, wait=not in_run(proc.head), live=live)
     for proc in ranks0:
         if proc.nnodes > 1 and proc.health_url:
             # rank 0 answers /health only once every rank of its group joined
@@ -329,8 +519,9 @@ def apply(ctx: DeploymentContext) -> None:
                         timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc),
                         gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration
-    _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1])
+    _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
     wave_barrier(name="Launch: the routers (every engine group healthy)")
+    live = make_live(ctx, routers)
     for proc in routers:
-        _start(ctx, proc, wait=True)
-    _save_last_good(ctx, routers)
+        _start(ctx, proc, wait=True, live=live)
+    _save_last_good(ctx, routers, live)

@@ -20,8 +20,9 @@ Checks, each failing with host, what, found and the fix:
   (dist-init + 1 .. + 6 + dp, rank 0's ZMQ endpoints) and the rank guards' port (dist-init + 100); a firewall
   between the hosts must open that range too;
 - ``memlock_unlimited``: the unit's effective LimitMEMLOCK (drop-ins included) is infinity when the tuning
-  asks for unlimited (docker units: the recipe's --ulimit memlock=-1, a catalogue check). Judged from facts while planning when
-  the unit file is not changing in this run, else when the operation runs (after daemon-reload);
+  asks for unlimited (docker units: the recipe's --ulimit memlock=-1, a catalogue check). Judged on the live
+  units: with launch=false here, with a launch right after it made the staged units live and systemd reloaded
+  them (roles/launch.py; when the operation runs if a unit file became live in this run);
 - ``pcie_acs_disabled`` (NVIDIA on PCIe, more than one GPU per rank): no PCI bridge has ACS source validation
   on (``lspci -vvv`` ACSCtl SrcValid+), which routes GPU peer-to-peer traffic through the root complex
   (slow, or hangs with the IOMMU on).
@@ -42,7 +43,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import image_ref, sourcing_script, venv_path
-from roles.common import UnitState, truthy
+from roles.common import UnitState, in_run, truthy
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -173,13 +174,17 @@ class NetworkPath(FactBase):
 
 
 class UnitMemlock(FactBase):
-    """The effective LimitMEMLOCK of a unit as systemd will apply it (drop-ins included)."""
+    """The effective LimitMEMLOCK of a unit as systemd will apply it (drop-ins included); "not-found" when systemd
+    has no such unit (nothing live yet: a staged configuration is judged once the launch made it live)."""
 
     def command(self, unit):
-        return f"systemctl show -p LimitMEMLOCK --value {shlex.quote(unit)}.service 2>/dev/null || true"
+        return f"systemctl show -p LoadState -p LimitMEMLOCK {shlex.quote(unit)}.service 2>/dev/null || true"
 
     def process(self, output):
-        return "".join(output).strip() or None
+        values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
+        if values.get("LoadState") == "not-found":
+            return "not-found"
+        return values.get("LimitMEMLOCK") or None
 
 
 class PcieAcs(FactBase):
@@ -259,7 +264,7 @@ def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, 
 
 
 def _memlock_problem(host_name: str, unit: str, found: str | None) -> str | None:
-    if found == "infinity":
+    if found in ("infinity", "not-found"):
         return None
     return (f"{host_name}: {unit} would run with LimitMEMLOCK={found or 'unknown'}, the engine needs unlimited "
             f"locked memory (pinned buffers for NCCL/HCCL); fix: remove the drop-in that lowers it "
@@ -309,18 +314,25 @@ def pcie_acs_disabled():
 # --------------------------------------------------------------------------- deploy
 
 
+def memlock_checks(ctx: DeploymentContext, changing: dict) -> None:
+    """Each engine unit's effective LimitMEMLOCK, as systemd loaded it (``changing``: unit -> a flag saying the
+    launch made a new unit file live in this run, so the check is judged when it runs)."""
+    if ctx.tuning.limits.memlock != "unlimited" or isinstance(ctx.recipe.runtime, DockerRuntime):
+        return  # docker units: the container's limit is the recipe's --ulimit memlock=-1 (a catalogue check)
+    for proc in (p for p in ctx.processes if p.role != "router"):
+        memlock_unlimited(name=f"{proc.unit}: unlimited locked memory", unit=proc.unit,
+                          changing=changing.get(proc.unit, False))
+
+
 @deploy("Launch preflight")
 def apply(ctx: DeploymentContext) -> None:
     recipe, tuning = ctx.recipe, ctx.tuning
     engines = [p for p in ctx.processes if p.role != "router"]
     if not engines:
         return
-    if tuning.limits.memlock == "unlimited":
-        # docker units: the container's limit is the recipe's --ulimit memlock=-1 (checked by the catalogue)
-        if not isinstance(recipe.runtime, DockerRuntime):
-            for proc in engines:
-                memlock_unlimited(name=f"{proc.unit}: unlimited locked memory", unit=proc.unit,
-                                  changing=ctx.changes.unit_change_flag(proc.unit))
+    if not ctx.launch:
+        # the live units (a launch checks its new ones once it made them live: memlock_checks)
+        memlock_checks(ctx, {})
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
             and truthy(ctx.get("pcie_acs_check"), True) and any(p.devices > 1 for p in engines)):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
@@ -328,13 +340,19 @@ def apply(ctx: DeploymentContext) -> None:
     mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
     if not mine:
         return
-    if not (ctx.launch and truthy(ctx.get("rendezvous"), True)):
-        for group, proc in mine:
+    rendezvous = ctx.launch and truthy(ctx.get("rendezvous"), True)
+    for group, proc in mine:
+        if not (rendezvous and all(in_run(m.host) for m in group.members)):
+            # prepared only; or a member outside this run (--limit, a rebuilt host): no rendezvous can form
+            # without it, and its running engine's dist-init port is not to be disturbed
             nic_reaches_rank0(name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0", rank=proc.node_rank,
                               env=nic_env(proc), addr=group.addr, port=group.port)
+    if not rendezvous:
         return
     timeout_s = int(ctx.get("rendezvous_timeout_s", RENDEZVOUS_TIMEOUT_S))
     for group, proc in mine:
+        if not all(in_run(m.host) for m in group.members):
+            continue
         # NIC problems do not stop the rendezvous: it runs anyway (the proof), they explain its failure
         problems = nic_problems(host.name, proc.node_rank, nic_env(proc), (group.addr, group.port),
                                 host.get_fact(NetworkPath, target=group.addr))

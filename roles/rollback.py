@@ -7,14 +7,18 @@ good configuration. A converged rerun copies nothing (the fact compares hashes).
 
 When a started or restarted unit then fails its gate (the unit dies, or no 200 within the recipe's
 ``health_timeout_s``) and a last good configuration differing from the current files exists on every host of
-its group, the gate rolls back: the last good files are restored on each of those hosts, systemd reloaded, the
-units restarted (rank 0 first) and the gate waited for again. The deploy still fails, and says what happened:
+its group, the gate rolls back: the last good files are restored on each of those hosts (each restore checked;
+env files keep the CURRENT values of their secrets, so a rotated key never comes back), systemd reloaded, the
+units restarted (rank 0 first, each restart checked) and the gate waited for again. A rank > 0 saves its files
+only when rank 0's gate positively passed in this run (a gate that did not run vouches for nothing). The deploy
+still fails, and says what happened:
 ``ROLLED BACK <unit> ...: the new configuration failed its health gate (why); the last good one from <time> is
 serving again`` (or that the rollback did not become healthy either). The next run applies the new configuration
 again (it is still what the recipe declares) unless the recipe is fixed.
 
-Not rolled back: the runtime itself. A venv whose pinned packages changed is upgraded in place, and a derived
-image is rebuilt under the same tag; a digest-pinned image change is rolled back (the digest is in the unit).
+Not rolled back: the runtime itself where it is not versioned. A derived image is rebuilt under the same tag;
+a digest-pinned image change is rolled back (the digest is in the unit), and so is a venv (versioned by its
+pinned packages: ironserve.units.venv_path, in the unit's ExecStart).
 
 Host data: ``rollback`` [true] (false: a failed gate only fails the deploy).
 """
@@ -27,6 +31,7 @@ import time
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
+from ironserve.units import SECRET_ENV
 from roles.common import truthy
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
@@ -47,9 +52,18 @@ def save_command(unit: str, paths: list[str]) -> str:
 
 
 def restore_command(unit: str) -> str:
-    """Put every file of the snapshot back where its MANIFEST says, then reload systemd."""
+    """Put every file of the snapshot back where its MANIFEST says, then reload systemd.
+
+    Secrets stay current: an env file is restored with the snapshot's settings but the secret lines
+    (ironserve.units.SECRET_ENV) of the live file, so a rotated key or token never comes back. Each file is
+    replaced by an atomic rename of a 0600-born copy; any failure exits non-zero (the rollback checks it)."""
     d = shlex.quote(snapshot_dir(unit))
-    return (f"set -e; while read -r sum path; do cp -p {d}/\"$(basename \"$path\")\" \"$path\"; "
+    secret = "|".join(SECRET_ENV)
+    return (f"set -e; umask 077; while read -r sum path; do src={d}/\"$(basename \"$path\")\"; "
+            f"tmp=\"$path.ironserve-restore\"; rm -f \"$tmp\"; "
+            f"case \"$path\" in *.env) {{ grep -Ev '^({secret})=' \"$src\" || true; "
+            f"grep -E '^({secret})=' \"$path\" 2>/dev/null || true; }} > \"$tmp\";; *) cp \"$src\" \"$tmp\";; esac; "
+            f"chmod --reference=\"$src\" \"$tmp\"; mv -f \"$tmp\" \"$path\"; "
             f"done < {d}/MANIFEST; systemctl daemon-reload")
 
 
@@ -105,8 +119,10 @@ def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str,
 
 def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: list[str],
                          gate_results: dict | None = None) -> bool:
-    if (gate_results or {}).get(tuple(gate)) is False:
-        host.log(f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} failed")
+    # positively true: a gate that did not run (its host dropped out of the run) vouches for nothing
+    if (gate_results or {}).get(tuple(gate)) is not True:
+        host.log(f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} did not "
+                 f"pass in this run")
         return True
     status, _ = host.run_shell_command(save_command(unit, paths), _sudo=bool(host.data.get("_sudo")))
     return bool(status)
@@ -136,14 +152,20 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
     taken = snapshots[0].get("taken") or "an earlier run"
     gate_host.log_styled(f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}",
                          fg="yellow")
-    for member_host, member_unit, _ in hosts:
-        member_host.run_shell_command(restore_command(member_unit), _sudo=bool(member_host.data.get("_sudo")))
-    for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order
-        member_host.run_shell_command(f"systemctl restart {shlex.quote(member_unit)}.service",
-                                      _sudo=bool(member_host.data.get("_sudo")))
+    where = ", ".join(sorted({h.name for h, _, _ in hosts}))
+    for step, command in (("restore", restore_command), ("restart", _restart_command)):
+        # each restore and restart checked: a member left on the failed configuration is said, not assumed away
+        failed = []
+        for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order
+            ok, out = member_host.run_shell_command(command(member_unit), _sudo=bool(member_host.data.get("_sudo")))
+            if not ok:
+                failed.append(f"{member_host.name} ({member_unit}): {' '.join(out.stderr_lines)[-300:]}")
+        if failed:
+            gate_host.log_styled(f"ROLLBACK FAILED {unit} on {where}: the {step} of the last good configuration "
+                                 f"from {taken} failed on {'; '.join(failed)}", fg="red")
+            return
     start = time.monotonic()
     healthy = wait(state, gate_host, unit, url, timeout_s)
-    where = ", ".join(sorted({h.name for h, _, _ in hosts}))
     if healthy:
         gate_host.log_styled(
             f"ROLLED BACK {unit} on {where}: the new configuration failed its health gate ({why}); the last good "
@@ -152,6 +174,10 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
     else:
         gate_host.log_styled(f"ROLLBACK FAILED {unit} on {where}: the last good configuration from {taken} is "
                              f"restored but not healthy either", fg="red")
+
+
+def _restart_command(unit: str) -> str:
+    return f"systemctl restart {shlex.quote(unit)}.service"
 
 
 def _last_good(member_host, unit: str, paths: list[str]) -> dict:

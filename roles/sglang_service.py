@@ -1,19 +1,24 @@
-"""SGLang service units: one systemd unit + 0600 env file per engine process of this host, parsed, enabled.
+"""SGLang service units: one systemd unit + 0600 env file per engine process of this host, staged and parsed.
 
-For every engine process of the render on this host (the router: roles/router.py, same machinery):
+Staged configurations: this role writes the NEXT configuration beside the live one (under /etc/ironserve/staged,
+at its live path: ironserve.units.staged_path) and never touches what runs; the launch stage (roles/launch.py)
+makes it live group by group, behind the launch gate and the health gate. So a crash or guard restart always
+starts the live (last launched) configuration, and ``launch=false`` prepares and validates without changing
+anything that runs. For every engine process of the render on this host (the router: roles/router.py, same
+machinery), staged:
 
 - /etc/ironserve/<unit>.env (0600 root:root) from ironserve.units: the recipe's env plus the secrets
   ``IRONSERVE_API_KEY`` (host data ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when
   the recipe's ``server.api_key_file`` names a file on the host, uv runtimes only) and ``HF_TOKEN`` (host data
   ``hf_token_file``). With a key, ExecStart runs the engine through /usr/local/lib/ironserve/ironserve-exec,
   which appends --api-key in-process: the key is never on a command line (``ps``, /proc/PID/cmdline);
-- /etc/systemd/system/<unit>.service from ironserve.units.unit_files; ``systemctl daemon-reload`` when a unit
-  file changed; the JIT cache directory (ironserve.units.jit_dir, kept across restarts);
+- /etc/systemd/system/<unit>.service from ironserve.units.unit_files (and a rank's guard unit and config); the
+  JIT cache directory (ironserve.units.jit_dir, kept across restarts) is created directly;
 - BEFORE enabling: the argv is parsed by the SGLang of this host's runtime (files/bin/ironserve-parse-check run
   by the venv's python3, or ``docker run --rm --entrypoint python3`` in the image). A rejected argv stops the
   deploy with the parser's message. The probe runs only when the unit or the runtime changed: a marker holding
   the sha256 of (ExecStart argv, runtime) is kept in /var/lib/ironserve/parse-ok/<unit>;
-- the unit is enabled, NOT started (roles/launch.py starts units once every host converged).
+- nothing is reloaded, enabled or started here (roles/launch.py does, once every host converged).
 
 Host data (defaults in brackets): ``api_key_file`` [none], ``hf_token_file`` [none], ``parse_check`` [true]
 (false skips the probe, e.g. for an image without Python; not recommended).
@@ -28,15 +33,16 @@ from io import StringIO
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER,
-                             RANK_GUARD, UNIT_DIR, container_command, exec_argv, image_ref, jit_dir, rank_guard_files,
-                             sha256_text, sourcing_script, unit_files, venv_path)
-from roles.common import run_if_changed, truthy
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV,
+                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, container_command, exec_argv, image_ref,
+                             jit_dir, rank_guard_files, sha256_text, sourcing_script, staged_path, unit_files,
+                             venv_path)
+from roles.common import truthy
 from roles.context import DeploymentContext
 from roles.model_weights import read_secret
 
@@ -183,11 +189,14 @@ def install_scripts(ctx: DeploymentContext) -> None:
         op = files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root",
                        group="root")
         if dest == RANK_GUARD:
-            ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards
+            ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards (launch)
 
 
 def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
-    """Env file, unit file, daemon-reload, parse check and enable for each process (used by router.py too).
+    """Staged env file, unit file (and a rank's guard unit and config), parse check, for each process (used by
+    router.py too). Nothing here touches what runs: the files go to ironserve.units.staged_path (the live
+    path under /etc/ironserve/staged); the launch stage (roles/launch.py) makes them live, reloads systemd and
+    enables the unit, group by group, behind the gate. With launch=false they stay staged, validated.
 
     Each step is one call site over all processes, so pyinfra runs it on every host before the next step.
     """
@@ -198,36 +207,20 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
     for proc in procs:
         secrets = process_secrets(ctx, proc)
         built.append((proc, unit_files(recipe, proc, ctx.tuning, secrets), secrets))
-    unit_ops = []
+    # 0700: the staged env files hold secrets, and nothing else reads the staging area
+    files.directory(name="staged configurations", path=STAGED_DIR, mode="700", user="root", group="root")
+    for sub in (ETC_DIR, UNIT_DIR):
+        files.directory(name=f"staged {sub}", path=staged_path(sub), mode="700", user="root", group="root")
     for proc, uf, secrets in built:
-        env_op = files.put(name=f"{uf.env_path} (0600)", src=StringIO(uf.env_text), dest=uf.env_path,
-                           mode="600", user="root", group="root")
-        unit_op = files.put(name=f"{UNIT_DIR}/{uf.unit_name}", src=StringIO(uf.unit_text),
-                            dest=f"{UNIT_DIR}/{uf.unit_name}", mode="644", user="root", group="root")
-        unit_ops.append(unit_op)
-        ctx.changes.record_unit_change(proc.unit, env_op, unit_op)
+        for live, text, mode in live_files(ctx, proc, uf):
+            op = files.put(name=f"{live} (staged{', 0600' if mode == '600' else ''})", src=StringIO(text),
+                           dest=staged_path(live), mode=mode, user="root", group="root")
+            ctx.changes.record_unit_change(proc.unit, op)
         if isinstance(recipe.runtime, DockerRuntime):
             api_key = any(k in secrets for k in KEY_ENV)
             ctx.changes.record_container(proc.unit, image_ref(recipe),
                                          container_command(recipe, proc, api_key=api_key),
                                          [*proc.env, *secrets])
-    guards = []
-    for proc, uf, secrets in built:
-        members = ctx.rendered.rank_group(proc)
-        if members:
-            gf = rank_guard_files(recipe, proc, members)
-            config_op = files.put(name=f"{gf.config_path} (rank group)", src=StringIO(gf.config_text),
-                                  dest=gf.config_path, mode="644", user="root", group="root")
-            guard_op = files.put(name=f"{UNIT_DIR}/{gf.unit_name}", src=StringIO(gf.unit_text),
-                                 dest=f"{UNIT_DIR}/{gf.unit_name}", mode="644", user="root", group="root")
-            unit_ops.append(guard_op)
-            guards.append((gf.unit_name, [config_op, guard_op, ctx.changes.rank_guard_script]))
-    run_if_changed(name="systemctl daemon-reload (unit files changed)", command="systemctl daemon-reload",
-                          triggers=unit_ops)
-    for guard_unit, triggers in guards:
-        # a new group layout reaches a running guard without restarting its engine
-        run_if_changed(name=f"{guard_unit} picks up its new config", triggers=triggers,
-                              command=f"systemctl try-restart {guard_unit}")
     if truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))
         for proc, uf, secrets in built:
@@ -235,24 +228,32 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
             digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
             argv_parses(name=f"{proc.unit}: argv parsed by the installed SGLang", unit=proc.unit,
                         probe=parse_check_argv(recipe, proc), digest=digest)
-    for proc, uf, secrets in built:
-        systemd.service(name=f"{uf.unit_name} enabled (started by the launch stage)", service=uf.unit_name,
-                        running=None, enabled=True)
+
+
+def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str, str, str]]:
+    """(live path, text, mode) of every file a process is started from: its unit and env file, and for a rank of
+    a multi-node group its guard's unit and config. Staged by the prepare stage, made live by the launch."""
+    uf = uf or unit_files(ctx.recipe, proc, ctx.tuning, process_secrets(ctx, proc))
+    out = [(uf.env_path, uf.env_text, "600"), (f"{UNIT_DIR}/{uf.unit_name}", uf.unit_text, "644")]
+    members = ctx.rendered.rank_group(proc)
+    if members:
+        gf = rank_guard_files(ctx.recipe, proc, members)
+        out += [(gf.config_path, gf.config_text, "644"), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text, "644")]
+    return out
 
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
-    themselves are checked by ironserve.audit.checks, with their env files)."""
+    themselves are checked by ironserve.audit.checks, with their env files): live with launch, else staged."""
     out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
            for name, dest in HELPERS]
     for proc in ctx.processes:
         members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
-            out.append({"path": gf.config_path, "sha256": sha256_text(gf.config_text), "mode": 0o644,
-                        "gate": "service"})
-            out.append({"path": f"{UNIT_DIR}/{gf.unit_name}", "sha256": sha256_text(gf.unit_text), "mode": 0o644,
-                        "gate": "service"})
+            for path, text in ((gf.config_path, gf.config_text), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text)):
+                out.append({"path": path if ctx.launch else staged_path(path), "sha256": sha256_text(text),
+                            "mode": 0o644, "gate": "service"})
     return out
 
 

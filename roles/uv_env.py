@@ -1,4 +1,9 @@
-"""uv runtime (uv recipes): a pinned uv, and /opt/ironserve/venvs/<recipe> with the recipe's Python and packages.
+"""uv runtime (uv recipes): a pinned uv, and a venv with the recipe's Python and packages.
+
+The venv is versioned by what goes into it (ironserve.units.venv_path: /opt/ironserve/venvs/<recipe>-<digest of
+the runtime>): a changed package set is installed into a new venv beside the one the live unit runs, never into
+it, and the staged unit names the new one, so nothing that runs changes before the launch stage makes it live.
+Venvs of the recipe that no live, staged or last good unit names any more are removed (``unused_venvs_removed``).
 
 Host data (defaults in brackets):
 
@@ -12,7 +17,8 @@ Host data (defaults in brackets):
   host has no interpreter of the recipe's version (air-gapped clusters)
 
 Idempotent where pyinfra's uv.venv is not: the venv is created only when missing or of another Python
-(major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs.
+(major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs (an
+install a killed run left unfinished, in a venv no unit runs yet).
 The requirements as installed (with the index options) are written to <venv>/ironserve-requirements.txt for
 audit; its mtime also tells the launch stage that the runtime changed under a running unit.
 """
@@ -30,11 +36,14 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
-from ironserve.units import venv_path
+from ironserve.units import STAGED_DIR, UNIT_DIR, venv_path
 from roles.common import run_if_changed
+from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
 
 UV_VERSION = "0.13.9"
+# where unit files that may run again live: the live units, the staged ones, the last good configurations
+REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
 UV_BIN = "/usr/local/bin/uv"
 UV_ROOT = "/opt/ironserve/uv"
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -136,6 +145,28 @@ class VenvPackages(FactBase):
         return json.loads(text)
 
 
+class VenvsInUse(FactBase):
+    """The versioned venvs of a recipe on this host: {path: in use}, where in use = named by a live, staged or last
+    good unit file (any of them may run again: a restart, a launch, a rollback)."""
+
+    def command(self, root, recipe_id):
+        # the recipe's own venvs only (another recipe's id may start with this one's): <id>-<12 hex>, and the
+        # unversioned <id> of earlier releases
+        pattern = shlex.quote(f"{root}/{recipe_id}") + " " + shlex.quote(f"{root}/{recipe_id}-") + "[0-9a-f]" * 12
+        refs = " ".join(shlex.quote(d) for d in REFERRING_DIRS)
+        return (f"for d in {pattern}; do [ -d \"$d\" ] || continue; "
+                f"if grep -rqsF --include='*.service' \"$d/\" {refs}; then echo \"used $d\"; "
+                f"else echo \"unused $d\"; fi; done; true")
+
+    def process(self, output):
+        found = {}
+        for line in output:
+            kind, _, path = line.strip().partition(" ")
+            if kind in ("used", "unused") and path:
+                found[path] = kind == "used"
+        return found
+
+
 # --------------------------------------------------------------------------- operations
 
 
@@ -184,6 +215,18 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
     yield _env_prefix(env) + " ".join(shlex.quote(a) for a in cmd)
 
 
+@operation()
+def unused_venvs_removed(root: str, recipe_id: str, keep: str):
+    """Versioned venvs of the recipe that no live, staged or last good unit names are removed (never ``keep``,
+    the one this run prepares): a few GiB each, and a rollback only ever needs the last good one."""
+    unused = sorted(p for p, used in (host.get_fact(VenvsInUse, root=root, recipe_id=recipe_id) or {}).items()
+                    if not used and p != keep)
+    if not unused:
+        host.noop(f"no unused venvs of {recipe_id}")
+        return
+    yield "rm -rf " + " ".join(shlex.quote(p) for p in unused)
+
+
 # --------------------------------------------------------------------------- deploy
 
 
@@ -216,6 +259,8 @@ def apply(ctx: DeploymentContext) -> None:
                        dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
     ctx.changes.record_runtime_change(created, installed)
     ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")
+    root, _, _ = path.rpartition("/")
+    unused_venvs_removed(name=f"unused venvs of {ctx.recipe.id} removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 
 # --------------------------------------------------------------------------- audit

@@ -9,6 +9,7 @@ import pytest
 
 from ironserve import bench, catalogue
 from ironserve.spec import Expected
+from ironserve.units import venv_path
 from roles.context import build_context
 
 RESULT = {"completed": 512, "duration": 600.0, "input_throughput": 12000.0, "output_throughput": 2800.0,
@@ -64,7 +65,7 @@ def test_bench_command_runs_in_the_runtime_with_the_key_from_the_env_file():
     ctx = build_context("tiny", "n0", hosts)
     assert role.bench_host(ctx) == "n0"
     cmd = role.command(ctx)
-    assert "/opt/ironserve/venvs/tiny-cpu/bin/python3 -m sglang.bench_serving" in cmd
+    assert f"{venv_path(ctx.recipe)}/bin/python3 -m sglang.bench_serving" in cmd
     assert "--base-url http://10.0.0.12:30000" in cmd  # the router's endpoint
     assert ". /etc/ironserve/sglang-tiny-cpu-server-0.env" in cmd and "OPENAI_API_KEY" in cmd
     assert "--dataset-name random-ids" in cmd

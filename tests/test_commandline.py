@@ -192,3 +192,53 @@ def test_env_unset_and_unknown_docker_options():
     with pytest.raises(CommandError) as err:
         parse_command(shlex.split("docker run --blkio-weight 300 img:1 python3 -m sglang.launch_server"))
     assert "--blkio-weight" in str(err.value) and "--option=value" in err.value.fix
+
+
+def test_import_writes_an_inventory_that_renders_the_same_router_urls(tmp_path, capsys):
+    from ironserve.inventory import load_inventory
+    from ironserve.render import render
+
+    script = tmp_path / "pd.sh"
+    script.write_text("python -m sglang.launch_server --model-path m --disaggregation-mode prefill --port 30000 "
+                      "--disaggregation-bootstrap-port 9001\n"
+                      "python -m sglang.launch_server --model-path m --disaggregation-mode decode --port 30001\n"
+                      "python -m sglang_router.launch_router --pd-disaggregation --prefill http://10.1.0.5:30000 9001 "
+                      "--decode http://10.1.0.6:30001 --port 8000\n")
+    recipe_file, inventory = tmp_path / "pd.yaml", tmp_path / "pd_inventory.py"
+    assert main(["import", "--hardware", "gb200", "--id", "pd", "--offline", "--file", str(script), "-o",
+                 str(recipe_file), "--inventory-out", str(inventory)]) == 0
+    capsys.readouterr()
+    rendered = render(catalogue.get_recipe(str(recipe_file)), load_inventory(inventory))
+    (router,) = [p for p in rendered.processes if p.role == "router"]
+    assert router.argv[router.argv.index("--prefill") + 1:router.argv.index("--prefill") + 3] == \
+        ["http://10.1.0.5:30000", "9001"]
+    assert router.argv[router.argv.index("--decode") + 1] == "http://10.1.0.6:30001"
+
+
+def test_router_and_prefill_disagreeing_on_the_bootstrap_port_is_said():
+    from ironserve.importer import import_script
+
+    result = import_script("python -m sglang.launch_server --model-path m --disaggregation-mode prefill --port 1\n"
+                           "python -m sglang.launch_server --model-path m --disaggregation-mode decode --port 2\n"
+                           "python -m sglang_router.launch_router --pd-disaggregation --prefill http://a:1 9001 "
+                           "--decode http://b:2\n", "gb200", "pd", hardware_arch="sm100")
+    (hit,) = [f for f in result.findings if f.rule == "import-bootstrap-mismatch"]
+    assert "9001" in hit.message and "8998" in hit.message
+
+
+def test_ascend_import_runs_the_npu_image_not_a_cuda_stack():
+    from ironserve.render import render
+    from ironserve.spec import Recipe
+    from ironserve.units import exec_argv
+
+    words = shlex.split("python3 -m sglang.launch_server --model-path /models/Qwen3-8B --device npu "
+                        "--attention-backend ascend --tp-size 16")
+    result = import_commands([parse_command(words)], "atlas-800i-a3", "npu")
+    runtime = result.data["runtime"]
+    assert runtime["kind"] == "docker" and runtime["image"] == "lmsysorg/sglang:main-cann8.3.rc1-a3"
+    assert "/dev/davinci15" in runtime["run"]["devices"] and runtime["run"]["privileged"] is True
+    assert runtime["run"]["gpus"] is None and "packages" not in runtime
+    assert result.data["engine"]["parser_version"] == "0.5.10.post1"  # the seeds' Ascend era, said in a finding
+    recipe = Recipe.model_validate(result.data)
+    argv = exec_argv(recipe, render(recipe).processes[0])
+    assert "--gpus" not in argv and "--device" in argv and "/usr/local/Ascend/driver:/usr/local/Ascend/driver" in argv

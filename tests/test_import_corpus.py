@@ -121,6 +121,8 @@ def test_imports_and_round_trips(entry, tmp_path):
         assert recipe.runtime.kind == expect["runtime"]
     if "engine" in expect:
         assert recipe.engine.sglang == expect["engine"]
+    if "env_unset" in expect:
+        assert recipe.env_unset == expect["env_unset"]
     assert recipe.engine.check_version, "the real-parser check never silently skips an imported recipe"
     rules = {f.rule for f in result.findings}
     for name in expect.get("set_values", []):

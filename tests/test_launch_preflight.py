@@ -18,6 +18,7 @@ import pytest
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
+from ironserve.units import venv_path
 from roles.launch_preflight import nic_env, nic_problems, parse_rendezvous, rank_groups, rendezvous_argv
 
 SCRIPT = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rendezvous"
@@ -91,7 +92,7 @@ def test_rendezvous_runs_in_the_engine_runtime():
     group = rank_groups(rendered)["server-g0-i0"]
     argv = rendezvous_argv(rendered.recipe, group.members[1], group, 60)
     assert argv[:3] == ["env", "GLOO_SOCKET_IFNAME=host0", "NCCL_SOCKET_IFNAME=host0"]
-    assert argv[3] == "/opt/ironserve/venvs/tiny-cpu-tp2/bin/python3"
+    assert argv[3] == f"{venv_path(rendered.recipe)}/bin/python3"
     assert argv[4:] == ["/usr/local/lib/ironserve/ironserve-rendezvous", "--addr", "10.0.0.1", "--port", "29500",
                         "--rank", "1", "--world", "2", "--timeout", "60"]
     # uv runtime with sourced Ascend env scripts: sourced first, as for the engine

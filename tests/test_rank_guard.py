@@ -119,6 +119,10 @@ def test_a_rank_that_stops_answering_restarts_rank0_and_the_follower_follows(gua
     follower, _ = start(base_config(1, port, h1.url, tmp), "inv-f")
     # formed, both healthy: no restart
     assert wait_for(lambda: "group formed" in (tmp / "rank0.log").read_text())
+    # the follower records which generation of the group (rank 0's invocation) its engine (its own) follows
+    following = tmp / "state" / "engine1.following"
+    assert wait_for(following.exists)
+    assert json.loads(following.read_text()) == {"leader_invocation": "inv-a", "engine_invocation": "inv-f"}
     time.sleep(1.5)
     assert not [c for c in calls_of(calls) if "restart" in c]
     # rank 1 hangs: its reports say unhealthy; after 3 polls the leader abandons the group (SIGKILL, restart)
@@ -166,7 +170,10 @@ def test_guard_config_from_the_render():
     assert config["leader_url"] == f"http://10.0.0.1:{5000 + RANK_GUARD_PORT_OFFSET}/group"
     assert config["health_url"] == "http://127.0.0.1:30001/health"  # its own port, probed on its own host
     assert config["rank"] == 1 and config["world"] == 2
-    assert config["formation_timeout_s"] == recipe.health_timeout_s
+    # the deploy's gate and rollback decide about a new group before the guard gives up on it: never a race
+    from ironserve.units import RANK_FOLLOW_S
+
+    assert config["formation_timeout_s"] >= recipe.health_timeout_s + RANK_FOLLOW_S + 60
     assert files.unit_name == "sglang-r-decode-rank-guard.service"
     assert "BindsTo=sglang-r-decode.service" in files.unit_text
     assert "PartOf=sglang-r-decode.service" in files.unit_text

@@ -22,7 +22,7 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import KEY_LAUNCHER, container_command, exec_argv, sha256_text, unit_files
+from ironserve.units import KEY_LAUNCHER, container_command, exec_argv, sha256_text, unit_files, venv_path
 from roles import container_runtime as cr
 from roles.common import changed, deb822_source
 from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
@@ -96,6 +96,17 @@ def test_drift_reasons():
 
 
 # --------------------------------------------------------------------------- uv
+
+
+def test_a_new_package_set_is_a_new_venv_beside_the_live_one():
+    recipe = catalogue.get_recipe("tiny-cpu")
+    bumped = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(
+        update={"packages": [p if not p.startswith("numpy==") else "numpy==2.3.4" for p in recipe.runtime.packages]})})
+    assert venv_path(recipe).startswith("/opt/ironserve/venvs/tiny-cpu-") and venv_path(recipe) == venv_path(recipe)
+    assert venv_path(bumped) != venv_path(recipe)  # never an upgrade in place under a running unit
+    hosts = [InventoryHost(n, {"hardware": "cpu-lab"}) for n in ("r0", "n0", "n1")]
+    hosts[0].data["ironserve_role"] = "router"
+    assert exec_argv(bumped, render(bumped, hosts).processes[0])[0].startswith(venv_path(bumped) + "/bin/")
 
 
 def test_requirements_diff_only_changed_pins():
@@ -179,7 +190,7 @@ def test_parse_check_invocations():
     recipe, rendered = _tiny()
     server, router = rendered.processes[0], rendered.processes[-1]
     argv = ss.parse_check_argv(recipe, server)
-    assert argv[:5] == ["/opt/ironserve/venvs/tiny-cpu/bin/python3", ss.PARSE_CHECK, "--kind", "server", "--"]
+    assert argv[:5] == [f"{venv_path(recipe)}/bin/python3", ss.PARSE_CHECK, "--kind", "server", "--"]
     assert argv[5:] == server.argv[3:]
     assert ss.parse_check_argv(recipe, router)[3] == "router"
     glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
@@ -390,28 +401,38 @@ def test_changed_accepts_bools_and_metas():
     assert changed(meta)
 
 
-class _RunHost:
-    """A host whose shell answers ActiveEnterTimestamp with a fixed time and records other commands."""
+class _GroupHost:
+    """A host whose shell answers a unit's InvocationID/ActiveState and a follower's record; records commands."""
 
-    def __init__(self, name: str, since: float):
-        self.name, self.since, self.commands, self.data = name, since, [], {}
+    def __init__(self, name: str, invocation: str, following: dict | None = None):
+        self.name, self.invocation, self.following, self.commands, self.data = name, invocation, following, [], {}
 
     def run_shell_command(self, command, **kwargs):
-        if "ActiveEnterTimestamp" in command:
-            return True, SimpleNamespace(stdout_lines=[f"ActiveEnterTimestamp=@{self.since}"])
         self.commands.append(command)
+        if command.startswith("systemctl show -p InvocationID"):
+            return True, SimpleNamespace(stdout_lines=[f"InvocationID={self.invocation}", "ActiveState=active"])
+        if command.startswith("cat /run/ironserve/rank-groups/"):
+            return True, SimpleNamespace(stdout_lines=[json.dumps(self.following)] if self.following else [])
         return True, SimpleNamespace(stdout_lines=[])
 
     def log(self, message):
         self.commands.append(f"log: {message}")
 
 
-@pytest.mark.parametrize("rank1_since, restarted", [(100.0, True), (205.0, False)])
-def test_a_rank_restarted_by_its_guard_after_rank0_is_not_restarted_again(rank1_since, restarted):
-    head, me = _RunHost("n0", 200.0), _RunHost("n1", rank1_since)
+@pytest.mark.parametrize("following, restarted", [
+    ({"leader_invocation": "g2", "engine_invocation": "r1-new"}, False),  # its guard followed rank 0's new start
+    ({"leader_invocation": "g1", "engine_invocation": "r1-new"}, True),   # still on rank 0's previous generation
+    ({"leader_invocation": "g2", "engine_invocation": "r1-old"}, True),   # a record of an engine that is gone
+    (None, True),                                                         # no guard record at all
+])
+def test_a_rank_follows_rank0s_invocation_not_the_clocks_of_two_hosts(monkeypatch, following, restarted):
+    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    head, me = _GroupHost("n0", "g2"), _GroupHost("n1", "r1-new", following)
     state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: head))
-    assert launch.restart_unless_following(state, me, "u", ["n0", "u"]) is True
+    assert launch.restart_unless_following(state, me, "u", ["n0", "u"], follow_s=0) is True
     assert ("systemctl restart u.service" in me.commands) is restarted
+    # no timestamps asked of either host: identity only
+    assert not any("Timestamp" in c for c in head.commands + me.commands)
 
 
 class _ScriptedHost:
@@ -450,6 +471,46 @@ def test_rollback_restores_every_member_of_the_group_rank0_first():
         assert "systemctl restart u.service" in h.commands
     assert waited and any(line.startswith("ROLLED BACK u on n0, n1") and "from 2026-11-22T08:41:46Z" in line
                           for line in n0.logs), n0.logs
+
+
+def test_a_failed_restore_stops_the_rollback_before_any_restart():
+    from roles import rollback
+
+    snapshot = ["current aaa  /p", "snapshot bbb  /p", "taken 2026-11-22T08:41:46Z"]
+    n0, n1 = _ScriptedHost("n0", {"sha256sum": snapshot}), _ScriptedHost("n1", {"sha256sum": snapshot})
+
+    def broken(command, **kwargs):  # n1's disk refuses the restore
+        n1.commands.append(command)
+        if "MANIFEST" in command and "sha256sum" not in command:
+            return False, SimpleNamespace(stdout_lines=[], stderr_lines=["cp: No space left on device"])
+        return True, SimpleNamespace(stdout_lines=snapshot, stdout="\n".join(snapshot))
+
+    n1.run_shell_command = broken
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host={"n0": n0, "n1": n1}.get), activated_hosts={n0, n1})
+    waited = []
+    rollback.roll_back(state, n0, "u", "url", 60, [("n0", "u", ["/p"]), ("n1", "u", ["/p"])], "why",
+                       lambda *a: waited.append(a) or True)
+    assert not waited and not any("restart" in c for c in n0.commands + n1.commands)
+    assert "ROLLBACK FAILED u" in n0.logs[-1] and "restore" in n0.logs[-1] and "No space left" in n0.logs[-1]
+
+
+def test_a_restore_keeps_the_current_secrets(tmp_path):
+    from roles import rollback
+
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    snap.mkdir(), live.mkdir()
+    (live / "u.env").write_text("# m\nSGLANG_X=new\nIRONSERVE_API_KEY=rotated\n")
+    (live / "u.service").write_text("new unit\n")
+    (snap / "u.env").write_text("# m\nSGLANG_X=old\nIRONSERVE_API_KEY=revoked\nHF_TOKEN=revoked\n")
+    (snap / "u.env").chmod(0o600)
+    (snap / "u.service").write_text("old unit\n")
+    (snap / "MANIFEST").write_text(f"x  {live / 'u.env'}\nx  {live / 'u.service'}\n")
+    command = rollback.restore_command("u").replace(rollback.snapshot_dir("u"), str(snap))
+    command = command.replace("systemctl daemon-reload", "true")
+    assert subprocess.run(["bash", "-c", command]).returncode == 0
+    assert (live / "u.env").read_text() == "# m\nSGLANG_X=old\nIRONSERVE_API_KEY=rotated\n"
+    assert (live / "u.env").stat().st_mode & 0o777 == 0o600
+    assert (live / "u.service").read_text() == "old unit\n"
 
 
 def test_no_rollback_without_a_differing_snapshot_or_with_a_member_outside_the_run():

@@ -35,7 +35,7 @@ def _fix(deploy: str, inventory: str, host: str) -> str:
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
-    from ironserve.units import UNIT_DIR, rank_guard_unit, sha256_text, unit_files
+    from ironserve.units import UNIT_DIR, rank_guard_unit, sha256_text, staged_path, unit_files
 
     from . import providers
 
@@ -72,17 +72,27 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values
         # are compared nowhere, the env file check skips them
         files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc, read=False))
-        unit_path = f"{UNIT_DIR}/{files.unit_name}"
+        # launch=false: the configuration is staged (validated, not live); a launch makes it the live one
+        where = (lambda path: path) if ctx.launch else staged_path
+        unit_path = where(f"{UNIT_DIR}/{files.unit_name}")
         add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
             mode=0o644, owner="root")
-        add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=files.env_path, mode=0o600)
-        add(f"unit-enabled:{files.unit_name}", "service_enabled", True, "service", name=files.unit_name)
+        add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=where(files.env_path),
+            mode=0o600)
         add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
+        units = [files.unit_name]
         if proc.in_rank_group:
             # the guard that restarts the group as a whole runs whenever its engine does
             guard = f"{rank_guard_unit(proc)}.service"
             add(f"unit-active:{guard}", "service_active", ctx.launch, "service", name=guard)
-        if ctx.launch and proc.health_url:
+            units.append(guard)
+        if not ctx.launch:
+            continue
+        add(f"unit-enabled:{files.unit_name}", "service_enabled", True, "service", name=files.unit_name)
+        for name in units:
+            # the files on disk are what systemd runs: a run killed between writing and reloading shows here
+            add(f"unit-loaded:{name}", "daemon_reloaded", True, "service", name=name)
+        if proc.health_url:
             add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
             add(f"health:{proc.unit}", "http_ok", 200, "workload", url=proc.health_url)
     return checks

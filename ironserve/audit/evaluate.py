@@ -88,6 +88,12 @@ def service_active(host, check: Check):
     return running == check.expected, "active" if running else "inactive"
 
 
+def daemon_reloaded(host, check: Check):
+    out = host.run(f"systemctl show -p NeedDaemonReload --value {check.params['name']}")
+    need = out.stdout.strip()
+    return (need == "no") == check.expected, f"NeedDaemonReload={need or 'unknown'}"
+
+
 def package(host, check: Check):
     pkg = host.package(check.params["name"])
     if not pkg.is_installed:

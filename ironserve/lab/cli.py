@@ -1,4 +1,4 @@
-"""`ironserve lab up|status|down` argument parsing and handlers.
+"""`ironserve lab up|status|reset|down` argument parsing and handlers.
 
 Wiring into the main CLI (two lines in ironserve/cli.py):
     from ironserve.lab.cli import add_lab_parser
@@ -33,6 +33,11 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
                     help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})")
     st = sub.add_parser("status", help="show lab hosts")
     st.add_argument("--format", choices=("text", "json"), default="text")
+    reset = sub.add_parser("reset", help="replace one host with a fresh OS (same name and address), keep the others",
+                           description="Stop HOST, discard everything written on it and boot it again from the "
+                                       "base image: a host rebuilt from scratch. Rebuild it with the production "
+                                       "deploy: pyinfra inventories/lab.py DEPLOY --limit HOST.")
+    reset.add_argument("host", help="lab host name (see `ironserve lab status`)")
     sub.add_parser("down", help="stop every host and remove every trace (keeps the rootfs cache)")
 
 
@@ -45,6 +50,8 @@ def run_lab(args: argparse.Namespace) -> int:
                 raise LabError(f"the lab's host assets ({cluster.ASSETS}) are not here: the lab runs from a "
                                "checkout of ironserve (cd into it and run .venv/bin/ironserve lab up)")
             cluster.up(args.nodes, args.hardware)
+        elif args.lab_command == "reset":
+            cluster.reset(args.host)
         elif args.lab_command == "down":
             cluster.down()
         elif args.lab_command == "status":

@@ -157,6 +157,42 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     return lab
 
 
+def reset(name: str) -> LabState:
+    """Replace one host with a fresh OS: same name, address, host key and hardware, nothing of ironserve on it
+    (its overlay's upper layer is thrown away), the other hosts and the supply left running. Rebuilding it is
+    the production deploy with --limit HOST."""
+    require_root()
+    with _locked(state.lab_dir()):
+        root = state.lab_dir()
+        lab = state.load(root)
+        host = next((h for h in (lab.hosts if lab else []) if h.name == name), None)
+        if host is None:
+            known = ", ".join(h.name for h in lab.hosts) if lab and lab.hosts else "none: the lab is down"
+            raise LabError(f"no lab host {name!r} (hosts: {known})")
+        t0 = time.monotonic()
+        # the mounts it booted with (parser venvs, checkpoints) are what the others run with too
+        binds = hosts.booted_binds(root, name)
+        if binds is None:
+            binds = _images(root, lab, host.hardware)
+        say(f"resetting {name}: stopping it and discarding everything written on it")
+        for attempt in range(4):
+            try:  # engine processes still exiting can keep its overlay busy for a few seconds (as in down)
+                hosts.stop(root, name)
+                break
+            except LabError:
+                if attempt == 3:
+                    raise
+                time.sleep(5)
+        network.ensure_netns(host.name, host.address)
+        hosts.prepare(root, rootfs.ensure_base(root), lab, host, ssh_keypair(root).with_suffix(".pub").read_text())
+        hosts.spawn(root, host, binds)
+        hosts.wait_running(root, name)
+        wait_for(lambda: _ssh_ok(lab, host), 60, interval=0.5, what=f"ssh on {name}")
+        say(f"{name} is a fresh host again ({host.address}, {host.hardware}) after {time.monotonic() - t0:.1f}s; "
+            f"rebuild it with: pyinfra inventories/lab.py DEPLOY --limit {name}")
+        return lab
+
+
 def cpu_wheelhouse_dir() -> Path:
     """Where the CPU runtime's wheels are cached on this machine (downloaded once, kept across labs)."""
     cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")

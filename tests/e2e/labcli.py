@@ -25,8 +25,9 @@ def pyinfra(*args: str, check: bool = True, timeout: int = 1500, env: dict | Non
     return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout, env=env)
 
 
-def ironserve(*args: str, check: bool = True, timeout: int = 1800) -> subprocess.CompletedProcess:
-    return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout)
+def ironserve(*args: str, check: bool = True, timeout: int = 1800,
+              env: dict | None = None) -> subprocess.CompletedProcess:
+    return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout, env=env)
 
 
 def ssh(host: dict, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.lab
 
 RECIPE = "glm5-nvfp4-mtp-rtx6000-tp8"
 UNIT = f"sglang-{RECIPE}-server"
+# launch=false (stand-in GPUs): the configuration is staged and validated, nothing of it live (roles/launch.py)
+STAGED_UNIT = f"/etc/ironserve/staged/etc/systemd/system/{UNIT}.service"
+STAGED_ENV = f"/etc/ironserve/staged/etc/ironserve/{UNIT}.env"
 
 
 @pytest.fixture(scope="module")
@@ -62,23 +65,24 @@ def test_second_run_plans_no_change(deployed):
     assert not changes(plan), changes(plan)
 
 
-def test_units_installed_enabled_not_started(deployed):
+def test_units_staged_validated_not_live(deployed):
     for host in deployed["hosts"]:
-        unit = ssh(deployed, host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+        unit = ssh(deployed, host, f"cat {STAGED_UNIT}").stdout
         assert "node rank 0/1" in unit  # single-node recipe: each host runs its own instance, rank 0
         assert "--tp-size 8" in unit and "--kv-cache-dtype bf16" in unit
-        assert ssh(deployed, host, f"systemctl is-enabled {UNIT}").stdout.strip() == "enabled"
-        # stand-in GPUs cannot serve: the lab inventory sets launch=false
+        # stand-in GPUs cannot serve: the lab inventory sets launch=false, which changes nothing that runs
+        assert ssh(deployed, host, f"test -e /etc/systemd/system/{UNIT}.service", check=False).returncode != 0
         assert ssh(deployed, host, f"systemctl is-active {UNIT}", check=False).stdout.strip() != "active"
 
 
 def test_secrets_only_in_a_root_0600_env_file(deployed):
     for host in deployed["hosts"]:
-        stat = ssh(deployed, host, f"stat -c '%a %U' /etc/ironserve/{UNIT}.env").stdout.split()
+        stat = ssh(deployed, host, f"stat -c '%a %U' {STAGED_ENV}").stdout.split()
         assert stat == ["600", "root"]
-        unit = ssh(deployed, host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+        assert ssh(deployed, host, "stat -c '%a' /etc/ironserve/staged").stdout.strip() == "700"
+        unit = ssh(deployed, host, f"cat {STAGED_UNIT}").stdout
         assert "s3cret" not in unit
-        as_user = ssh(deployed, host, f"su -s /bin/sh nobody -c 'cat /etc/ironserve/{UNIT}.env'", check=False)
+        as_user = ssh(deployed, host, f"su -s /bin/sh nobody -c 'cat {STAGED_ENV}'", check=False)
         assert as_user.returncode != 0
         ps = ssh(deployed, host, "ps -eo args").stdout
         assert "s3cret" not in ps
@@ -108,10 +112,10 @@ def test_audit_clean_then_drift_then_clean(deployed):
     a, b = deployed["hosts"][0], deployed["hosts"][1]
     injected = {
         (a["name"], f"unit-file:{UNIT}.service"): f"sed -i 's/--mem-fraction-static 0.85/--mem-fraction-static 0.95/'"
-                                                  f" /etc/systemd/system/{UNIT}.service",
+                                                  f" {STAGED_UNIT}",
         (a["name"], "cpu-governor"): "echo powersave > /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
         (b["name"], "file:/etc/sysctl.d/90-ironserve.conf"): "rm /etc/sysctl.d/90-ironserve.conf",
-        (b["name"], f"env-file:{UNIT}.service"): f"chmod 644 /etc/ironserve/{UNIT}.env",
+        (b["name"], f"env-file:{UNIT}.service"): f"chmod 644 {STAGED_ENV}",
         (b["name"], "package:cuda-toolkit-13-0"): "dpkg -r --force-depends cuda-toolkit-13-0",
         (a["name"], "file:/mnt/nccl_graph_opt.xml"): "echo '<!-- edited -->' >> /mnt/nccl_graph_opt.xml",
     }

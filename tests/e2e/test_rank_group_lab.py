@@ -11,7 +11,14 @@ production deploy (`pyinfra -y inventories/lab.py deploys/tiny.py --data recipe=
    systemd invocation changes, rank 1's guard follows) and the group serves again;
 4. a killed rank (SIGKILL on rank 1's engine): the group restarts as a whole and serves again;
 5. a new configuration that fails its health gate (context length beyond the model's: SGLang refuses to start)
-   is rolled back on both hosts to the last good one, which serves again; the deploy fails and says so.
+   is rolled back on both hosts to the last good one, which serves again; the deploy fails and says so;
+6. staged configurations: a launch=false run of a changed configuration, then a SIGKILL of rank 1's engine: the
+   group restarts on the previous (live, gated) configuration, and systemd has nothing pending;
+7. a deploy of the changed configuration killed part-way (in the units stage, then right after the launch made
+   it live), then rerun: both ranks on the new configuration (never a mix), nothing pending in systemd, a dry
+   run plans no change, the audit is clean;
+8. rank 1's host rebuilt from scratch (`ironserve lab reset`, then the production deploy with --limit): the
+   group serves again and the host's unit, env, guard and sysctl files hash as before.
 
 Requests go only to lab addresses, with bounded retries and timeouts.
 """
@@ -21,11 +28,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import time
 
 import pytest
 
-from .labcli import ROOT, ironserve, lab_down, pyinfra, ssh
+from .labcli import BIN, ROOT, ironserve, lab_down, pyinfra, ssh
 from .test_serve_tiny_lab import changes, chat
 
 pytestmark = pytest.mark.lab
@@ -166,7 +175,142 @@ def test_6_a_config_failing_its_gate_is_rolled_back(lab, tmp_path):
         unit = ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
         assert "--context-length 512" in unit and "1000000" not in unit
     assert serving(lab)
-    # the restored configuration is what the catalogue declares: nothing left to change
-    plan = json.loads(pyinfra("deploys/tiny.py", "--data", f"recipe={RECIPE}", "--dry", "--json",
-                              timeout=600).stdout)["plan"]
-    assert not changes(plan), changes(plan)
+    # the failed configuration stays staged (the next run applies the recipe again), never live
+    for host in lab["hosts"]:
+        staged = ssh(host, f"cat /etc/ironserve/staged/etc/systemd/system/{UNIT}.service").stdout
+        assert "--context-length 1000000" in staged
+        assert not pending_reload(host), host["name"]
+
+
+# ----------------------------------------------------------------------------- staged configurations, rebuilds
+
+CHANGED = "  context_length: 768\n"
+
+
+@pytest.fixture(scope="module")
+def changed_recipes(tmp_path_factory):
+    """IRONSERVE_RECIPES with tiny-cpu-tp2 at another context length (a configuration change SGLang accepts)."""
+    recipes = tmp_path_factory.mktemp("changed") / "recipes"
+    shutil.copytree(ROOT / "recipes", recipes)
+    path = recipes / f"{RECIPE}.yaml"
+    path.write_text(path.read_text().replace("  context_length: 512\n", CHANGED))
+    return {"IRONSERVE_RECIPES": str(recipes)}
+
+
+def engine_argv(host: dict) -> str:
+    """The command line of the running engine (its main process), as the kernel has it."""
+    pid = ssh(host, f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+    return ssh(host, f"tr '\\0' ' ' < /proc/{pid}/cmdline", check=False).stdout if pid not in ("", "0") else ""
+
+
+def pending_reload(host: dict) -> list[str]:
+    out = ssh(host, f"systemctl show -p NeedDaemonReload --value {UNIT} {GUARD}").stdout.split()
+    return [u for u, need in zip((UNIT, GUARD), out) if need != "no"]
+
+
+def killed_deploy(marker: str, env: dict) -> float:
+    """The production deploy, SIGKILLed (its whole process group) as soon as it starts the operation ``marker``."""
+    started = time.monotonic()
+    proc = subprocess.Popen([str(BIN / "pyinfra"), "inventories/lab.py", "-y", "deploys/tiny.py", "--data",
+                             f"recipe={RECIPE}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "Starting operation" in line and marker in line:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert any(marker in line for line in seen), "".join(seen)[-3000:]
+    return time.monotonic() - started
+
+
+def test_7_a_prepared_configuration_never_runs_before_its_launch(lab, changed_recipes):
+    rank0, rank1 = lab["hosts"]
+    assert wait_until(lambda: serving(lab), 420) is not None
+    deploy("--data", "launch=false", env=changed_recipes)
+    for host in lab["hosts"]:
+        staged = ssh(host, f"cat /etc/ironserve/staged/etc/systemd/system/{UNIT}.service").stdout
+        assert "--context-length 768" in staged, staged  # prepared and parsed...
+        live = ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+        assert "--context-length 512" in live  # ...and nothing of it live
+        assert not pending_reload(host)
+    before = invocation(rank0)
+    hit = time.monotonic()
+    ssh(rank1, f"systemctl kill -s KILL {UNIT}")
+    recovered = wait_until(lambda: invocation(rank0) != before and serving(lab), 420)
+    assert recovered is not None, ssh(rank0, f"journalctl -u {GUARD} -n 30 --no-pager", check=False).stdout
+    for host in lab["hosts"]:
+        # the crash restarted the whole group on the live (gated) configuration, on both ranks
+        argv = engine_argv(host)
+        assert "--context-length 512" in argv and "--context-length 768" not in argv, argv[-300:]
+        assert not pending_reload(host), host["name"]
+    print(f"\nlaunch=false, then SIGKILL on rank 1: the group served the gated configuration again after "
+          f"{time.monotonic() - hit:.0f}s")
+
+
+def test_8_a_killed_deploy_is_finished_by_the_rerun_on_one_configuration(lab, changed_recipes):
+    rank0, rank1 = lab["hosts"]
+    # killed while staging (the units stage): nothing that runs changed
+    killed_deploy("(staged, 0600)", changed_recipes)
+    for host in lab["hosts"]:
+        assert "--context-length 512" in ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+    # killed right after the launch made the new configuration live on every rank, before any restart
+    killed_deploy(f"Start {UNIT} (rank 0)", changed_recipes)
+    lives = [ssh(h, f"cat /etc/systemd/system/{UNIT}.service").stdout for h in lab["hosts"]]
+    assert all("--context-length 768" in text for text in lives), "a mix of configurations is live"
+    started = time.monotonic()
+    proc = deploy(env=changed_recipes)
+    assert proc.returncode == 0
+    rerun_s = time.monotonic() - started
+    assert wait_until(lambda: serving(lab), 300) is not None
+    for host in lab["hosts"]:
+        assert "--context-length 768" in engine_argv(host), host["name"]
+        assert not pending_reload(host), host["name"]
+        jobs = ssh(host, "systemctl list-jobs --no-legend").stdout.strip()
+        assert not jobs, jobs
+    plan = json.loads(pyinfra("deploys/tiny.py", "--data", f"recipe={RECIPE}", "--dry", "--json", timeout=600,
+                              env=changed_recipes).stdout)["plan"]
+    assert plan and not changes(plan), changes(plan)
+    audit = ironserve("audit", "inventories/lab.py", "deploys/tiny.py", "--data", f"recipe={RECIPE}", "--format",
+                      "json", check=False, timeout=600, env=changed_recipes)
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+    loaded = [c for c in json.loads(audit.stdout)["results"] if c["check"].startswith("unit-loaded:")]
+    assert len(loaded) == 4 and all(c["ok"] for c in loaded), loaded
+    print(f"\nkilled deploy (in the units stage, then after making the configuration live): the rerun converged "
+          f"both ranks on it in {rerun_s:.0f}s")
+
+
+HASHED = [f"/etc/systemd/system/{UNIT}.service", f"/etc/ironserve/{UNIT}.env", f"/etc/systemd/system/{GUARD}.service",
+          f"/etc/ironserve/{UNIT}.rank-group.json", "/etc/sysctl.d/90-ironserve.conf"]
+
+
+def file_hashes(host: dict) -> dict[str, str]:
+    out = ssh(host, "sha256sum " + " ".join(HASHED), check=False).stdout
+    return {path: digest for digest, path in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def test_9_a_host_rebuilt_from_scratch_rejoins_its_group_identical(lab, changed_recipes):
+    rank0, rank1 = lab["hosts"]
+    before = file_hashes(rank1)
+    assert sorted(before) == sorted(HASHED), before
+    started = time.monotonic()
+    ironserve("lab", "reset", rank1["name"], timeout=600)
+    reset_s = time.monotonic() - started
+    # a fresh OS: nothing of ironserve left, same name and address
+    assert ssh(rank1, f"test -e /etc/systemd/system/{UNIT}.service", check=False).returncode != 0
+    assert ssh(rank1, "hostname").stdout.strip() == rank1["name"]
+    proc = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", "--limit", rank1["name"], check=False,
+                   env=changed_recipes, timeout=2400)
+    assert proc.returncode == 0, output(proc)[-4000:]
+    rebuilt_s = time.monotonic() - started
+    assert wait_until(lambda: serving(lab), 420) is not None
+    served_s = time.monotonic() - started
+    assert file_hashes(rank1) == before
+    assert "--context-length 768" in engine_argv(rank1)
+    print(f"\nrank 1's host rebuilt from scratch: reset {reset_s:.0f}s, deploy --limit done at {rebuilt_s:.0f}s, "
+          f"group serving at {served_s:.0f}s")

@@ -1,0 +1,26 @@
+"""`ironserve lab reset HOST` refuses what it cannot do before touching anything (its real run: tests/e2e,
+test_rank_group_lab.py's rebuilt host)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ironserve.lab import cli
+
+
+def test_reset_is_a_lab_subcommand():
+    out = subprocess.run([sys.executable, "-m", "ironserve.lab", "reset", "--help"], capture_output=True, text=True)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and "a host rebuilt from scratch" in text and "--limit HOST" in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lab commands need root")
+def test_reset_of_an_unknown_host_names_the_lab_hosts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))  # a lab of its own: never the shared one
+    assert cli.main(["reset", "lab9"]) == 1
+    err = capsys.readouterr().err
+    assert "no lab host 'lab9'" in err and "the lab is down" in err
