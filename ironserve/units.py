@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from .nvidia import docker_gpu_args, gpu_access
 from .render import Process, Rendered
 from .resources import files_dir
 from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HostTuning, Recipe, UvRuntime
@@ -137,7 +138,8 @@ def _runtime_argv(recipe: Recipe, proc: Process, api_key: bool) -> tuple[list[st
     run = runtime.run
     docker = ["/usr/bin/docker", "run", "--rm", "--name", proc.unit, "--env-file", env_path(proc)]
     if run.gpus:
-        docker += ["--gpus", run.gpus]
+        # CDI devices survive a systemd daemon-reload; --gpus only with a toolkit older than CDI (ironserve.nvidia)
+        docker += docker_gpu_args(run.gpus, proc.gpu_access or gpu_access(None))
     if run.ipc_host:
         docker.append("--ipc=host")
     if run.network_host:

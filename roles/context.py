@@ -37,6 +37,7 @@ class DeploymentContext:
     processes: list[Process]
     launch: bool
     data: dict = field(default_factory=dict)
+    hosts: list[InventoryHost] = field(default_factory=list)  # the whole inventory, in order (NVLink domains)
     # what this run's operations on this host change (filled by the roles while planning, read by the launch)
     changes: ChangeRecords = field(default_factory=ChangeRecords)
     # {(host, unit): did its health gate pass}, filled while the run executes; one dict shared by the contexts of
@@ -94,6 +95,7 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
         processes=rendered.for_host(host_name),
         launch=truthy(data.get("launch"), True),
         data=data,
+        hosts=inventory_hosts,
         gate_results=gate_results if gate_results is not None else {},
     )
 

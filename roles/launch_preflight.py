@@ -26,9 +26,12 @@ Checks, each failing with host, what, found and the fix:
 - ``pcie_acs_disabled`` (NVIDIA on PCIe, more than one GPU per rank): no PCI bridge has ACS source validation
   on (``lspci -vvv`` ACSCtl SrcValid+), which routes GPU peer-to-peer traffic through the root complex
   (slow, or hangs with the IOMMU on).
+- ``iommu_passthrough`` (same hosts): no IOMMU group translates DMA (``/sys/kernel/iommu_groups/*/type`` DMA or
+  DMA-FQ): RTX PRO 6000 peer-to-peer hangs with the IOMMU in translated mode (NVIDIA/nccl#1999, #2079); the
+  fix names the kernel parameter (``iommu=pt``, on arm64 ``iommu.passthrough=1``).
 
 Host data (defaults in brackets): ``rendezvous`` [true], ``rendezvous_timeout_s`` [60],
-``pcie_acs_check`` [true].
+``pcie_acs_check`` [true], ``iommu_check`` [true].
 """
 
 from __future__ import annotations
@@ -205,7 +208,50 @@ class PcieAcs(FactBase):
         return found
 
 
+class IommuGroups(FactBase):
+    """``{types: {type: count}, cmdline}``: the DMA domain types of the IOMMU groups and the kernel command line
+    (no groups: the IOMMU is off)."""
+
+    def command(self):
+        return ("for f in /sys/kernel/iommu_groups/*/type; do [ -r \"$f\" ] && echo \"type $(cat \"$f\")\"; done; "
+                "echo \"cmdline $(cat /proc/cmdline 2>/dev/null)\"")
+
+    def process(self, output):
+        types: dict[str, int] = {}
+        cmdline = ""
+        for line in output:
+            kind, _, value = line.strip().partition(" ")
+            if kind == "type" and value:
+                types[value] = types.get(value, 0) + 1
+            elif kind == "cmdline":
+                cmdline = value
+        return {"types": types, "cmdline": cmdline}
+
+
+def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
+    """Translated DMA groups (DMA, DMA-FQ) break GPU P2P; identity (passthrough) or no IOMMU is fine."""
+    types = (plain(state) or {}).get("types") or {}
+    translated = sum(n for t, n in types.items() if t.startswith("DMA"))
+    if not translated:
+        return None
+    param = "iommu.passthrough=1" if arch == "aarch64" else "iommu=pt"
+    return (f"{host_name}: the IOMMU translates DMA for {translated} device group(s) "
+            f"({', '.join(f'{t}: {n}' for t, n in sorted(types.items()))}): GPU peer-to-peer over PCIe hangs or "
+            f"crawls (NVIDIA/nccl#1999). Fix: add {param} to GRUB_CMDLINE_LINUX in /etc/default/grub, run "
+            f"update-grub and reboot (or turn the IOMMU off in the BIOS); iommu_check=false skips this check")
+
+
 # --------------------------------------------------------------------------- operations
+
+
+@operation()
+def iommu_passthrough(arch: str = "x86_64"):
+    problem = iommu_problem(host.name, host.get_fact(IommuGroups), arch)
+    if problem:
+        raise OperationError(problem)
+    host.noop("IOMMU off or in passthrough: GPU peer-to-peer is direct")
+    return
+    yield  # noqa: unreachable - an operation is a generator
 
 
 @operation()
@@ -336,6 +382,9 @@ def apply(ctx: DeploymentContext) -> None:
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
             and truthy(ctx.get("pcie_acs_check"), True) and any(p.devices > 1 for p in engines)):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
+    if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
+            and truthy(ctx.get("iommu_check"), True) and any(p.devices > 1 for p in engines)):
+        iommu_passthrough(name="IOMMU passthrough or off (GPU peer-to-peer)", arch=ctx.profile.cpu_arch)
     groups = rank_groups(ctx.rendered)
     mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
     if not mine:
