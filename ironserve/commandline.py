@@ -19,6 +19,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .nvidia import cdi_gpus, is_cdi_gpu
+
 
 class CommandError(ValueError):
     """A pasted command ironserve cannot read: what was found, what was expected, the fix."""
@@ -344,7 +346,10 @@ def _docker_option(d: DockerOptions, name: str, value: str) -> None:
     elif name in ("-v", "--volume"):
         d.volumes.append(value)
     elif name == "--device":
-        d.devices.append(value)
+        if is_cdi_gpu(value):  # the CDI form of --gpus (what ironserve's own units write)
+            d.gpus = cdi_gpus([value], d.gpus)
+        else:
+            d.devices.append(value)
     elif name == "--gpus":
         d.gpus = value  # '"device=0,1"' keeps its quotes: docker reads the value as CSV
     elif name == "--shm-size":
