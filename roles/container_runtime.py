@@ -114,11 +114,6 @@ def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url
     return "\n".join(lines) + "\n"
 
 
-def container_argv(argv: list[str], image: str) -> list[str]:
-    """What a `docker run ... IMAGE CMD...` argv passes as the container's command (after the image)."""
-    return argv[argv.index(image) + 1:]
-
-
 # --------------------------------------------------------------------------- facts
 
 

@@ -43,6 +43,9 @@ class DeploymentContext:
     # {(host, unit): did its health gate pass}, filled while the run executes; one dict shared by the contexts of
     # every host of the run (a rank > 0 saves its last good configuration only when rank 0's gate passed)
     gate_results: dict[tuple[str, str], bool] = field(default_factory=dict)
+    # {rank group key: {rank: its unit running?}}, shared like gate_results: filled while planning the launch
+    # preflight, read by its rendezvous while executing (a running rank keeps its group from a rendezvous)
+    ranks_running: dict[str, dict[int, bool]] = field(default_factory=dict)
 
     @property
     def is_router_only(self) -> bool:
@@ -107,9 +110,12 @@ def current(model: str) -> DeploymentContext:
     key = (model, host.name)
     if key not in _CACHE:
         hosts = [(h.name, _host_data(h)) for h in inventory]
-        # the hosts of one run share its gate results
+        # the hosts of one run share its gate results and its record of running ranks
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
-        _CACHE[key] = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        if peer:
+            ctx.ranks_running = peer.ranks_running
+        _CACHE[key] = ctx
     return _CACHE[key]
 
 
