@@ -45,7 +45,17 @@ GUARD = f"{UNIT}-rank-guard"
 
 
 def deploy(*extra: str, check: bool = True, env: dict | None = None):
-    return pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", *extra, check=check, env=env)
+    proc = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", *extra, check=False, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"the deploy failed ({proc.returncode}):\n{run_log(proc)}")
+    return proc
+
+
+def run_log(proc) -> str:
+    """What the run said while executing (the hosts' logs, gates, journals), without the results table."""
+    text = output(proc)
+    end = text.rfind("--> Results")
+    return (text[:end] if end > 0 else text)[-8000:]
 
 
 def output(proc) -> str:
@@ -308,7 +318,7 @@ def test_9_a_host_rebuilt_from_scratch_rejoins_its_group_identical(lab, changed_
     assert ssh(rank1, "hostname").stdout.strip() == rank1["name"]
     proc = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", "--limit", rank1["name"], check=False,
                    env=changed_recipes, timeout=2400)
-    assert proc.returncode == 0, output(proc)[-4000:]
+    assert proc.returncode == 0, run_log(proc)
     rebuilt_s = time.monotonic() - started
     assert wait_until(lambda: serving(lab), 420) is not None
     served_s = time.monotonic() - started
