@@ -116,6 +116,23 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool) -> list[Finding]
     return findings
 
 
+def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> list[Finding]:
+    """The real parser on a pasted command: the version named with --engine, else the PyPI release of the hardware's
+    seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
+    if engine:
+        return _parser_findings(engine, [argv])
+    from .engine_parser import release_for_era
+    from .importer import DEFAULT_ENGINE
+    from .lint import SEED_ERA
+
+    era = SEED_ERA.get(profile.accelerator.arch, "")
+    version = release_for_era(era) or DEFAULT_ENGINE
+    why = f"the PyPI release of the {era} era" if release_for_era(era) else "the newest release ironserve knows"
+    return [Finding(f.rule, Severity.warning if f.severity is Severity.error else f.severity,
+                    f"{f.message} (parser of sglang {version}, {why}; name --engine to judge for your version)",
+                    f.fix, f.where) for f in _parser_findings(version, [argv])]
+
+
 def _where(f: Finding, recipe_id: str) -> Finding:
     return Finding(f.rule, f.severity, f.message, f.fix, f"{recipe_id} {f.where}".strip())
 
@@ -158,9 +175,9 @@ def cmd_lint(args) -> int:
                 found = lint_pasted(words, profile, engine)
             except ValueError as exc:
                 raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-            if engine and not args.offline and not has_errors(found):
+            if not args.offline and not has_errors(found):
                 try:
-                    found += _parser_findings(engine, [parse_command(words).argv])
+                    found += _pasted_parser_findings(engine, parse_command(words).argv, profile)
                 except CommandError:
                     pass  # already a finding
             if len(launches) > 1:

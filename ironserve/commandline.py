@@ -19,6 +19,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .nvidia import cdi_gpus, is_cdi_gpu
+
 
 class CommandError(ValueError):
     """A pasted command ironserve cannot read: what was found, what was expected, the fix."""
@@ -33,7 +35,9 @@ ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
 SGLANG_BIN = re.compile(r"^(.*/)?sglang$")
 # a shell variable or a documentation placeholder in a value: $x, ${x}, ${x:-default}, <PREFILL_HOST_IP>
-SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)|<([A-Za-z_][A-Za-z0-9_]*)>")
+SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}"  # ${x}, ${x:-default}: groups 1, 2
+                       r"|\$([A-Za-z_][A-Za-z0-9_]*)"  # $x: group 3
+                       r"|<([A-Za-z_][A-Za-z0-9_]*)>")  # <PLACEHOLDER> of a guide: group 4
 
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
 SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
@@ -342,7 +346,10 @@ def _docker_option(d: DockerOptions, name: str, value: str) -> None:
     elif name in ("-v", "--volume"):
         d.volumes.append(value)
     elif name == "--device":
-        d.devices.append(value)
+        if is_cdi_gpu(value):  # the CDI form of --gpus (what ironserve's own units write)
+            d.gpus = cdi_gpus([value], d.gpus)
+        else:
+            d.devices.append(value)
     elif name == "--gpus":
         d.gpus = value  # '"device=0,1"' keeps its quotes: docker reads the value as CSV
     elif name == "--shm-size":

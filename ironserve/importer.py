@@ -38,9 +38,13 @@ _TOPOLOGY_FLAGS = {"--dist-init-addr", "--nnodes", "--node-rank", "--disaggregat
 DEFAULT_BOOTSTRAP_PORT = 8998
 ROUTER_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "policy": "cache_aware"}
 API_KEY_FILE = "/etc/ironserve/{id}.api_key"
-# Ascend NPU hosts run SGLang's NPU build on CANN (torch-npu), never the CUDA stack PyPI resolves to.
-ASCEND_STACK = {"python": "3.11", "packages": ["torch==2.8.0", "torch-npu==2.8.0"],
-                "source_env": ["/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/nnal/atb/set_env.sh"]}
+# Ascend NPU hosts run SGLang's NPU image (CANN, torch-npu, sgl-kernel-npu inside), never the CUDA stack PyPI's
+# sglang resolves to; the container gets the NPU devices and the host's driver as SGLang's Ascend docs run it.
+ASCEND_IMAGE = "lmsysorg/sglang:main-cann{toolkit}-a3"
+ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
+ASCEND_VOLUMES = ["/usr/local/sbin:/usr/local/sbin", "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
+                  "/usr/local/Ascend/firmware:/usr/local/Ascend/firmware",
+                  "/etc/ascend_install.info:/etc/ascend_install.info"]
 # The image each hardware's seeds run, used when a command is imported without --engine or docker run.
 ERA_IMAGE = {"sm120": "lmsysorg/sglang:dev-cu13", "sm100": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"}
 DEFAULT_ENGINE = "0.5.23"  # newest PyPI release ironserve knows; used when no parser is cached to choose one
@@ -68,7 +72,6 @@ class _Values:
         self.findings: list[Finding] = []
         self.recipe_id = recipe_id
         self.api_key = False
-        self.hf_token = False
 
     def unset(self, text: str, where: str, placeholder: str | None = None) -> str:
         """A value with $var / ${var} / <VAR> in it: the inventory placeholder when one fits, else <var>."""
@@ -115,7 +118,6 @@ def _env(env: dict[str, str], values: _Values, where: str) -> dict[str, str]:
 
 def _secret_env(key: str, values: _Values, where: str) -> None:
     if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        values.hf_token = True
         fix = "put the token in a 0600 file on the controller and set host data hf_token_file to it"
     else:
         fix = f"keep {key} in a 0600 file (never in a recipe): see docs on secrets"
@@ -290,6 +292,9 @@ def _example(field_name: str) -> str:
 
 
 def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> dict:
+    if SHELL_VAR.search(d.image):
+        raise CommandError(f"the docker image is the shell variable {d.image!r}",
+                           "write the image as repository:tag (and @sha256:... to pin it) in the command", "docker")
     d.volumes = [values.unset(v, "docker -v") for v in d.volumes]
     d.devices = [values.unset(v, "docker --device") for v in d.devices]
     d.env_files = [values.unset(v, "docker --env-file") for v in d.env_files]
@@ -558,8 +563,15 @@ def _flat_single(topology: dict) -> tuple[dict, dict, dict]:
 
 
 def import_commands(commands: list[Command], hardware: str, recipe_id: str | None = None,
-                    engine: str | None = None, hardware_arch: str = "none", detect: bool = False) -> Imported:
-    """Commands of one deployment (engine commands, at most one router) -> recipe data and findings."""
+                    engine: str | None = None, hardware_arch: str | None = None, detect: bool = False) -> Imported:
+    """Commands of one deployment (engine commands, at most one router) -> recipe data and findings.
+
+    hardware_arch defaults to the arch of the hardware profile `hardware` names ("none" for unknown ids)."""
+    if hardware_arch is None:
+        from .catalogue import hardware_profiles
+
+        profile = hardware_profiles().get(hardware)
+        hardware_arch = profile.accelerator.arch if profile else "none"
     if not commands:
         raise CommandError("no SGLang launch command found", "paste 'python3 -m sglang.launch_server ...'")
     routers = [c for c in commands if c.kind == "router"]
@@ -591,8 +603,9 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
         server["api_key_file"] = API_KEY_FILE.format(id=rid)
     model = _model(model_path, family, values)
     launch = next(iter(launchers), "launch_server")
-    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch, dockers[0] if dockers else None,
-                                                        values, notes, [c.argv for c in commands], detect)
+    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
+                                                        dockers[0] if dockers else None, values, notes,
+                                                        [c.argv for c in commands], detect)
     if router:
         from .engine_parser import DEFAULT_ROUTER_VERSION
 
@@ -693,13 +706,20 @@ def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOp
         tag = docker.image.rsplit(":", 1)[1] if ":" in docker.image.split("/")[-1] else "latest"
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch == "ascend-a3":
-        runtime = {"kind": "uv", "python": ASCEND_STACK["python"],
-                   "packages": [f"sglang=={version}", *ASCEND_STACK["packages"]],
-                   "source_env": list(ASCEND_STACK["source_env"])}
-        notes.append(_note("import-npu-runtime", "Ascend NPU runtime: torch-npu on the CANN toolkit (sourced), not "
-                           "a CUDA stack; the NPU build of SGLang (sgl-kernel-npu) comes from Ascend's wheels",
-                           "or import the docker run line of an Ascend SGLang image", "runtime", Severity.info))
-        return runtime, {"sglang": version, "launcher": launch}, note
+        from .catalogue import hardware_profiles
+
+        profile = next(p for p in hardware_profiles().values() if p.accelerator.arch == arch)
+        npu = DockerOptions(image=ASCEND_IMAGE.format(toolkit=(profile.toolkit or "8.3.RC1").lower()),
+                            privileged=True, network="host", ipc="host", shm_size="16g",
+                            devices=[f"/dev/davinci{n}" for n in range(profile.accelerator.count)] + ASCEND_DEVICES,
+                            volumes=list(ASCEND_VOLUMES))
+        runtime = docker_runtime(npu, values, notes)
+        notes.append(_note("import-npu-runtime", f"Ascend NPU runtime: SGLang's NPU image {npu.image} (CANN "
+                           f"{profile.toolkit}, torch-npu) with the {profile.accelerator.count} NPU dies and the host "
+                           "driver mounted, not a CUDA PyPI stack", "pin runtime.digest, or import the docker run "
+                           "line you use", "runtime", Severity.info))
+        tag = npu.image.rsplit(":", 1)[1]
+        return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch in ERA_IMAGE and not engine:
         return ({"kind": "docker", "image": ERA_IMAGE[arch]},
                 {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version}, note)
@@ -729,13 +749,13 @@ def detect_engine(argvs: list[list[str]]) -> tuple[str | None, str]:
 
 
 def import_command(words: list[str], hardware: str, recipe_id: str | None = None,
-                   engine: str | None = None, hardware_arch: str = "none") -> dict:
+                   engine: str | None = None, hardware_arch: str | None = None) -> dict:
     """One pasted command (as the shell split it) -> recipe data."""
     return import_commands([parse_command(words)], hardware, recipe_id, engine, hardware_arch).data
 
 
 def import_script(text: str, hardware: str, recipe_id: str | None = None, engine: str | None = None,
-                  hardware_arch: str = "none", detect: bool = False) -> Imported:
+                  hardware_arch: str | None = None, detect: bool = False) -> Imported:
     """A launch script (the engine commands and the router of one deployment) -> recipe data and findings."""
     script = parse_script(text)
     if not script.commands:

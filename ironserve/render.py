@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 from .catalogue import Problem, SpecError
 from .inventory import InventoryHost
-from .spec import Group, Recipe, ServerOptions, devices_per_node
+from .nvidia import gpu_access
+from .spec import DockerRuntime, Group, Recipe, ServerOptions, devices_per_node
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
@@ -57,6 +58,7 @@ class Process:
     unit: str = ""  # the systemd unit (the same on every rank of a group)
     source_env: list[str] = field(default_factory=list)
     env_unset: list[str] = field(default_factory=list)
+    gpu_access: str = ""  # docker on NVIDIA: "cdi" or "dev-char" (ironserve.nvidia.gpu_access), else ""
     launcher: list[str] = field(default_factory=list)  # argv's launcher (python3 -m sglang.launch_server, ...)
     bind: str | None = None  # the address it binds (--host); None: the engine's default
     dist_init_addr: str | None = None  # multi-node groups: rank 0's address and port (--dist-init-addr)
@@ -331,6 +333,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
             head=head.name if group.nodes > 1 else None,
             devices=devices_per_node(server, group.nodes),
             model_path=model_path,
+            gpu_access=_gpu_access(runtime, slot.host),
         ))
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
@@ -346,6 +349,13 @@ def _host_port(address: str, port: int) -> str:
 
 
 NIC_FROM_INVENTORY = "<nic>"
+
+
+def _gpu_access(runtime, host: InventoryHost) -> str:
+    """How a docker unit on this host asks for its GPUs: decided by the host's pinned container toolkit."""
+    if not isinstance(runtime, DockerRuntime) or not runtime.run.gpus:
+        return ""
+    return gpu_access(host.data.get("nvidia_container_toolkit_version"))
 
 
 def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str], where: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from .nvidia import docker_gpu_args, gpu_access
 from .render import Process, Rendered
 from .resources import files_dir
 from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HostTuning, Recipe, UvRuntime
@@ -112,6 +113,18 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     api_key: the env file holds IRONSERVE_API_KEY(_FILE); run the engine through ironserve-exec, which adds
     --api-key in-process (SGLang only takes the key on argv, where every user could read it).
     """
+    run, command = _runtime_argv(recipe, proc, api_key)
+    return run + command
+
+
+def container_command(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]:
+    """What the container of a docker unit runs (the command after the image): what a running container is
+    compared with."""
+    return _runtime_argv(recipe, proc, api_key)[1]
+
+
+def _runtime_argv(recipe: Recipe, proc: Process, api_key: bool) -> tuple[list[str], list[str]]:
+    """(how the runtime starts it, the command it runs): (docker run ... IMAGE, command) or ([], argv)."""
     runtime = recipe.runtime
     argv = with_key_launcher(proc) if api_key else list(proc.argv)
     sourced = runtime.source_env
@@ -120,12 +133,13 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
         argv[0] = f"{bin_dir}/{argv[0]}"
         if sourced:
             argv = ["/bin/bash", "-c", sourcing_script(sourced), proc.unit, *argv]
-        return argv
+        return [], argv
     assert isinstance(runtime, DockerRuntime)
     run = runtime.run
     docker = ["/usr/bin/docker", "run", "--rm", "--name", proc.unit, "--env-file", env_path(proc)]
     if run.gpus:
-        docker += ["--gpus", run.gpus]
+        # CDI devices survive a systemd daemon-reload; --gpus only with a toolkit older than CDI (ironserve.nvidia)
+        docker += docker_gpu_args(run.gpus, proc.gpu_access or gpu_access(None))
     if run.ipc_host:
         docker.append("--ipc=host")
     if run.network_host:
@@ -152,14 +166,12 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     if api_key:
         docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
-        docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced), proc.unit]
-    elif run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
+        return (docker + ["--entrypoint", "/bin/bash", image_ref(recipe)],
+                ["-c", sourcing_script(sourced), proc.unit, *argv])
+    if run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
         # the image's entrypoint replaced by the argv's first words, as the pasted line had it
-        docker += ["--entrypoint", run.entrypoint, image_ref(recipe)]
-        argv = argv[len(shlex.split(run.entrypoint)):]
-    else:
-        docker.append(image_ref(recipe))
-    return docker + argv
+        return docker + ["--entrypoint", run.entrypoint, image_ref(recipe)], argv[len(shlex.split(run.entrypoint)):]
+    return docker + [image_ref(recipe)], argv
 
 
 def _mounted(path: str, volumes: list[str]) -> bool:

@@ -13,7 +13,7 @@ Host data (defaults in brackets):
   unsigned repository); else ``apt_signed_by`` [none] names a keyring already on the host (mirrors); else the
   vendor's public key is downloaded to /etc/apt/keyrings/ (``docker_apt_key_url`` / ``nvidia_apt_key_url``)
 - ``docker_packages`` [docker-ce, docker-ce-cli, containerd.io], ``nvidia_container_packages``
-  [nvidia-container-toolkit] (NVIDIA hosts only)
+  [nvidia-container-toolkit, pinned at ``nvidia_container_toolkit_version``] (NVIDIA hosts only)
 - ``pip_index_url`` [none]: passed to the derived image build as PIP_INDEX_URL (air-gapped builds)
 
 Image pinning: a recipe with ``runtime.digest`` runs ``repo@sha256:...`` and pulls it only when absent. A recipe
@@ -23,6 +23,13 @@ recorded digest, so a tag that moved upstream does not change a deployed host. `
 ``ironserve/<recipe>:derived`` from /etc/ironserve/images/<recipe>/Dockerfile (FROM repo@digest + the patch
 lines), only when the Dockerfile changed or the image is missing: the image carries the Dockerfile's sha256
 in the label ``ironserve.dockerfile.sha256``.
+
+GPU access (NVIDIA, see ironserve.nvidia): the toolkit is pinned (``nvidia_container_toolkit_version``
+[1.18.0-1]). From 1.14 on the role enables CDI in Docker (``nvidia-ctk runtime configure --cdi.enabled``) and
+generates the CDI spec /etc/cdi/nvidia.yaml (``nvidia-ctk cdi generate``; again whenever it does not name the
+installed driver version); the units then ask for ``--device nvidia.com/gpu=all``, which keeps the GPUs across a
+``systemctl daemon-reload``. Older toolkits keep ``--gpus`` with the documented /dev/char symlinks (udev rule +
+``nvidia-ctk system create-dev-char-symlinks --create-all``).
 
 Containers run under systemd units (``docker run --rm --name <unit>``); drift of a running container against
 the rendered unit (image, command, env names) is detected by the fact ``ContainerConfig`` and repaired by the
@@ -42,10 +49,12 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd
 
+from ironserve.nvidia import NVIDIA_CONTAINER_TOOLKIT_VERSION, gpu_access
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, sha256_text
 from roles.common import deb822_source, run_if_changed, truthy
 from roles.context import DeploymentContext
+from roles.preflight import plain
 
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
 NVIDIA_CONTAINER_PACKAGES = ["nvidia-container-toolkit"]
@@ -59,6 +68,12 @@ KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
 DAEMON_JSON = "/etc/docker/daemon.json"
 IMAGES_DIR = f"{ETC_DIR}/images"
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
+DEV_CHAR_RULE = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
+DEV_CHAR_RULE_TEXT = ("# Managed by ironserve (roles/container_runtime.py): /dev/char links for the NVIDIA devices, so\n"
+                      "# containers keep their GPUs across systemctl daemon-reload (NVIDIA/nvidia-container-toolkit#48)\n"
+                      'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+                      'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
 DOCKERFILE_LABEL = "ironserve.dockerfile.sha256"
 
 
@@ -97,11 +112,6 @@ def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url
         lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
     lines += list(patches)
     return "\n".join(lines) + "\n"
-
-
-def container_argv(argv: list[str], image: str) -> list[str]:
-    """What a `docker run ... IMAGE CMD...` argv passes as the container's command (after the image)."""
-    return argv[argv.index(image) + 1:]
 
 
 # --------------------------------------------------------------------------- facts
@@ -155,6 +165,34 @@ class DockerRuntimes(FactBase):
         except ValueError:
             return []
         return sorted((data.get("runtimes") or {}).keys())
+
+
+class DockerCdiEnabled(FactBase):
+    """Docker's daemon.json enables CDI (``features.cdi``)."""
+
+    def command(self):
+        return f"cat {DAEMON_JSON} 2>/dev/null || true"
+
+    def process(self, output):
+        try:
+            data = json.loads("\n".join(output).strip() or "{}")
+        except ValueError:
+            return False
+        return bool((data.get("features") or {}).get("cdi"))
+
+
+class CdiSpec(FactBase):
+    """``{devices, current}``: the NVIDIA CDI devices nvidia-ctk resolves, and whether the spec file names the
+    installed driver version (a spec of an older driver mounts libraries that are gone)."""
+
+    def command(self, path, driver):
+        return (f"nvidia-ctk cdi list 2>/dev/null | grep '^nvidia.com/gpu=' || true; "
+                f"grep -qF {shlex.quote(driver)} {shlex.quote(path)} 2>/dev/null && echo ironserve-driver-current || true")
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return {"devices": [x for x in lines if x.startswith("nvidia.com/gpu=")],
+                "current": "ironserve-driver-current" in lines}
 
 
 class ImageLock(FactBase):
@@ -215,14 +253,24 @@ class ContainerConfig(FactBase):
 
 
 @operation()
-def nvidia_runtime_configured():
-    """Register the nvidia runtime with Docker (nvidia-ctk) when daemon.json lacks it, and restart Docker."""
-    if "nvidia" in host.get_fact(DockerRuntimes):
-        host.noop("docker already has the nvidia runtime")
+def nvidia_runtime_configured(cdi: bool = False):
+    """Register the nvidia runtime with Docker (nvidia-ctk), CDI enabled when asked, and restart Docker."""
+    if "nvidia" in host.get_fact(DockerRuntimes) and (not cdi or plain(host.get_fact(DockerCdiEnabled))):
+        host.noop("docker already has the nvidia runtime" + (" and CDI" if cdi else ""))
         return
-    yield "nvidia-ctk runtime configure --runtime=docker"
+    yield "nvidia-ctk runtime configure --runtime=docker" + (" --cdi.enabled" if cdi else "")
     # dockerd reads daemon.json at start only
     yield "systemctl restart docker"
+
+
+@operation()
+def cdi_spec(driver_version: str, path: str = CDI_SPEC):
+    """The NVIDIA CDI spec exists, names nvidia.com/gpu=all and the installed driver (else: generate it)."""
+    spec = plain(host.get_fact(CdiSpec, path=path, driver=driver_version)) or {}
+    if "nvidia.com/gpu=all" in (spec.get("devices") or []) and spec.get("current"):
+        host.noop(f"{path}: nvidia.com/gpu=all for driver {driver_version}")
+        return
+    yield f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])} && nvidia-ctk cdi generate --output={shlex.quote(path)}"
 
 
 @operation()
@@ -344,6 +392,25 @@ def drift(have: dict, image: str, cmd: list[str], env_names: list[str]) -> list[
 # --------------------------------------------------------------------------- deploy
 
 
+def toolkit_version(ctx: DeploymentContext) -> str:
+    return str(ctx.get("nvidia_container_toolkit_version", NVIDIA_CONTAINER_TOOLKIT_VERSION))
+
+
+def gpu_devices(ctx: DeploymentContext) -> None:
+    """GPUs in containers that survive daemon-reload: CDI, or /dev/char links on a toolkit older than CDI."""
+    cdi = gpu_access(toolkit_version(ctx)) == "cdi"
+    nvidia_runtime_configured(name="Docker knows the nvidia runtime" + (" (CDI enabled)" if cdi else ""), cdi=cdi)
+    if cdi:
+        from roles.nvidia_driver import DRIVER_VERSION, upstream
+
+        cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.get("nvidia_driver_version", DRIVER_VERSION)))
+        return
+    rule = files.put(name="udev rule: /dev/char links for NVIDIA devices", src=StringIO(DEV_CHAR_RULE_TEXT),
+                     dest=DEV_CHAR_RULE, mode="644")
+    run_if_changed(name="/dev/char links for NVIDIA devices", triggers=[rule],
+                   command="nvidia-ctk system create-dev-char-symlinks --create-all")
+
+
 def _keyring(ctx: DeploymentContext, name: str, url: str) -> tuple[str | None, bool]:
     """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says."""
     if truthy(ctx.get("apt_trusted"), False):
@@ -384,15 +451,17 @@ def apply(ctx: DeploymentContext) -> None:
                                        signed_by, trusted)),
             dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources", mode="644"))
     if ctx.vendor == "nvidia":
-        packages += list(ctx.get("nvidia_container_packages", NVIDIA_CONTAINER_PACKAGES))
+        toolkit = toolkit_version(ctx)
+        packages += [f"{p}={toolkit}" if p == "nvidia-container-toolkit" else p
+                     for p in ctx.get("nvidia_container_packages", NVIDIA_CONTAINER_PACKAGES)]
     # also when a package is still missing: a run that failed after writing the sources never updated
     installed = host.get_fact(DebPackages) or {}
-    missing = any(p not in installed for p in packages)
+    missing = any(p.split("=", 1)[0] not in installed for p in packages)
     run_if_changed(name="apt update (sources changed)", command="apt-get update", triggers=[*sources, missing])
     apt.packages(name="Docker and the NVIDIA container toolkit", packages=packages, no_recommends=True)
     systemd.service(name="Docker running", service="docker.service", running=True, enabled=True)
     if ctx.vendor == "nvidia":
-        nvidia_runtime_configured(name="Docker knows the nvidia runtime")
+        gpu_devices(ctx)
 
     changes = [image_pinned(name=f"Image {runtime.image} (pinned)", image=runtime.image, digest=runtime.digest,
                             recipe_id=ctx.recipe.id)]
@@ -425,6 +494,14 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     else:
         out.append({"id": f"image-lock:{ctx.recipe.id}", "kind": "command", "expected": "present",
                     "params": {"cmd": f"test -s {lock_path(ctx.recipe.id)} && echo present || echo missing"}})
+    if ctx.vendor == "nvidia" and runtime.run.gpus:
+        if gpu_access(toolkit_version(ctx)) == "cdi":
+            out.append({"id": "cdi:nvidia.com/gpu=all", "kind": "command", "expected": "1",
+                        "params": {"cmd": "nvidia-ctk cdi list 2>/dev/null | grep -cx 'nvidia.com/gpu=all' || true"}})
+        else:
+            out.append({"id": "dev-char:nvidia", "kind": "command", "expected": "present",
+                        "params": {"cmd": "ls /dev/char | xargs -I{} readlink /dev/char/{} 2>/dev/null | "
+                                          "grep -q nvidia && echo present || echo missing"}})
     if runtime.patches:
         ref = f"ironserve/{ctx.recipe.id}:derived"
         cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {ref}"

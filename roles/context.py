@@ -37,11 +37,15 @@ class DeploymentContext:
     processes: list[Process]
     launch: bool
     data: dict = field(default_factory=dict)
+    hosts: list[InventoryHost] = field(default_factory=list)  # the whole inventory, in order (NVLink domains)
     # what this run's operations on this host change (filled by the roles while planning, read by the launch)
     changes: ChangeRecords = field(default_factory=ChangeRecords)
     # {(host, unit): did its health gate pass}, filled while the run executes; one dict shared by the contexts of
     # every host of the run (a rank > 0 saves its last good configuration only when rank 0's gate passed)
     gate_results: dict[tuple[str, str], bool] = field(default_factory=dict)
+    # {rank group key: {rank: its unit running?}}, shared like gate_results: filled while planning the launch
+    # preflight, read by its rendezvous while executing (a running rank keeps its group from a rendezvous)
+    ranks_running: dict[str, dict[int, bool]] = field(default_factory=dict)
 
     @property
     def is_router_only(self) -> bool:
@@ -91,6 +95,7 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
         processes=rendered.for_host(host_name),
         launch=truthy(data.get("launch"), True),
         data=data,
+        hosts=inventory_hosts,
         gate_results=gate_results if gate_results is not None else {},
     )
 
@@ -105,9 +110,12 @@ def current(model: str) -> DeploymentContext:
     key = (model, host.name)
     if key not in _CACHE:
         hosts = [(h.name, _host_data(h)) for h in inventory]
-        # the hosts of one run share its gate results
+        # the hosts of one run share its gate results and its record of running ranks
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
-        _CACHE[key] = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        if peer:
+            ctx.ranks_running = peer.ranks_running
+        _CACHE[key] = ctx
     return _CACHE[key]
 
 

@@ -1,7 +1,7 @@
 """The whole provisioning of one model, in order: the stages every deploys/*.py runs.
 
     prepare (every host, in parallel, op by op):
-        preflight -> host tuning -> accelerator stack (NVIDIA driver + CUDA + clocks + NCCL | Ascend)
+        preflight -> host tuning -> accelerator stack (NVIDIA driver + CUDA + clocks + NCCL [+ IMEX] | Ascend)
         -> runtime (docker image | uv venv) -> model weights -> service units (argv parsed by the installed SGLang)
         -> router unit
     launch (only when every host converged, and unless launch=false):
@@ -23,6 +23,7 @@ from roles import (
     cuda,
     gpu_clocks,
     host_tuning,
+    imex,
     launch,
     model_weights,
     nccl,
@@ -56,6 +57,7 @@ PREPARE_ROLES: list[tuple[ModuleType, Callable[[DeploymentContext], bool]]] = [
     (cuda, _nvidia),
     (gpu_clocks, _nvidia),
     (nccl, _nvidia),
+    (imex, imex.wanted),  # multi-node NVLink only: IMEX serving before any engine unit exists
     (ascend, lambda ctx: ctx.vendor == "huawei"),
     (container_runtime, _docker),
     (uv_env, lambda ctx: not _docker(ctx)),
@@ -86,6 +88,7 @@ def prepare(ctx: DeploymentContext) -> None:
     run(cuda)
     run(gpu_clocks)
     run(nccl)
+    run(imex)
     run(ascend)
     run(container_runtime)
     run(uv_env)

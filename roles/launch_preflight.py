@@ -26,9 +26,12 @@ Checks, each failing with host, what, found and the fix:
 - ``pcie_acs_disabled`` (NVIDIA on PCIe, more than one GPU per rank): no PCI bridge has ACS source validation
   on (``lspci -vvv`` ACSCtl SrcValid+), which routes GPU peer-to-peer traffic through the root complex
   (slow, or hangs with the IOMMU on).
+- ``iommu_passthrough`` (same hosts): no IOMMU group translates DMA (``/sys/kernel/iommu_groups/*/type`` DMA or
+  DMA-FQ): RTX PRO 6000 peer-to-peer hangs with the IOMMU in translated mode (NVIDIA/nccl#1999, #2079); the
+  fix names the kernel parameter (``iommu=pt``, on arm64 ``iommu.passthrough=1``).
 
 Host data (defaults in brackets): ``rendezvous`` [true], ``rendezvous_timeout_s`` [60],
-``pcie_acs_check`` [true].
+``pcie_acs_check`` [true], ``iommu_check`` [true].
 """
 
 from __future__ import annotations
@@ -53,11 +56,6 @@ CONTAINER_RENDEZVOUS = "/ironserve-rendezvous"
 NIC_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 RENDEZVOUS_TIMEOUT_S = 60
 MARK = "IRONSERVE-RENDEZVOUS "
-
-# rank-group key -> {node_rank: unit running?}, filled while planning, read while executing (every host's plan
-# is complete by then): a rank that is running keeps the whole group from a rendezvous on its port
-_RUNNING: dict[str, dict[int, bool]] = {}
-
 
 # --------------------------------------------------------------------------- pure helpers
 
@@ -210,7 +208,50 @@ class PcieAcs(FactBase):
         return found
 
 
+class IommuGroups(FactBase):
+    """``{types: {type: count}, cmdline}``: the DMA domain types of the IOMMU groups and the kernel command line
+    (no groups: the IOMMU is off)."""
+
+    def command(self):
+        return ("for f in /sys/kernel/iommu_groups/*/type; do [ -r \"$f\" ] && echo \"type $(cat \"$f\")\"; done; "
+                "echo \"cmdline $(cat /proc/cmdline 2>/dev/null)\"")
+
+    def process(self, output):
+        types: dict[str, int] = {}
+        cmdline = ""
+        for line in output:
+            kind, _, value = line.strip().partition(" ")
+            if kind == "type" and value:
+                types[value] = types.get(value, 0) + 1
+            elif kind == "cmdline":
+                cmdline = value
+        return {"types": types, "cmdline": cmdline}
+
+
+def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
+    """Translated DMA groups (DMA, DMA-FQ) break GPU P2P; identity (passthrough) or no IOMMU is fine."""
+    types = (plain(state) or {}).get("types") or {}
+    translated = sum(n for t, n in types.items() if t.startswith("DMA"))
+    if not translated:
+        return None
+    param = "iommu.passthrough=1" if arch == "aarch64" else "iommu=pt"
+    return (f"{host_name}: the IOMMU translates DMA for {translated} device group(s) "
+            f"({', '.join(f'{t}: {n}' for t, n in sorted(types.items()))}): GPU peer-to-peer over PCIe hangs or "
+            f"crawls (NVIDIA/nccl#1999). Fix: add {param} to GRUB_CMDLINE_LINUX in /etc/default/grub, run "
+            f"update-grub and reboot (or turn the IOMMU off in the BIOS); iommu_check=false skips this check")
+
+
 # --------------------------------------------------------------------------- operations
+
+
+@operation()
+def iommu_passthrough(arch: str = "x86_64"):
+    problem = iommu_problem(host.name, host.get_fact(IommuGroups), arch)
+    if problem:
+        raise OperationError(problem)
+    host.noop("IOMMU off or in passthrough: GPU peer-to-peer is direct")
+    return
+    yield  # noqa: unreachable - an operation is a generator
 
 
 @operation()
@@ -225,21 +266,28 @@ def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
 
 
 @operation()
-def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str]):
-    """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc)."""
+def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str],
+                     ranks_running: dict | None = None):
+    """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc).
+
+    ``ranks_running`` (the deployment context's, shared by every host of the run): {group key: {rank: running}},
+    filled while planning and read while executing (every host's plan is complete by then): a rank that is
+    running keeps the whole group from a rendezvous on its port."""
     state = host.get_fact(UnitState, unit=unit, paths=[])
     running = (plain(state) or {}).get("active") in ("active", "activating", "reloading")
-    _RUNNING.setdefault(key, {})[rank] = running
+    ranks_running = {} if ranks_running is None else ranks_running
+    ranks_running.setdefault(key, {})[rank] = running
     if running:
         if problems:
             raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
         host.noop(f"{key}: rank {rank} is running; its group met on this path already")
         return
-    yield FunctionCommand(_rendezvous, (key, rank, command, timeout_s, problems), {})
+    yield FunctionCommand(_rendezvous, (key, rank, command, timeout_s, problems, ranks_running), {})
 
 
-def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str]) -> bool:
-    running = sorted(r for r, up in _RUNNING.get(key, {}).items() if up)
+def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str],
+                ranks_running: dict) -> bool:
+    running = sorted(r for r, up in ranks_running.get(key, {}).items() if up)
     if running:
         host.log(f"{key}: rank(s) {running} already running: no rendezvous (the launch restarts the group)")
         return True
@@ -334,6 +382,9 @@ def apply(ctx: DeploymentContext) -> None:
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
             and truthy(ctx.get("pcie_acs_check"), True) and any(p.devices > 1 for p in engines)):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
+    if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
+            and truthy(ctx.get("iommu_check"), True) and any(p.devices > 1 for p in engines)):
+        iommu_passthrough(name="IOMMU passthrough or off (GPU peer-to-peer)", arch=ctx.profile.cpu_arch)
     groups = rank_groups(ctx.rendered)
     mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
     if not mine:
@@ -357,4 +408,4 @@ def apply(ctx: DeploymentContext) -> None:
         command = " ".join(shlex.quote(a) for a in rendezvous_argv(recipe, proc, group, timeout_s))
         group_rendezvous(name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
                          key=group.key, rank=proc.node_rank, unit=proc.unit, command=command, timeout_s=timeout_s,
-                         problems=problems)
+                         problems=problems, ranks_running=ctx.ranks_running)

@@ -22,6 +22,27 @@ Steps:
    host; only with ``allow_reboot=true`` does it reboot (``server.reboot``) and wait for the host.
 5. The device check that preflight deferred on fresh hosts runs again, strictly.
 
+Real-host steps around the package (Ubuntu 22.04/24.04 on x86_64 and aarch64/sbsa, 64k-page kernels included,
+and Debian 12):
+
+- Kernel modules: with ``nvidia_module_source=dkms`` (default) the headers of the RUNNING kernel
+  (``linux-headers-$(uname -r)``, also for ``-nvidia-64k`` kernels) are installed before the driver: Ubuntu's
+  dkms only recommends the headers and the role installs without recommends, so without them the module build
+  fails (NVIDIA/open-gpu-kernel-modules#441). ``precompiled`` (Ubuntu only) installs Canonical's signed
+  ``linux-modules-nvidia-<branch>-open-$(uname -r)`` with ``nvidia-driver-<branch>-open`` instead: the path for
+  Secure Boot. Secure Boot (``mokutil --sb-state``) with unsigned DKMS modules is refused by preflight before
+  any change, naming both ways out.
+- nouveau: blacklisted in /etc/modprobe.d (``options nouveau modeset=0``), the initramfs rebuilt when that file
+  (or the nvidia module options) changed; a loaded nouveau is unloaded, or the host is marked for a reboot.
+- Held: the driver, the modules/headers of the running kernel and the installed kernel packages are
+  ``apt-mark hold``; unattended-upgrades blacklists kernel and NVIDIA packages and never reboots on its own
+  (kernel updates break DKMS builds). The deploy itself moves the pin (``--allow-change-held-packages``).
+- Persistence mode: a drop-in runs nvidia-persistenced WITH persistence mode (some packaged units pass
+  ``--no-persistence-mode``); every GPU must then report Enabled (``nvidia-smi -pm 1`` otherwise).
+- NVLink multi-node profiles (GB200): ``options nvidia NVreg_CreateImexChannel0=1`` so the driver creates IMEX
+  channel 0 whenever it loads (roles/imex.py creates it now when the module was loaded before), and DCGM
+  (``dcgm``, default on for these profiles: ``datacenter-gpu-manager-4-cuda<major>``, nvidia-dcgm enabled).
+
 Host data (defaults in the constants below):
 
 - ``nvidia_apt_mirror``: repository URL (default: NVIDIA's CUDA repository for the host's OS and
@@ -34,6 +55,9 @@ Host data (defaults in the constants below):
 - ``nvidia_driver_version`` (``580.95.05-1``): exact Debian version of the driver package
 - ``allow_reboot`` (``false``): reboot when the installed driver is not the loaded one
 - ``reboot_timeout`` (``900``): seconds to wait for the host to come back
+- ``nvidia_module_source`` (``dkms``): ``dkms`` (headers of the running kernel) or ``precompiled`` (Ubuntu's
+  signed modules; required with Secure Boot on)
+- ``dcgm`` (on for NVLink multi-node profiles, else off): install and run NVIDIA DCGM
 """
 
 from __future__ import annotations
@@ -43,14 +67,15 @@ from io import BytesIO, StringIO
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
-from pyinfra.facts.server import Arch, LinuxDistribution
+from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
+from ironserve.units import sha256_text
 from roles import preflight
-from roles.common import deb822_source, truthy
+from roles.common import deb822_source, run_if_changed, truthy
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -65,6 +90,37 @@ DRIVER_VERSION = "580.95.05-1"
 PERSISTENCED = "nvidia-persistenced"
 REBOOT_TIMEOUT = 900
 REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}  # NVIDIA names its arm64 server repos "sbsa"
+NOUVEAU_CONF = "/etc/modprobe.d/ironserve-blacklist-nouveau.conf"
+NOUVEAU_TEXT = ("# Managed by ironserve (roles/nvidia_driver.py): nouveau must not bind the GPUs first.\n"
+                "blacklist nouveau\noptions nouveau modeset=0\n")
+NVIDIA_OPTIONS_CONF = "/etc/modprobe.d/ironserve-nvidia.conf"
+UNATTENDED_CONF = "/etc/apt/apt.conf.d/51ironserve-hold-kernel-and-nvidia"
+# unattended-upgrades reads these as regular expressions over package names
+UNATTENDED_TEXT = """// Managed by ironserve (roles/nvidia_driver.py): a kernel or driver update breaks the NVIDIA modules
+// under a running engine; they move only with a deploy.
+Unattended-Upgrade::Package-Blacklist {
+    "linux-image-";
+    "linux-headers-";
+    "linux-modules-";
+    "linux-generic";
+    "linux-nvidia";
+    "nvidia-";
+    "libnvidia-";
+    "datacenter-gpu-manager";
+};
+Unattended-Upgrade::Automatic-Reboot "false";
+"""
+PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/ironserve-persistence-mode.conf"
+PERSISTENCED_TEXT = ("# Managed by ironserve (roles/nvidia_driver.py): persistence mode ON (some packaged units pass\n"
+                     "# --no-persistence-mode): the driver stays initialised between engine restarts.\n"
+                     "[Service]\nExecStart=\n"
+                     "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose\n")
+# kernel packages held with the running kernel's (where installed): the metapackages that would pull a new one
+KERNEL_METAPACKAGES = ("linux-generic", "linux-image-generic", "linux-headers-generic", "linux-image-amd64",
+                       "linux-image-arm64", "linux-headers-amd64", "linux-headers-arm64", "linux-nvidia-64k",
+                       "linux-image-nvidia-64k", "linux-headers-nvidia-64k", "linux-generic-hwe-22.04",
+                       "linux-generic-hwe-24.04")
+DCGM_PACKAGE = "datacenter-gpu-manager-4-cuda{major}"
 
 
 # --------------------------------------------------------------------------- facts
@@ -122,6 +178,35 @@ class NvidiaDriverState(FactBase):
             "package": version.strip() if status.startswith("ii") and version.strip() else None,
             "reboot_required": raw.get("reboot_required") == "yes",
         }
+
+
+class AptHolds(FactBase):
+    """Packages on hold (``apt-mark showhold``)."""
+
+    def command(self) -> str:
+        return "apt-mark showhold 2>/dev/null || true"
+
+    def process(self, output):
+        return sorted({line.strip() for line in output if line.strip()})
+
+    @staticmethod
+    def default():
+        return []
+
+
+class PersistenceMode(FactBase):
+    """Persistence mode per GPU: ``{index: "Enabled" | "Disabled"}``; ``None`` without a working nvidia-smi."""
+
+    def command(self) -> str:
+        return "nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader 2>/dev/null || true"
+
+    def process(self, output):
+        modes = {}
+        for line in output:
+            index, _, mode = (p.strip() for p in line.partition(","))
+            if index.isdigit() and mode:
+                modes[index] = mode
+        return modes or None
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -184,6 +269,20 @@ def dearmor(data: bytes) -> bytes:
         body = body.replace("\r", "").split("\n\n", 1)[1]
     lines = [ln.strip() for ln in body.splitlines() if ln.strip() and not ln.strip().startswith("=")]
     return base64.b64decode("".join(lines))
+
+
+def module_packages(module_source: str, branch: str, release: str) -> list[str]:
+    """What makes the modules loadable on the running kernel: its headers (DKMS) or the signed modules."""
+    if module_source == "precompiled":
+        return [f"linux-modules-nvidia-{branch}-open-{release}"]
+    return [f"linux-headers-{release}"]
+
+
+def hold_list(driver: str, module_pkgs: list[str], release: str, installed: dict) -> list[str]:
+    """Driver, module packages, and the kernel packages installed now (running image and metapackages)."""
+    kernel = [p for p in (f"linux-image-{release}", f"linux-modules-{release}", *KERNEL_METAPACKAGES)
+              if p in installed]
+    return sorted({driver, *module_pkgs, *kernel})
 
 
 def reboot_reasons(state: dict | None, want_version: str) -> list[str]:
@@ -260,11 +359,81 @@ def driver_reboot(package: str, version: str, allow_reboot: bool = False, reboot
     host.noop("reboot needed but not allowed (allow_reboot=false)")
 
 
+@operation()
+def nouveau_unloaded():
+    """nouveau loaded now: unload it, or mark the host for a reboot when it is in use (console)."""
+    kernel = plain(host.get_fact(preflight.KernelState)) or {}
+    if not kernel.get("nouveau"):
+        host.noop("nouveau is not loaded")
+        return
+    # in use by the console it cannot go: the blacklist takes effect at the next boot (driver_reboot says so)
+    yield "modprobe -r nouveau 2>/dev/null || touch /var/run/reboot-required"
+
+
+@operation()
+def packages_held(packages: list[str]):
+    """``apt-mark hold`` what is not held yet."""
+    held = set(plain(host.get_fact(AptHolds)) or [])
+    missing = [p for p in packages if p not in held]
+    if not missing:
+        host.noop(f"held: {', '.join(packages)}")
+        return
+    yield "apt-mark hold " + " ".join(missing)
+
+
+@operation()
+def persistence_mode_on():
+    """Every GPU reports persistence mode Enabled (``nvidia-smi -pm 1`` for those that do not)."""
+    modes = plain(host.get_fact(PersistenceMode))
+    if modes is None:
+        if host.state.is_executing:
+            raise OperationError(f"{host.name}: nvidia-smi does not answer persistence mode. Fix: check that the "
+                                 f"driver is loaded (nvidia-smi) and nvidia-persistenced runs")
+        host.noop("persistence mode is checked once the driver answers")
+        return
+    off = sorted(i for i, mode in modes.items() if mode != "Enabled")
+    if not off:
+        host.noop(f"persistence mode Enabled on {len(modes)} GPUs")
+        return
+    yield "nvidia-smi -pm 1"
+
+
 # --------------------------------------------------------------------------- role
 
 
+def branch(ctx: DeploymentContext) -> str:
+    return ctx.profile.driver_branch or "580"
+
+
+def module_source(ctx: DeploymentContext) -> str:
+    return str(ctx.get("nvidia_module_source", "dkms"))
+
+
 def driver_package(ctx: DeploymentContext) -> str:
-    return DRIVER_PACKAGE.format(branch=ctx.profile.driver_branch or "580")
+    if module_source(ctx) == "precompiled":
+        return f"nvidia-driver-{branch(ctx)}-open"  # Ubuntu's, matching its signed precompiled modules
+    return DRIVER_PACKAGE.format(branch=branch(ctx))
+
+
+def nvlink_multinode(ctx: DeploymentContext) -> bool:
+    return ctx.profile.accelerator.interconnect == "nvlink-mnnvl"
+
+
+def nvidia_module_options(ctx: DeploymentContext) -> str | None:
+    """modprobe options of the nvidia module (None: ironserve sets none on this profile)."""
+    if not nvlink_multinode(ctx):
+        return None
+    return ("# Managed by ironserve (roles/nvidia_driver.py): IMEX channel 0 is created whenever the driver loads\n"
+            "# (multi-node NVLink: the engines' containers get /dev/nvidia-caps-imex-channels/channel0).\n"
+            "options nvidia NVreg_CreateImexChannel0=1\n")
+
+
+def dcgm_wanted(ctx: DeploymentContext) -> bool:
+    return truthy(ctx.get("dcgm"), default=nvlink_multinode(ctx))
+
+
+def dcgm_package(ctx: DeploymentContext) -> str:
+    return DCGM_PACKAGE.format(major=(ctx.profile.toolkit or "13").split(".")[0])
 
 
 def repository(ctx: DeploymentContext) -> None:
@@ -286,10 +455,30 @@ def repository(ctx: DeploymentContext) -> None:
     repo_source(name="NVIDIA apt repository", mirror=mirror, keyring=keyring or KEYRING, trusted=trusted)
 
 
+def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
+    """nouveau blacklisted, module options, initramfs, module packages of the running kernel, holds."""
+    release = (plain(host.get_fact(KernelVersion)) or "").strip()
+    changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
+    options = nvidia_module_options(ctx)
+    if options:
+        changes.append(files.put(name="nvidia module options (IMEX channel 0)", src=StringIO(options),
+                                 dest=NVIDIA_OPTIONS_CONF, mode="644"))
+    # the initramfs carries modprobe.d: without a rebuild nouveau still binds first at boot
+    run_if_changed(name="initramfs rebuilt (module blacklist and options)", triggers=changes,
+                   command="if command -v update-initramfs >/dev/null && ls /boot/initrd.img-* >/dev/null 2>&1; "
+                           "then update-initramfs -u -k all; fi")
+    nouveau_unloaded(name="nouveau not loaded")
+    files.put(name="unattended-upgrades leaves kernel and NVIDIA packages alone", src=StringIO(UNATTENDED_TEXT),
+              dest=UNATTENDED_CONF, mode="644")
+    pkgs = module_packages(module_source(ctx), branch(ctx), release)
+    return pkgs
+
+
 @deploy("ironserve: NVIDIA driver")
 def apply(ctx: DeploymentContext) -> None:
     package = driver_package(ctx)
     version = ctx.get("nvidia_driver_version", DRIVER_VERSION)
+    modules = kernel_prerequisites(ctx, package)
     repository(ctx)
     files.put(
         name=f"Pin {package} {version}",
@@ -300,15 +489,30 @@ def apply(ctx: DeploymentContext) -> None:
         mode="644",
     )
     apt_refresh(name="apt-get update for the NVIDIA driver", packages={package: version})
+    # before the driver: its postinst builds (DKMS) against the running kernel's headers
+    apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
     apt.packages(name=f"Install {package}={version} and {PERSISTENCED}",
-                 packages=[f"{package}={version}", PERSISTENCED], no_recommends=True)
+                 packages=[f"{package}={version}", PERSISTENCED], no_recommends=True,
+                 extra_install_args="--allow-change-held-packages")
+    installed = plain(host.get_fact(DebPackages)) or {}
+    release = (plain(host.get_fact(KernelVersion)) or "").strip()
+    packages_held(name="Driver and kernel held (apt-mark hold)", packages=hold_list(package, modules, release, installed))
     driver_reboot(name="Reboot if the installed driver is not loaded", package=package, version=version,
                   allow_reboot=truthy(ctx.get("allow_reboot"), default=False),
                   reboot_timeout=int(ctx.get("reboot_timeout", REBOOT_TIMEOUT)))
     # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)
+    dropin = files.put(name="nvidia-persistenced runs with persistence mode", src=StringIO(PERSISTENCED_TEXT),
+                       dest=PERSISTENCED_DROPIN, mode="644")
+    run_if_changed(name="systemctl daemon-reload (persistenced drop-in)", triggers=[dropin],
+                   command="systemctl daemon-reload")
     systemd.service(name="nvidia-persistenced enabled and running", service=f"{PERSISTENCED}.service",
-                    running=True, enabled=True)
+                    running=True, enabled=True, restarted=dropin.changed)
+    persistence_mode_on(name="Persistence mode on every GPU")
+    if dcgm_wanted(ctx):
+        apt.packages(name=f"DCGM ({dcgm_package(ctx)})", packages=[dcgm_package(ctx)], no_recommends=True)
+        systemd.service(name="nvidia-dcgm enabled and running", service="nvidia-dcgm.service", running=True,
+                        enabled=True)
 
 
 # --------------------------------------------------------------------------- audit
@@ -320,3 +524,34 @@ def desired_packages(ctx: DeploymentContext) -> list[dict]:
         return []
     return [{"name": driver_package(ctx), "version": ctx.get("nvidia_driver_version", DRIVER_VERSION),
              "gate": "driver"}]
+
+
+def desired_files(ctx: DeploymentContext) -> list[dict]:
+    """nouveau blacklist, nvidia module options, unattended-upgrades policy, persistenced drop-in."""
+    if ctx.vendor != "nvidia":
+        return []
+    texts = {NOUVEAU_CONF: NOUVEAU_TEXT, UNATTENDED_CONF: UNATTENDED_TEXT, PERSISTENCED_DROPIN: PERSISTENCED_TEXT}
+    if nvidia_module_options(ctx):
+        texts[NVIDIA_OPTIONS_CONF] = nvidia_module_options(ctx)
+    return [{"path": p, "sha256": sha256_text(t), "mode": 0o644, "gate": "driver"} for p, t in texts.items()]
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """Module prerequisites of the running kernel, nouveau not loaded, holds, persistence mode."""
+    if ctx.vendor != "nvidia":
+        return []
+    prereq = ('r=$(uname -r); [ -e "/lib/modules/$r/build" ] && echo present || echo missing'
+              if module_source(ctx) == "dkms" else
+              f'dpkg-query -W -f=\'${{db:Status-Abbrev}}\' linux-modules-nvidia-{branch(ctx)}-open-$(uname -r) '
+              '2>/dev/null | grep -q "^ii" && echo present || echo missing')
+    dcgm = ([{"id": "dcgm:active", "kind": "command", "expected": "active",
+              "params": {"cmd": "systemctl is-active nvidia-dcgm 2>/dev/null || true"}}] if dcgm_wanted(ctx) else [])
+    return dcgm + [
+        {"id": "kernel:module-prerequisites", "kind": "command", "expected": "present", "params": {"cmd": prereq}},
+        {"id": "kernel:nouveau-not-loaded", "kind": "command", "expected": "no",
+         "params": {"cmd": "grep -q '^nouveau ' /proc/modules && echo yes || echo no"}},
+        {"id": f"apt-hold:{driver_package(ctx)}", "kind": "command", "expected": "held",
+         "params": {"cmd": f"apt-mark showhold | grep -qx {driver_package(ctx)} && echo held || echo not-held"}},
+        {"id": "gpu:persistence-mode", "kind": "command", "expected": "Enabled",
+         "params": {"cmd": "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u"}},
+    ]

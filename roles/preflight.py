@@ -13,6 +13,14 @@ Checks (custom operations, evaluated from facts at plan time and again at execut
   driver role (nvidia_driver / ascend) runs the same operation again, strictly, once it installed
   the driver.
 
+- ``modules_loadable`` (NVIDIA): Secure Boot (``mokutil --sb-state``) with unsigned DKMS modules, or signed
+  precompiled modules asked for on an OS that has none, is refused with both ways out named.
+- ``same_nvlink_clique`` (multi-node NVLink profiles, GB200): every host of this host's NVLink domain (host data
+  ``nvlink_domain``, default one domain of all such hosts) reports one fabric clique (``nvidia-smi -q`` Fabric:
+  State Completed, Status Success, one ClusterUUID + CliqueId). Peers' facts are read from the peers while
+  planning. A host whose driver does not answer yet defers it; roles/imex.py runs it again strictly after the
+  driver install, before IMEX is configured.
+
 Every failure raises ``OperationError`` with one line per problem: host, what, expected, found, fix.
 
 Host data:
@@ -32,6 +40,7 @@ from roles.common import truthy
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
+MODULE_SOURCES = ("dkms", "precompiled")
 GPU_QUERY = "index,name,memory.total,driver_version,compute_cap"
 
 
@@ -98,6 +107,71 @@ class NpuDevices(FactBase):
         return devices
 
 
+class KernelState(FactBase):
+    """What the NVIDIA modules need from the running kernel.
+
+    ``{release, headers, nouveau, secure_boot}``: ``uname -r``; whether /lib/modules/<release>/build exists
+    (what DKMS builds against); whether nouveau is loaded (/proc/modules); Secure Boot from
+    ``mokutil --sb-state``: ``True``/``False``, ``None`` when unknown (no mokutil, no EFI: legacy boot).
+    """
+
+    def command(self) -> str:
+        return ('r=$(uname -r); echo "release=$r"; '
+                'if [ -e "/lib/modules/$r/build" ]; then echo headers=yes; else echo headers=no; fi; '
+                "if grep -q '^nouveau ' /proc/modules 2>/dev/null; then echo nouveau=yes; else echo nouveau=no; fi; "
+                'echo "sb=$(mokutil --sb-state 2>/dev/null | head -n 1)"')
+
+    def process(self, output):
+        raw = {}
+        for line in output:
+            key, _, value = line.partition("=")
+            raw[key.strip()] = value.strip()
+        sb = raw.get("sb", "").lower()
+        return {
+            "release": raw.get("release") or None,
+            "headers": raw.get("headers") == "yes",
+            "nouveau": raw.get("nouveau") == "yes",
+            "secure_boot": True if "enabled" in sb else False if "disabled" in sb else None,
+        }
+
+
+class FabricInfo(FactBase):
+    """The NVLink fabric each GPU reports (``nvidia-smi -q``, section Fabric): a list of
+    ``{gpu, state, status, clique_id, cluster_uuid}``; ``None`` when nvidia-smi is absent or fails."""
+
+    def command(self) -> str:
+        return "nvidia-smi -q 2>/dev/null || true"
+
+    def process(self, output):
+        gpus: list[dict] = []
+        fabric_indent = None
+        seen_log = False
+        for line in output:
+            text = line.rstrip()
+            stripped = text.strip()
+            indent = len(text) - len(text.lstrip())
+            if stripped.startswith("Attached GPUs"):
+                seen_log = True
+            if text.startswith("GPU ") and indent == 0:
+                gpus.append({"gpu": stripped[4:], "state": None, "status": None, "clique_id": None,
+                             "cluster_uuid": None})
+                fabric_indent = None
+                continue
+            if stripped == "Fabric" and gpus:
+                fabric_indent = indent
+                continue
+            if fabric_indent is not None:
+                if indent <= fabric_indent:
+                    fabric_indent = None
+                    continue
+                key, sep, value = stripped.partition(":")
+                field = {"State": "state", "Status": "status", "CliqueId": "clique_id",
+                         "ClusterUUID": "cluster_uuid"}.get(key.strip())
+                if sep and field and gpus[-1][field] is None:
+                    gpus[-1][field] = value.strip()
+        return gpus if seen_log else None
+
+
 # --------------------------------------------------------------------------- pure helpers
 
 
@@ -124,6 +198,85 @@ def platform_problems(host_name: str, cpu_arch: str, arch: str | None, distro: d
         found = (distro or {}).get("name") or os_id or "unknown"
         problems.append(f"{host_name}: operating system: expected Debian or Ubuntu, found {found}. "
                         f"Fix: reinstall the host with Debian 12 or Ubuntu 24.04")
+    return problems
+
+
+def module_problems(host_name: str, kernel: dict | None, module_source: str, os_id: str) -> list[str]:
+    """Why the NVIDIA modules could not load on this host as configured (checked before any change)."""
+    kernel = kernel or {}
+    problems = []
+    if module_source not in MODULE_SOURCES:
+        return [f"{host_name}: nvidia_module_source={module_source!r}: expected one of {', '.join(MODULE_SOURCES)}. "
+                f"Fix: set host data nvidia_module_source=dkms (or precompiled on Ubuntu)"]
+    if module_source == "precompiled" and os_id != "ubuntu":
+        problems.append(f"{host_name}: nvidia_module_source=precompiled: only Ubuntu ships signed precompiled NVIDIA "
+                        f"modules (linux-modules-nvidia-*-open-<kernel>), this host runs {os_id or 'an unknown OS'}. "
+                        f"Fix: use dkms (with Secure Boot off, or a MOK enrolled for DKMS)")
+    if kernel.get("secure_boot") and module_source == "dkms":
+        problems.append(
+            f"{host_name}: Secure Boot is enabled: DKMS-built NVIDIA modules are unsigned and the kernel will refuse "
+            f"them. Fix: on Ubuntu set host data nvidia_module_source=precompiled (Canonical-signed "
+            f"linux-modules-nvidia-<branch>-open-{kernel.get('release') or '<kernel>'}), or enroll a MOK for DKMS "
+            f"(mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot), or turn Secure Boot off")
+    return problems
+
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def nvlink_domain(ctx: DeploymentContext) -> list:
+    """The inventory hosts in this host's NVLink domain (host data ``nvlink_domain``, default: one domain of all
+    hosts on multi-node NVLink profiles), in inventory order."""
+    from ironserve import catalogue
+
+    profiles = catalogue.hardware_profiles()
+    mine = str(ctx.get("nvlink_domain", "default"))
+    out = []
+    for h in ctx.hosts:
+        profile = profiles.get(str(h.data.get("hardware")))
+        if profile is None or profile.accelerator.interconnect != "nvlink-mnnvl":
+            continue
+        if str(h.data.get("nvlink_domain", "default")) == mine:
+            out.append(h)
+    return out
+
+
+def host_clique(gpus: list[dict]) -> tuple[tuple[str, str] | None, list[str]]:
+    """((cluster_uuid, clique_id), []) when every GPU registered with one fabric clique, else (None, why)."""
+    why = []
+    cliques = set()
+    for g in gpus:
+        if g.get("state") != "Completed" or g.get("status") != "Success":
+            why.append(f"GPU {g.get('gpu')} fabric state {g.get('state')}/{g.get('status')}")
+        elif not g.get("cluster_uuid") or g.get("cluster_uuid") == ZERO_UUID or g.get("clique_id") in (None, "0"):
+            why.append(f"GPU {g.get('gpu')} has no clique (ClusterUUID {g.get('cluster_uuid')}, "
+                       f"CliqueId {g.get('clique_id')})")
+        else:
+            cliques.add((g["cluster_uuid"], g["clique_id"]))
+    if not gpus:
+        why.append("no GPU reports an NVLink fabric")
+    if len(cliques) > 1:
+        why.append("its GPUs are in different cliques: " + ", ".join(f"{u}/{c}" for u, c in sorted(cliques)))
+    return (next(iter(cliques)) if len(cliques) == 1 and not why else None), why
+
+
+def clique_problems(fabrics: dict[str, list[dict]]) -> list[str]:
+    """All hosts of an NVLink domain in one clique (fabric cluster UUID + clique id), one line per problem."""
+    problems, seen = [], {}
+    for name, gpus in fabrics.items():
+        clique, why = host_clique(gpus)
+        problems += [f"{name}: {w}" for w in why]
+        if clique:
+            seen.setdefault(clique, []).append(name)
+    if len(seen) > 1:
+        groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
+        for (uuid, clique), names in groups[1:]:
+            problems.append(f"{', '.join(names)}: NVLink clique {uuid}/{clique}, but {', '.join(groups[0][1])} "
+                            f"report {groups[0][0][0]}/{groups[0][0][1]}")
+    if problems:
+        problems.append("Fix: the hosts of one NVLink domain must share one clique (nvidia-smi -q, Fabric: "
+                        "ClusterUUID and CliqueId). Put hosts of another rack/partition in another nvlink_domain "
+                        "(host data), or repair the fabric (NMX / fabric manager) of the host that differs")
     return problems
 
 
@@ -199,6 +352,71 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
     yield
 
 
+@operation()
+def modules_loadable(module_source: str = "dkms"):
+    """Refuse, before any change, a host whose kernel would not load the modules as configured."""
+    kernel = plain(host.get_fact(KernelState)) or {}
+    os_id = str(((plain(host.get_fact(LinuxDistribution)) or {}).get("release_meta") or {}).get("ID", "")).lower()
+    problems = module_problems(host.name, kernel, module_source, os_id)
+    if problems:
+        raise OperationError("\n".join(problems))
+    sb = {True: "on", False: "off", None: "unknown (no EFI/mokutil)"}[kernel.get("secure_boot")]
+    host.noop(f"kernel {kernel.get('release')}: {module_source} modules, Secure Boot {sb}")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+@operation()
+def same_nvlink_clique(peers: dict, strict: bool = False):
+    """This host and its NVLink domain's ``peers`` (``{name: FabricInfo}``, read from those hosts) share one clique.
+
+    Not strict (preflight): a host without a working driver yet defers the check; strict (imex role, after the
+    driver): every host must answer. Executing, the peers' facts are read again (they were read while planning,
+    when a fresh host had no driver yet).
+    """
+    if host.state.is_executing:
+        peers = {name: peer_fabric(name) for name in (peers or {})}
+    fabrics = {**{n: plain(v) for n, v in (peers or {}).items()}, host.name: plain(host.get_fact(FabricInfo))}
+    unknown = sorted(n for n, v in fabrics.items() if v is None)
+    if unknown and not (strict and host.state.is_executing):
+        known = {n: v for n, v in fabrics.items() if v is not None}
+        problems = clique_problems(known) if len(known) > 1 or host.name in known else []
+        if problems:
+            raise OperationError("NVLink clique check failed:\n  " + "\n  ".join(problems))
+        host.noop(f"NVLink clique checked once the driver answers on {', '.join(unknown)}")
+        return
+    if unknown:
+        raise OperationError(f"NVLink clique: no fabric information from {', '.join(unknown)} (nvidia-smi -q). "
+                             f"Fix: check the driver is loaded there")
+    problems = clique_problems(fabrics)
+    if problems:
+        raise OperationError("NVLink clique check failed:\n  " + "\n  ".join(problems))
+    clique, _ = host_clique(fabrics[host.name])
+    host.noop(f"{len(fabrics)} hosts in NVLink clique {clique[0]}/{clique[1]}")
+    return
+    yield  # noqa: unreachable - an operation is a generator
+
+
+def peer_fabric(name: str):
+    """FabricInfo read from another host of this run (None where it does not answer)."""
+    peer = host.state.inventory.get_host(name, None)
+    try:
+        return plain(peer.get_fact(FabricInfo)) if peer is not None else None
+    except Exception:  # a peer outside this run (--limit) or unreachable: unknown, said by the check
+        return None
+
+
+def domain_fabrics(ctx: DeploymentContext) -> dict:
+    """FabricInfo of the other hosts of this host's NVLink domain."""
+    return {h.name: peer_fabric(h.name) for h in nvlink_domain(ctx) if h.name != host.name}
+
+
+def check_nvlink_clique(ctx: DeploymentContext, strict: bool) -> None:
+    if ctx.profile.accelerator.interconnect != "nvlink-mnnvl" or len(nvlink_domain(ctx)) < 2:
+        return
+    same_nvlink_clique(name="NVLink domain: every host in one clique", peers=domain_fabrics(ctx), strict=strict)
+
+
 # --------------------------------------------------------------------------- role
 
 
@@ -218,5 +436,10 @@ def check_devices_of(ctx: DeploymentContext, defer_if_absent: bool) -> None:
 @deploy("ironserve: preflight")
 def apply(ctx: DeploymentContext) -> None:
     check_platform(ctx.profile.cpu_arch, allow_emulated_arch=truthy(ctx.get("allow_emulated_arch"), False))
+    if ctx.vendor == "nvidia":
+        modules_loadable(name="NVIDIA modules loadable (Secure Boot, module source)",
+                         module_source=str(ctx.get("nvidia_module_source", "dkms")))
     if ctx.vendor != "none":
         check_devices_of(ctx, defer_if_absent=True)
+    # a host of another NVLink clique is refused here, before any change (once its driver answers)
+    check_nvlink_clique(ctx, strict=False)

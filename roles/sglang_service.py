@@ -39,10 +39,10 @@ from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV,
-                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, exec_argv, image_ref, jit_dir,
-                             rank_guard_files, sha256_text, sourcing_script, staged_path, unit_files, venv_path)
+                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, container_command, exec_argv, image_ref,
+                             jit_dir, rank_guard_files, sha256_text, sourcing_script, staged_path, unit_files,
+                             venv_path)
 from roles.common import truthy
-from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
 from roles.model_weights import read_secret
 
@@ -219,7 +219,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         if isinstance(recipe.runtime, DockerRuntime):
             api_key = any(k in secrets for k in KEY_ENV)
             ctx.changes.record_container(proc.unit, image_ref(recipe),
-                                         container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
+                                         container_command(recipe, proc, api_key=api_key),
                                          [*proc.env, *secrets])
     if truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))

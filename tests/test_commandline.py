@@ -224,3 +224,28 @@ def test_router_and_prefill_disagreeing_on_the_bootstrap_port_is_said():
                            "--decode http://b:2\n", "gb200", "pd", hardware_arch="sm100")
     (hit,) = [f for f in result.findings if f.rule == "import-bootstrap-mismatch"]
     assert "9001" in hit.message and "8998" in hit.message
+
+
+def test_ascend_import_runs_the_npu_image_not_a_cuda_stack():
+    from ironserve.render import render
+    from ironserve.spec import Recipe
+    from ironserve.units import exec_argv
+
+    words = shlex.split("python3 -m sglang.launch_server --model-path /models/Qwen3-8B --device npu "
+                        "--attention-backend ascend --tp-size 16")
+    result = import_commands([parse_command(words)], "atlas-800i-a3", "npu")
+    runtime = result.data["runtime"]
+    assert runtime["kind"] == "docker" and runtime["image"] == "lmsysorg/sglang:main-cann8.3.rc1-a3"
+    assert "/dev/davinci15" in runtime["run"]["devices"] and runtime["run"]["privileged"] is True
+    assert runtime["run"]["gpus"] is None and "packages" not in runtime
+    assert result.data["engine"]["parser_version"] == "0.5.10.post1"  # the seeds' Ascend era, said in a finding
+    recipe = Recipe.model_validate(result.data)
+    argv = exec_argv(recipe, render(recipe).processes[0])
+    assert "--gpus" not in argv and "--device" in argv and "/usr/local/Ascend/driver:/usr/local/Ascend/driver" in argv
+
+
+def test_an_image_given_as_a_shell_variable_is_refused_with_a_fix():
+    with pytest.raises(CommandError) as err:
+        import_command(shlex.split("docker run --gpus all $IMAGE python3 -m sglang.launch_server --model-path m"),
+                       "rtx6000-pro", "i")
+    assert "$IMAGE" in str(err.value) and "repository:tag" in err.value.fix

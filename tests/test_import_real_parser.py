@@ -74,3 +74,47 @@ def test_imported_recipe_is_checked_by_the_real_parser(tmp_path, capsys):
     findings = json.loads(capsys.readouterr().out)["findings"]
     (hit,) = [f for f in findings if f["rule"] == "engine-unknown-flag"]
     assert "--mem-fraction-statik" in hit["message"] and "--mem-fraction-static" in hit["fix"]
+
+
+def test_pasted_command_without_engine_is_still_parsed(capsys):
+    """No --engine: the hardware's seed-era release parses it (warnings), the check is never silently skipped."""
+    import json
+
+    rc = main(["lint", "--hardware", "rtx6000-pro", "--format", "json", "--", *shlex.split(
+        "nohup python3 -m sglang.launch_server --model-path /m --tp-size 2 --host 127.0.0.1 --mem-fraction-statik 0.8 "
+        "> log 2>&1 &")])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    (hit,) = [f for f in findings if f["rule"] == "engine-unknown-flag"]
+    assert rc == 0 and hit["severity"] == "warning" and "parser of sglang 0.5.9" in hit["message"]
+
+
+def test_corpus_renders_to_argv_the_real_parser_judges_like_the_original(tmp_path):
+    """Every engine and router argv rendered from the corpus' recipes gets no error from SGLang's (and
+    sglang-router's) real parser that the pasted original did not get: import loses or breaks no flag."""
+    import yaml
+
+    from ironserve import catalogue
+    from ironserve.commandline import parse_script
+    from ironserve.importer import import_script
+    from ironserve.render import render
+
+    from .test_import_corpus import ROUND_TRIP, _hosts
+
+    originals, rendered = [], []
+    for entry in ROUND_TRIP:
+        result = import_script(entry["text"], entry["hardware"], f"w-{entry['id']}")
+        path = tmp_path / f"w-{entry['id']}.yaml"
+        path.write_text(yaml.safe_dump(result.data, sort_keys=False))
+        recipe = catalogue.load_recipe_file(path)
+        originals.append([c.argv for c, _ in parse_script(entry["text"]).commands])
+        rendered.append([p.argv for p in render(recipe, _hosts(result, recipe)).processes])
+    flat = [a for group in originals + rendered for a in group]
+    found = iter(engine_parser.check_many("0.5.9", flat))
+    before = [[next(found) for _ in group] for group in originals]
+    after = [[next(found) for _ in group] for group in rendered]
+
+    def errors(results):
+        return {(f.rule, f.where) for res in results for f in res if f.severity is Severity.error}
+
+    for entry, old, new in zip(ROUND_TRIP, before, after):
+        assert errors(new) <= errors(old), (entry["id"], errors(new) - errors(old))

@@ -22,7 +22,7 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import KEY_LAUNCHER, exec_argv, sha256_text, unit_files, venv_path
+from ironserve.units import KEY_LAUNCHER, container_command, exec_argv, sha256_text, unit_files, venv_path
 from roles import container_runtime as cr
 from roles.common import changed, deb822_source
 from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
@@ -211,7 +211,7 @@ def test_api_key_goes_through_the_launcher_not_argv():
     glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
     argv = exec_argv(glm, render(glm).processes[0], api_key=True)
     assert f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro" in argv
-    assert cr.container_argv(argv, "ironserve/glm5-nvfp4-mtp-rtx6000-tp8:derived")[:4] == [
+    assert container_command(glm, render(glm).processes[0], api_key=True)[:4] == [
         "python3", KEY_LAUNCHER, "-m", "sglang.launch_server"]
 
 

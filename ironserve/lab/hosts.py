@@ -110,6 +110,10 @@ def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) ->
                 os.chown(path, uid, gid)
     _write(merged, "/etc/ironlab/hardware", host.hardware + "\n")
     _write(merged, "/etc/ironlab/node_index", f"{host.node_index}\n")
+    if PROFILES.get(host.hardware, {}).get("kind") == "nvidia":
+        # a fresh OS on a GPU host boots with nouveau bound to the cards: the stand-in driver refuses to load
+        # until /etc/modprobe.d blacklists it (assets/nvidia_smi.py)
+        _write(merged, "/etc/ironlab/nouveau", "nouveau bound to the GPUs at boot (lab stand-in state)\n")
     registry = images.registry_file(root)
     if registry.exists():  # the docker stand-in's image table (images.py)
         _write(merged, images.REGISTRY_IN_HOST, registry.read_text())

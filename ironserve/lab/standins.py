@@ -7,7 +7,13 @@ and the stand-ins answer the way the real tools do for the profile in /etc/ironl
 
 Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] http://10.213.7.1:8780/apt ./
 (a key made per lab; inventory data apt_signed_by), or [trusted=yes] where gpg is missing):
-  nvidia-open-580                 580.95.05-1  /usr/bin/nvidia-smi (python3 stand-in: plain, -L, -q,
+  nvidia-open-580                 580.95.05-1  postinst = the DKMS build: fails (exit 10, dkms's message)
+                                               without /lib/modules/$(uname -r)/build; "loads" the module
+                                               (NVreg_CreateImexChannel0=1 -> /dev/nvidia-caps-imex-channels/
+                                               channel0); nvidia-smi/nvidia-ctk/nvidia-imex fail like an
+                                               unloaded driver without a built module or while nouveau holds
+                                               the GPUs (/etc/ironlab/nouveau, until modprobe.d blacklists it)
+                                               /usr/bin/nvidia-smi (python3 stand-in: plain, -L, -q + Fabric,
                                                --query-gpu=...,--format=csv[,noheader][,nounits], -i,
                                                -pm, topo -m) and /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1
                                                (C stand-in NVML built by the lab: init/shutdown, count,
@@ -18,8 +24,16 @@ Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] 
                                                version.json, /usr/local/cuda -> cuda-13.0
   nvidia-container-toolkit        1.18.0-1     /usr/bin/nvidia-ctk (--version; runtime configure
                                                --runtime=docker|containerd [--config=F] [--set-as-default];
-                                               cdi generate --output=F)
-  nvidia-persistenced             580.95.05-1  nvidia-persistenced.service (enabled, starts in a container)
+                                               --cdi.enabled; cdi generate --output=F (needs a loaded driver;
+                                               spec names the driver's libcuda); cdi list;
+                                               system create-dev-char-symlinks --create-all)
+  linux-headers-$(uname -r)       1.0-ironlab1 /lib/modules/<running kernel>/build (what DKMS builds against)
+  nvidia-imex-580                 580.95.05-1  nvidia-imex (reads config.cfg + nodes_config.cfg, refuses bad
+                                               ones, listens on SERVER_PORT), nvidia-imex-ctl -q/-N,
+                                               nvidia-imex.service (not enabled by the package)
+  nvidia-persistenced             580.95.05-1  nvidia-persistenced.service (enabled, starts in a container;
+                                               the packaged unit passes --no-persistence-mode, like some real
+                                               ones; without it the daemon turns persistence mode on)
   datacenter-gpu-manager-4-cuda13 1:4.4.1-1    /usr/bin/dcgmi, nv-hostengine, nvidia-dcgm.service
   docker-ce-cli    5:28.5.1-1~debian.12~bookworm  /usr/bin/docker (assets/docker.py, python3): pull/tag/build/
                                                images/rmi/inspect (Go templates)/run/create/stop/rm/ps/info/
@@ -52,6 +66,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -81,6 +96,7 @@ def _fingerprint() -> str:
     h = hashlib.sha256()
     for p in sorted(ASSETS.iterdir()) + [Path(__file__), Path(__file__).with_name("profiles.py")]:
         h.update(p.name.encode() + p.read_bytes())
+    h.update(os.uname().release.encode())  # the headers stand-in is for the running kernel
     return h.hexdigest()[:16]
 
 
@@ -145,14 +161,20 @@ def _profiles_json() -> str:
 
 
 NVIDIA_CTK = r'''#!/usr/bin/python3
-"""ironserve lab stand-in for nvidia-ctk."""
-import json, os, sys
+"""ironserve lab stand-in for nvidia-ctk (runtime configure, cdi generate/list, system create-dev-char-symlinks)."""
+import glob, json, os, re, subprocess, sys
 a = sys.argv[1:]
+DRIVER = "__DRIVER__"
 def opt(name, default=None):
     for x in a:
         if x.startswith(name + "="):
             return x.split("=", 1)[1]
     return default
+def cdi_devices():
+    """nvidia.com/gpu devices of the spec files nvidia-ctk reads (the stand-in reads its own format)."""
+    texts = [open(f).read() for d in ("/etc/cdi", "/var/run/cdi") for f in sorted(glob.glob(d + "/*.yaml"))]
+    return [f"nvidia.com/gpu={n}" for t in texts if re.search(r"^kind: nvidia.com/gpu$", t, re.M)
+            for n in re.findall(r'^- name: "?([^"\n]+?)"?$', t, re.M)]
 if a[:1] in (["--version"], ["-v"]):
     print("NVIDIA Container Toolkit CLI version 1.18.0\ncommit: ironlab"); sys.exit(0)
 if a[:2] == ["runtime", "configure"]:
@@ -163,6 +185,8 @@ if a[:2] == ["runtime", "configure"]:
         data.setdefault("runtimes", {})["nvidia"] = {"args": [], "path": "nvidia-container-runtime"}
         if "--set-as-default" in a:
             data["default-runtime"] = "nvidia"
+        if "--cdi.enabled" in a or opt("--cdi.enabled") == "true":
+            data.setdefault("features", {})["cdi"] = True
         os.makedirs(os.path.dirname(cfg), exist_ok=True)
         json.dump(data, open(cfg, "w"), indent=4)
     elif rt == "containerd":
@@ -175,15 +199,162 @@ if a[:2] == ["runtime", "configure"]:
     print(f'INFO[0000] Wrote updated config to {cfg}\nINFO[0000] It is recommended that {rt} daemon be restarted.')
     sys.exit(0)
 if a[:2] == ["cdi", "generate"]:
+    smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    if smi.returncode != 0:
+        print("ERRO[0000] failed to generate CDI spec: failed to create device CDI specs: failed to initialize NVML: "
+              "ERROR_DRIVER_NOT_LOADED", file=sys.stderr); sys.exit(1)
+    count = len([l for l in smi.stdout.splitlines() if l.startswith("GPU ")])
+    lines = ["---", "cdiVersion: 0.5.0", "kind: nvidia.com/gpu", "devices:"]
+    for i in range(count):
+        lines += [f'- name: "{i}"', "  containerEdits:", "    deviceNodes:", f"    - path: /dev/nvidia{i}"]
+    lines += ["- name: all", "  containerEdits:", "    deviceNodes:"]
+    lines += [f"    - path: /dev/nvidia{i}" for i in range(count)]
+    lines += ["containerEdits:", "  deviceNodes:", "  - path: /dev/nvidiactl", "  - path: /dev/nvidia-uvm",
+              "  mounts:", f"  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.{DRIVER}",
+              f"    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.{DRIVER}",
+              "    options: [ro, nosuid, nodev, bind]", "  - hostPath: /usr/bin/nvidia-smi",
+              "    containerPath: /usr/bin/nvidia-smi", "    options: [ro, nosuid, nodev, bind]"]
+    spec = "\n".join(lines) + "\n"
     out = opt("--output", None)
-    spec = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n"
     if out:
         os.makedirs(os.path.dirname(out), exist_ok=True); open(out, "w").write(spec)
+        print(f'INFO[0000] Generated CDI spec with version 0.5.0\nINFO[0000] Wrote CDI spec to "{out}"', file=sys.stderr)
     else:
         print(spec, end="")
     sys.exit(0)
+if a[:2] == ["cdi", "list"]:
+    devices = cdi_devices()
+    print(f"INFO[0000] Found {len(devices)} CDI devices", file=sys.stderr)
+    for d in devices:
+        print(d)
+    sys.exit(0)
+if a[:2] == ["system", "create-dev-char-symlinks"]:
+    os.makedirs("/dev/char", exist_ok=True)
+    for dev in glob.glob("/dev/nvidia*"):
+        try:
+            st = os.stat(dev)
+        except OSError:
+            continue
+        link = f"/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        if not os.path.lexists(link):
+            os.symlink(dev, link)
+    sys.exit(0)
 print("NAME:\n   NVIDIA Container Toolkit CLI (ironserve lab stand-in)"); sys.exit(0 if not a else 1)
 '''
+
+# The stand-in driver's "DKMS build": like dkms, it needs the running kernel's headers; like the driver, it honours
+# NVreg_CreateImexChannel0=1 when "the module loads" (here: at configure time, unless nouveau holds the GPUs).
+DRIVER_POSTINST = r'''k=$(uname -r)
+if [ ! -e "/lib/modules/$k/build" ] && [ ! -e "/lib/modules/$k/source" ]; then
+    echo "Error! Your kernel headers for kernel $k cannot be found at /lib/modules/$k/build or /lib/modules/$k/source."
+    echo "Please install the linux-headers-$k package or use the --kernelsourcedir option to tell DKMS where it's located."
+    echo "dpkg: error processing package nvidia-kernel-open-dkms (--configure): DKMS could not build the nvidia module"
+    exit 10
+fi
+mkdir -p "/var/lib/dkms/nvidia/__DRIVER__/$k/$(uname -m)/module"
+echo "ironlab stand-in module for $k" > "/var/lib/dkms/nvidia/__DRIVER__/$k/$(uname -m)/module/nvidia.ko"
+ldconfig
+if grep -qs '^options nvidia .*NVreg_CreateImexChannel0=1' /etc/modprobe.d/*.conf && nvidia-smi -L >/dev/null 2>&1; then
+    mkdir -p /dev/nvidia-caps-imex-channels
+    [ -c /dev/nvidia-caps-imex-channels/channel0 ] || mknod -m 666 /dev/nvidia-caps-imex-channels/channel0 c 234 0 || true
+fi'''
+
+PERSISTENCED = r'''#!/bin/sh
+# ironserve lab stand-in for nvidia-persistenced: like the real daemon, persistence mode is on while it runs
+# unless it was started with --no-persistence-mode
+case " $* " in
+    *" --no-persistence-mode "*) ;;
+    *) nvidia-smi -pm 1 >/dev/null 2>&1 || { echo "nvidia-persistenced: failed to initialize: driver not loaded" >&2; exit 1; } ;;
+esac
+exec sleep infinity
+'''
+
+IMEX = r'''#!/usr/bin/python3
+"""ironserve lab stand-in for nvidia-imex: reads its config and nodes config like the real service.
+
+Refuses without a working driver, without a nodes config, with an address that is not an IP, or when none
+of the nodes is an address of this host; then listens on SERVER_PORT on its own node address and reports
+READY to nvidia-imex-ctl.
+"""
+import ipaddress, json, os, socket, subprocess, sys
+args = sys.argv[1:]
+config = args[args.index("-c") + 1] if "-c" in args else "/etc/nvidia-imex/config.cfg"
+def die(msg):
+    print(f"IMEX: {msg}", file=sys.stderr); sys.exit(1)
+settings = {"SERVER_PORT": "50000", "IMEX_NODE_CONFIG_FILE": "/etc/nvidia-imex/nodes_config.cfg", "BIND_INTERFACE_IP": ""}
+try:
+    for line in open(config):
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, _, v = line.partition("=")
+            settings[k.strip()] = v.strip()
+except OSError as exc:
+    die(f"cannot read config file {config}: {exc}")
+if subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode != 0:
+    die("failed to open the NVIDIA driver: is the nvidia module loaded?")
+path = settings["IMEX_NODE_CONFIG_FILE"]
+try:
+    nodes = [l.strip() for l in open(path) if l.strip()]
+except OSError:
+    die(f"cannot open node config file {path}")
+if not nodes:
+    die(f"node config file {path} lists no nodes")
+for n in nodes:
+    try:
+        ipaddress.ip_address(n)
+    except ValueError:
+        die(f"invalid IP address '{n}' in node config file {path}")
+local = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+mine = [w.split("/")[0] for line in local.splitlines() for w in line.split()[3:4]]
+bind = settings["BIND_INTERFACE_IP"] or next((n for n in nodes if n in mine), None)
+if not bind or bind not in nodes:
+    die(f"no address of this node is in the node config file {path} (local: {', '.join(mine)})")
+srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((bind, int(settings["SERVER_PORT"])))
+srv.listen(16)
+os.makedirs("/run/nvidia-imex", exist_ok=True)
+json.dump({"pid": os.getpid(), "bind": bind, "port": int(settings["SERVER_PORT"]), "nodes": nodes},
+          open("/run/nvidia-imex/ironlab-state.json", "w"))
+print(f"IMEX: listening on {bind}:{settings['SERVER_PORT']}, {len(nodes)} nodes in {path}", flush=True)
+while True:
+    conn, _ = srv.accept()
+    conn.sendall(f"IMEX {bind}\n".encode())
+    conn.close()
+'''
+
+IMEX_CTL = r'''#!/usr/bin/python3
+"""ironserve lab stand-in for nvidia-imex-ctl: -q (READY / NOT READY), -N (node connectivity)."""
+import json, os, socket, sys
+try:
+    state = json.load(open("/run/nvidia-imex/ironlab-state.json"))
+    os.kill(state["pid"], 0)
+except (OSError, ValueError, KeyError):
+    state = None
+if "-q" in sys.argv[1:]:
+    print("READY" if state else "NOT READY")
+    sys.exit(0 if state else 1)
+if "-N" in sys.argv[1:]:
+    if not state:
+        print("Connection to the local IMEX daemon failed"); sys.exit(1)
+    for i, node in enumerate(state["nodes"]):
+        try:
+            socket.create_connection((node, state["port"]), timeout=1).close(); mark = "C"
+        except OSError:
+            mark = "I"
+        print(f"Node #{i} - {node} - {mark}")
+    sys.exit(0)
+print("usage: nvidia-imex-ctl -q | -N"); sys.exit(1)
+'''
+
+IMEX_CONFIG = """# nvidia-imex configuration (ironserve lab stand-in of the packaged file)
+DAEMONIZE=1
+BIND_INTERFACE_IP=
+SERVER_PORT=50000
+IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg
+IMEX_WAIT_FOR_QUORUM=RECOVERY
+"""
+
 
 DCGMI = r'''#!/bin/sh
 # ironserve lab stand-in for dcgmi
@@ -203,7 +374,18 @@ def build_debs(out: Path) -> list[Path]:
         f"{LIBDIR}/libnvidia-ml.so.1": (lib.read_bytes(), 0o644),
         f"{LIBDIR}/libnvidia-ml.so": ("->", "libnvidia-ml.so.1"),
     }, "NVIDIA open GPU kernel modules and driver (stand-in)", depends="python3",
-        extra="Provides: nvidia-driver, nvidia-open, libnvidia-ml1", scripts={"postinst": "ldconfig"})]
+        extra="Provides: nvidia-driver, nvidia-open, libnvidia-ml1",
+        scripts={"postinst": DRIVER_POSTINST.replace("__DRIVER__", DRIVER_VERSION)})]
+    debs.append(build_headers(out))
+    debs.append(build_deb(out, "nvidia-imex-580", f"{DRIVER_VERSION}-1", {
+        "/usr/bin/nvidia-imex": (IMEX, 0o755),
+        "/usr/bin/nvidia-imex-ctl": (IMEX_CTL, 0o755),
+        "/etc/nvidia-imex/config.cfg": (IMEX_CONFIG, 0o644),
+        "/lib/systemd/system/nvidia-imex.service": (
+            "[Unit]\nDescription=NVIDIA IMEX service (ironserve lab stand-in)\nAfter=network-online.target\n\n"
+            "[Service]\nType=simple\nExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg\n"
+            "Restart=on-failure\nRestartSec=2\n\n[Install]\nWantedBy=multi-user.target\n", 0o644),
+    }, "NVIDIA IMEX service for multi-node NVLink (stand-in)", depends="nvidia-open-580, python3, iproute2"))
     nvcc = (f'#!/bin/sh\necho "nvcc: NVIDIA (R) Cuda compiler driver"\n'
             f'echo "Copyright (c) 2005-2025 NVIDIA Corporation"\n'
             f'echo "Cuda compilation tools, release {CUDA_VERSION}, {NVCC_VERSION}"\n'
@@ -216,11 +398,11 @@ def build_debs(out: Path) -> list[Path]:
         scripts={"postinst": "[ -e /usr/local/cuda ] || ln -s /usr/local/cuda-13.0 /usr/local/cuda",
                  "postrm": '[ "$(readlink /usr/local/cuda)" != /usr/local/cuda-13.0 ] || rm -f /usr/local/cuda'}))
     debs.append(build_deb(out, "nvidia-container-toolkit", "1.18.0-1", {
-        "/usr/bin/nvidia-ctk": (NVIDIA_CTK, 0o755),
+        "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("__DRIVER__", DRIVER_VERSION), 0o755),
         "/usr/bin/nvidia-container-runtime": ("#!/bin/sh\nexec runc \"$@\"\n", 0o755),
     }, "NVIDIA container runtime hook and CLI (stand-in)", depends="python3"))
     debs.append(build_deb(out, "nvidia-persistenced", f"{DRIVER_VERSION}-1", {
-        "/usr/bin/nvidia-persistenced": ("#!/bin/sh\n# ironserve lab stand-in: keeps no GPU state\nexec sleep infinity\n", 0o755),
+        "/usr/bin/nvidia-persistenced": (PERSISTENCED, 0o755),
         "/lib/systemd/system/nvidia-persistenced.service": (
             "[Unit]\nDescription=NVIDIA Persistence Daemon (ironserve lab stand-in)\n\n[Service]\nType=simple\n"
             "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose\n"
@@ -280,6 +462,16 @@ case "$1" in
 esac
 exec sleep infinity
 """
+
+
+def build_headers(out: Path) -> Path:
+    """linux-headers-<running kernel>: what the stand-in driver's DKMS build needs (Debian has no headers for the
+    lab machine's kernel: the lab hosts share it, as containers do)."""
+    release = os.uname().release
+    return build_deb(out, f"linux-headers-{release}", "1.0-ironlab1", {
+        f"/usr/src/linux-headers-{release}/Makefile": (f"# ironserve lab stand-in: headers of {release}\n", 0o644),
+        f"/lib/modules/{release}/build": ("->", f"/usr/src/linux-headers-{release}"),
+    }, f"Header files for Linux {release} (stand-in)")
 
 
 def _unit_scripts(unit: str) -> dict:

@@ -41,3 +41,15 @@ def lab_down() -> None:
     if ironserve("lab", "down", check=False).returncode != 0:
         time.sleep(10)
         ironserve("lab", "down")
+
+
+def up_with_api_key(tmp_path_factory, nodes: int, hardware: str, timeout: int = 1800) -> tuple[list[dict], str]:
+    """`lab up` for a deploy test: (the hosts of `lab status`, an API key file on the controller)."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    secrets = tmp_path_factory.mktemp("secrets")
+    (secrets / "api_key").write_text(f"lab-api-key-{hardware}-s3cret\n")
+    ironserve("lab", "up", "--nodes", str(nodes), "--hardware", hardware, timeout=timeout)
+    return json.loads(ironserve("lab", "status", "--format", "json").stdout)["hosts"], str(secrets / "api_key")

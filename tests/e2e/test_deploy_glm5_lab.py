@@ -8,7 +8,6 @@ each injected drift on the right host and check, and is clean again after a rede
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 
@@ -28,14 +27,9 @@ STAGED_ENV = f"/etc/ironserve/staged/etc/ironserve/{UNIT}.env"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    secrets = tmp_path_factory.mktemp("secrets")
-    (secrets / "api_key").write_text("lab-api-key-s3cret\n")
-    ironserve("lab", "up", "--nodes", "2", "--hardware", "rtx6000-pro-maxq", timeout=1800)
-    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    hosts, api_key_file = labcli.up_with_api_key(tmp_path_factory, 2, "rtx6000-pro-maxq")
     try:
-        yield {"hosts": status["hosts"], "api_key_file": str(secrets / "api_key")}
+        yield {"hosts": hosts, "api_key_file": api_key_file}
     finally:
         lab_down()
 

@@ -84,7 +84,14 @@ def test_hosts_are_air_gapped(lab):
 def test_stand_in_nvidia_from_lab_repo(lab):
     h = lab.hosts[0]
     assert lab.ssh(h, "command -v nvidia-smi", check=False).returncode != 0  # nothing until the role installs it
-    lab.ssh(h, f"{APT} update && {APT} install {NVIDIA_PACKAGES}", timeout=300)
+    # like the real DKMS package: no module build without the running kernel's headers
+    failed = lab.ssh(h, f"{APT} update && {APT} install nvidia-open-580", check=False, timeout=300)
+    assert failed.returncode != 0 and "Your kernel headers for kernel" in failed.stdout + failed.stderr
+    lab.ssh(h, f"{APT} install linux-headers-$(uname -r) && {APT} install -f", timeout=300)
+    # like the real driver: it does not load while nouveau holds the GPUs
+    assert "NVIDIA-SMI has failed" in lab.ssh(h, "nvidia-smi -L", check=False).stdout
+    lab.ssh(h, "echo 'blacklist nouveau' | sudo tee /etc/modprobe.d/blacklist-nouveau.conf")
+    lab.ssh(h, f"{APT} install {NVIDIA_PACKAGES}", timeout=300)
     out = lab.ssh(h, "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap "
                      "--format=csv,noheader,nounits").stdout.strip().splitlines()
     assert out == [f"{i}, NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition, 97887, 580.95.05, 12.0"

@@ -6,6 +6,8 @@ command strings are sent to the host, so what is tested is what a deploy runs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import base64
 import json
 import runpy
@@ -145,6 +147,8 @@ def test_serving_and_hub_downloads_are_refused_clearly(lab, docker_host):
     h = docker_host
     recipe = catalogue.get_recipe(GLM)
     proc = render(recipe, lab_inventory()).processes[0]
+    # --gpus: no CDI spec on this driverless host (CDI access: tests/e2e/test_deploy_glm5_gb200_lab.py)
+    proc = dataclasses.replace(proc, gpu_access="dev-char")
     sudo(lab, h, f"mkdir -p /etc/ironserve && printf 'NCCL_IB_DISABLE=1\\n' > /etc/ironserve/{proc.unit}.env")
     served = sudo(lab, h, shlex.join(exec_argv(recipe, proc)), check=False)  # the unit's ExecStart
     assert served.returncode == 1 and "stand-in image cannot serve" in served.stderr

@@ -7,6 +7,8 @@ through the facts' own process(). The real-parser probe inside a lab host is in 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import shlex
@@ -279,6 +281,8 @@ def test_engine_launch_and_hub_download_fail_clearly(docker, tmp_path):
     recipe = catalogue.get_recipe(GLM)
     docker("pull", recipe.runtime.pinned_ref)
     proc = render(recipe).processes[0]
+    # --gpus: no CDI spec here (CDI access: tests/e2e/test_deploy_glm5_gb200_lab.py)
+    proc = dataclasses.replace(proc, gpu_access="dev-char")
     argv = exec_argv(recipe, proc)
     argv[argv.index(f"ironserve/{recipe.id}:derived")] = recipe.runtime.pinned_ref
     env_file = tmp_path / "unit.env"

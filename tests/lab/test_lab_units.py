@@ -127,14 +127,49 @@ def test_apt_index_of_a_built_deb(tmp_path):
     assert "Packages.gz" in (tmp_path / "supply/apt/Release").read_text()
 
 
-def _smi(tmp_path, hardware: str, *args: str) -> subprocess.CompletedProcess:
+def _smi(tmp_path, hardware: str, *args: str, built: bool = True, nouveau: bool = False,
+         blacklisted: bool = False, fabric: str | None = None) -> subprocess.CompletedProcess:
+    """The stand-in nvidia-smi over a temporary tree: a module built (or not) for the running kernel, nouveau
+    holding the GPUs (or not) and blacklisted (or not), a fabric override."""
     script = tmp_path / "nvidia-smi"
     script.write_text(standins._template("nvidia_smi.py", PROFILES=json.dumps(PROFILES), DRIVER="580.95.05",
                                          CUDA="13.0"))
     hw = tmp_path / "hardware"
     hw.write_text(hardware + "\n")
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
-                          env={"IRONLAB_HARDWARE_FILE": str(hw)})
+    module = tmp_path / f"dkms/nvidia/580.95.05/{os.uname().release}/x86_64/module"
+    shutil.rmtree(tmp_path / "dkms", ignore_errors=True)
+    if built:
+        module.mkdir(parents=True)
+        (module / "nvidia.ko").write_text("")
+    (tmp_path / "nouveau").unlink(missing_ok=True)
+    if nouveau:
+        (tmp_path / "nouveau").write_text("bound\n")
+    (tmp_path / "modprobe.d").mkdir(exist_ok=True)
+    (tmp_path / "modprobe.d/nouveau.conf").write_text("blacklist nouveau\n" if blacklisted else "# nothing\n")
+    (tmp_path / "fabric").write_text(fabric or "")
+    env = {"IRONLAB_HARDWARE_FILE": str(hw), "IRONLAB_DKMS_DIR": str(tmp_path / "dkms"),
+           "IRONLAB_NOUVEAU_FILE": str(tmp_path / "nouveau"), "IRONLAB_MODPROBE_DIR": str(tmp_path / "modprobe.d"),
+           "IRONLAB_FABRIC_FILE": str(tmp_path / "fabric"), "IRONLAB_LOADED_FILE": str(tmp_path / "loaded")}
+    (tmp_path / "loaded").unlink(missing_ok=True)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
+
+
+def test_nvidia_smi_fails_like_an_unloaded_driver(tmp_path):
+    """No module built for the running kernel (no headers at install), or nouveau holding the GPUs."""
+    for kwargs in ({"built": False}, {"nouveau": True}):
+        out = _smi(tmp_path, "gb200", "-L", **kwargs)
+        assert out.returncode == 9 and "couldn't communicate with the NVIDIA driver" in out.stdout
+    assert _smi(tmp_path, "gb200", "-L", nouveau=True, blacklisted=True).returncode == 0
+
+
+def test_nvidia_smi_q_reports_the_fabric_clique(tmp_path):
+    from roles.preflight import FabricInfo
+
+    default = FabricInfo().process(_smi(tmp_path, "gb200", "-q").stdout.splitlines())
+    assert len(default) == 4 and {(g["state"], g["status"], g["clique_id"]) for g in default} == {
+        ("Completed", "Success", "32766")}
+    moved = FabricInfo().process(_smi(tmp_path, "gb200", "-q", fabric="clique_id=9\n").stdout.splitlines())
+    assert {g["clique_id"] for g in moved} == {"9"}
 
 
 @pytest.mark.parametrize("hardware,count,name,mem,cc", [
@@ -211,3 +246,31 @@ def test_cli_reports_errors_without_traceback(monkeypatch, capsys):
     monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
     assert cli.main(["down"]) == 1
     assert "[lab] error: the lab needs root" in capsys.readouterr().err
+
+
+def _imex(tmp_path, nodes: str | None, driver: bool = True) -> subprocess.CompletedProcess:
+    """The stand-in nvidia-imex over a temporary config (port 0: never binds a real one)."""
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    smi = tmp_path / "bin/nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nexit {0 if driver else 9}\n")
+    smi.chmod(0o755)
+    script = tmp_path / "nvidia-imex"
+    script.write_text(standins.IMEX)
+    config = tmp_path / "config.cfg"
+    config.write_text(f"SERVER_PORT=0\nIMEX_NODE_CONFIG_FILE={tmp_path / 'nodes_config.cfg'}\n")
+    if nodes is not None:
+        (tmp_path / "nodes_config.cfg").write_text(nodes)
+    return subprocess.run([sys.executable, str(script), "-c", str(config)], capture_output=True, text=True,
+                          timeout=20, env={"PATH": f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"})
+
+
+@pytest.mark.parametrize("nodes,driver,why", [
+    (None, True, "cannot open node config file"),
+    ("", True, "lists no nodes"),
+    ("10.0.0.1\nnot-an-ip\n", True, "invalid IP address 'not-an-ip'"),
+    ("192.0.2.77\n192.0.2.78\n", True, "no address of this node is in the node config file"),
+    ("192.0.2.77\n", False, "failed to open the NVIDIA driver"),
+])
+def test_nvidia_imex_stand_in_refuses_like_the_real_service(tmp_path, nodes, driver, why):
+    out = _imex(tmp_path, nodes, driver)
+    assert out.returncode == 1 and why in out.stderr, out.stderr

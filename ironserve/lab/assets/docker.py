@@ -1041,9 +1041,52 @@ def execute(image: dict, ref: str, argv: list[str], opts: dict, env: list[str]) 
     return subprocess.run(cmd, env=run_env, cwd="/").returncode
 
 
+CDI_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9._-]*=.+$")
+
+
+def cdi_devices() -> set[str]:
+    """kind=name of every device in the CDI spec directories (what the daemon's CDI cache would hold)."""
+    found = set()
+    for d in ("/etc/cdi", "/var/run/cdi"):
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for f in names:
+            if not f.endswith((".yaml", ".json")):
+                continue
+            kind = None
+            for line in open(os.path.join(d, f)):
+                text = line.strip()
+                if text.startswith("kind:"):
+                    kind = text.split(":", 1)[1].strip().strip('"')
+                elif text.startswith("- name:") and kind:
+                    found.add(f"{kind}={text.split(':', 1)[1].strip().strip(chr(34))}")
+    return found
+
+
+def check_devices(opts: dict) -> None:
+    """--device as the real daemon resolves it: CDI names against the CDI specs, paths against the host."""
+    unresolved = []
+    for dev in opts.get("--device", []):
+        if CDI_NAME.match(dev):
+            if dev not in cdi_devices():
+                unresolved.append(dev)
+            continue
+        path = dev.split(":", 1)[0]
+        if not os.path.exists(path):
+            raise Fail(f"docker: Error response from daemon: error gathering device information while adding custom "
+                       f"device \"{path}\": no such file or directory.\n\nRun 'docker run --help' for more information",
+                       125)
+    if unresolved:
+        raise Fail("docker: Error response from daemon: CDI device injection failed: unresolvable CDI devices "
+                   f"{', '.join(unresolved)}.\n\nRun 'docker run --help' for more information", 125)
+
+
 def cmd_run(args: list[str], create: bool = False) -> int:
     opts, ref, command = parse_run(args)
     need_daemon()
+    check_devices(opts)
     st = State()
     image = st.find_image(ref)
     if image is None:

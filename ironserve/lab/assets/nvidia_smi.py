@@ -1,9 +1,15 @@
 #!/usr/bin/python3
 """ironserve lab stand-in for nvidia-smi (installed by the lab's nvidia-open-580 package).
 
-Answers from the profile named in /etc/ironlab/hardware. Supported: plain, -L, -q (short),
---query-gpu=... --format=csv[,noheader][,nounits], -i, -pm 0|1, topo -m, --version.
+Answers from the profile named in /etc/ironlab/hardware. Supported: plain, -L, -q (short, with the
+Fabric section: State/Status/CliqueId/ClusterUUID; /etc/ironlab/fabric overrides clique_id= and
+cluster_uuid=), --query-gpu=... --format=csv[,noheader][,nounits], -i, -pm 0|1, topo -m, --version.
+
+Fails like the real one when "the module" cannot load: no module built for the running kernel
+(the package's DKMS build needs the kernel's headers, see standins.py) or nouveau bound to the GPUs
+(the lab's GPU hosts boot with nouveau, /etc/ironlab/nouveau, until /etc/modprobe.d blacklists it).
 """
+import glob
 import json
 import os
 import sys
@@ -20,13 +26,56 @@ def fail_no_driver():
     sys.exit(9)
 
 
+ENV = os.environ.get  # the lab's unit tests point these at a temporary tree
+
+
+def module_loadable():
+    """Loaded stays loaded until the next boot (/run); loading needs a module built for the running kernel and
+    nouveau not holding the GPUs."""
+    loaded = ENV("IRONLAB_LOADED_FILE", "/run/ironlab-standins/nvidia-loaded")
+    if os.path.exists(loaded):
+        return True
+    release = os.uname().release
+    if not glob.glob(f"{ENV('IRONLAB_DKMS_DIR', '/var/lib/dkms')}/nvidia/{DRIVER}/{release}/*/module/nvidia.ko"):
+        return False  # nothing built for this kernel: modprobe nvidia finds no module
+    if os.path.exists(ENV("IRONLAB_NOUVEAU_FILE", "/etc/ironlab/nouveau")):
+        modprobe_d = ENV("IRONLAB_MODPROBE_DIR", "/etc/modprobe.d")
+        blacklisted = False
+        for conf in glob.glob(f"{modprobe_d}/*.conf") + glob.glob("/lib/modprobe.d/*.conf"):
+            try:
+                blacklisted = blacklisted or any(line.split()[:2] == ["blacklist", "nouveau"] for line in open(conf))
+            except OSError:
+                continue
+        if not blacklisted:
+            return False  # nouveau holds the GPUs: the nvidia module's probe fails
+    try:  # the module loads (nvidia-modprobe runs as root)
+        os.makedirs(os.path.dirname(loaded), exist_ok=True)
+        open(loaded, "w").close()
+    except OSError:
+        pass
+    return True
+
+
+def fabric():
+    """(state, status, clique_id, cluster_uuid) of this host's GPUs."""
+    values = {"clique_id": "32766", "cluster_uuid": "1ab2c3d4-0000-4000-8000-00000000a72b"}
+    try:
+        for line in open(ENV("IRONLAB_FABRIC_FILE", "/etc/ironlab/fabric")):
+            key, _, value = line.strip().partition("=")
+            if key in values and value:
+                values[key] = value
+    except OSError:
+        pass
+    return "Completed", "Success", values["clique_id"], values["cluster_uuid"]
+
+
 def profile():
     try:
         hw = open(os.environ.get("IRONLAB_HARDWARE_FILE", "/etc/ironlab/hardware")).read().strip()
     except OSError:
         hw = "cpu-lab"
     p = PROFILES.get(hw, {})
-    if p.get("kind") != "nvidia":
+    if p.get("kind") != "nvidia" or not module_loadable():
         fail_no_driver()
     return hw, p
 
@@ -201,6 +250,16 @@ def main(argv):
                   f"    Persistence Mode                      : {d['persistence_mode']}\n"
                   f"    GPU UUID                              : {d['uuid']}\n"
                   f"    FB Memory Usage\n        Total                             : {d['memory.total']} MiB")
+            if p.get("nvlink"):
+                state, status, clique, uuid = fabric()
+                print(f"    Fabric\n        State                             : {state}\n"
+                      f"        Status                            : {status}\n"
+                      f"        CliqueId                          : {clique}\n"
+                      f"        ClusterUUID                       : {uuid}\n"
+                      f"        Health\n            Bandwidth                     : Full")
+            else:
+                print("    Fabric\n        State                             : N/A\n"
+                      "        Status                            : N/A")
         return 0
     table(p, devs)
     return 0
