@@ -395,6 +395,24 @@ def test_wait_healthy_fails_with_journal_when_the_unit_dies(monkeypatch):
     assert host.commands[-1].startswith("journalctl -u u.service -n 40")
 
 
+def test_a_forming_group_may_restart_a_few_times_but_a_crash_loop_fails_its_gate(monkeypatch):
+    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+
+    def probe(code, sub, restarts):
+        return f"{code}\nActiveState={'activating' if sub == 'auto-restart' else 'active'}\nSubState={sub}\nNRestarts={restarts}"
+
+    # rank 0 of a group restarts once while a rank that left the previous group comes back: tolerated
+    host = _Host([probe("000", "running", 4), probe("000", "auto-restart", 5), probe("200", "running", 5)])
+    assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01, restarts_allowed=2)
+    # a single-node unit: the first automatic restart is a death
+    host = _Host([probe("000", "running", 4), probe("000", "auto-restart", 5)])
+    assert not launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01)
+    # a configuration that crashes at every start: the group's gate fails after its allowance
+    host = _Host([probe("000", "auto-restart", n) for n in range(4, 9)])
+    assert not launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01, restarts_allowed=2)
+    assert "3 restart(s) during the gate" in host.logs[-1]
+
+
 def test_changed_accepts_bools_and_metas():
     assert changed(True) and not changed(None)
     meta = SimpleNamespace(is_complete=lambda: True, did_change=lambda: True)

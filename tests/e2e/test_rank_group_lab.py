@@ -14,8 +14,8 @@ production deploy (`pyinfra -y inventories/lab.py deploys/tiny.py --data recipe=
    is rolled back on both hosts to the last good one, which serves again; the deploy fails and says so;
 6. staged configurations: a launch=false run of a changed configuration, then a SIGKILL of rank 1's engine: the
    group restarts on the previous (live, gated) configuration, and systemd has nothing pending;
-7. a deploy of the changed configuration killed part-way (in the units stage, then right after the launch made
-   it live), then rerun: both ranks on the new configuration (never a mix), nothing pending in systemd, a dry
+7. a deploy of the changed configuration killed part-way (before the units stage, in it, then right after the
+   launch made it live), then rerun: both ranks on the new configuration (never a mix), nothing pending in systemd, a dry
    run plans no change, the audit is clean;
 8. rank 1's host rebuilt from scratch (`ironserve lab reset`, then the production deploy with --limit): the
    group serves again and the host's unit, env, guard and sysctl files hash as before.
@@ -45,7 +45,17 @@ GUARD = f"{UNIT}-rank-guard"
 
 
 def deploy(*extra: str, check: bool = True, env: dict | None = None):
-    return pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", *extra, check=check, env=env)
+    proc = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", *extra, check=False, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"the deploy failed ({proc.returncode}):\n{run_log(proc)}")
+    return proc
+
+
+def run_log(proc) -> str:
+    """What the run said while executing (the hosts' logs, gates, journals), without the results table."""
+    text = output(proc)
+    end = text.rfind("--> Results")
+    return (text[:end] if end > 0 else text)[-8000:]
 
 
 def output(proc) -> str:
@@ -255,10 +265,12 @@ def test_7_a_prepared_configuration_never_runs_before_its_launch(lab, changed_re
 
 def test_8_a_killed_deploy_is_finished_by_the_rerun_on_one_configuration(lab, changed_recipes):
     rank0, rank1 = lab["hosts"]
-    # killed while staging (the units stage): nothing that runs changed
-    killed_deploy("(staged, 0600)", changed_recipes)
-    for host in lab["hosts"]:
-        assert "--context-length 512" in ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+    # killed before the units stage, then while staging: nothing that runs changed
+    for marker in ("JIT cache root", "(staged, 0600)"):
+        killed_deploy(marker, changed_recipes)
+        for host in lab["hosts"]:
+            assert "--context-length 512" in ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
+            assert "--context-length 512" in engine_argv(host)
     # killed right after the launch made the new configuration live on every rank, before any restart
     killed_deploy(f"Start {UNIT} (rank 0)", changed_recipes)
     lives = [ssh(h, f"cat /etc/systemd/system/{UNIT}.service").stdout for h in lab["hosts"]]
@@ -281,8 +293,8 @@ def test_8_a_killed_deploy_is_finished_by_the_rerun_on_one_configuration(lab, ch
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
     loaded = [c for c in json.loads(audit.stdout)["results"] if c["check"].startswith("unit-loaded:")]
     assert len(loaded) == 4 and all(c["ok"] for c in loaded), loaded
-    print(f"\nkilled deploy (in the units stage, then after making the configuration live): the rerun converged "
-          f"both ranks on it in {rerun_s:.0f}s")
+    print(f"\nkilled deploy (before and in the units stage, then after making the configuration live): the rerun "
+          f"converged both ranks on it in {rerun_s:.0f}s")
 
 
 HASHED = [f"/etc/systemd/system/{UNIT}.service", f"/etc/ironserve/{UNIT}.env", f"/etc/systemd/system/{GUARD}.service",
@@ -306,7 +318,7 @@ def test_9_a_host_rebuilt_from_scratch_rejoins_its_group_identical(lab, changed_
     assert ssh(rank1, "hostname").stdout.strip() == rank1["name"]
     proc = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={RECIPE}", "--limit", rank1["name"], check=False,
                    env=changed_recipes, timeout=2400)
-    assert proc.returncode == 0, output(proc)[-4000:]
+    assert proc.returncode == 0, run_log(proc)
     rebuilt_s = time.monotonic() - started
     assert wait_until(lambda: serving(lab), 420) is not None
     served_s = time.monotonic() - started
