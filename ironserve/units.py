@@ -35,6 +35,7 @@ HF_TOKEN_ENV = "HF_TOKEN"
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
 # files/bin/ironserve-backoff: restart backoff of engine and guard units on every systemd version
 BACKOFF = "/usr/local/lib/ironserve/ironserve-backoff"
+BACKOFF_DIR = "/run/ironserve/backoff"  # its records (the script's STATE_DIR)
 BACKOFF_MAX_S = 600
 RANK_GUARD_POLL_S = 5
 RANK_GUARD_FAILURES = 3
@@ -286,7 +287,7 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
         recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,
-        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR)
+        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR)
     return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
                           json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
@@ -313,6 +314,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         jit_root=JIT_CACHE_ROOT,
         protect_home=protect_home(proc),
         backoff=BACKOFF,
+        backoff_dir=BACKOFF_DIR,
         # the backoff's wait counts against TimeoutStartSec: keep it well inside
         backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),
         rank_guard=f"{rank_guard_unit(proc)}.service" if proc.in_rank_group else None,

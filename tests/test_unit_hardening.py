@@ -69,7 +69,10 @@ def test_engine_and_guard_units_score_within_the_exposure_budget(tmp_path):
 def test_hardening_leaves_what_gpu_serving_needs():
     engine, guard = tp2_units()
     assert "ReadWritePaths=/var/cache/ironserve/jit" in engine.splitlines()
-    assert "ReadWritePaths=/run/ironserve/rank-groups" in guard.splitlines()
+    # the guard's records: a runtime directory systemd creates before the sandbox (a ReadWritePaths= path that
+    # does not exist yet fails every start with 226/NAMESPACE, its ExecStartPre=+ included)
+    assert "RuntimeDirectory=ironserve/rank-groups ironserve/backoff" in guard.splitlines()
+    assert "ReadWritePaths" not in guard and "RuntimeDirectory=ironserve/backoff" in engine.splitlines()
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
                  "RestrictSUIDSGID=yes"):
         assert line in engine.splitlines() and line in guard.splitlines(), line
