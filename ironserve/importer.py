@@ -533,6 +533,12 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
             groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
             groups[0].pop("role")
         hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
+        ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers})
+        if len(ports) > 1:
+            notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
+                               f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
+                               f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
+                               "(each on its own host)", "router"))
         count = max(len(router.workers), 1)
         groups[0]["instances"] = count
         if count == 1:

@@ -215,7 +215,7 @@ def test_api_key_goes_through_the_launcher_not_argv():
         "python3", KEY_LAUNCHER, "-m", "sglang.launch_server"]
 
 
-def test_router_gets_the_workers_api_key_but_not_the_hub_token(tmp_path):
+def test_engines_and_router_get_the_api_key_but_not_the_hub_token(tmp_path):
     from roles.context import build_context
 
     key, token = tmp_path / "key", tmp_path / "token"
@@ -231,7 +231,8 @@ def test_router_gets_the_workers_api_key_but_not_the_hub_token(tmp_path):
     files = unit_files(ctx.recipe, router, ctx.tuning, secrets)
     assert f"{KEY_LAUNCHER} -m sglang_router.launch_router" in files.unit_text and "s3cret" not in files.unit_text
     worker = build_context("tiny", "n0", hosts)
-    assert set(ss.process_secrets(worker, worker.processes[0])) == {"IRONSERVE_API_KEY", "HF_TOKEN"}
+    # the hub token is the download step's alone: no engine has it in its environment (or `docker inspect`)
+    assert set(ss.process_secrets(worker, worker.processes[0])) == {"IRONSERVE_API_KEY"}
 
 
 def _profile_tuning():
@@ -265,6 +266,31 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
     assert json.loads(out.read_text())["argv"] == ["--api-key", "filekey"]
     subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"], check=True, env=env2)
     assert json.loads(out.read_text())["argv"] == ["--x"]
+
+
+def test_ironserve_exec_keeps_the_key_out_of_the_engines_output(tmp_path):
+    """The engine (and the processes it starts) print the key the way SGLang logs its server_args: what reaches
+    ironserve-exec's stdout/stderr (the journal) has <hidden> in its place, everything else intact."""
+    key = "sk-lab-" + "k" * 40
+    (tmp_path / "chatty.py").write_text(textwrap.dedent("""\
+        import logging, subprocess, sys
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        key = sys.argv[sys.argv.index("--api-key") + 1]
+        logging.info("server_args=ServerArgs(model_path='/m', api_key=%r, port=30000)", key)
+        print("stdout:", key, flush=True)
+        sys.stdout.write("x" * 70000 + key + "y" * 10)  # one long line, the key across read chunks
+        sys.stdout.write("\\r progress 1/2\\n")
+        sys.stdout.flush()
+        subprocess.run([sys.executable, "-c", "import sys; print('child', sys.argv[1])", key], check=True)
+        """))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "IRONSERVE_API_KEY": key}
+    proc = subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "chatty"], env=env,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert key.encode() not in out
+    assert b"api_key='<hidden>', port=30000" in out and b"stdout: <hidden>" in out and b"child <hidden>" in out
+    assert b"x" * 70000 + b"<hidden>" + b"y" * 10 in out and b"progress 1/2" in out
 
 
 def _fake_sglang(tmp_path):
