@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
-from .spec import RANK_GUARD_PORT_OFFSET, HardwareProfile, Recipe, devices_per_node
+from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node, effective_tuning
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,8 +234,6 @@ def _memlock_problems(recipe: Recipe, profiles: list[HardwareProfile], file: str
     """A container's locked-memory limit is docker's --ulimit, not the unit's LimitMEMLOCK: when the hardware's
     tuning asks for unlimited (pinned NCCL/HCCL buffers), the recipe's docker run must say so (the seeds'
     --ulimit memlock=-1)."""
-    from .spec import DockerRuntime, effective_tuning
-
     runtime = recipe.runtime
     if not isinstance(runtime, DockerRuntime) or str(runtime.run.ulimits.get("memlock", "")) in ("-1", "unlimited"):
         return []

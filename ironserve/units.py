@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json
 import shlex
 from dataclasses import dataclass
 
@@ -258,8 +259,6 @@ def following_path(unit: str) -> str:
 
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
     """The guard unit and its JSON config for one rank of a multi-node group (members: Rendered.rank_group())."""
-    import json
-
     head = members[0]
     config = {
         "unit": proc.unit,

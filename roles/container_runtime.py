@@ -54,6 +54,7 @@ from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, sha256_text
 from roles.common import deb822_source, run_if_changed, truthy
 from roles.context import DeploymentContext
+from roles.nvidia_driver import DRIVER_VERSION, upstream
 from roles.preflight import plain
 
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
@@ -401,8 +402,6 @@ def gpu_devices(ctx: DeploymentContext) -> None:
     cdi = gpu_access(toolkit_version(ctx)) == "cdi"
     nvidia_runtime_configured(name="Docker knows the nvidia runtime" + (" (CDI enabled)" if cdi else ""), cdi=cdi)
     if cdi:
-        from roles.nvidia_driver import DRIVER_VERSION, upstream
-
         cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.get("nvidia_driver_version", DRIVER_VERSION)))
         return
     rule = files.put(name="udev rule: /dev/char links for NVIDIA devices", src=StringIO(DEV_CHAR_RULE_TEXT),

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pyinfra import host, inventory
+
 from ironserve import catalogue
 from ironserve.catalogue import Problem, SpecError
 from ironserve.inventory import InventoryHost
-from ironserve.render import Process, Rendered, render
+from ironserve.render import Process, Rendered, model_path_on, render
 from ironserve.spec import HardwareProfile, HostTuning, Recipe, effective_tuning
 from roles.common import ChangeRecords, truthy
 
@@ -62,8 +64,6 @@ class DeploymentContext:
     @property
     def model_path(self) -> str:
         """Where this host's weights are: the same value the rendered --model-path carries."""
-        from ironserve.render import model_path_on
-
         return model_path_on(self.recipe, InventoryHost(self.host_name, self.data))
 
 
@@ -105,8 +105,6 @@ _CACHE: dict[tuple[str, str], DeploymentContext] = {}
 
 def current(model: str) -> DeploymentContext:
     """The context of pyinfra's current host (inventory order = rank order)."""
-    from pyinfra import host, inventory
-
     key = (model, host.name)
     if key not in _CACHE:
         hosts = [(h.name, _host_data(h)) for h in inventory]

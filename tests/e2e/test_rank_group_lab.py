@@ -301,12 +301,13 @@ def test_6_a_config_failing_its_gate_is_rolled_back(lab, tmp_path):
 
 # ----------------------------------------------------------------------------- staged configurations, rebuilds
 
-CHANGED = "  context_length: 768\n"
+CHANGED = "  context_length: 384\n"
 
 
 @pytest.fixture(scope="module")
 def changed_recipes(tmp_path_factory):
-    """IRONSERVE_RECIPES with tiny-cpu-tp2 at another context length (a configuration change SGLang accepts)."""
+    """IRONSERVE_RECIPES with tiny-cpu-tp2 at another context length (a change SGLang accepts: at most the model's
+    512; a longer one fails at startup and is rolled back, test 6)."""
     recipes = tmp_path_factory.mktemp("changed") / "recipes"
     shutil.copytree(ROOT / "recipes", recipes)
     path = recipes / f"{RECIPE}.yaml"
@@ -352,7 +353,7 @@ def test_7_a_prepared_configuration_never_runs_before_its_launch(lab, changed_re
     deploy("--data", "launch=false", env=changed_recipes)
     for host in lab["hosts"]:
         staged = ssh(host, f"cat /etc/ironserve/staged/etc/systemd/system/{UNIT}.service").stdout
-        assert "--context-length 768" in staged, staged  # prepared and parsed...
+        assert "--context-length 384" in staged, staged  # prepared and parsed...
         live = ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
         assert "--context-length 512" in live  # ...and nothing of it live
         assert not pending_reload(host)
@@ -364,7 +365,7 @@ def test_7_a_prepared_configuration_never_runs_before_its_launch(lab, changed_re
     for host in lab["hosts"]:
         # the crash restarted the whole group on the live (gated) configuration, on both ranks
         argv = engine_argv(host)
-        assert "--context-length 512" in argv and "--context-length 768" not in argv, argv[-300:]
+        assert "--context-length 512" in argv and "--context-length 384" not in argv, argv[-300:]
         assert not pending_reload(host), host["name"]
     print(f"\nlaunch=false, then SIGKILL on rank 1: the group served the gated configuration again after "
           f"{time.monotonic() - hit:.0f}s")
@@ -381,14 +382,14 @@ def test_8_a_killed_deploy_is_finished_by_the_rerun_on_one_configuration(lab, ch
     # killed right after the launch made the new configuration live on every rank, before any restart
     killed_deploy(f"Start {UNIT} (rank 0)", changed_recipes)
     lives = [ssh(h, f"cat /etc/systemd/system/{UNIT}.service").stdout for h in lab["hosts"]]
-    assert all("--context-length 768" in text for text in lives), "a mix of configurations is live"
+    assert all("--context-length 384" in text for text in lives), "a mix of configurations is live"
     started = time.monotonic()
     proc = deploy(env=changed_recipes)
     assert proc.returncode == 0
     rerun_s = time.monotonic() - started
     assert wait_until(lambda: serving(lab), 300) is not None
     for host in lab["hosts"]:
-        assert "--context-length 768" in engine_argv(host), host["name"]
+        assert "--context-length 384" in engine_argv(host), host["name"]
         assert not pending_reload(host), host["name"]
         jobs = ssh(host, "systemctl list-jobs --no-legend").stdout.strip()
         assert not jobs, jobs
@@ -430,6 +431,6 @@ def test_9_a_host_rebuilt_from_scratch_rejoins_its_group_identical(lab, changed_
     assert wait_until(lambda: serving(lab), 420) is not None
     served_s = time.monotonic() - started
     assert file_hashes(rank1) == before
-    assert "--context-length 768" in engine_argv(rank1)
+    assert "--context-length 384" in engine_argv(rank1)
     print(f"\nrank 1's host rebuilt from scratch: reset {reset_s:.0f}s, deploy --limit done at {rebuilt_s:.0f}s, "
           f"group serving at {served_s:.0f}s")
