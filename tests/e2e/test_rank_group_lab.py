@@ -188,7 +188,7 @@ def test_3b_a_key_rotation_plans_the_change_and_prints_no_key(lab, tmp_path):
     text = output(proc)
     assert KEY not in text and new_key not in text, "a key shows in the dry run's output"
     # the change is planned (both env files), shown by path only
-    assert text.count(f"/etc/ironserve/{UNIT}.env (0600)") >= 1, text[-3000:]
+    assert f"/etc/ironserve/{UNIT}.env (staged, 0600)" in text, text[-3000:]
     for host in lab["hosts"]:
         assert KEY in ssh(host, f"cat /etc/ironserve/{UNIT}.env").stdout  # dry: nothing changed
 
