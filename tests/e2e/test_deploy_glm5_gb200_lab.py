@@ -5,7 +5,7 @@ stand-ins that fail like the real packages (ironserve/lab/standins.py): the driv
 kernel's headers, the driver refuses while nouveau holds the GPUs, persistenced's packaged unit runs without
 persistence mode, nvidia-imex reads its nodes config, nvidia-ctk writes the CDI spec the docker stand-in resolves
 `--device nvidia.com/gpu=all` against. Then a host reporting another NVLink clique is refused before any change.
-About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, one refused plan, one audit).
+About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, a dry run, one refused plan, one audit).
 """
 
 from __future__ import annotations
@@ -74,6 +74,13 @@ def test_done_when_on_every_host(lab):
                  f"--entrypoint python3 {IMAGE} -c {shlex.quote('print(42)')}")
         assert sh(h, probe).stdout.strip() == "42"
         assert "After=nvidia-imex.service" in sh(h, f"cat /etc/systemd/system/{unit}.d/ironserve-imex.conf").stdout
+
+
+def test_second_run_plans_no_change(lab):
+    plan = json.loads(pyinfra("deploys/glm5.py", "--dry", "--json", *lab["data"], timeout=1200).stdout)["plan"]
+    changed = [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+               for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    assert plan and not changed, changed
 
 
 def test_audit_is_clean(lab):
