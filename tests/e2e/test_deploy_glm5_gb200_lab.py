@@ -42,8 +42,12 @@ def sh(host: dict, command: str, check: bool = True):
 
 
 def engine_unit(host: dict) -> str:
-    return sh(host, "ls /etc/systemd/system | grep -E '^sglang-.*-(prefill|decode)(-[0-9]+)?\\.service$' "
-                    "| head -n 1").stdout.strip()
+    """The host's engine unit: the prefill node's or a decode rank's."""
+    for role in ("prefill", "decode"):
+        unit = f"sglang-{RECIPE}-{role}.service"
+        if sh(host, f"test -e /etc/systemd/system/{unit}", check=False).returncode == 0:
+            return unit
+    raise AssertionError(f"{host['name']}: no engine unit")
 
 
 def test_done_when_on_every_host(lab):
