@@ -15,6 +15,8 @@ import shlex
 
 import pytest
 
+from ironserve.units import UNIT_DIR, staged_path
+
 from . import labcli
 from .labcli import ironserve, lab_down, pyinfra
 
@@ -41,12 +43,14 @@ def sh(host: dict, command: str, check: bool = True):
     return labcli.ssh(host, command, check=check)
 
 
-def engine_unit(host: dict) -> str:
-    """The host's engine unit: the prefill node's or a decode rank's."""
+def engine_unit(host: dict) -> tuple[str, str]:
+    """The host's engine unit (the prefill node's or a decode rank's) and its file: staged, as launch=false
+    leaves it (roles/sglang_service.py)."""
     for role in ("prefill", "decode"):
         unit = f"sglang-{RECIPE}-{role}.service"
-        if sh(host, f"test -e /etc/systemd/system/{unit}", check=False).returncode == 0:
-            return unit
+        path = staged_path(f"{UNIT_DIR}/{unit}")
+        if sh(host, f"test -e {path}", check=False).returncode == 0:
+            return unit, path
     raise AssertionError(f"{host['name']}: no engine unit")
 
 
@@ -69,15 +73,15 @@ def test_done_when_on_every_host(lab):
         assert sh(h, "test -c /dev/nvidia-caps-imex-channels/channel0 && echo ok").stdout.strip() == "ok"
         # GPUs by CDI: the unit asks for nvidia.com/gpu=all, never --gpus; the device flags still resolve after a
         # daemon-reload (the docker stand-in resolves them as the daemon does)
-        unit = engine_unit(h)
-        text = sh(h, f"cat /etc/systemd/system/{unit}").stdout
+        unit, path = engine_unit(h)
+        text = sh(h, f"cat {path}").stdout
         assert "--device nvidia.com/gpu=all" in text and "--gpus" not in text
         assert "nvidia.com/gpu=all" in sh(h, "nvidia-ctk cdi list").stdout.split()
         sh(h, "systemctl daemon-reload")
         probe = (f"docker run --rm --device nvidia.com/gpu=all --device /dev/nvidia-caps-imex-channels/channel0 "
                  f"--entrypoint python3 {IMAGE} -c {shlex.quote('print(42)')}")
         assert sh(h, probe).stdout.strip() == "42"
-        assert "After=nvidia-imex.service" in sh(h, f"cat /etc/systemd/system/{unit}.d/ironserve-imex.conf").stdout
+        assert "After=nvidia-imex.service" in sh(h, f"cat {UNIT_DIR}/{unit}.d/ironserve-imex.conf").stdout
 
 
 def test_second_run_plans_no_change(lab):
