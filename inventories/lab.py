@@ -31,6 +31,9 @@ _common = {
     "allow_emulated_arch": True,
     # the lab hosts' only interface: GLOO/NCCL socket traffic goes over the lab bridge
     "nic": "host0",
+    # the lab's bridge is private to this machine: its keyless recipes may serve on 0.0.0.0 (elsewhere that is a
+    # deploy error without an API key); the keyed lab tests set it back to false
+    "allow_open_bind": True,
     # air-gapped mirrors on the lab bridge (the lab repo also carries the stand-in NVIDIA packages)
     "apt_mirror": _state["apt_mirror"],
     "nvidia_apt_mirror": _state["apt_mirror"],

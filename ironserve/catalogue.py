@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .spec import RANK_GUARD_PORT_OFFSET, HardwareProfile, Recipe, devices_per_node
+from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
+from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node, effective_tuning
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,8 +181,32 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
                 )
     problems += _memlock_problems(recipe, known, file)
     problems += _rank_guard_port_problems(recipe, file)
+    problems += _literal_secret_problems(recipe, file)
     if problems:
         raise SpecError(problems)
+
+
+def _literal_secret_problems(recipe: Recipe, file: str) -> list[Problem]:
+    """A secret written into the recipe (a key after --api-key, a token in env) would reach argv, unit files and
+    every copy of the catalogue: an error, before anything renders. Names only, never the value."""
+    out = []
+    args = [("server.extra_args", recipe.server.extra_args)]
+    args += [(f"topology.groups[{i}].server.extra_args", g.server.extra_args) for i, g in enumerate(recipe.topology.groups)]
+    if recipe.topology.router:
+        args.append(("topology.router.extra_args", recipe.topology.router.extra_args))
+    for where, extra in args:
+        for flag in SECRET_FLAGS:
+            if any(a == flag or a.startswith(f"{flag}=") for a in extra):
+                out.append(Problem(file, where, f"{flag} with a literal key: it would reach argv, the unit file and ps",
+                                   "remove it; set server.api_key_file (a 0600 file on the host) or host data "
+                                   "api_key_file"))
+    envs = [("env", recipe.env)] + [(f"topology.groups[{i}].env", g.env) for i, g in enumerate(recipe.topology.groups)]
+    for where, env in envs:
+        for key, value in env.items():
+            if (SECRET_NAME.search(key) and value and not value.startswith("<")) or SECRET_VALUE.match(value or ""):
+                out.append(Problem(file, f"{where}.{key}", "holds a literal secret (value not shown)",
+                                   f"remove {key}; keep it in a 0600 file (the hub token: host data hf_token_file)"))
+    return out
 
 
 def _rank_guard_port_problems(recipe: Recipe, file: str) -> list[Problem]:
@@ -209,8 +234,6 @@ def _memlock_problems(recipe: Recipe, profiles: list[HardwareProfile], file: str
     """A container's locked-memory limit is docker's --ulimit, not the unit's LimitMEMLOCK: when the hardware's
     tuning asks for unlimited (pinned NCCL/HCCL buffers), the recipe's docker run must say so (the seeds'
     --ulimit memlock=-1)."""
-    from .spec import DockerRuntime, effective_tuning
-
     runtime = recipe.runtime
     if not isinstance(runtime, DockerRuntime) or str(runtime.run.ulimits.get("memlock", "")) in ("-1", "unlimited"):
         return []

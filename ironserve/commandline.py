@@ -35,7 +35,9 @@ ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
 SGLANG_BIN = re.compile(r"^(.*/)?sglang$")
 # a shell variable or a documentation placeholder in a value: $x, ${x}, ${x:-default}, <PREFILL_HOST_IP>
-SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)|<([A-Za-z_][A-Za-z0-9_]*)>")
+SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}"  # ${x}, ${x:-default}: groups 1, 2
+                       r"|\$([A-Za-z_][A-Za-z0-9_]*)"  # $x: group 3
+                       r"|<([A-Za-z_][A-Za-z0-9_]*)>")  # <PLACEHOLDER> of a guide: group 4
 
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
 SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"

@@ -697,8 +697,8 @@ def env_info(version: str, *, router: bool = False) -> dict:
 
 
 __all__ = [
-    "DEFAULT_ROUTER_VERSION", "EngineNotAvailable", "ParserEnvError", "check_many",
+    "cached_versions", "DEFAULT_ROUTER_VERSION", "EngineNotAvailable", "ParserEnvError", "check_many",
     "check_router_argv", "check_server_argv", "env_info", "flag_changes", "flag_table",
-    "KNOWN_RENAMES", "cached_versions", "known_flags", "normalize_version", "parser_env", "release_for_era", "replacement_hint", "router_env",
+    "KNOWN_RENAMES", "known_flags", "normalize_version", "parser_env", "release_for_era", "replacement_hint", "router_env",
     "split_launcher",
 ]

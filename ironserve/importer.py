@@ -72,7 +72,6 @@ class _Values:
         self.findings: list[Finding] = []
         self.recipe_id = recipe_id
         self.api_key = False
-        self.hf_token = False
 
     def unset(self, text: str, where: str, placeholder: str | None = None) -> str:
         """A value with $var / ${var} / <VAR> in it: the inventory placeholder when one fits, else <var>."""
@@ -119,7 +118,6 @@ def _env(env: dict[str, str], values: _Values, where: str) -> dict[str, str]:
 
 def _secret_env(key: str, values: _Values, where: str) -> None:
     if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        values.hf_token = True
         fix = "put the token in a 0600 file on the controller and set host data hf_token_file to it"
     else:
         fix = f"keep {key} in a 0600 file (never in a recipe): see docs on secrets"
@@ -294,6 +292,9 @@ def _example(field_name: str) -> str:
 
 
 def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> dict:
+    if SHELL_VAR.search(d.image):
+        raise CommandError(f"the docker image is the shell variable {d.image!r}",
+                           "write the image as repository:tag (and @sha256:... to pin it) in the command", "docker")
     d.volumes = [values.unset(v, "docker -v") for v in d.volumes]
     d.devices = [values.unset(v, "docker --device") for v in d.devices]
     d.env_files = [values.unset(v, "docker --env-file") for v in d.env_files]
@@ -532,6 +533,12 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
             groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
             groups[0].pop("role")
         hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
+        ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers})
+        if len(ports) > 1:
+            notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
+                               f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
+                               f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
+                               "(each on its own host)", "router"))
         count = max(len(router.workers), 1)
         groups[0]["instances"] = count
         if count == 1:
@@ -602,8 +609,9 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
         server["api_key_file"] = API_KEY_FILE.format(id=rid)
     model = _model(model_path, family, values)
     launch = next(iter(launchers), "launch_server")
-    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch, dockers[0] if dockers else None,
-                                                        values, notes, [c.argv for c in commands], detect)
+    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
+                                                        dockers[0] if dockers else None, values, notes,
+                                                        [c.argv for c in commands], detect)
     if router:
         from .engine_parser import DEFAULT_ROUTER_VERSION
 

@@ -472,7 +472,8 @@ def literal_secret(l: Launch) -> list[Finding]:
     for flag in SECRET_FLAGS:
         if l.value(flag):
             out.append(_f("literal-secret", l, f"{flag} with a literal key in the recipe: it reaches argv, the unit "
-                          "file and ps", "remove it from extra_args; set server.api_key_file (a 0600 file on the host)"))
+                          "file and ps", "remove it from extra_args; set server.api_key_file (a 0600 file on the "
+                          "host)"))
     for key, value in l.env.items():
         if (SECRET_NAME.search(key) and value and not value.startswith("<")) or SECRET_VALUE.match(value):
             out.append(_f("literal-secret", l, f"env {key} holds a literal secret in the recipe",

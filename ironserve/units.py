@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json
 import shlex
 from dataclasses import dataclass
 
@@ -33,6 +34,10 @@ KEY_ENV = (API_KEY_ENV, API_KEY_FILE_ENV)
 HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
+# files/bin/ironserve-backoff: restart backoff of engine and guard units on every systemd version
+BACKOFF = "/usr/local/lib/ironserve/ironserve-backoff"
+BACKOFF_DIR = "/run/ironserve/backoff"  # its records (the script's STATE_DIR)
+BACKOFF_MAX_S = 600
 RANK_GUARD_POLL_S = 5
 RANK_GUARD_FAILURES = 3
 # The deploy's health gate (recipe.health_timeout_s) and its rollback decide about a new group first: the leader's
@@ -113,6 +118,18 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     api_key: the env file holds IRONSERVE_API_KEY(_FILE); run the engine through ironserve-exec, which adds
     --api-key in-process (SGLang only takes the key on argv, where every user could read it).
     """
+    run, command = _runtime_argv(recipe, proc, api_key)
+    return run + command
+
+
+def container_command(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]:
+    """What the container of a docker unit runs (the command after the image): what a running container is
+    compared with."""
+    return _runtime_argv(recipe, proc, api_key)[1]
+
+
+def _runtime_argv(recipe: Recipe, proc: Process, api_key: bool) -> tuple[list[str], list[str]]:
+    """(how the runtime starts it, the command it runs): (docker run ... IMAGE, command) or ([], argv)."""
     runtime = recipe.runtime
     argv = with_key_launcher(proc) if api_key else list(proc.argv)
     sourced = runtime.source_env
@@ -121,7 +138,7 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
         argv[0] = f"{bin_dir}/{argv[0]}"
         if sourced:
             argv = ["/bin/bash", "-c", sourcing_script(sourced), proc.unit, *argv]
-        return argv
+        return [], argv
     assert isinstance(runtime, DockerRuntime)
     run = runtime.run
     docker = ["/usr/bin/docker", "run", "--rm", "--name", proc.unit, "--env-file", env_path(proc)]
@@ -154,14 +171,21 @@ def exec_argv(recipe: Recipe, proc: Process, api_key: bool = False) -> list[str]
     if api_key:
         docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
-        docker += ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced), proc.unit]
-    elif run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
+        return (docker + ["--entrypoint", "/bin/bash", image_ref(recipe)],
+                ["-c", sourcing_script(sourced), proc.unit, *argv])
+    if run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
         # the image's entrypoint replaced by the argv's first words, as the pasted line had it
-        docker += ["--entrypoint", run.entrypoint, image_ref(recipe)]
-        argv = argv[len(shlex.split(run.entrypoint)):]
-    else:
-        docker.append(image_ref(recipe))
-    return docker + argv
+        return docker + ["--entrypoint", run.entrypoint, image_ref(recipe)], argv[len(shlex.split(run.entrypoint)):]
+    return docker + [image_ref(recipe)], argv
+
+
+HOME_DIRS = ("/home", "/root", "/run/user")
+
+
+def protect_home(proc: Process) -> str:
+    """ProtectHome= of an engine unit: ``yes`` (homes invisible), or ``read-only`` when its weights live in one."""
+    weights = (proc.model_path or "").rstrip("/")
+    return "read-only" if any(weights == d or weights.startswith(d + "/") for d in HOME_DIRS) else "yes"
 
 
 def _mounted(path: str, volumes: list[str]) -> bool:
@@ -198,6 +222,10 @@ class RankGuardFiles:
     unit_text: str
     config_path: str
     config_text: str
+    secret_path: str  # the group's shared secret, 0600 (written by roles/secret_file.py, never rendered)
+
+
+WILDCARD = ("0.0.0.0", "::", "[::]")  # a --host serving every network
 
 
 def rank_guard_unit(proc: Process) -> str:
@@ -206,6 +234,11 @@ def rank_guard_unit(proc: Process) -> str:
 
 def rank_guard_port(proc: Process) -> int:
     return proc.dist_init_port + RANK_GUARD_PORT_OFFSET
+
+
+def rank_group_secret_path(proc: Process) -> str:
+    """The group's shared secret on each rank's host (0600 root): the guards sign their reports with it."""
+    return f"{ETC_DIR}/{proc.unit}.rank-group.key"
 
 
 def formation_timeout_s(recipe: Recipe) -> int:
@@ -226,17 +259,17 @@ def following_path(unit: str) -> str:
 
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
     """The guard unit and its JSON config for one rank of a multi-node group (members: Rendered.rank_group())."""
-    import json
-
     head = members[0]
-    port = rank_guard_port(proc)
-    host = f"[{head.address}]" if ":" in head.address else head.address
     config = {
         "unit": proc.unit,
         "rank": proc.node_rank,
         "world": len(members),
-        "guard_port": port,
-        "leader_url": f"http://{host}:{port}/group",
+        "guard_port": rank_guard_port(proc),
+        # the leader listens on its cluster address only, and takes reports only from the members' addresses,
+        # signed with the group's secret (files/bin/ironserve-rank-guard); followers send from their own
+        "leader": head.address,
+        "members": [m.address for m in members],
+        "secret_file": rank_group_secret_path(proc),
         "health_url": proc.local_url("/health"),
         "poll_s": RANK_GUARD_POLL_S,
         "failure_threshold": RANK_GUARD_FAILURES,
@@ -246,11 +279,16 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         "backoff_max_s": 600,
         "backoff_window_s": 1800,
     }
+    if proc.node_rank == 0:
+        config["bind"] = head.address
+    else:
+        config["source"] = proc.address
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
-        recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path)
+        recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,
+        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR)
     return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
-                          json.dumps(config, indent=2, sort_keys=True) + "\n")
+                          json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
 
 def _jinja() -> Environment:
@@ -272,6 +310,12 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         nofile=_limit(tuning.limits.nofile),
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
+        jit_root=JIT_CACHE_ROOT,
+        protect_home=protect_home(proc),
+        backoff=BACKOFF,
+        backoff_dir=BACKOFF_DIR,
+        # the backoff's wait counts against TimeoutStartSec: keep it well inside
+        backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),
         rank_guard=f"{rank_guard_unit(proc)}.service" if proc.in_rank_group else None,
         start_timeout=recipe.health_timeout_s,
     )

@@ -54,6 +54,7 @@ from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, sha256_text
 from roles.common import deb822_source, run_if_changed, truthy
 from roles.context import DeploymentContext
+from roles.nvidia_driver import DRIVER_VERSION, upstream
 from roles.preflight import plain
 
 DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
@@ -112,11 +113,6 @@ def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url
         lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
     lines += list(patches)
     return "\n".join(lines) + "\n"
-
-
-def container_argv(argv: list[str], image: str) -> list[str]:
-    """What a `docker run ... IMAGE CMD...` argv passes as the container's command (after the image)."""
-    return argv[argv.index(image) + 1:]
 
 
 # --------------------------------------------------------------------------- facts
@@ -406,8 +402,6 @@ def gpu_devices(ctx: DeploymentContext) -> None:
     cdi = gpu_access(toolkit_version(ctx)) == "cdi"
     nvidia_runtime_configured(name="Docker knows the nvidia runtime" + (" (CDI enabled)" if cdi else ""), cdi=cdi)
     if cdi:
-        from roles.nvidia_driver import DRIVER_VERSION, upstream
-
         cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.get("nvidia_driver_version", DRIVER_VERSION)))
         return
     rule = files.put(name="udev rule: /dev/char links for NVIDIA devices", src=StringIO(DEV_CHAR_RULE_TEXT),

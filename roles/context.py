@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pyinfra import host, inventory
+
 from ironserve import catalogue
 from ironserve.catalogue import Problem, SpecError
 from ironserve.inventory import InventoryHost
-from ironserve.render import Process, Rendered, render
+from ironserve.render import Process, Rendered, model_path_on, render
 from ironserve.spec import HardwareProfile, HostTuning, Recipe, effective_tuning
 from roles.common import ChangeRecords, truthy
 
@@ -43,6 +45,9 @@ class DeploymentContext:
     # {(host, unit): did its health gate pass}, filled while the run executes; one dict shared by the contexts of
     # every host of the run (a rank > 0 saves its last good configuration only when rank 0's gate passed)
     gate_results: dict[tuple[str, str], bool] = field(default_factory=dict)
+    # {rank group key: {rank: its unit running?}}, shared like gate_results: filled while planning the launch
+    # preflight, read by its rendezvous while executing (a running rank keeps its group from a rendezvous)
+    ranks_running: dict[str, dict[int, bool]] = field(default_factory=dict)
 
     @property
     def is_router_only(self) -> bool:
@@ -59,8 +64,6 @@ class DeploymentContext:
     @property
     def model_path(self) -> str:
         """Where this host's weights are: the same value the rendered --model-path carries."""
-        from ironserve.render import model_path_on
-
         return model_path_on(self.recipe, InventoryHost(self.host_name, self.data))
 
 
@@ -102,14 +105,15 @@ _CACHE: dict[tuple[str, str], DeploymentContext] = {}
 
 def current(model: str) -> DeploymentContext:
     """The context of pyinfra's current host (inventory order = rank order)."""
-    from pyinfra import host, inventory
-
     key = (model, host.name)
     if key not in _CACHE:
         hosts = [(h.name, _host_data(h)) for h in inventory]
-        # the hosts of one run share its gate results
+        # the hosts of one run share its gate results and its record of running ranks
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
-        _CACHE[key] = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        if peer:
+            ctx.ranks_running = peer.ranks_running
+        _CACHE[key] = ctx
     return _CACHE[key]
 
 

@@ -46,6 +46,7 @@ The helpers the roles share (``truthy``, ``changed``, ``run_if_changed``, the ch
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import time
@@ -65,6 +66,8 @@ from roles.sglang_service import live_files, marker_path
 HEALTH_POLL_S = 10
 HEALTH_PROGRESS_S = 60
 HEALTH_JOURNAL_LINES = 40
+# automatic restarts a multi-node group's gate lets pass while the group forms (more: a crash loop, rolled back)
+GROUP_RESTARTS_ALLOWED = 2
 
 
 # --------------------------------------------------------------------------- plan
@@ -308,38 +311,56 @@ def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members:
     """The health gate; when it fails, the rollback of ``members`` to their last good configuration. A gate
     that failed fails the operation even when the rollback healed the service: the deploy did not converge.
     The outcome is recorded in ``gate_results`` [(host, unit)]: ranks > 0 save their last good configuration
-    only when their rank 0's gate passed."""
-    ok, why = await_health(state, host, unit, url, timeout_s)
+    only when their rank 0's gate passed. A multi-node group may restart as a whole while it forms (a rank that
+    left the previous group, its guard following rank 0): its gate allows a few restarts, a crash loop fails it."""
+    allowed = GROUP_RESTARTS_ALLOWED if len(members) > 1 else 0
+    ok, why = await_health(state, host, unit, url, timeout_s, restarts_allowed=allowed)
     if gate_results is not None:
         gate_results[(host.name, unit)] = ok
     if not ok and members:
-        rollback.roll_back(state, host, unit, url, timeout_s, members, why, wait_healthy)
+        rollback.roll_back(state, host, unit, url, timeout_s, members, why,
+                           functools.partial(wait_healthy, restarts_allowed=allowed))
     return ok
 
 
-def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None) -> bool:
-    return await_health(state, host, unit, url, timeout_s, poll_s)[0]
+def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None,
+                 restarts_allowed: int = 0) -> bool:
+    return await_health(state, host, unit, url, timeout_s, poll_s, restarts_allowed)[0]
 
 
-def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None) -> tuple[bool, str]:
-    """Poll the unit's /health from the host until 200; (False, why) with the journal on timeout or death."""
+def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None,
+                 restarts_allowed: int = 0) -> tuple[bool, str]:
+    """Poll the unit's /health from the host until 200; (False, why) with the journal on timeout or death.
+
+    Death: the unit failed or stopped, or systemd restarted it more than ``restarts_allowed`` times since the gate
+    began (0: the first automatic restart; a unit that stopped counts only when seen twice in a row then, a
+    group restart passes through inactive)."""
     poll_s = float(poll_s if poll_s is not None else _setting(host, "health_poll_s", HEALTH_POLL_S))
     progress_s = float(_setting(host, "health_progress_s", HEALTH_PROGRESS_S))
     sudo = bool(host.data.get("_sudo"))
     start = last = time.monotonic()
     probe = (f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
-             f"systemctl show -p ActiveState -p SubState {shlex.quote(unit)}.service")
+             f"systemctl show -p ActiveState -p SubState -p NRestarts {shlex.quote(unit)}.service")
     host.log(f"{unit}: waiting for {url} (up to {timeout_s}s)")
+    base, stopped = None, False
     while True:
         _, out = host.run_shell_command(probe)
         code, active, sub = _parse_probe(out.stdout_lines)
+        restarts = _restarts(out.stdout_lines)
+        base = restarts if base is None else base
         elapsed = int(time.monotonic() - start)
         if code == 200:
             host.log_styled(f"{unit}: healthy after {elapsed}s", fg="green")
             return True, ""
-        dead = active in ("failed", "inactive") or sub == "auto-restart"
+        if restarts_allowed:
+            dead = (active == "failed" or (active == "inactive" and stopped)
+                    or (restarts or 0) - (base or 0) > restarts_allowed)
+            stopped = active == "inactive"
+        else:
+            dead = active in ("failed", "inactive") or sub == "auto-restart"
         if dead or elapsed >= timeout_s:
-            why = (f"the unit died ({active}/{sub})" if dead else f"no healthy answer within {timeout_s}s")
+            why = (f"the unit died ({active}/{sub}, {(restarts or 0) - (base or 0)} restart(s) during the gate)"
+                   if dead else f"no healthy answer within {timeout_s}s")
             lines = int(_setting(host, "health_journal_lines", HEALTH_JOURNAL_LINES))
             _, journal = host.run_shell_command(
                 f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
@@ -350,6 +371,14 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
             host.log(f"{unit}: still waiting for {url}: {elapsed}s of {timeout_s}s, unit {active}/{sub}, "
                      f"http {code or 'no answer'}")
         _sleep(poll_s)
+
+
+def _restarts(lines: list[str]) -> int | None:
+    for line in lines:
+        key, _, value = line.strip().partition("=")
+        if key == "NRestarts" and value.isdigit():
+            return int(value)
+    return None
 
 
 def _setting(host, key: str, default):

@@ -57,11 +57,6 @@ NIC_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 RENDEZVOUS_TIMEOUT_S = 60
 MARK = "IRONSERVE-RENDEZVOUS "
 
-# rank-group key -> {node_rank: unit running?}, filled while planning, read while executing (every host's plan
-# is complete by then): a rank that is running keeps the whole group from a rendezvous on its port
-_RUNNING: dict[str, dict[int, bool]] = {}
-
-
 # --------------------------------------------------------------------------- pure helpers
 
 
@@ -271,21 +266,28 @@ def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
 
 
 @operation()
-def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str]):
-    """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc)."""
+def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str],
+                     ranks_running: dict | None = None):
+    """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc).
+
+    ``ranks_running`` (the deployment context's, shared by every host of the run): {group key: {rank: running}},
+    filled while planning and read while executing (every host's plan is complete by then): a rank that is
+    running keeps the whole group from a rendezvous on its port."""
     state = host.get_fact(UnitState, unit=unit, paths=[])
     running = (plain(state) or {}).get("active") in ("active", "activating", "reloading")
-    _RUNNING.setdefault(key, {})[rank] = running
+    ranks_running = {} if ranks_running is None else ranks_running
+    ranks_running.setdefault(key, {})[rank] = running
     if running:
         if problems:
             raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
         host.noop(f"{key}: rank {rank} is running; its group met on this path already")
         return
-    yield FunctionCommand(_rendezvous, (key, rank, command, timeout_s, problems), {})
+    yield FunctionCommand(_rendezvous, (key, rank, command, timeout_s, problems, ranks_running), {})
 
 
-def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str]) -> bool:
-    running = sorted(r for r, up in _RUNNING.get(key, {}).items() if up)
+def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str],
+                ranks_running: dict) -> bool:
+    running = sorted(r for r, up in ranks_running.get(key, {}).items() if up)
     if running:
         host.log(f"{key}: rank(s) {running} already running: no rendezvous (the launch restarts the group)")
         return True
@@ -406,4 +408,4 @@ def apply(ctx: DeploymentContext) -> None:
         command = " ".join(shlex.quote(a) for a in rendezvous_argv(recipe, proc, group, timeout_s))
         group_rendezvous(name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
                          key=group.key, rank=proc.node_rank, unit=proc.unit, command=command, timeout_s=timeout_s,
-                         problems=problems)
+                         problems=problems, ranks_running=ctx.ranks_running)

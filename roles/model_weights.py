@@ -6,7 +6,8 @@ Host data (defaults in brackets):
   generated model); ``hub`` = download ``recipe.model.hub_id`` (at ``recipe.model.revision``) into the model path
 - ``model_path`` [recipe.model.path]: where the weights are on the host (also what --model-path says)
 - ``hf_token_file`` [none]: a file ON THE CONTROLLER holding the Hugging Face token; uploaded to
-  /etc/ironserve/hf_token (0600 root:root) and handed to the downloader as HF_TOKEN_PATH, never on argv
+  /etc/ironserve/hf_token (0600 root:root, roles/secret_file.py) and handed to the download step alone as
+  HF_TOKEN_PATH: never on argv, never in an engine's environment
 - ``hf_transfer`` [false]: HF_HUB_ENABLE_HF_TRANSFER (off: hf_transfer is often absent and does not resume)
 - ``hf_endpoint`` [none]: HF_ENDPOINT, a hub mirror
 - ``model_shared`` [false]: the model path is one shared filesystem: download from the first host only
@@ -23,9 +24,7 @@ checkpoint is incomplete. Verification (fact ``ModelCheckpoint``): ``config.json
 from __future__ import annotations
 
 import hashlib
-import os
 import shlex
-from pathlib import Path
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
@@ -35,6 +34,7 @@ from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
 from roles.common import truthy
 from roles.context import DeploymentContext
+from roles.secret_file import read_secret, secret_file
 
 MODEL_SOURCE = "path"
 HF_TOKEN_PATH = f"{ETC_DIR}/hf_token"
@@ -60,18 +60,6 @@ def checkpoint_problems(state: dict | None) -> list[str]:
     problems += [f"shard {name} is missing" for name in state.get("missing", [])]
     problems += [f"shard {name} is empty" for name in state.get("empty", [])]
     return problems
-
-
-def read_secret(path: str, what: str) -> str:
-    """A secret from a file on the controller (host data *_file keys), stripped."""
-    file = Path(os.path.expanduser(path))
-    if not file.is_file():
-        raise OperationError(f"{what}: {file} does not exist on this machine (host data points at a file on the "
-                             "controller, not on the host)")
-    value = file.read_text().strip()
-    if not value or "\n" in value:
-        raise OperationError(f"{what}: {file} must hold exactly one non-empty line")
-    return value
 
 
 def download_command(repo_id: str, path: str, *, revision: str | None = None, venv: str | None = None,
@@ -211,10 +199,10 @@ def apply(ctx: DeploymentContext) -> None:
             raise OperationError(f"{ctx.host_name}: model_source=hub but recipe {ctx.recipe.id} has no model.hub_id")
         token = bool(ctx.get("hf_token_file"))
         if token:
-            read_secret(ctx.get("hf_token_file"), f"{ctx.host_name}: hf_token_file")  # fail early, clearly
             files.directory(name="ironserve config directory", path=ETC_DIR, mode="755")
-            files.put(name="Hugging Face token (0600)", src=os.path.expanduser(ctx.get("hf_token_file")),
-                      dest=HF_TOKEN_PATH, mode="600", user="root", group="root")
+            # the token's only place on the host: the download step reads it (HF_TOKEN_PATH), no engine sees it
+            secret_file(name="Hugging Face token (0600)", path=HF_TOKEN_PATH,
+                        secret=read_secret(ctx.get("hf_token_file"), f"{ctx.host_name}: hf_token_file"))
         runtime = ctx.recipe.runtime
         command = download_command(
             ctx.recipe.model.hub_id, path, revision=ctx.recipe.model.revision,

@@ -36,6 +36,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.server import Arch, LinuxDistribution
 
+from ironserve import catalogue
 from roles.common import truthy
 from roles.context import DeploymentContext
 
@@ -227,8 +228,6 @@ ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 def nvlink_domain(ctx: DeploymentContext) -> list:
     """The inventory hosts in this host's NVLink domain (host data ``nvlink_domain``, default: one domain of all
     hosts on multi-node NVLink profiles), in inventory order."""
-    from ironserve import catalogue
-
     profiles = catalogue.hardware_profiles()
     mine = str(ctx.get("nvlink_domain", "default"))
     out = []

@@ -7,21 +7,27 @@ starts the live (last launched) configuration, and ``launch=false`` prepares and
 anything that runs. For every engine process of the render on this host (the router: roles/router.py, same
 machinery), staged:
 
-- /etc/ironserve/<unit>.env (0600 root:root) from ironserve.units: the recipe's env plus the secrets
-  ``IRONSERVE_API_KEY`` (host data ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when
-  the recipe's ``server.api_key_file`` names a file on the host, uv runtimes only) and ``HF_TOKEN`` (host data
-  ``hf_token_file``). With a key, ExecStart runs the engine through /usr/local/lib/ironserve/ironserve-exec,
-  which appends --api-key in-process: the key is never on a command line (``ps``, /proc/PID/cmdline);
-- /etc/systemd/system/<unit>.service from ironserve.units.unit_files (and a rank's guard unit and config); the
-  JIT cache directory (ironserve.units.jit_dir, kept across restarts) is created directly;
+- /etc/ironserve/<unit>.env (0600 root:root, written by roles/secret_file.py: never shown, never readable on
+  the way) from ironserve.units: the recipe's env plus the secret ``IRONSERVE_API_KEY`` (host data
+  ``api_key_file``, a file on the controller; or ``IRONSERVE_API_KEY_FILE`` when the recipe's
+  ``server.api_key_file`` names a file on the host, uv runtimes only). The hub token is not there: only the
+  download step has it (roles/model_weights.py). With a key, ExecStart runs the engine through
+  /usr/local/lib/ironserve/ironserve-exec, which appends --api-key in-process (never on a command line: ``ps``,
+  /proc/PID/cmdline) and filters the key out of the engine's output (never in the journal);
+- /etc/systemd/system/<unit>.service from ironserve.units.unit_files (and a rank's guard unit and config, and the
+  group's shared secret: 0600, generated once on the controller, the same on every rank's host, with which the
+  guards sign their reports); the JIT cache directory (ironserve.units.jit_dir, kept across restarts) is created
+  directly;
 - BEFORE enabling: the argv is parsed by the SGLang of this host's runtime (files/bin/ironserve-parse-check run
   by the venv's python3, or ``docker run --rm --entrypoint python3`` in the image). A rejected argv stops the
   deploy with the parser's message. The probe runs only when the unit or the runtime changed: a marker holding
   the sha256 of (ExecStart argv, runtime) is kept in /var/lib/ironserve/parse-ok/<unit>;
 - nothing is reloaded, enabled or started here (roles/launch.py does, once every host converged).
 
-Host data (defaults in brackets): ``api_key_file`` [none], ``hf_token_file`` [none], ``parse_check`` [true]
-(false skips the probe, e.g. for an image without Python; not recommended).
+Host data (defaults in brackets): ``api_key_file`` [none], ``parse_check`` [true] (false skips the probe, e.g. for
+an image without Python; not recommended), ``allow_open_bind`` [false] (a server or router bound to 0.0.0.0 or ::
+without an API key is a deploy error unless this is true), ``secret_dir`` [~/.config/ironserve/secrets] (where
+the controller keeps the secrets it generates: the rank groups' shared secrets).
 """
 
 from __future__ import annotations
@@ -38,13 +44,13 @@ from pyinfra.operations import files
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, ETC_DIR, HF_TOKEN_ENV, JIT_CACHE_ROOT, KEY_ENV,
-                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, exec_argv, image_ref, jit_dir,
-                             rank_guard_files, sha256_text, sourcing_script, staged_path, unit_files, venv_path)
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, ETC_DIR, JIT_CACHE_ROOT, KEY_ENV,
+                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, WILDCARD, container_command, exec_argv,
+                             image_ref, jit_dir, rank_guard_files, sha256_text, sourcing_script, staged_path,
+                             unit_files, venv_path)
 from roles.common import truthy
-from roles.container_runtime import container_argv
 from roles.context import DeploymentContext
-from roles.model_weights import read_secret
+from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
 BIN_SRC = files_dir() / "bin"
 LIB_DIR = "/usr/local/lib/ironserve"
@@ -53,7 +59,7 @@ PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
 CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
 HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
-           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve-rank-guard", RANK_GUARD))
+           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve-rank-guard", RANK_GUARD), ("ironserve-backoff", BACKOFF))
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -95,20 +101,27 @@ def runtime_identity(recipe: Recipe, pip_index_url: str | None = None) -> str:
                       sort_keys=True)
 
 
+def rank_group_secret_name(members: list[Process]) -> str:
+    """The controller's name for a group's secret: its unit and rank 0's address (one secret per group)."""
+    head = members[0]
+    return f"rank-group-{head.unit}-{hashlib.sha256(head.address.encode()).hexdigest()[:12]}"
+
+
 def marker_path(unit: str) -> str:
     return f"{PARSE_OK_DIR}/{unit}"
 
 
 def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) -> dict[str, str]:
-    """Secrets for the env file of a process. ``read=False`` gives the same keys with placeholder values, for
-    whoever needs to know which secrets exist but must not read them (the audit).
+    """Secrets for the env file of a process: the API key (never the hub token, which only the download step
+    sees). ``read=False`` gives the same keys with placeholder values, for whoever needs to know which secrets
+    exist but must not read them (the audit).
 
     The router gets the engines' API key (never the hub token): sglang-router uses its ``--api-key`` towards the
     workers it was started with (requests, health checks) and requires it from clients; keyed workers behind a
     keyless router would answer it 401."""
 
     def secret(key: str, what: str) -> str:
-        return read_secret(ctx.get(key), f"{ctx.host_name}: {what}") if read else "<secret>"
+        return read_secret(ctx.get(key), f"{ctx.host_name}: {what}").reveal() if read else "<secret>"
 
     out = {}
     if ctx.get("api_key_file"):
@@ -124,9 +137,22 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
                 raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
                                      "a container cannot read; give the key with host data api_key_file instead")
             out[API_KEY_FILE_ENV] = on_host
-    if ctx.get("hf_token_file") and proc.role != "router":
-        out[HF_TOKEN_ENV] = secret("hf_token_file", "hf_token_file")
+    # no HF_TOKEN: only the download step needs the hub token (roles/model_weights.py), not a running engine
     return out
+
+
+def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> None:
+    """A server or router serving its API on every address (0.0.0.0, ::) without an API key is a deploy error,
+    raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
+    bind, port = proc.bind, proc.port
+    if (not proc.serves_http or bind not in WILDCARD or any(k in secrets for k in KEY_ENV)
+            or truthy(ctx.get("allow_open_bind"), False)):
+        return
+    raise OperationError(
+        f"{ctx.host_name}: recipe {ctx.recipe.id}: the {proc.role} ({proc.unit}) would serve its API on {bind}:{port} "
+        "to every network without an API key. Fix: give a key (host data api_key_file, a file on this machine, or "
+        "the recipe's server.api_key_file), or bind 127.0.0.1, or, to serve openly on purpose, set host data "
+        "allow_open_bind=true")
 
 
 # --------------------------------------------------------------------------- facts and operations
@@ -206,6 +232,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
     built = []
     for proc in procs:
         secrets = process_secrets(ctx, proc)
+        refuse_open_bind(ctx, proc, secrets)
         built.append((proc, unit_files(recipe, proc, ctx.tuning, secrets), secrets))
     # 0700: the staged env files hold secrets, and nothing else reads the staging area
     files.directory(name="staged configurations", path=STAGED_DIR, mode="700", user="root", group="root")
@@ -213,13 +240,17 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         files.directory(name=f"staged {sub}", path=staged_path(sub), mode="700", user="root", group="root")
     for proc, uf, secrets in built:
         for live, text, mode in live_files(ctx, proc, uf):
-            op = files.put(name=f"{live} (staged{', 0600' if mode == '600' else ''})", src=StringIO(text),
-                           dest=staged_path(live), mode=mode, user="root", group="root")
+            if mode == "600":
+                # a secret (the env file with the API key, the group's secret): never shown, never readable
+                op = secret_file(name=f"{live} (staged, 0600)", path=staged_path(live), secret=Secret(text))
+            else:
+                op = files.put(name=f"{live} (staged)", src=StringIO(text), dest=staged_path(live), mode=mode,
+                               user="root", group="root")
             ctx.changes.record_unit_change(proc.unit, op)
         if isinstance(recipe.runtime, DockerRuntime):
             api_key = any(k in secrets for k in KEY_ENV)
             ctx.changes.record_container(proc.unit, image_ref(recipe),
-                                         container_argv(exec_argv(recipe, proc, api_key=api_key), image_ref(recipe)),
+                                         container_command(recipe, proc, api_key=api_key),
                                          [*proc.env, *secrets])
     if truthy(ctx.get("parse_check"), True):
         identity = runtime_identity(recipe, ctx.get("pip_index_url"))
@@ -238,8 +269,15 @@ def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str
     members = ctx.rendered.rank_group(proc)
     if members:
         gf = rank_guard_files(ctx.recipe, proc, members)
-        out += [(gf.config_path, gf.config_text, "644"), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text, "644")]
+        out += [(gf.config_path, gf.config_text, "644"), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text, "644"),
+                (gf.secret_path, group_secret(ctx, members).reveal(), "600")]
     return out
+
+
+def group_secret(ctx: DeploymentContext, members: list[Process]):
+    """The rank group's shared secret: generated once on the controller (roles/secret_file.py), the same for
+    every rank's host and every run."""
+    return generated_secret(rank_group_secret_name(members), ctx.get("secret_dir"))
 
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:

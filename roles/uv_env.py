@@ -36,13 +36,14 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
-from ironserve.units import venv_path
+from ironserve.units import STAGED_DIR, UNIT_DIR, venv_path
 from roles.common import run_if_changed
+from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
 
 UV_VERSION = "0.13.9"
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
-REFERRING_DIRS = ("/etc/systemd/system", "/etc/ironserve/staged", "/var/lib/ironserve/last-good")
+REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
 UV_BIN = "/usr/local/bin/uv"
 UV_ROOT = "/opt/ironserve/uv"
 PYPI_SIMPLE = "https://pypi.org/simple"

@@ -132,3 +132,13 @@ def test_prepare_calls_the_registry_in_order():
     prepare = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "prepare")
     called = [c.args[0].id for c in ast.walk(prepare) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "run"]
     assert called == [role.__name__.rsplit(".", 1)[1] for role, _ in deployment.PREPARE_ROLES]
+
+
+def test_production_code_reads_no_lab_flag():
+    """The roles and the core say what a setting means (allow_emulated_arch), never that they run in the lab."""
+    import re
+
+    pattern = re.compile(r"""(get\(|\[)\s*["']lab["']""")
+    found = [f"{name}" for name, path in _modules().items()
+             if not name.startswith("ironserve.lab") and pattern.search(path.read_text())]
+    assert found == []

@@ -88,20 +88,23 @@ def test_file_evaluator_content_and_mode(tmp_path, local):
     assert evaluate(local, check) == (False, "missing")
 
 
-def test_env_file_evaluator_ignores_secrets_flags_world_readable(tmp_path, local):
+def test_env_file_evaluator_names_keys_never_values_and_flags_world_readable(tmp_path, local):
     path = tmp_path / "x.env"
-    expected = "# managed\nA=1\nB=2\n"
-    path.write_text(expected + "HF_TOKEN=secret\n")
+    expected = "# managed\nA=1\nB=2\nIRONSERVE_API_KEY=<secret>\n"
+    path.write_text("# managed\nA=1\nB=2\nIRONSERVE_API_KEY=sk-the-real-key\n")
     os.chmod(path, 0o600)
     check = Check("h", "env-file:x", "env_file", expected, {"path": str(path), "mode": 0o600})
-    assert evaluate(local, check) == (True, "same")
+    assert evaluate(local, check) == (True, "same")  # the deployed key is compared by presence
     os.chmod(path, 0o644)
     ok, found = evaluate(local, check)
     assert not ok and "secrets readable" in found
     os.chmod(path, 0o600)
-    path.write_text("A=1\nB=3\n")
+    # a secret planted by hand, a changed value, a missing key: named, never shown
+    path.write_text("A=1\nB=hunter2-value\nSTOLEN_TOKEN=hf_planted_s3cret\n")
     ok, found = evaluate(local, check)
-    assert not ok and "B=3" in found
+    assert not ok
+    assert found == "missing: IRONSERVE_API_KEY; not declared: STOLEN_TOKEN; value differs: B"
+    assert "hf_planted" not in found and "hunter2" not in found and "sk-" not in found
 
 
 def test_sysctl_absent_key_is_not_drift(local):

@@ -242,3 +242,20 @@ def test_ascend_import_runs_the_npu_image_not_a_cuda_stack():
     recipe = Recipe.model_validate(result.data)
     argv = exec_argv(recipe, render(recipe).processes[0])
     assert "--gpus" not in argv and "--device" in argv and "/usr/local/Ascend/driver:/usr/local/Ascend/driver" in argv
+
+
+def test_an_image_given_as_a_shell_variable_is_refused_with_a_fix():
+    with pytest.raises(CommandError) as err:
+        import_command(shlex.split("docker run --gpus all $IMAGE python3 -m sglang.launch_server --model-path m"),
+                       "rtx6000-pro", "i")
+    assert "$IMAGE" in str(err.value) and "repository:tag" in err.value.fix
+
+
+def test_replicas_on_different_ports_are_said():
+    from ironserve.importer import import_script
+
+    result = import_script("python -m sglang_router.launch_router --worker-urls http://worker1:8000 "
+                           "http://worker2:8001 --policy cache_aware --host 0.0.0.0 --port 30000\n", "rtx6000-pro", "r")
+    assert result.data["topology"]["kind"] == "replicas"
+    (hit,) = [f for f in result.findings if f.rule == "import-worker-ports"]
+    assert "8000, 8001" in hit.message

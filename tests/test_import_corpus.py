@@ -69,7 +69,8 @@ def _hosts(result, recipe):
     return hosts
 
 
-def _expected_value(flag: str, values: list[str], secrets: bool) -> list[str]:
+def _expected_value(values: list[str]) -> list[str]:
+    """Values as import writes them: shell variables become <name> inputs."""
     return [SHELL_VAR.sub(lambda m: f"<{m.group(1) or m.group(3) or m.group(4)}>", v) for v in values]
 
 
@@ -88,7 +89,7 @@ def _engine_expectation(command: Command) -> dict[str, list[str]]:
             continue
         if any(SHELL_VAR.search(v) for v in values) and flag in ("--port", "--tp-size", "--dp-size"):
             continue  # a variable in a typed field: SGLang's default (finding import-set-value)
-        out[flag] = _expected_value(flag, values, False)
+        out[flag] = _expected_value(values)
     return out
 
 
@@ -143,7 +144,7 @@ def test_imports_and_round_trips(entry, tmp_path):
         assert _rendered_flags(proc.argv) == _engine_expectation(command), proc.unit
         # env: the command's (prefix, export, docker -e) minus secrets; variables as import said
         env = {**(command.docker.env if command.docker else {}), **command.env}
-        want = {k: _expected_value(k, [v], True)[0] for k, v in env.items()
+        want = {k: _expected_value([v])[0] for k, v in env.items()
                 if k not in ("HF_TOKEN",) and not k.endswith("_IFNAME")}
         got = {k: v for k, v in proc.env.items() if not k.endswith("_IFNAME")}
         assert got == want, proc.unit
@@ -172,8 +173,8 @@ def _same_container(recipe, proc, command: Command):
     for attr in ("image", "digest", "shm_size", "ipc", "network", "gpus", "privileged", "cpuset_cpus", "entrypoint"):
         assert getattr(got, attr) == getattr(original, attr), attr
     for attr in ("devices", "other"):
-        assert getattr(got, attr) == _expected_value(attr, getattr(original, attr), False), attr
-    assert set(_expected_value("-v", original.volumes, False)) <= set(got.volumes)
+        assert getattr(got, attr) == _expected_value(getattr(original, attr)), attr
+    assert set(_expected_value(original.volumes)) <= set(got.volumes)
     assert {k: v for k, v in got.ulimits.items() if k in original.ulimits} == original.ulimits
     assert got.env_files[1:] == original.env_files  # the unit's own 0600 env file comes first
     assert got.name == proc.unit and got.dropped == ["--rm"] and not got.detach

@@ -1,11 +1,15 @@
 """files/bin/ironserve-rank-guard, run for real on this machine: a leader and a follower process talking HTTP on
-loopback, a stand-in `systemctl` on PATH (records calls, answers InvocationID from a file) and a stand-in engine
-/health per rank. Checks the decisions that make a multi-node group restart as a whole."""
+loopback (rank 0 at 127.0.0.1, rank 1 sending from 127.0.0.2), a stand-in `systemctl` on PATH (records calls,
+answers InvocationID from a file) and a stand-in engine /health per rank. Checks the decisions that make a
+multi-node group restart as a whole, and that only the group's signed, fresh reports from its own addresses
+count: forged, replayed and foreign reports change nothing."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -20,6 +24,20 @@ from ironserve.render import Process
 from ironserve.units import RANK_GUARD_PORT_OFFSET, rank_guard_files
 
 GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rank-guard"
+SECRET = "ab" * 32
+RANK0, RANK1, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
+
+
+def guard_module():
+    """The guard script as a module (its protocol helpers), for the tests that speak to a real guard."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("rank_guard", str(GUARD))
+    spec = importlib.util.spec_from_loader("rank_guard", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -80,10 +98,15 @@ def guard_env(tmp_path):
 
 
 def base_config(rank: int, port: int, health_url: str, state_dir: Path) -> dict:
-    return {"unit": f"engine{rank}", "rank": rank, "world": 2, "guard_port": port,
-            "leader_url": f"http://127.0.0.1:{port}/group", "health_url": health_url, "poll_s": 0.2,
-            "failure_threshold": 3, "formation_timeout_s": 30, "backoff_base_s": 0, "backoff_max_s": 0,
-            "backoff_window_s": 60, "state_dir": str(state_dir / "state")}
+    secret = state_dir / "group.key"
+    if not secret.exists():
+        secret.write_text(SECRET + "\n")
+        secret.chmod(0o600)
+    config = {"unit": f"engine{rank}", "rank": rank, "world": 2, "guard_port": port, "leader": RANK0,
+              "members": [RANK0, RANK1], "secret_file": str(secret), "health_url": health_url, "poll_s": 0.2,
+              "failure_threshold": 3, "formation_timeout_s": 30, "backoff_base_s": 0, "backoff_max_s": 0,
+              "backoff_window_s": 60, "state_dir": str(state_dir / "state")}
+    return config | ({"bind": RANK0} if rank == 0 else {"source": RANK1})
 
 
 def wait_for(predicate, timeout: float = 20.0) -> bool:
@@ -167,7 +190,11 @@ def test_guard_config_from_the_render():
     recipe = get_recipe("tiny-cpu-tp2")
     files = rank_guard_files(recipe, procs[1], procs)
     config = json.loads(files.config_text)
-    assert config["leader_url"] == f"http://10.0.0.1:{5000 + RANK_GUARD_PORT_OFFSET}/group"
+    assert config["leader"] == "10.0.0.1" and config["guard_port"] == 5000 + RANK_GUARD_PORT_OFFSET
+    assert config["members"] == ["10.0.0.1", "10.0.0.2"] and config["source"] == "10.0.0.2"
+    assert config["secret_file"] == "/etc/ironserve/sglang-r-decode.rank-group.key"
+    leader = json.loads(rank_guard_files(recipe, procs[0], procs).config_text)
+    assert leader["bind"] == "10.0.0.1" and "source" not in leader  # the cluster address, never 0.0.0.0
     assert config["health_url"] == "http://127.0.0.1:30001/health"  # its own port, probed on its own host
     assert config["rank"] == 1 and config["world"] == 2
     # the deploy's gate and rollback decide about a new group before the guard gives up on it: never a race
@@ -180,13 +207,7 @@ def test_guard_config_from_the_render():
 
 
 def test_group_restarts_back_off_exponentially_within_the_window(tmp_path):
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("rank_guard", str(GUARD))
-    spec = importlib.util.spec_from_loader("rank_guard", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    module = guard_module()
     backoff = module.Backoff("u", base=15, limit=600, window=1800, state_dir=str(tmp_path))
     delays = []
     for _ in range(8):
@@ -196,3 +217,161 @@ def test_group_restarts_back_off_exponentially_within_the_window(tmp_path):
     # the record survives the guard's own restart (a new process reads the same state file)
     assert module.Backoff("u", 15, 600, 1800, str(tmp_path)).delay() == 600
     assert module.Backoff("u", 15, 600, 0, str(tmp_path)).delay() == 0  # outside the window: no wait
+
+
+# --------------------------------------------------------------------------- who the leader believes
+
+
+def post(port: int, payload: bytes, signature: str, source: str, path: str = "/report"):
+    """One raw POST to the leader's guard from ``source``: (status, headers, body)."""
+    conn = http.client.HTTPConnection(RANK0, port, timeout=5, source_address=(source, 0))
+    try:
+        conn.request("POST", path, body=payload, headers={"X-Ironserve-Mac": signature})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def signed(guard, body: dict, secret: str = SECRET) -> tuple[bytes, str]:
+    payload = json.dumps(body, sort_keys=True).encode()
+    return payload, guard.mac(secret.encode(), b"report", payload)
+
+
+def report_body(healthy: bool, challenge: str = "") -> dict:
+    return {"rank": 1, "healthy": healthy, "nonce": secrets.token_hex(16), "challenge": challenge}
+
+
+def flood(port: int, messages: list[tuple[bytes, str, str]], seconds: float) -> list[int]:
+    """Send the (payload, mac, source) messages over and over for ``seconds``: the statuses answered."""
+    statuses, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        for payload, signature, source in messages:
+            statuses.append(post(port, payload, signature, source)[0])
+        time.sleep(0.05)
+    return statuses
+
+
+def test_forged_and_foreign_reports_change_nothing(guard_env):
+    """A healthy group under a flood of "rank 1 is unhealthy": unsigned, signed with another secret, or signed
+    right but sent from an address that is no rank's. The leader refuses all and restarts nothing."""
+    guard = guard_module()
+    start, calls, tmp = guard_env
+    port = free_port()
+    h0, h1 = Health(), Health()
+    start(base_config(0, port, h0.url, tmp), "inv-a")
+    start(base_config(1, port, h1.url, tmp), "inv-f")
+    assert wait_for(lambda: "group formed" in (tmp / "rank0.log").read_text())
+    forged = signed(guard, report_body(False), secret="cd" * 32)
+    unsigned = (json.dumps(report_body(False)).encode(), "")
+    foreign = signed(guard, report_body(False))
+    statuses = flood(port, [(*forged, RANK1), (*unsigned, RANK1), (*foreign, STRANGER)], seconds=3)
+    assert set(statuses) == {403}
+    # replays of a signed "unhealthy" report (its challenge long used) from rank 1's own address: refused, and
+    # the real follower's reports keep being accepted meanwhile (no restart for silence either)
+    replayed = signed(guard, report_body(False, "a-used-challenge"))
+    assert set(flood(port, [(*replayed, RANK1)], seconds=2)) == {200}
+    assert not [c for c in calls_of(calls) if "restart" in c or "kill" in c], calls_of(calls)
+    log = (tmp / "rank0.log").read_text()
+    assert f"refused a report from {STRANGER}: not the address of a rank of this group" in log
+    assert f"refused a report from {RANK1}: bad MAC" in log
+    # the real follower's signed reports still count: its hang is still noticed
+    h1.code = 503
+    assert restart_asked(calls, "engine0")
+
+
+def test_a_forged_or_replayed_healthy_report_cannot_hide_a_dead_rank(guard_env):
+    """No follower runs (rank 1 is dead). Someone at rank 1's address replays a genuine "healthy" report it
+    captured, and sends forged ones: rank 1 stays silent to the leader, which restarts the group."""
+    guard = guard_module()
+    start, calls, tmp = guard_env
+    port = free_port()
+    h0 = Health()
+    start(base_config(0, port, h0.url, tmp), "inv-a")
+    assert wait_for(lambda: "group formed" in (tmp / "rank0.log").read_text())
+    # one genuine exchange: a challenge, then a report carrying it (accepted once)
+    status, _, body = post(port, *signed(guard, report_body(True)), RANK1)
+    assert status == 200 and not json.loads(body)["accepted"]
+    genuine = signed(guard, report_body(True, json.loads(body)["challenge"]))
+    status, _, body = post(port, *genuine, RANK1)
+    assert status == 200 and json.loads(body)["accepted"]
+    forged = signed(guard, report_body(True, json.loads(body)["challenge"]), secret="cd" * 32)
+    replies = []
+    end = time.monotonic() + 8
+    while time.monotonic() < end and not any(c.startswith("--no-block restart engine0") for c in calls_of(calls)):
+        replies.append(post(port, *genuine, RANK1))  # the replay
+        post(port, *forged, RANK1)
+        time.sleep(0.05)
+    assert restart_asked(calls, "engine0")
+    assert replies and not any(json.loads(r[2])["accepted"] for r in replies if r[0] == 200)
+    log = (tmp / "rank0.log").read_text()
+    assert "rank 1 silent" in log
+    assert "a challenge already used or never given (a replay?)" in log
+
+
+def test_replies_carry_nothing_a_stranger_can_use(guard_env):
+    guard = guard_module()
+    start, calls, tmp = guard_env
+    port = free_port()
+    start(base_config(0, port, Health().url, tmp), "inv-secret-invocation")
+    assert wait_for(lambda: "waiting for the group to form" in (tmp / "rank0.log").read_text())
+    conn = http.client.HTTPConnection(RANK0, port, timeout=5, source_address=(STRANGER, 0))
+    conn.request("GET", "/group?rank=1&healthy=0")
+    resp = conn.getresponse()
+    answers = [(resp.status, dict(resp.getheaders()), resp.read())]
+    conn.close()
+    answers.append(post(port, *signed(guard, report_body(False)), STRANGER))
+    answers.append(post(port, *signed(guard, report_body(False), secret="cd" * 32), RANK1))
+    answers.append(post(port, b"x" * 10, "", RANK1, path="/group"))
+    for status, headers, body in answers:
+        assert status in (403, 404) and body == b"", (status, body)
+        assert "Python" not in headers.get("Server", "") and "X-Ironserve-Mac" not in headers
+    # a member with the secret learns the invocation, but not from a reply it could not verify
+    status, headers, body = post(port, *signed(guard, report_body(True)), RANK1)
+    assert status == 200 and "engine0" not in body.decode() and "invocation" not in json.loads(body)
+
+
+class FakeLeader:
+    """Answers every report with a new invocation of rank 0, signed as ``how`` says."""
+
+    def __init__(self, guard, port: int, how: str):
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                data = json.dumps({"accepted": True, "challenge": "c", "formed": True,
+                                   "invocation": f"inv-{secrets.token_hex(4)}"}).encode()
+                key = (SECRET if how != "other-secret" else "cd" * 32).encode()
+                nonce = request["nonce"] if how == "right" else "an-earlier-nonce"
+                self.send_response(200)
+                self.send_header("X-Ironserve-Mac", guard.mac(key, b"reply", nonce.encode(), data))
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer((RANK0, port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize("how", ["other-secret", "stale-nonce"])
+def test_a_follower_believes_only_its_leaders_answer_to_its_own_report(guard_env, how):
+    """Forged (another secret) or replayed (signed for an earlier report) replies announcing a new rank 0
+    never restart a follower; the control (signed right) does."""
+    guard = guard_module()
+    start, calls, tmp = guard_env
+    port = free_port()
+    fake = FakeLeader(guard, port, how)
+    start(base_config(1, port, Health().url, tmp), "inv-f")
+    time.sleep(2.5)
+    fake.server.shutdown()
+    fake.server.server_close()
+    assert not [c for c in calls_of(calls) if "restart" in c], calls_of(calls)
+    assert "does not carry the group's MAC" in (tmp / "rank1.log").read_text()
+    control = FakeLeader(guard, port, "right")
+    try:
+        assert restart_asked(calls, "engine1")
+    finally:
+        control.server.shutdown()
+        control.server.server_close()

@@ -22,7 +22,7 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import KEY_LAUNCHER, exec_argv, sha256_text, unit_files, venv_path
+from ironserve.units import KEY_LAUNCHER, container_command, exec_argv, sha256_text, unit_files, venv_path
 from roles import container_runtime as cr
 from roles.common import changed, deb822_source
 from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
@@ -211,11 +211,11 @@ def test_api_key_goes_through_the_launcher_not_argv():
     glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
     argv = exec_argv(glm, render(glm).processes[0], api_key=True)
     assert f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro" in argv
-    assert cr.container_argv(argv, "ironserve/glm5-nvfp4-mtp-rtx6000-tp8:derived")[:4] == [
+    assert container_command(glm, render(glm).processes[0], api_key=True)[:4] == [
         "python3", KEY_LAUNCHER, "-m", "sglang.launch_server"]
 
 
-def test_router_gets_the_workers_api_key_but_not_the_hub_token(tmp_path):
+def test_engines_and_router_get_the_api_key_but_not_the_hub_token(tmp_path):
     from roles.context import build_context
 
     key, token = tmp_path / "key", tmp_path / "token"
@@ -231,7 +231,8 @@ def test_router_gets_the_workers_api_key_but_not_the_hub_token(tmp_path):
     files = unit_files(ctx.recipe, router, ctx.tuning, secrets)
     assert f"{KEY_LAUNCHER} -m sglang_router.launch_router" in files.unit_text and "s3cret" not in files.unit_text
     worker = build_context("tiny", "n0", hosts)
-    assert set(ss.process_secrets(worker, worker.processes[0])) == {"IRONSERVE_API_KEY", "HF_TOKEN"}
+    # the hub token is the download step's alone: no engine has it in its environment (or `docker inspect`)
+    assert set(ss.process_secrets(worker, worker.processes[0])) == {"IRONSERVE_API_KEY"}
 
 
 def _profile_tuning():
@@ -265,6 +266,31 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
     assert json.loads(out.read_text())["argv"] == ["--api-key", "filekey"]
     subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"], check=True, env=env2)
     assert json.loads(out.read_text())["argv"] == ["--x"]
+
+
+def test_ironserve_exec_keeps_the_key_out_of_the_engines_output(tmp_path):
+    """The engine (and the processes it starts) print the key the way SGLang logs its server_args: what reaches
+    ironserve-exec's stdout/stderr (the journal) has <hidden> in its place, everything else intact."""
+    key = "sk-lab-" + "k" * 40
+    (tmp_path / "chatty.py").write_text(textwrap.dedent("""\
+        import logging, subprocess, sys
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        key = sys.argv[sys.argv.index("--api-key") + 1]
+        logging.info("server_args=ServerArgs(model_path='/m', api_key=%r, port=30000)", key)
+        print("stdout:", key, flush=True)
+        sys.stdout.write("x" * 70000 + key + "y" * 10)  # one long line, the key across read chunks
+        sys.stdout.write("\\r progress 1/2\\n")
+        sys.stdout.flush()
+        subprocess.run([sys.executable, "-c", "import sys; print('child', sys.argv[1])", key], check=True)
+        """))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "IRONSERVE_API_KEY": key}
+    proc = subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "chatty"], env=env,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    assert key.encode() not in out
+    assert b"api_key='<hidden>', port=30000" in out and b"stdout: <hidden>" in out and b"child <hidden>" in out
+    assert b"x" * 70000 + b"<hidden>" + b"y" * 10 in out and b"progress 1/2" in out
 
 
 def _fake_sglang(tmp_path):
@@ -393,6 +419,24 @@ def test_wait_healthy_fails_with_journal_when_the_unit_dies(monkeypatch):
     assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01) is False
     assert "journal line 2" in host.logs[-1] and "auto-restart" in host.logs[-1]
     assert host.commands[-1].startswith("journalctl -u u.service -n 40")
+
+
+def test_a_forming_group_may_restart_a_few_times_but_a_crash_loop_fails_its_gate(monkeypatch):
+    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+
+    def probe(code, sub, restarts):
+        return f"{code}\nActiveState={'activating' if sub == 'auto-restart' else 'active'}\nSubState={sub}\nNRestarts={restarts}"
+
+    # rank 0 of a group restarts once while a rank that left the previous group comes back: tolerated
+    host = _Host([probe("000", "running", 4), probe("000", "auto-restart", 5), probe("200", "running", 5)])
+    assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01, restarts_allowed=2)
+    # a single-node unit: the first automatic restart is a death
+    host = _Host([probe("000", "running", 4), probe("000", "auto-restart", 5)])
+    assert not launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01)
+    # a configuration that crashes at every start: the group's gate fails after its allowance
+    host = _Host([probe("000", "auto-restart", n) for n in range(4, 9)])
+    assert not launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01, restarts_allowed=2)
+    assert "3 restart(s) during the gate" in host.logs[-1]
 
 
 def test_changed_accepts_bools_and_metas():

@@ -133,3 +133,18 @@ def test_a_flag_render_derives_is_refused_in_extra_args(tmp_path):
     (p,) = problems(path)
     assert p.field == "server.extra_args" and "--tp does not belong in extra_args" in p.message
     assert "server.tp_size" in p.message
+
+
+def test_a_literal_secret_in_a_recipe_is_an_error_named_without_its_value(tmp_path):
+    key, token = "sk-" + "a" * 30, "hf_" + "b" * 30
+
+    def mutate(d):
+        d["server"].setdefault("extra_args", []).extend(["--api-key", key])
+        d.setdefault("env", {})["HF_TOKEN"] = token
+        d["env"]["SOME_SETTING"] = token  # a hub token under any name
+
+    found = problems(write_variant(tmp_path, mutate))
+    fields = sorted(p.field for p in found)
+    assert fields == ["env.HF_TOKEN", "env.SOME_SETTING", "server.extra_args"], fields
+    text = " ".join(f"{p.message} {p.fix}" for p in found)
+    assert key not in text and token not in text and "api_key_file" in text

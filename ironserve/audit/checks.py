@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ironserve.units import UNIT_DIR, rank_guard_unit, sha256_text, staged_path, unit_files
+
+from . import providers
+
 
 @dataclass
 class Check:
@@ -35,10 +39,6 @@ def _fix(deploy: str, inventory: str, host: str) -> str:
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     """All checks for one host, from its DeploymentContext (roles.context.build_context)."""
-    from ironserve.units import UNIT_DIR, rank_guard_unit, sha256_text, staged_path, unit_files
-
-    from . import providers
-
     host = ctx.host_name
     fix = _fix(deploy, inventory, host)
     checks: list[Check] = []

@@ -8,11 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ironserve.units import API_KEY_ENV, HF_TOKEN_ENV
+from ironserve.units import API_KEY_ENV
 
 from .checks import Check
 
-SECRET_KEYS = {API_KEY_ENV, HF_TOKEN_ENV}
+# env keys whose values the deploy writes from secret files: the audit's expected text holds placeholders for them
+SECRET_KEYS = {API_KEY_ENV}
 
 
 def _short(value, n=12) -> str:
@@ -59,12 +60,14 @@ def _env(text: str) -> dict[str, str]:
     for line in text.splitlines():
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
-            if key not in SECRET_KEYS:
-                out[key] = value
+            out[key] = value
     return out
 
 
 def env_file(host, check: Check):
+    """Mode, and which keys differ: by NAME only. An env file holds secrets (the API key, or whatever someone put
+    there by hand), so no value read from the host is ever printed, in the table, the JSON or JUnit. Keys the
+    deploy writes as secrets (placeholders in the expected text) are compared by presence only."""
     f = host.file(check.params["path"])
     if not f.exists:
         return False, "missing"
@@ -72,9 +75,13 @@ def env_file(host, check: Check):
     if f.mode != check.params["mode"]:
         problems.append(f"mode {oct(f.mode)} (secrets readable)" if f.mode & 0o077 else f"mode {oct(f.mode)}")
     want, have = _env(check.expected), _env(f.content_string)
-    changed = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if changed:
-        problems.append("differs: " + ", ".join(f"{k}={have.get(k, '<unset>')}" for k in changed[:4]))
+    secret = {k for k in want if k in SECRET_KEYS}
+    missing = sorted(set(want) - set(have))
+    unexpected = sorted(set(have) - set(want))
+    changed = sorted(k for k in set(want) & set(have) if k not in secret and want[k] != have[k])
+    for label, keys in (("missing", missing), ("not declared", unexpected), ("value differs", changed)):
+        if keys:
+            problems.append(f"{label}: {', '.join(keys[:6])}" + (f" (+{len(keys) - 6})" if len(keys) > 6 else ""))
     return not problems, "; ".join(problems) or "same"
 
 

@@ -1,0 +1,163 @@
+"""Engine and rank guard units: hardened (figures from systemd-analyze's own scoring), restart storms bounded on
+every systemd version (files/bin/ironserve-backoff, run for real), and no API served to every network
+without a key unless the inventory says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra.api import OperationError
+
+from ironserve.catalogue import get_recipe
+from ironserve.render import render
+from ironserve.units import rank_guard_files, unit_files
+from roles import sglang_service as ss
+from roles.context import build_context
+
+BACKOFF = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-backoff"
+MAX_EXPOSURE = 6.5
+
+
+def tp2_units() -> tuple[str, str]:
+    recipe = get_recipe("tiny-cpu-tp2")
+    rendered = render(recipe)
+    proc = rendered.processes[0]
+    engine = unit_files(recipe, proc, recipe.tuning or _tuning(), {"IRONSERVE_API_KEY": "x"}).unit_text
+    guard = rank_guard_files(recipe, proc, rendered.rank_group(proc)).unit_text
+    return engine, guard
+
+
+def _tuning():
+    from ironserve.spec import HostTuning
+
+    return HostTuning()
+
+
+def exposure(tmp_path: Path, name: str, text: str) -> float:
+    path = tmp_path / name
+    path.write_text(text)
+    out = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out.stdout + out.stderr)
+    assert match, out.stdout[-2000:] + out.stderr[-2000:]
+    return float(match.group(1))
+
+
+def _offline_analyze() -> bool:
+    if not shutil.which("systemd-analyze"):
+        return False
+    version = subprocess.run(["systemd-analyze", "--version"], capture_output=True, text=True).stdout.split()
+    return len(version) > 1 and version[1].isdigit() and int(version[1]) >= 250
+
+
+@pytest.mark.skipif(not _offline_analyze(), reason="systemd-analyze security --offline needs systemd >= 250")
+def test_engine_and_guard_units_score_within_the_exposure_budget(tmp_path):
+    engine, guard = tp2_units()
+    engine_score = exposure(tmp_path, "sglang-tiny-cpu-tp2-server.service", engine)
+    guard_score = exposure(tmp_path, "sglang-tiny-cpu-tp2-server-rank-guard.service", guard)
+    print(f"\nsystemd-analyze security --offline: engine unit {engine_score}, rank guard unit {guard_score}")
+    assert engine_score <= MAX_EXPOSURE and guard_score <= MAX_EXPOSURE
+
+
+def test_hardening_leaves_what_gpu_serving_needs():
+    engine, guard = tp2_units()
+    assert "ReadWritePaths=/var/cache/ironserve/jit" in engine.splitlines()
+    # the guard's records: a runtime directory systemd creates before the sandbox (a ReadWritePaths= path that
+    # does not exist yet fails every start with 226/NAMESPACE, its ExecStartPre=+ included)
+    assert "RuntimeDirectory=ironserve/rank-groups ironserve/backoff" in guard.splitlines()
+    assert "ReadWritePaths" not in guard and "RuntimeDirectory=ironserve/backoff" in engine.splitlines()
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
+                 "RestrictSUIDSGID=yes"):
+        assert line in engine.splitlines() and line in guard.splitlines(), line
+    # GPUs are devices: nothing that closes the device policy (ProtectClock= and PrivateDevices= do)
+    assert "PrivateDevices" not in engine and "ProtectClock" not in engine and "DeviceAllow" not in engine
+    # caches under HOME land in the writable JIT directory, created before the sandbox is set up
+    assert "HOME=/var/cache/ironserve/jit/tiny-cpu-tp2/" in engine
+    assert "ExecStartPre=+/bin/mkdir -p /var/cache/ironserve/jit/tiny-cpu-tp2/" in engine
+
+
+def test_docker_units_keep_the_client_unconfined():
+    from ironserve import catalogue
+    from ironserve.spec import DockerRuntime
+
+    docker = next(r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime))
+    proc = render(docker).processes[0]
+    text = unit_files(docker, proc, docker.tuning or _tuning()).unit_text
+    assert "ProtectSystem" not in text and "ironserve-backoff wait" in text
+
+
+def test_restart_storms_are_bounded_without_restart_steps():
+    engine, guard = tp2_units()
+    assert "RestartSteps" not in engine  # ignored before systemd 254: the backoff helper works everywhere
+    for unit, text in (("sglang-tiny-cpu-tp2-server", engine), ("sglang-tiny-cpu-tp2-server-rank-guard", guard)):
+        assert f"ExecStartPre=+/usr/bin/python3 /usr/local/lib/ironserve/ironserve-backoff wait {unit} " in text
+        assert f"ExecStopPost=+/usr/bin/python3 /usr/local/lib/ironserve/ironserve-backoff record {unit}" in text
+    # the wait stays well inside TimeoutStartSec, which counts it
+    assert "ironserve-backoff wait sglang-tiny-cpu-tp2-server 450" in engine and "TimeoutStartSec=900" in engine
+
+
+def _backoff(tmp_path: Path, *args: str, result: str | None = None) -> str:
+    env = {**os.environ, "IRONSERVE_BACKOFF_DIR": str(tmp_path)}
+    if result:
+        env["SERVICE_RESULT"] = result
+    return subprocess.run([sys.executable, str(BACKOFF), *args], env=env, capture_output=True, text=True,
+                          check=True, timeout=30).stdout
+
+
+def test_backoff_counts_failures_and_a_clean_stop_clears_them(tmp_path):
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("ironserve_backoff", str(BACKOFF))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("ironserve_backoff", loader))
+    loader.exec_module(module)
+    assert [module.delay(n) for n in range(10)] == [0, 0, 0, 15, 30, 60, 120, 240, 480, 600]
+    assert module.delay(9, limit=450) == 450
+    for _ in range(4):
+        _backoff(tmp_path, "record", "u", result="exit-code")
+    assert len(json.loads((tmp_path / "u.json").read_text())["failures"]) == 4
+    assert "4 failures within 1800s: waiting 1s" in _backoff(tmp_path, "wait", "u", "1")  # 30s, capped at 1
+    _backoff(tmp_path, "record", "u", result="success")  # systemctl stop/restart, a deploy
+    assert json.loads((tmp_path / "u.json").read_text())["failures"] == []
+    assert _backoff(tmp_path, "wait", "u") == ""
+    # old failures fall out of the window
+    module.record("v", "signal", str(tmp_path), now=0.0)
+    assert module.failures("v", str(tmp_path), now=module.WINDOW_S + 1) == []
+
+
+def _ctx(host: str, **data):
+    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, "nic": "eth0", **data}) for n, a in (("n0", "10.0.0.10"),
+                                                                                   ("n1", "10.0.0.11"))]
+    return build_context("tiny", host, hosts)
+
+
+def test_serving_on_every_address_without_a_key_is_a_deploy_error(tmp_path):
+    ctx = _ctx("n0", recipe="tiny-cpu-tp2")
+    rank0 = ctx.processes[0]
+    with pytest.raises(OperationError) as err:
+        ss.refuse_open_bind(ctx, rank0, {})
+    message = str(err.value)
+    assert "n0: recipe tiny-cpu-tp2" in message and "0.0.0.0:30000" in message
+    assert "host data api_key_file" in message and "allow_open_bind=true" in message
+    ss.refuse_open_bind(ctx, rank0, {"IRONSERVE_API_KEY": "k"})  # keyed: fine
+    ss.refuse_open_bind(_ctx("n0", recipe="tiny-cpu-tp2", allow_open_bind="true"), rank0, {})  # opted in
+    # rank 1 serves no API (only its /health once joined): not an open API
+    ss.refuse_open_bind(_ctx("n1", recipe="tiny-cpu-tp2"), _ctx("n1", recipe="tiny-cpu-tp2").processes[0], {})
+
+
+def test_weights_in_a_home_directory_stay_readable():
+    import dataclasses
+
+    from ironserve.units import protect_home
+
+    proc = render(get_recipe("tiny-cpu-tp2")).processes[0]
+    assert protect_home(dataclasses.replace(proc, model_path="/home/gpusvr/Qwen")) == "read-only"
+    assert protect_home(dataclasses.replace(proc, model_path="/homework/m")) == "yes"
+    assert protect_home(dataclasses.replace(proc, model_path="/mnt/models/x")) == "yes"
