@@ -5,7 +5,7 @@ stand-ins that fail like the real packages (ironserve/lab/standins.py): the driv
 kernel's headers, the driver refuses while nouveau holds the GPUs, persistenced's packaged unit runs without
 persistence mode, nvidia-imex reads its nodes config, nvidia-ctk writes the CDI spec the docker stand-in resolves
 `--device nvidia.com/gpu=all` against. Then a host reporting another NVLink clique is refused before any change.
-About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, one refused plan, one audit).
+About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, a dry run, one refused plan, one audit).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import shlex
 
 import pytest
+
+from ironserve.units import UNIT_DIR, staged_path
 
 from . import labcli
 from .labcli import ironserve, lab_down, pyinfra
@@ -41,9 +43,15 @@ def sh(host: dict, command: str, check: bool = True):
     return labcli.ssh(host, command, check=check)
 
 
-def engine_unit(host: dict) -> str:
-    return sh(host, "ls /etc/systemd/system | grep -E '^sglang-.*-(prefill|decode)(-[0-9]+)?\\.service$' "
-                    "| head -n 1").stdout.strip()
+def engine_unit(host: dict) -> tuple[str, str]:
+    """The host's engine unit (the prefill node's or a decode rank's) and its file: staged, as launch=false
+    leaves it (roles/sglang_service.py)."""
+    for role in ("prefill", "decode"):
+        unit = f"sglang-{RECIPE}-{role}.service"
+        path = staged_path(f"{UNIT_DIR}/{unit}")
+        if sh(host, f"test -e {path}", check=False).returncode == 0:
+            return unit, path
+    raise AssertionError(f"{host['name']}: no engine unit")
 
 
 def test_done_when_on_every_host(lab):
@@ -65,15 +73,22 @@ def test_done_when_on_every_host(lab):
         assert sh(h, "test -c /dev/nvidia-caps-imex-channels/channel0 && echo ok").stdout.strip() == "ok"
         # GPUs by CDI: the unit asks for nvidia.com/gpu=all, never --gpus; the device flags still resolve after a
         # daemon-reload (the docker stand-in resolves them as the daemon does)
-        unit = engine_unit(h)
-        text = sh(h, f"cat /etc/systemd/system/{unit}").stdout
+        unit, path = engine_unit(h)
+        text = sh(h, f"cat {path}").stdout
         assert "--device nvidia.com/gpu=all" in text and "--gpus" not in text
         assert "nvidia.com/gpu=all" in sh(h, "nvidia-ctk cdi list").stdout.split()
         sh(h, "systemctl daemon-reload")
         probe = (f"docker run --rm --device nvidia.com/gpu=all --device /dev/nvidia-caps-imex-channels/channel0 "
                  f"--entrypoint python3 {IMAGE} -c {shlex.quote('print(42)')}")
         assert sh(h, probe).stdout.strip() == "42"
-        assert "After=nvidia-imex.service" in sh(h, f"cat /etc/systemd/system/{unit}.d/ironserve-imex.conf").stdout
+        assert "After=nvidia-imex.service" in sh(h, f"cat {UNIT_DIR}/{unit}.d/ironserve-imex.conf").stdout
+
+
+def test_second_run_plans_no_change(lab):
+    plan = json.loads(pyinfra("deploys/glm5.py", "--dry", "--json", *lab["data"], timeout=1200).stdout)["plan"]
+    changed = [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+               for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    assert plan and not changed, changed
 
 
 def test_audit_is_clean(lab):
