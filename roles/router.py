@@ -19,7 +19,7 @@ from __future__ import annotations
 from pyinfra.api import deploy
 
 from roles.context import DeploymentContext
-from roles.sglang_service import install_units
+from roles.sglang_service import install_units, jit_cache_dirs
 
 
 @deploy("SGLang router unit")
@@ -28,4 +28,5 @@ def apply(ctx: DeploymentContext) -> None:
     if not procs:
         return
     # the helpers (parse probe, ironserve-exec) were installed by sglang_service.apply on every host
+    jit_cache_dirs(ctx)
     install_units(ctx, procs)

@@ -301,7 +301,13 @@ def apply(ctx: DeploymentContext) -> None:
     install_scripts(ctx)
     if not procs:
         return
-    # JIT caches persist across restarts and are keyed by engine build (ironserve.units.jit_dir)
+    jit_cache_dirs(ctx)
+    install_units(ctx, procs)
+
+
+def jit_cache_dirs(ctx: DeploymentContext) -> None:
+    """The JIT cache directories every unit of this engine build names: they persist across restarts, are keyed by
+    engine build (ironserve.units.jit_dir), and must exist before a start: a unit's ReadWritePaths= naming a missing
+    path fails its start (226/NAMESPACE), the router's on a host without engines too."""
     files.directory(name="JIT cache root", path=JIT_CACHE_ROOT, mode="755")
     files.directory(name="JIT cache of this engine build", path=jit_dir(ctx.recipe), mode="755")
-    install_units(ctx, procs)
