@@ -75,9 +75,10 @@ class Secret:
             if not host.put_file(StringIO(self._value), staged):
                 return False
             parent = shlex.quote(os.path.dirname(path) or "/")
-            name = shlex.quote(f".{os.path.basename(path)}.")
+            # the temporary file beside the target (same file system: the rename is atomic), one quoted word
+            template = shlex.quote(os.path.join(os.path.dirname(path) or "/", f".{os.path.basename(path)}.XXXXXX"))
             install = (f"umask 077 && {{ [ -d {parent} ] || install -d -m 755 {parent}; }} && "
-                       f"tmp=$(mktemp {parent}/{name}XXXXXX) && cat {shlex.quote(staged)} > \"$tmp\" && "
+                       f"tmp=$(mktemp {template}) && cat {shlex.quote(staged)} > \"$tmp\" && "
                        f"chown {shlex.quote(f'{user}:{group}')} \"$tmp\" && chmod {shlex.quote(mode)} \"$tmp\" && "
                        f"mv -f \"$tmp\" {shlex.quote(path)} || {{ rm -f \"$tmp\"; exit 1; }}")
             ok, out = host.run_shell_command(f"sh -c {shlex.quote(install)}", _sudo=sudo)
