@@ -35,10 +35,9 @@ _common = {
     # deploy error without an API key); the keyed lab tests set it back to false
     "allow_open_bind": True,
     # air-gapped mirrors on the lab bridge (the lab repo also carries the stand-in NVIDIA packages)
-    "apt_mirror": _state["apt_mirror"],
     "nvidia_apt_mirror": _state["apt_mirror"],
-    "pip_index": _state["pip_index"],
     "pip_index_url": _state["pip_index"],
+    "allow_http_index": True,  # the lab's index is served over http on the lab's own bridge
     "ascend_package_store": _state["ascend_files"],
     "docker_apt_mirror": _state["apt_mirror"],
     "docker_apt_suite": "/",
@@ -64,7 +63,7 @@ def _role(h: dict) -> dict:
 
 
 lab_hosts = [
-    (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"], "node_index": h["node_index"],
+    (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"],
                  "launch": _launch.get(h["hardware"], False), **_role(h)})
     for h in _state["hosts"]
 ]

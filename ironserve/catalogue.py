@@ -8,41 +8,21 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
-from .spec import RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node, effective_tuning
+from .problems import Problem, SpecError
+from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
+                   effective_tuning)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def recipes_dir() -> Path:
     return Path(os.environ.get("IRONSERVE_RECIPES", REPO_ROOT / "recipes"))
-
-
-@dataclass
-class Problem:
-    file: str
-    field: str
-    message: str
-    fix: str
-
-    def line(self) -> str:
-        field = f" {self.field}:" if self.field else ""
-        fix = f" Fix: {self.fix}" if self.fix else ""
-        return f"{self.file}:{field} {self.message}.{fix}"
-
-
-class SpecError(Exception):
-    """Bad recipe, hardware profile or inventory data. Carries every problem found."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("\n".join(p.line() for p in problems))
 
 
 def _allowed_keys(model: type[BaseModel], path: tuple) -> list[str]:
@@ -95,16 +75,90 @@ def problems_from_validation(file: str, model: type[BaseModel], err: ValidationE
     return out
 
 
-def _load_yaml(path: Path):
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000  # after alias expansion: a recipe has a few hundred
+
+
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # the C parser: the catalogue loads on every call
+    """Safe YAML with duplicate keys refused (a silently dropped first value is a wrong deploy)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, first, again):
+        self.key, self.first, self.again = key, first, again
+
+
+def _expanded_nodes(root) -> int:
+    """Nodes of the document with every alias expanded, counted without expanding (memoised by node identity):
+    a few hundred bytes of nested anchors expand to billions of nodes."""
+    sizes: dict[int, int] = {}
+
+    def size(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once; yaml refuses to construct it anyway
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(n) for n in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        sizes[id(node)] = total = min(total, MAX_YAML_NODES + 1)
+        return total
+
+    return size(root) if root is not None else 0
+
+
+def load_yaml_text(raw: bytes, where: str):
+    """Parse one YAML document strictly: size-bounded, UTF-8, alias expansion bounded, no duplicate keys.
+    Every failure is a SpecError naming the file, the line and the fix."""
+    if len(raw) > MAX_YAML_BYTES:
+        raise SpecError([Problem(where, "", f"{len(raw)} bytes is larger than the {MAX_YAML_BYTES} a recipe may be",
+                                 "split it, or check that this is the right file")])
     try:
-        # the C loader when PyYAML has it: the catalogue loads on every CLI call
-        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise SpecError([Problem(where, f"line {line}", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                                 f"{exc.start})", "save the file as UTF-8")])
+    loader = _StrictLoader(text)
+    try:
+        root = loader.get_single_node()
+        if _expanded_nodes(root) > MAX_YAML_NODES:
+            raise SpecError([Problem(where, "", f"anchors and aliases expand to more than {MAX_YAML_NODES} nodes",
+                                     "write the values out, or use fewer nested aliases")])
+        return loader.construct_document(root) if root is not None else None
+    except _DuplicateKey as dup:
+        raise SpecError([Problem(where, f"line {dup.again.line + 1}", f"duplicate key '{dup.key}' (first on line "
+                                 f"{dup.first.line + 1})", "keep one of them")])
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise SpecError([Problem(str(path), where, f"not valid YAML ({getattr(exc, 'problem', exc)})", "fix the syntax")])
+        at = f"line {mark.line + 1}" if mark else ""
+        raise SpecError([Problem(where, at, f"not valid YAML ({getattr(exc, 'problem', None) or exc})",
+                                 "fix the syntax")])
+    except RecursionError:
+        raise SpecError([Problem(where, "", "nested too deeply", "flatten the document")])
+    finally:
+        loader.dispose()
+
+
+def _load_yaml(path: Path):
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
         raise SpecError([Problem(str(path), "", f"cannot read ({exc.strerror})", "check the path")])
+    return load_yaml_text(raw, str(path))
 
 
 def _display(path: Path) -> str:
@@ -180,7 +234,8 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
                     )
                 )
     problems += _memlock_problems(recipe, known, file)
-    problems += _rank_guard_port_problems(recipe, file)
+    problems += _port_problems(recipe, file)
+    problems += _repeated_flag_problems(recipe, file)
     problems += _literal_secret_problems(recipe, file)
     if problems:
         raise SpecError(problems)
@@ -209,24 +264,71 @@ def _literal_secret_problems(recipe: Recipe, file: str) -> list[Problem]:
     return out
 
 
-def _rank_guard_port_problems(recipe: Recipe, file: str) -> list[Problem]:
-    """Rank 0 of a multi-node group also listens on its rank guard's port (dist-init + 100, see
-    ironserve/units.py): it must not be a port the deployment already uses."""
-    taken = {recipe.server.port or 30000: "server.port"}
-    if recipe.topology.router:
-        taken[recipe.topology.router.port] = "topology.router.port"
-    for gi, group in enumerate(recipe.topology.groups):
-        taken[recipe.group_server(group).port or 30000] = f"topology.groups[{gi}] server port"
-        if group.bootstrap_port:
-            for i in range(group.instances):
-                taken[group.bootstrap_port + i] = f"topology.groups[{gi}].bootstrap_port"
+def _host_ports(recipe: Recipe, gi: int) -> list[tuple[int, str, str]]:
+    """(port, what, field) for every port one host of group gi listens on (rank 0 of instance 0: the most)."""
+    group = recipe.topology.groups[gi]
+    server = recipe.group_server(group)
+    where = f"topology.groups[{gi}]"
+    port_field = f"{where}.server.port" if group.server.port else "server.port"
+    out = [(server.port or 30000, "the server port", port_field)]
+    if group.nodes > 1:
+        d = group.dist_init_port
+        last = d + DIST_INIT_DERIVED + (server.dp_size or 1) - 1
+        out += [(port, f"SGLang's port dist_init_port + {port - d}" if port != d else "the dist-init port",
+                 f"{where}.dist_init_port") for port in range(d, last + 1)]
+        out.append((d + RANK_GUARD_PORT_OFFSET, f"the rank guard's port (dist_init_port + {RANK_GUARD_PORT_OFFSET})",
+                    f"{where}.dist_init_port"))
+    if group.bootstrap_port is not None:
+        out += [(group.bootstrap_port + i, f"bootstrap port of instance {i}", f"{where}.bootstrap_port")
+                for i in range(group.instances)][:1]
+        if group.bootstrap_port + group.instances - 1 > 65535:
+            out.append((group.bootstrap_port + group.instances - 1, "the last instance's bootstrap port",
+                        f"{where}.bootstrap_port"))
+    return out
+
+
+def _port_problems(recipe: Recipe, file: str) -> list[Problem]:
+    """Ports one engine host opens twice, or past 65535: its server port, dist-init and SGLang's ports derived
+    from it, the rank guard, the bootstrap port. (Clashes between processes, e.g. with the router, depend on where
+    they land: render checks them per host.)"""
     problems = []
+    for gi, _ in enumerate(recipe.topology.groups):
+        ports = _host_ports(recipe, gi)
+        seen: dict[int, tuple[str, str]] = {}
+        for port, what, field in ports:
+            if port > 65535:
+                problems.append(Problem(file, field, f"{what} would be {port}, past 65535",
+                                        f"lower {field.rsplit('.', 1)[-1]} so every derived port stays below 65536"))
+            elif port in seen and seen[port][0] != what:
+                problems.append(Problem(file, field, f"{what} ({port}) is also {seen[port][0]} on the same host",
+                                        f"move {field.rsplit('.', 1)[-1]} or {seen[port][1].rsplit('.', 1)[-1]} so "
+                                        "no two listeners share a port"))
+            else:
+                seen.setdefault(port, (what, field))
+    return problems
+
+
+def _repeated_flag_problems(recipe: Recipe, file: str) -> list[Problem]:
+    """A typed option repeated in extra_args: argparse keeps the last one, so the typed value silently loses."""
+    from .render import server_flags
+
+    problems = []
+    typed_router = {"--host", "--port", "--policy", "--worker-urls", "--pd-disaggregation", "--prefill", "--decode"}
     for gi, group in enumerate(recipe.topology.groups):
-        guard = group.dist_init_port + RANK_GUARD_PORT_OFFSET
-        if group.nodes > 1 and guard in taken:
-            problems.append(Problem(file, f"topology.groups[{gi}].dist_init_port",
-                                    f"the rank guard's port {guard} (dist_init_port + {RANK_GUARD_PORT_OFFSET}) is "
-                                    f"{taken[guard]}", f"pick a dist_init_port whose + {RANK_GUARD_PORT_OFFSET} is free"))
+        server = recipe.group_server(group)
+        # (flags render derives from the topology are refused by the extra_args validator: spec.DERIVED_FLAGS)
+        typed = {a for a in server_flags(server.model_copy(update={"extra_args": []})) if a.startswith("--")}
+        for i, arg in enumerate(server.extra_args):
+            flag = arg.split("=", 1)[0]
+            if flag in typed:
+                problems.append(Problem(file, f"topology.groups[{gi}] server.extra_args[{i}]", f"{flag} is also set "
+                                        "by a typed field (or by ironserve)", f"remove it from extra_args and set "
+                                        f"server.{flag[2:].replace('-', '_')} (or let ironserve derive it)"))
+    if recipe.topology.router:
+        for i, arg in enumerate(recipe.topology.router.extra_args):
+            if arg.split("=", 1)[0] in typed_router:
+                problems.append(Problem(file, f"topology.router.extra_args[{i}]", f"{arg.split('=', 1)[0]} is set by "
+                                        "the router's typed fields", "remove it from extra_args"))
     return problems
 
 

@@ -97,14 +97,16 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
     return out
 
 
-def lint_recipe_full(recipe, engine: str | None, offline: bool) -> list[Finding]:
+def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None) -> list[Finding]:
     from .lint import lint_recipe
     from .render import render
 
     findings = lint_recipe(recipe, catalogue.hardware_profiles(), engine)
     version = engine or recipe.engine.check_version
+    # with an inventory: its host data validated and the argv rendered for its hosts (addresses, paths, NICs)
+    rendered = render(recipe, _hosts_from(inventory), inventory or "inventory")
     if version and not offline:
-        argvs = [p.argv for p in render(recipe).processes]
+        argvs = [p.argv for p in rendered.processes]
         parsed = [_where(f, recipe.id) for f in _parser_findings(version, argvs, recipe.engine.router)]
         if not engine and not recipe.engine.is_pypi:
             # The recipe runs an image era (a nightly build); the PyPI parser closest to it is evidence, not the
@@ -190,7 +192,7 @@ def cmd_lint(args) -> int:
     everything: list[Finding] = []
     for ref in targets:
         recipe = catalogue.get_recipe(ref)
-        findings = lint_recipe_full(recipe, engine, args.offline)
+        findings = lint_recipe_full(recipe, engine, args.offline, args.inventory)
         everything += findings
         if args.format == "text":
             _print_findings(findings, "text", recipe.id)
@@ -254,6 +256,11 @@ def cmd_import(args) -> int:
 def cmd_schema(args) -> int:
     from .spec import HardwareProfile, Recipe
 
+    if args.host_data:
+        from .hostdata import json_schema, markdown_table
+
+        print(markdown_table() if args.markdown else json.dumps(json_schema(), indent=2), end="\n" * (not args.markdown))
+        return 0
     schema = (HardwareProfile if args.hardware else Recipe).model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     print(json.dumps(schema, indent=2))
@@ -281,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, help="devices present on the node, if fewer than the profile's")
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
+    p.add_argument("--inventory", help="pyinfra inventory: validate its host data and render for its hosts")
     p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")
@@ -298,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="JSON Schema of recipes, for editors", allow_abbrev=False)
     p.add_argument("--hardware", action="store_true", help="schema of hardware profiles instead")
+    p.add_argument("--host-data", action="store_true", help="schema of inventory host data instead")
+    p.add_argument("--markdown", action="store_true", help="with --host-data: the README's table")
     p.set_defaults(func=cmd_schema)
 
     _add_optional(sub)

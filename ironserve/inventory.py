@@ -1,14 +1,9 @@
-"""Read a pyinfra inventory file offline, the way pyinfra does, for render/lint/audit.
+"""Read a pyinfra inventory file offline, the way pyinfra does, for render/lint/audit/status.
 
 A pyinfra inventory is a Python module whose top-level lists hold hosts: ``"name"`` or ``("name", {data})``.
-The list's variable name is the host group. ironserve reads these host data keys:
-
-- ``ssh_hostname``: the address other nodes use to reach this one (dist-init, router URLs); default: the name
-- ``nic``: network interface for GLOO/NCCL/HCCL socket traffic (GLOO_SOCKET_IFNAME, ...)
-- ``ironserve_role``: ``router`` for a host that runs only the router; workers need nothing
-- ``model_path``: where the weights are on this host (overrides the recipe's path)
-- ``model_root``: a directory holding one folder per model (``<model_root>/<last part of the recipe's path>``)
-- ``hardware``: hardware profile id
+The list's variable name is the host group. Every host's data is validated against the typed host-data model
+(ironserve/hostdata.py: the keys, their types, defaults and the roles that read them) before anything renders.
+An inventory that raises, exits or interrupts is reported as such, never as an empty or partial result.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .catalogue import Problem, SpecError
+from .problems import Problem, SpecError
 
 
 @dataclass
@@ -30,6 +25,11 @@ class InventoryHost:
     @property
     def address(self) -> str:
         return str(self.data.get("ssh_hostname") or self.name)
+
+    @property
+    def nic(self) -> str | None:
+        value = self.data.get("nic")
+        return None if value is None else str(value)
 
     @property
     def is_router(self) -> bool:
@@ -58,8 +58,14 @@ def load_inventory(path: str | Path) -> list[InventoryHost]:
         raise SpecError([Problem(str(path), "", "inventory file not found", "give the path of a pyinfra inventory .py")])
     try:
         namespace = runpy.run_path(str(path))
-    except Exception as exc:  # the inventory is user code: report, do not crash
-        raise SpecError([Problem(str(path), "", f"inventory raised {type(exc).__name__}: {exc}", "fix the inventory")])
+    except SystemExit as exc:  # sys.exit(0) in an inventory is not "no hosts, all fine"
+        raise SpecError([Problem(str(path), "", f"the inventory exited (sys.exit({exc.code!r})) while being read",
+                                 "an inventory defines host lists; make it run to the end")])
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the inventory is user code: report, do not crash
+        raise SpecError([Problem(str(path), "", f"inventory raised {type(exc).__name__}: {str(exc)[:200]}",
+                                 "fix the inventory")])
     hosts: dict[str, InventoryHost] = {}
     for group, value in namespace.items():
         if group.startswith("_"):
@@ -73,4 +79,7 @@ def load_inventory(path: str | Path) -> list[InventoryHost]:
             host.groups.append(group)
     if not hosts:
         raise SpecError([Problem(str(path), "", "no hosts found", "define a list like: gpu_nodes = [('node0', {...})]")])
+    from .hostdata import validate_inventory_data
+
+    validate_inventory_data([(h.name, h.data) for h in hosts.values()], str(path))
     return list(hosts.values())

@@ -15,10 +15,10 @@ import shlex
 import re
 from dataclasses import asdict, dataclass, field
 
-from .catalogue import Problem, SpecError
+from .problems import Problem, SpecError
 from .inventory import InventoryHost
 from .nvidia import gpu_access
-from .spec import DockerRuntime, Group, Recipe, ServerOptions, devices_per_node
+from .spec import DIST_INIT_DERIVED, ENV_NAME, RANK_GUARD_PORT_OFFSET, DockerRuntime, Group, Recipe, ServerOptions, devices_per_node
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
@@ -259,6 +259,59 @@ def _assign(recipe: Recipe, hosts: list[InventoryHost], where: str) -> tuple[lis
     return slots, router_host
 
 
+def _distinct_addresses(slots: list[_Slot], recipe: Recipe, where: str) -> None:
+    """Two ranks of one multi-node group instance on one address would be one machine twice: refused."""
+    seen: dict[tuple[int, int, str], str] = {}
+    problems = []
+    for slot in slots:
+        key = (slot.group_index, slot.instance, slot.host.address)
+        if key in seen and seen[key] != slot.host.name:
+            problems.append(Problem(where, f"{slot.host.name}.ssh_hostname", f"{slot.host.name} and {seen[key]} are "
+                                    f"ranks of one {recipe.id} group on the same address {slot.host.address}",
+                                    "give every rank of a multi-node group its own host (ssh_hostname)"))
+        seen.setdefault(key, slot.host.name)
+    if problems:
+        raise SpecError(problems)
+
+
+_WILDCARD = (None, "", "0.0.0.0", "::")
+
+
+def _listeners(recipe: Recipe, proc: Process) -> list[tuple[str | None, int, str]]:
+    """(bind address, port, what) for every port a process listens on."""
+    out = [(proc.bind, proc.port or 30000, f"{proc.unit} (node rank {proc.node_rank}) port")]
+    if proc.role == "router":
+        return out
+    group = recipe.topology.groups[proc.group]
+    if group.bootstrap_port is not None:
+        out.append((proc.bind, group.bootstrap_port + proc.instance, f"{proc.unit} bootstrap port"))
+    if proc.in_rank_group and proc.node_rank == 0 and proc.dist_init_port:
+        d, dp = proc.dist_init_port, recipe.group_server(group).dp_size or 1
+        out += [(None, port, f"{proc.unit} dist-init port + {port - d}")
+                for port in range(d, d + DIST_INIT_DERIVED + dp)]
+        out.append((proc.address, d + RANK_GUARD_PORT_OFFSET, f"{proc.unit} rank guard"))
+    return out
+
+
+def _port_clashes(recipe: Recipe, processes: list[Process], where: str) -> None:
+    """Two listeners of the deployment on one host and port (the same bind address, or either on all of them)."""
+    by_address: dict[str, list[tuple[str | None, int, str, Process]]] = {}
+    problems = []
+    for proc in processes:
+        mine = by_address.setdefault(proc.address, [])
+        for bind, port, what in _listeners(recipe, proc):
+            for other_bind, other_port, other_what, other in mine:
+                if port == other_port and (bind == other_bind or bind in _WILDCARD or other_bind in _WILDCARD):
+                    problems.append(Problem(where, f"{proc.host}", f"{what} and {other_what} both listen on "
+                                            f"{proc.address}:{port}", "give one of them another port (recipe "
+                                            "server.port, topology.router.port, dist_init_port, bootstrap_port) or "
+                                            "the router a host of its own (ironserve_role='router')"))
+                    break
+            mine.append((bind, port, what, proc))
+    if problems:
+        raise SpecError(problems[:1] + [p for p in problems[1:] if p.message != problems[0].message])
+
+
 def _unit_name(recipe: Recipe, role: str, group_index: int, instance: int, groups: list[Group]) -> str:
     same_role = [i for i, g in enumerate(groups) if g.role == role]
     suffix = role if len(same_role) == 1 else f"{role}{same_role.index(group_index)}"
@@ -270,6 +323,7 @@ def _unit_name(recipe: Recipe, role: str, group_index: int, instance: int, group
 def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str = "inventory") -> Rendered:
     hosts = hosts if hosts is not None else _placeholder_hosts(recipe)
     slots, router_host = _assign(recipe, hosts, where)
+    _distinct_addresses(slots, recipe, where)
     groups = recipe.topology.groups
     launcher = LAUNCHERS[recipe.engine.launcher]
     heads: dict[tuple[int, int], InventoryHost] = {}
@@ -288,7 +342,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
                 "node_address": slot.host.address,
                 "group_head": head.address,
                 "deployment_head": deployment_head,
-                "nic": str(slot.host.data.get("nic", NIC_FROM_INVENTORY)),
+                "nic": slot.host.nic or NIC_FROM_INVENTORY,
                 "model_path": host_model_path,
             },
             f"{where}: {slot.host.name}",
@@ -337,6 +391,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
         ))
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
+    _port_clashes(recipe, processes, where)
     rank_groups: dict[str, list[Process]] = {}
     for proc in processes:
         if proc.in_rank_group:
@@ -364,7 +419,7 @@ def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str],
     A multi-node group whose ranks pick different NICs never meets and hangs without an error; the inventory's
     `nic` host data names the right one. Without an inventory (placeholder hosts) nothing is added.
     """
-    if "nic" not in host.data:
+    if host.nic is None:
         if not host.placeholder:
             raise SpecError([Problem(where, f"{host.name}.nic", f"{host.name} is in a multi-node group of "
                                      f"{recipe.id} but has no 'nic' host data", "set nic='<interface of the cluster "
@@ -373,7 +428,7 @@ def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str],
     names = ["GLOO_SOCKET_IFNAME"]
     names.append("HCCL_SOCKET_IFNAME" if recipe.server.device == "npu" or any(
         g.server.device == "npu" for g in recipe.topology.groups) else "NCCL_SOCKET_IFNAME")
-    return {n: str(host.data["nic"]) for n in names if n not in env}
+    return {n: host.nic for n in names if n not in env}
 
 
 def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost) -> Process:
@@ -413,10 +468,12 @@ def shell_script(rendered: Rendered) -> str:
     for p in rendered.processes:
         out.append(f"\n# --- host {p.host} ({p.address}) role={p.role} node_rank={p.node_rank} unit={p.unit}")
         for name in p.env_unset:
-            out.append(f"unset {name}")
+            out.append(f"unset {shlex.quote(name)}")
         for script in p.source_env:
             out.append(f"source {shlex.quote(script)}")
         for key, value in p.env.items():
+            if not ENV_NAME.match(key):  # validated at the edge (spec); a name is never quoted into shape
+                raise ValueError(f"env name {key!r} is not a variable name")
             out.append(f"export {key}={shlex.quote(value)}")
         out.append(" \\\n  ".join(_pairs(p.argv)))
     return "\n".join(out) + "\n"

@@ -7,14 +7,126 @@ host is touched, not be ignored and discovered at minute 40 of a cold start.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# --------------------------------------------------------------------------- strings at the edge
+# Every string of a recipe, a hardware profile or host data ends up in a unit file, an env file, a sysctl file or
+# an argv. A control character there is never data: a newline becomes a new directive line (ExecStartPre=...,
+# LD_PRELOAD=..., kernel.core_pattern=|...). Refused here, once, for every field; the grammars below narrow the
+# fields whose readers have one (env names, interfaces, addresses, image references, versions, paths).
+
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# prose (descriptions, notes) never reaches a host: line breaks are allowed there, nothing else
+PROSE_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+PROSE_FIELDS = frozenset({"description", "notes", "note", "reason", "section"})
+
+
+def control_problem(value: str, prose: bool = False) -> str | None:
+    """Why a string is not data (a control character, named by code point), or None."""
+    found = (PROSE_CONTROL if prose else CONTROL).search(value)
+    if found:
+        return f"control character U+{ord(found.group()):04X} at position {found.start()}"
+    return None
+
+
+def _walk_strings(value: Any, prose: bool) -> None:
+    if isinstance(value, str):
+        why = control_problem(value, prose)
+        if why:
+            raise ValueError(f"{why}: write the value without line breaks, tabs or other control characters")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _walk_strings(k, prose)
+            _walk_strings(v, prose)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _walk_strings(item, prose)
+
+
+def _grammar(pattern: str, what: str, example: str):
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what} (e.g. {example})")
+        return value
+
+    return check
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+EnvName = Annotated[str, AfterValidator(_grammar(ENV_NAME.pattern, "an environment variable name", "NCCL_DEBUG"))]
+# Linux interface names: 1-15 bytes, no '/', ':' or whitespace (dev_valid_name); '.' and '..' are not names
+Interface = Annotated[str, AfterValidator(_grammar(r"(?!\.{1,2}$)[A-Za-z0-9_][A-Za-z0-9_.\-]{0,14}",
+                                                   "a network interface name", "enp65s0f0"))]
+# unit names are built from these: sglang-<recipe id>-<role>
+UnitPart = Annotated[str, AfterValidator(_grammar(r"[a-z0-9][a-z0-9.\-]*", "a unit-name part", "glm5-nvfp4"))]
+# PyPI versions, Debian versions (epoch:upstream-revision, ~), vendor versions (8.3.RC1), image eras
+Version = Annotated[str, AfterValidator(_grammar(r"[A-Za-z0-9][A-Za-z0-9.+~_:\-]{0,127}", "a version",
+                                                 "0.5.9 or 580.95.05-1"))]
+# docker's reference grammar (distribution/reference): [domain[:port]/]path[:tag]
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+ImageRef = Annotated[str, AfterValidator(_grammar(
+    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
+    rf"{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,127}})?",
+    "an image reference", "lmsysorg/sglang:v0.5.9"))]
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def check_address(value: str) -> str:
+    """A hostname (RFC 1123) or an IPv4/IPv6 address."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a hostname or an IP address (e.g. 192.0.2.10 or gpu-a.cluster)")
+    return value
+
+
+Address = Annotated[str, AfterValidator(check_address)]
+
+
+def check_abs_path(value: str) -> str:
+    """Absolute and normalised: no '.', '..' or empty components (a trailing '/' is tolerated), no ':' (docker
+    volumes and PATH-like lists split on it)."""
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path: write it from / (e.g. /mnt/models/GLM-5)")
+    parts = value.rstrip("/").split("/")[1:]
+    if value != "/" and any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{value!r} is not a normalised path: no '.', '..' or '//' (e.g. /mnt/models/GLM-5)")
+    if ":" in value:
+        raise ValueError(f"{value!r}: a path cannot hold ':' (docker volumes and search paths split on it)")
+    return value
+
+
+AbsPath = Annotated[str, AfterValidator(check_abs_path)]
+_URL = re.compile(r"(https?|file)://[^\s\"'`\\<>{}|^]+")
+
+
+def check_url(value: str) -> str:
+    if not _URL.fullmatch(value):
+        raise ValueError(f"{value!r} is not a URL (https://host/path or file:///path, no spaces or quotes)")
+    return value
+
+
+Url = Annotated[str, AfterValidator(check_url)]
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_control_characters(cls, value: Any, info) -> Any:
+        _walk_strings(value, info.field_name in PROSE_FIELDS)
+        return value
 
 
 Scalar = Union[str, int, float]
@@ -38,13 +150,30 @@ def _coerce_env(value: Any) -> Any:
     return value
 
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+def env_value_problem(value: str) -> str | None:
+    """Why systemd's EnvironmentFile and docker's --env-file would read a KEY=VALUE line differently, or None.
+
+    docker takes everything after the first '=' verbatim; systemd strips surrounding whitespace, treats a leading
+    quote as quoting and a backslash as an escape. Values without those read the same in both (tested against
+    both readers in tests/test_every_value_is_data.py), so one env file serves both runtimes."""
+    if control_problem(value):
+        return control_problem(value)
+    if value != value.strip(" "):
+        return "leading or trailing spaces (systemd strips them, docker keeps them)"
+    if "\\" in value:
+        return "a backslash (systemd reads it as an escape, docker verbatim)"
+    if value[:1] in ("'", '"'):
+        return "a leading quote (systemd reads it as quoting, docker verbatim)"
+    return None
 
 
 def _check_env_names(env: dict[str, str]) -> dict[str, str]:
-    for key in env:
+    for key, value in env.items():
         if not ENV_NAME.match(key):
-            raise ValueError(f"env name {key!r} is not a valid variable name")
+            raise ValueError(f"env name {key!r} is not a valid variable name (letters, digits, _; not first a digit)")
+        why = env_value_problem(value)
+        if why:
+            raise ValueError(f"env {key}: the value has {why}; write it without")
     return env
 
 
@@ -77,7 +206,7 @@ class HardwareProfile(Strict):
 class NcclGraph(Strict):
     """NCCL topology graph XML (NCCL_GRAPH_FILE): measured +11% on Genoa with 2 NUMA nodes."""
 
-    path: str = Field(description="Where the file lives on the host; NCCL_GRAPH_FILE points here")
+    path: AbsPath = Field(description="Where the file lives on the host; NCCL_GRAPH_FILE points here")
     source: str = Field(description="files/ path in this repo, or a URL on the cluster's mirror")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
@@ -120,27 +249,46 @@ class DockerRun(Strict):
     network_host: bool = True
     gpus: str | None = "all"
     privileged: bool = False
-    cpuset_cpus: str | None = None
-    ulimits: dict[str, str] = Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
+    cpuset_cpus: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+    ulimits: dict[Annotated[str, Field(pattern=r"^[a-z]+$")], Annotated[str, Field(pattern=r"^(-?[0-9]+(:-?[0-9]+)?|unlimited)$")]] = \
+        Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
     volumes: list[str] = Field(default_factory=list, description="host:container[:ro] mounts")
-    devices: list[str] = Field(default_factory=list)
-    env_files: list[str] = Field(default_factory=list, description="host env files passed with --env-file, by "
-                                 "reference (after the unit's own env file)")
+    devices: list[AbsPath] = Field(default_factory=list)
+    env_files: list[AbsPath] = Field(default_factory=list, description="host env files passed with --env-file, by "
+                                     "reference (after the unit's own env file)")
     entrypoint: str | None = Field(None, description="--entrypoint: the first words of the engine argv it replaces")
     extra_options: list[str] = Field(default_factory=list, description="other docker run options, as written "
                                      "(--runtime=nvidia, -p 30000:30000, --cap-add=...)")
 
+    @field_validator("ulimits", mode="before")
+    @classmethod
+    def _ulimit_text(cls, value: Any) -> Any:
+        return {k: str(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: list[str]) -> list[str]:
+        for volume in value:
+            parts = volume.split(":")
+            if len(parts) not in (2, 3) or (len(parts) == 3 and not re.fullmatch(r"[a-z,]+", parts[2])):
+                raise ValueError(f"volume {volume!r} is not host:container[:ro]")
+            # docker reads a host part that is not absolute as a named volume; `..` climbs out of what was meant
+            if ".." in parts[0].split("/") or ".." in parts[1].split("/"):
+                raise ValueError(f"volume {volume!r} climbs with '..': write normalised paths")
+            check_abs_path(parts[1])
+        return value
+
 
 class DockerRuntime(Strict):
     kind: Literal["docker"]
-    image: str = Field(description="repository:tag as published")
+    image: ImageRef = Field(description="repository:tag as published")
     digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="pin; resolved at deploy if absent")
     patches: list[str] = Field(
         default_factory=list,
         description="Dockerfile lines applied on top of the pinned image (a derived image is built)",
     )
     run: DockerRun = Field(default_factory=DockerRun)
-    source_env: list[str] = Field(default_factory=list, description="scripts sourced before the engine starts")
+    source_env: list[AbsPath] = Field(default_factory=list, description="scripts sourced before the engine starts")
 
     @property
     def pinned_ref(self) -> str:
@@ -156,14 +304,21 @@ class UvRuntime(Strict):
     extra_index_urls: list[str] = Field(default_factory=list)
     index_strategy: Literal["first-index", "unsafe-first-match", "unsafe-best-match"] | None = None
     prerelease: bool = False
-    source_env: list[str] = Field(default_factory=list, description="scripts sourced before the engine starts")
+    source_env: list[AbsPath] = Field(default_factory=list, description="scripts sourced before the engine starts")
 
     @field_validator("index_url", "extra_index_urls")
     @classmethod
     def _index_refs(cls, value):
         for ref in [value] if isinstance(value, str) else (value or []):
-            if not (ref.startswith("index:") or re.match(r"^(https?|file)://", ref)):
+            if ref.startswith("index:") and re.fullmatch(r"index:[a-z0-9][a-z0-9_.\-]*", ref):
+                continue
+            if ref.startswith("http://"):
+                # pip verifies nothing it fetches over plain http: a recipe never names one; an inventory may map
+                # index:NAME to an internal http mirror with allow_http_index=true
+                raise ValueError(f"index {ref!r} is plain http: use https, or index:NAME mapped by the inventory")
+            if not (ref.startswith("index:") or re.match(r"^(https|file)://", ref)):
                 raise ValueError(f"index {ref!r}: write index:NAME (mapped by the inventory's package_indexes) or a URL")
+            check_url(ref)
         return value
 
     @field_validator("packages")
@@ -185,14 +340,14 @@ PYPI_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+|rc[0-9]+)?$")
 
 
 class Engine(Strict):
-    sglang: str = Field(description="A PyPI version (0.5.9) or a named image era (dev-cu13-2026-03)")
+    sglang: Version = Field(description="A PyPI version (0.5.9) or a named image era (dev-cu13-2026-03)")
     launcher: Literal["launch_server", "serve", "router_launch_server"] = Field(
         "launch_server", description="router_launch_server: python -m sglang_router.launch_server, the router and "
         "--dp-size engines in one process")
-    parser_version: str | None = Field(
+    parser_version: Version | None = Field(
         None, description="PyPI version whose parser checks this command when `sglang` is an image era"
     )
-    router: str | None = Field(None, description="sglang-router PyPI version for router processes")
+    router: Version | None = Field(None, description="sglang-router PyPI version for router processes")
 
     @property
     def is_pypi(self) -> bool:
@@ -222,7 +377,7 @@ class ServerOptions(Strict):
 
     model_path: str | None = None
     served_model_name: str | None = None
-    host: str | None = None
+    host: str | None = Field(None, description="bind address, or a placeholder such as {node_address}")
     port: int | None = Field(None, ge=1, le=65535)
     device: str | None = None
     tp_size: int | None = Field(None, ge=1)
@@ -262,7 +417,7 @@ class ServerOptions(Strict):
     sleep_on_idle: bool = False
     skip_server_warmup: bool = False
     watchdog_timeout: int | None = None
-    api_key_file: str | None = Field(
+    api_key_file: AbsPath | None = Field(
         None, description="file on the host holding the API key; passed via the unit's 0600 env file, never in argv"
     )
     extra_args: list[str] = Field(default_factory=list, description="other flags, in order, full names")
@@ -283,6 +438,20 @@ class ServerOptions(Strict):
         if derived:
             raise ValueError("; ".join(f"{flag} does not belong in extra_args: render derives it from {where} "
                                        f"(set that instead)" for flag, where in derived))
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return value if value is None or re.fullmatch(r"\{[a-z_]+\}", value) else check_address(value)
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_path(cls, value: str | None) -> str | None:
+        if value and value.startswith("/"):
+            check_abs_path(value)
+        elif value and ".." in value.split("/"):
+            raise ValueError(f"model_path {value!r} climbs with '..': write an absolute path or a hub id")
         return value
 
 
@@ -318,7 +487,7 @@ def devices_per_node(server: ServerOptions, nodes: int) -> int:
 
 class Router(Strict):
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
-    host: str = "127.0.0.1"
+    host: Address = "127.0.0.1"
     port: int = Field(30000, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list)
     host_placement: Literal["deployment_head", "dedicated"] = Field(
@@ -331,6 +500,9 @@ class Router(Strict):
 # rank 0 of a multi-node group runs its rank guard (files/bin/ironserve-rank-guard) on the group's dist-init
 # port + 100: SGLang itself takes dist-init .. dist-init + 6 + dp
 RANK_GUARD_PORT_OFFSET = 100
+# SGLang derives its own ports from a multi-node group's dist-init port: dist-init .. dist-init + 6 (+ one per dp
+# rank); ironserve's rank guard listens on dist-init + RANK_GUARD_PORT_OFFSET
+DIST_INIT_DERIVED = 6
 
 
 class Group(Strict):
@@ -443,9 +615,10 @@ class Benchmark(Strict):
 
 
 class ModelSource(Strict):
-    hub_id: str | None = Field(None, description="Hugging Face repository id")
-    path: str | None = Field(None, description="path of the weights on the host (as in the seed)")
-    revision: str | None = None
+    hub_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$",
+                               description="Hugging Face repository id")
+    path: AbsPath | None = Field(None, description="path of the weights on the host (as in the seed)")
+    revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
     family: str = Field(description="model family: glm5, glm5.1, qwen3.5, kimi-k2.5, minimax-m2.5, llama3, tiny")
     generate: Literal["tiny-llama"] | None = Field(None, description="weights generated locally (lab), no hub")
@@ -468,7 +641,7 @@ class Recipe(Strict):
     topology: Topology = Field(default_factory=Topology)
     server: ServerOptions = Field(default_factory=ServerOptions)
     env: dict[str, str] = Field(default_factory=dict)
-    env_unset: list[str] = Field(default_factory=list, description="variables removed from the service env")
+    env_unset: list[EnvName] = Field(default_factory=list, description="variables removed from the service env")
     tuning: HostTuning | None = None
     expected: Expected = Field(default_factory=Expected)
     benchmark: Benchmark | None = None

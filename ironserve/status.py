@@ -13,6 +13,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from ironserve.audit.runner import deploy_model, hostspec
+from ironserve.hostdata import parse_data_args
 from ironserve.inventory import load_inventory
 
 
@@ -84,4 +85,4 @@ def add_status_parser(sub) -> None:
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
     p.set_defaults(func=lambda args: status(args.inventory, args.deploy,
-                                            dict(item.split("=", 1) for item in args.data), fmt=args.format))
+                                            parse_data_args(args.data), fmt=args.format))

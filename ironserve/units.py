@@ -203,10 +203,25 @@ def env_path(proc: Process) -> str:
 
 
 def _env_line(key: str, value: str) -> str:
-    # systemd EnvironmentFile and docker --env-file both take KEY=VALUE; keep values unquoted and single-line.
-    if "\n" in value:
-        raise ValueError(f"env {key}: values cannot span lines")
+    """KEY=VALUE, one line, in the subset systemd's EnvironmentFile and docker's --env-file read identically
+    (spec.env_value_problem). The message names the key only: values may be secrets."""
+    from .spec import ENV_NAME, env_value_problem
+
+    why = "not a variable name" if not ENV_NAME.match(key) else env_value_problem(value)
+    if why:
+        raise ValueError(f"env {key}: {why}")
     return f"{key}={value}"
+
+
+def read_env_text(text: str) -> dict[str, str]:
+    """Read an env file written by env_text() the way both of its readers do (everything after the first '=',
+    verbatim): for anything that needs the values, instead of `source`, which would run what is in them."""
+    env = {}
+    for line in text.splitlines():
+        if line and not line.startswith(("#", ";")) and "=" in line:
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
 
 
 def env_text(proc: Process, secrets: dict[str, str] | None = None) -> str:
@@ -291,9 +306,21 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
                           json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
 
+def _one_line(value):
+    """Every {{ value }} of a unit template: a control character would start a new directive line."""
+    from .spec import control_problem
+
+    why = control_problem(str(value))
+    if why:
+        raise ValueError(f"a unit file value has a {why}: {str(value)[:40]!r}")
+    return value
+
+
 def _jinja() -> Environment:
-    return Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
-                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, finalize=_one_line,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["systemd_word"] = _systemd_quote  # one argument of a command line (ExecStart=...)
+    return env
 
 
 def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None) -> UnitFiles:

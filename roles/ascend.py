@@ -41,10 +41,11 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files, server
 
 from roles import preflight
+from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
-INSTALL_PATH = "/usr/local/Ascend"
+INSTALL_PATH = DEFAULTS.ascend_install_path
 CACHE_DIR = "/var/cache/ironserve/ascend"
 DEFAULT_DRIVER_VERSION = "25.2.0"
 DEFAULT_CANN_VERSION = "8.3.RC1"
@@ -172,18 +173,18 @@ def check_versions(wants: dict, install_path: str = INSTALL_PATH):
 
 
 def pinned_versions(ctx: DeploymentContext) -> dict[str, str]:
-    wants = {"driver": ctx.get("ascend_driver_version", ctx.profile.driver_branch or DEFAULT_DRIVER_VERSION)}
-    if ctx.get("ascend_firmware_version"):
-        wants["firmware"] = ctx.get("ascend_firmware_version")
-    wants["toolkit"] = ctx.get("ascend_toolkit_version", ctx.profile.toolkit or DEFAULT_CANN_VERSION)
-    wants["nnal"] = ctx.get("ascend_nnal_version", ctx.profile.toolkit or DEFAULT_CANN_VERSION)
+    wants = {"driver": ctx.host.ascend_driver_version or ctx.profile.driver_branch or DEFAULT_DRIVER_VERSION}
+    if ctx.host.ascend_firmware_version:
+        wants["firmware"] = ctx.host.ascend_firmware_version
+    wants["toolkit"] = ctx.host.ascend_toolkit_version or ctx.profile.toolkit or DEFAULT_CANN_VERSION
+    wants["nnal"] = ctx.host.ascend_nnal_version or ctx.profile.toolkit or DEFAULT_CANN_VERSION
     return wants
 
 
 @deploy("ironserve: Ascend driver and CANN")
 def apply(ctx: DeploymentContext) -> None:
-    install_path = ctx.get("ascend_install_path", INSTALL_PATH)
-    store = ctx.get("ascend_package_store")
+    install_path = ctx.host.ascend_install_path
+    store = ctx.host.ascend_package_store
     wants = pinned_versions(ctx)
     server.group(name=f"{DRIVER_USER} group (Ascend driver)", group=DRIVER_USER)
     server.user(name=f"{DRIVER_USER} user (Ascend driver)", user=DRIVER_USER, group=DRIVER_USER,

@@ -25,11 +25,12 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from ironserve import bench
+from ironserve.hostdata import DEFAULTS
 from ironserve.spec import DockerRuntime
-from ironserve.units import API_KEY_ENV, API_KEY_FILE_ENV, HF_TOKEN_ENV, env_path, image_ref, sourcing_script, venv_path
+from ironserve.units import API_KEY_ENV, API_KEY_FILE_ENV, env_path, image_ref, sourcing_script, venv_path
 from roles.context import DeploymentContext
 
-TIMEOUT_S = 3600
+TIMEOUT_S = DEFAULTS.bench_timeout_s
 
 
 def bench_host(ctx: DeploymentContext) -> str:
@@ -37,12 +38,25 @@ def bench_host(ctx: DeploymentContext) -> str:
     return engines[0].host
 
 
+READ_KEY = f"""import sys
+env = {{}}
+for line in open(sys.argv[1], encoding="utf-8").read().splitlines():
+    if line and line[0] not in "#;" and "=" in line:
+        key, _, value = line.partition("=")
+        env[key] = value
+key = env.get("{API_KEY_ENV}", "")
+if not key and env.get("{API_KEY_FILE_ENV}"):
+    key = open(env["{API_KEY_FILE_ENV}"], encoding="utf-8").read().strip()
+print(key)
+"""  # the same reading as ironserve.units.read_env_text, on the host (ironserve is not installed there)
+
+
 def command(ctx: DeploymentContext) -> str:
     """The shell command on the bench host: runtime wrapper, the key from the env file, bench_serving."""
     recipe = ctx.recipe
     endpoint = ctx.rendered.endpoint
     engine = next(p for p in ctx.rendered.processes if p.host == ctx.host_name and p.role != "router")
-    overrides = {key: ctx.get(f"bench_{key}") for key in ("num_prompts", "max_concurrency", "dataset_name",
+    overrides = {key: getattr(ctx.host, f"bench_{key}") for key in ("num_prompts", "max_concurrency", "dataset_name",
                                                            "dataset_path")}
     argv = bench.bench_argv(recipe, endpoint, ctx.model_path, overrides)
     runtime = recipe.runtime
@@ -54,9 +68,9 @@ def command(ctx: DeploymentContext) -> str:
         wrapper = [f"{venv_path(recipe)}/bin/{argv[0]}", *argv[1:]]
     if runtime.source_env:
         wrapper = ["/bin/bash", "-c", sourcing_script(runtime.source_env), "bench", *wrapper]
-    key_env = (f"set -a; . {shlex.quote(env_path(engine))}; set +a; "
-               f'export OPENAI_API_KEY="${{{API_KEY_ENV}:-$(cat "${{{API_KEY_FILE_ENV}:-/dev/null}}" 2>/dev/null)}}"; '
-               f"unset {API_KEY_ENV} {API_KEY_FILE_ENV} {HF_TOKEN_ENV}; ")
+    # the key from the engine's env file, read as data by python (never `.`/`source`: that would run $(...))
+    key_env = f'export OPENAI_API_KEY="$(python3 -c {shlex.quote(READ_KEY)} {shlex.quote(env_path(engine))})"; '
+
     run = " ".join(shlex.quote(a) for a in wrapper)
     return (f"rm -f {bench.RESULT_FILE}; ( {key_env}{run} ) > /tmp/ironserve-bench.log 2>&1; rc=$?; "
             f"tail -n 40 /tmp/ironserve-bench.log; echo ironserve-bench-rc=$rc; "
@@ -65,7 +79,7 @@ def command(ctx: DeploymentContext) -> str:
 
 def _run(ctx: DeploymentContext, cmd: str) -> None:
     """Runs inside python.call: a failure raises (pyinfra reports the operation failed with the message)."""
-    timeout = int(ctx.get("bench_timeout_s", TIMEOUT_S))
+    timeout = ctx.host.bench_timeout_s
     host.log(f"bench_serving against {ctx.rendered.endpoint} (up to {timeout}s)")
     _, out = host.run_shell_command(f"timeout {timeout} sh -c {shlex.quote(cmd)}", _sudo=True)
     lines = out.stdout_lines
@@ -79,10 +93,10 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
             continue
     if not result:
         raise RuntimeError("bench_serving gave no result:\n" + "\n".join(log[-40:]))
-    text, passed = bench.report(ctx.recipe, result, float(ctx.get("bench_min_ratio", bench.MIN_RATIO)))
+    text, passed = bench.report(ctx.recipe, result, ctx.host.bench_min_ratio)
     print(text, flush=True)
     host.log_styled(text, fg="green" if passed else "red")
-    target = ctx.get("bench_report")
+    target = ctx.host.bench_report
     if target:
         rows = [dict(r.__dict__, verdict=r.verdict) for r in bench.compare(ctx.recipe.expected, result)]
         Path(target).write_text(json.dumps({"recipe": ctx.recipe.id, "endpoint": ctx.rendered.endpoint,

@@ -1,4 +1,4 @@
-"""What several roles share: host-data booleans, change records, run-if-changed, the unit facts, apt sources.
+"""What several roles share: change records, run-if-changed, the unit facts, apt sources.
 
 One home for each: a role that needs one of these imports it from here, never from another role, so the roles
 form no import loop (roles/launch.py is only the launch stage).
@@ -16,17 +16,6 @@ from dataclasses import dataclass, field
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, operation
-
-FALSE = {"false", "0", "no", "off"}
-
-
-def truthy(value, default: bool) -> bool:
-    """A host-data boolean: True/False, or text ("false", "0", "no", "off" are false); unset = default."""
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() not in FALSE
 
 
 def changed(meta) -> bool:

@@ -49,22 +49,23 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd
 
-from ironserve.nvidia import NVIDIA_CONTAINER_TOOLKIT_VERSION, gpu_access
+from ironserve.hostdata import DEFAULTS
+from ironserve.nvidia import gpu_access
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, sha256_text
-from roles.common import deb822_source, run_if_changed, truthy
+from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
-from roles.nvidia_driver import DRIVER_VERSION, upstream
+from roles.nvidia_driver import upstream
 from roles.preflight import plain
 
-DOCKER_PACKAGES = ["docker-ce", "docker-ce-cli", "containerd.io"]
-NVIDIA_CONTAINER_PACKAGES = ["nvidia-container-toolkit"]
+DOCKER_PACKAGES = DEFAULTS.docker_packages
+NVIDIA_CONTAINER_PACKAGES = DEFAULTS.nvidia_container_packages
 DOCKER_APT_URL = "https://download.docker.com/linux/{distro}"
 DOCKER_APT_KEY_URL = "https://download.docker.com/linux/{distro}/gpg"
-DOCKER_APT_COMPONENTS = "stable"
+DOCKER_APT_COMPONENTS = DEFAULTS.docker_apt_components
 NVIDIA_APT_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 NVIDIA_APT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
-NVIDIA_APT_SUITE = "/"
+NVIDIA_APT_SUITE = DEFAULTS.nvidia_apt_suite
 KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -394,7 +395,7 @@ def drift(have: dict, image: str, cmd: list[str], env_names: list[str]) -> list[
 
 
 def toolkit_version(ctx: DeploymentContext) -> str:
-    return str(ctx.get("nvidia_container_toolkit_version", NVIDIA_CONTAINER_TOOLKIT_VERSION))
+    return ctx.host.nvidia_container_toolkit_version
 
 
 def gpu_devices(ctx: DeploymentContext) -> None:
@@ -402,7 +403,7 @@ def gpu_devices(ctx: DeploymentContext) -> None:
     cdi = gpu_access(toolkit_version(ctx)) == "cdi"
     nvidia_runtime_configured(name="Docker knows the nvidia runtime" + (" (CDI enabled)" if cdi else ""), cdi=cdi)
     if cdi:
-        cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.get("nvidia_driver_version", DRIVER_VERSION)))
+        cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.host.nvidia_driver_version))
         return
     rule = files.put(name="udev rule: /dev/char links for NVIDIA devices", src=StringIO(DEV_CHAR_RULE_TEXT),
                      dest=DEV_CHAR_RULE, mode="644")
@@ -412,10 +413,10 @@ def gpu_devices(ctx: DeploymentContext) -> None:
 
 def _keyring(ctx: DeploymentContext, name: str, url: str) -> tuple[str | None, bool]:
     """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says."""
-    if truthy(ctx.get("apt_trusted"), False):
+    if ctx.host.apt_trusted:
         return None, True
-    if ctx.get("apt_signed_by"):
-        return ctx.get("apt_signed_by"), False
+    if ctx.host.apt_signed_by:
+        return ctx.host.apt_signed_by, False
     path = f"{KEYRING_DIR}/{name}.asc"  # armored keys are fine for Signed-By when named *.asc
     files.directory(name="Keyring directory", path=KEYRING_DIR, mode="755")
     files.download(name=f"{name} apt key", src=url, dest=path, mode="644")
@@ -431,28 +432,28 @@ def apply(ctx: DeploymentContext) -> None:
     distro_id = (meta.get("ID") or "ubuntu").lower()
     codename = meta.get("VERSION_CODENAME") or meta.get("UBUNTU_CODENAME") or "noble"
 
-    signed_by, trusted = _keyring(ctx, "docker", ctx.get("docker_apt_key_url", DOCKER_APT_KEY_URL.format(distro=distro_id)))
+    signed_by, trusted = _keyring(ctx, "docker", ctx.host.docker_apt_key_url or DOCKER_APT_KEY_URL.format(distro=distro_id))
     sources = [files.put(
         name="Docker apt source",
-        src=StringIO(deb822_source(ctx.get("docker_apt_mirror", DOCKER_APT_URL.format(distro=distro_id)),
-                                   ctx.get("docker_apt_suite", codename),
-                                   ctx.get("docker_apt_components", DOCKER_APT_COMPONENTS), signed_by, trusted)),
+        src=StringIO(deb822_source(ctx.host.docker_apt_mirror or DOCKER_APT_URL.format(distro=distro_id),
+                                   ctx.host.docker_apt_suite or codename,
+                                   ctx.host.docker_apt_components, signed_by, trusted)),
         dest=f"{SOURCES_DIR}/ironserve-docker.sources", mode="644")]
-    packages = list(ctx.get("docker_packages", DOCKER_PACKAGES))
-    if ctx.vendor == "nvidia" and not ctx.get("nvidia_apt_mirror"):
+    packages = list(ctx.host.docker_packages)
+    if ctx.vendor == "nvidia" and not ctx.host.nvidia_apt_mirror:
         # public libnvidia-container repository; with nvidia_apt_mirror the toolkit comes from the repository
         # roles/nvidia_driver.py already configured (NVIDIA's CUDA repository and its mirrors carry it), and a
         # second source for the same URI with another Signed-By would make apt refuse both
-        signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.get("nvidia_apt_key_url", NVIDIA_APT_KEY_URL))
+        signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.host.nvidia_apt_key_url or NVIDIA_APT_KEY_URL)
         sources.append(files.put(
             name="NVIDIA container toolkit apt source",
-            src=StringIO(deb822_source(NVIDIA_APT_URL, ctx.get("nvidia_apt_suite", NVIDIA_APT_SUITE), None,
+            src=StringIO(deb822_source(NVIDIA_APT_URL, ctx.host.nvidia_apt_suite, None,
                                        signed_by, trusted)),
             dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources", mode="644"))
     if ctx.vendor == "nvidia":
         toolkit = toolkit_version(ctx)
         packages += [f"{p}={toolkit}" if p == "nvidia-container-toolkit" else p
-                     for p in ctx.get("nvidia_container_packages", NVIDIA_CONTAINER_PACKAGES)]
+                     for p in ctx.host.nvidia_container_packages]
     # also when a package is still missing: a run that failed after writing the sources never updated
     installed = host.get_fact(DebPackages) or {}
     missing = any(p.split("=", 1)[0] not in installed for p in packages)
@@ -467,7 +468,7 @@ def apply(ctx: DeploymentContext) -> None:
     if runtime.patches:
         changes.append(derived_image(name=f"Derived image ironserve/{ctx.recipe.id}:derived", recipe_id=ctx.recipe.id,
                                      image=runtime.image, digest=runtime.digest, patches=list(runtime.patches),
-                                     pip_index_url=ctx.get("pip_index_url")))
+                                     pip_index_url=ctx.host.pip_index_url))
     ctx.changes.record_runtime_change(*changes)
     # a unit started before these files last changed runs an older image (see roles/launch.py)
     ctx.changes.record_runtime_paths(*([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),

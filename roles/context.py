@@ -1,17 +1,9 @@
 """The deployment context: recipe + inventory -> what this host must become, built once per host.
 
 Roles read everything from here, never from the recipe files or host data directly, so the deploy, the
-audit and `ironserve render` agree on every value. Host data keys (inventory or `--data KEY=VALUE`):
-
-- ``hardware``: hardware profile id (required)
-- ``recipe``: recipe id, overriding the catalogue default for (model, hardware)
-- ``launch``: ``false`` prepares and validates everything and starts nothing (default ``true``)
-- ``nic``, ``model_path``, ``ironserve_role``: see ironserve.inventory
-- ``model_source``: ``hub`` (download with the token file) or ``path`` (already on shared storage)
-- ``hf_token_file``: path *on the controller* of a file holding the Hugging Face token
-- ``api_key_file``: path on the controller of a file holding the API key for the servers
-- mirrors (air-gapped clusters): ``nvidia_apt_mirror``, ``docker_apt_mirror``, ``pip_index_url``,
-  ``ascend_package_store``, ``apt_signed_by`` (keyring path for the mirrors)
+audit and `ironserve render` agree on every value. Host data (inventory or `--data KEY=VALUE`) is typed in
+ironserve/hostdata.py (every key with its type, default, description and the role that reads it), validated for
+the whole inventory when the first context is built, and read by the roles as ``ctx.host.KEY``.
 """
 
 from __future__ import annotations
@@ -22,10 +14,11 @@ from pyinfra import host, inventory
 
 from ironserve import catalogue
 from ironserve.catalogue import Problem, SpecError
+from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, model_path_on, render
-from ironserve.spec import HardwareProfile, HostTuning, Recipe, effective_tuning
-from roles.common import ChangeRecords, truthy
+from ironserve.spec import HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
+from roles.common import ChangeRecords
 
 
 @dataclass
@@ -39,6 +32,7 @@ class DeploymentContext:
     processes: list[Process]
     launch: bool
     data: dict = field(default_factory=dict)
+    host: HostData = field(default_factory=HostData)  # this host's data, typed (ironserve/hostdata.py)
     hosts: list[InventoryHost] = field(default_factory=list)  # the whole inventory, in order (NVLink domains)
     # what this run's operations on this host change (filled by the roles while planning, read by the launch)
     changes: ChangeRecords = field(default_factory=ChangeRecords)
@@ -58,7 +52,9 @@ class DeploymentContext:
         return self.profile.accelerator.vendor
 
     def get(self, key: str, default=None):
-        value = self.data.get(key)
+        """A host-data value, typed and validated; prefer the attribute (ctx.host.KEY). A key the model does not
+        have is a programming error (add it to ironserve/hostdata.py with its type, default and description)."""
+        value = getattr(self.host, key)
         return default if value is None else value
 
     @property
@@ -69,9 +65,13 @@ class DeploymentContext:
 
 def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], where: str = "inventory",
                   gate_results: dict | None = None) -> DeploymentContext:
-    """Pure: from (name, data) pairs of the whole inventory, in order, to this host's context."""
+    """Pure: from (name, data) pairs of the whole inventory, in order, to this host's context.
+
+    Every host's data is validated first (types, grammars, unknown keys): a typo or a wrong type anywhere in the
+    inventory or in --data stops the deploy before any operation."""
+    typed = validate_inventory_data(hosts, where)
     data = dict(next(d for n, d in hosts if n == host_name))
-    hw_id = data.get("hardware")
+    hw_id = typed[host_name].hardware
     if not hw_id:
         raise SpecError([Problem(where, f"{host_name}.hardware", "host has no hardware profile",
                                  f"set hardware= one of {', '.join(catalogue.hardware_profiles())}")])
@@ -79,7 +79,8 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
     if hw_id not in profiles:
         raise SpecError([Problem(where, f"{host_name}.hardware", f"unknown hardware '{hw_id}'",
                                  f"one of {', '.join(profiles)}")])
-    recipe = catalogue.get_recipe(data["recipe"]) if data.get("recipe") else catalogue.default_recipe(model, hw_id)
+    recipe_id = typed[host_name].recipe
+    recipe = catalogue.get_recipe(recipe_id) if recipe_id else catalogue.default_recipe(model, hw_id)
     if hw_id not in recipe.hardware:
         raise SpecError([Problem(where, f"{host_name}.hardware", f"recipe {recipe.id} is for "
                                  f"{', '.join(recipe.hardware)}, not {hw_id}", "pick another recipe with --data recipe=ID")])
@@ -93,8 +94,9 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
         rendered=rendered,
         host_name=host_name,
         processes=rendered.for_host(host_name),
-        launch=truthy(data.get("launch"), True),
+        launch=typed[host_name].launch,
         data=data,
+        host=typed[host_name],
         hosts=inventory_hosts,
         gate_results=gate_results if gate_results is not None else {},
     )
@@ -110,14 +112,34 @@ def current(model: str) -> DeploymentContext:
         hosts = [(h.name, _host_data(h)) for h in inventory]
         # the hosts of one run share its gate results and its record of running ranks
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
-        ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        try:
+            ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+        except SpecError as err:
+            # raised while pyinfra collects operations, before any runs: a PyinfraError is reported as a
+            # one-line error (exit 1), not as a traceback of a "bug in the deploy file"
+            from pyinfra.api.exceptions import PyinfraError
+
+            raise PyinfraError("bad recipe or host data, nothing was changed:\n" +
+                               "\n".join(f"  {p.line()}" for p in err.problems)) from None
         if peer:
             ctx.ranks_running = peer.ranks_running
         _CACHE[key] = ctx
     return _CACHE[key]
 
 
+def host_data(h) -> HostData:
+    """A pyinfra host's data, typed (for code that runs with a pyinfra host rather than a context, e.g. callbacks
+    during execution); already validated with the whole inventory by current()."""
+    data = h.data.dict() if hasattr(h.data, "dict") else dict(h.data)
+    return validate_host_data(data, "inventory", getattr(h, "name", "host"))
+
+
 def _host_data(h) -> dict:
     data = h.data.dict() if hasattr(h.data, "dict") else dict(h.data)
-    data.setdefault("ssh_hostname", h.data.get("ssh_hostname") or h.name)
+    if not data.get("ssh_hostname"):
+        # the host's name is its address unless ssh_hostname says otherwise (not for @local, @docker/...)
+        try:
+            data["ssh_hostname"] = check_address(h.name)
+        except ValueError:
+            pass
     return data

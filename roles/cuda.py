@@ -17,11 +17,12 @@ from io import StringIO
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
+from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.nvidia_driver import apt_pin_text, apt_refresh
 
 TOOLKIT_PACKAGE = "cuda-toolkit-{dashed}"
-TOOLKIT_VERSION = "13.0.2-1"
+TOOLKIT_VERSION = DEFAULTS.cuda_toolkit_version
 DEFAULT_TOOLKIT = "13.0"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-cuda.pref"
 
@@ -34,7 +35,7 @@ def toolkit_package(toolkit: str | None) -> str:
 @deploy("ironserve: CUDA toolkit")
 def apply(ctx: DeploymentContext) -> None:
     package = toolkit_package(ctx.profile.toolkit)
-    version = ctx.get("cuda_toolkit_version", TOOLKIT_VERSION)
+    version = ctx.host.cuda_toolkit_version
     files.put(
         name=f"Pin {package} {version}",
         src=StringIO(apt_pin_text([(package, version)], "roles/cuda.py")),
@@ -49,5 +50,5 @@ def desired_packages(ctx: DeploymentContext) -> list[dict]:
     """The pinned toolkit, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [{"name": toolkit_package(ctx.profile.toolkit), "version": ctx.get("cuda_toolkit_version", TOOLKIT_VERSION),
+    return [{"name": toolkit_package(ctx.profile.toolkit), "version": ctx.host.cuda_toolkit_version,
              "gate": "driver"}]

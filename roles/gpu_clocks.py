@@ -32,14 +32,15 @@ from pyinfra.operations import apt, files, pip, systemd
 
 from ironserve.resources import files_dir
 from ironserve.units import UNIT_DIR, sha256_text
+from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
 UNIT = "ironserve-gpu-clocks.service"
 SCRIPT_SOURCE = files_dir() / "host" / "ironserve-gpu-clocks.py"
 SCRIPT = "/usr/local/lib/ironserve/ironserve-gpu-clocks.py"
-TOOLS_VENV = "/opt/ironserve/tools"
-NVIDIA_ML_PY_VERSION = "13.580.82"
+TOOLS_VENV = DEFAULTS.tools_venv
+NVIDIA_ML_PY_VERSION = DEFAULTS.nvidia_ml_py_version
 
 
 # --------------------------------------------------------------------------- facts
@@ -123,13 +124,13 @@ def apply(ctx: DeploymentContext) -> None:
     offset = clock_offset(ctx.profile.accelerator.max_q, ctx.tuning.gpu_memory_clock_offset_mhz, ctx.profile.id)
     if offset is None:
         return
-    venv = ctx.get("tools_venv", TOOLS_VENV)
-    index = ctx.get("pip_index_url")
+    venv = ctx.host.tools_venv
+    index = ctx.host.pip_index_url
     apt.packages(name="python3-venv for the ironserve tools venv", packages=["python3-venv"], no_recommends=True)
     pip.venv(name=f"Tools venv {venv}", path=venv, python="python3")
     pip.packages(
         name="nvidia-ml-py (pynvml) in the tools venv",
-        packages=[f"nvidia-ml-py=={ctx.get('nvidia_ml_py_version', NVIDIA_ML_PY_VERSION)}"],
+        packages=[f"nvidia-ml-py=={ctx.host.nvidia_ml_py_version}"],
         pip=f"{venv}/bin/pip",
         extra_install_args=f"--index-url {index}" if index else None,
     )
@@ -146,7 +147,7 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     offset = clock_offset(ctx.profile.accelerator.max_q, ctx.tuning.gpu_memory_clock_offset_mhz, ctx.profile.id)
     if offset is None:
         return []
-    python = f"{ctx.get('tools_venv', TOOLS_VENV)}/bin/python"
+    python = f"{ctx.host.tools_venv}/bin/python"
     return [
         {"path": SCRIPT, "sha256": sha256_text(SCRIPT_SOURCE.read_text()), "mode": 0o755, "gate": "driver"},
         {"path": f"{UNIT_DIR}/{UNIT}", "sha256": sha256_text(unit_text(offset, python, SCRIPT)), "mode": 0o644,

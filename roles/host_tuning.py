@@ -35,13 +35,15 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import files, systemd
 
+from ironserve.hostdata import DEFAULTS
+from ironserve.spec import control_problem
 from ironserve.units import UNIT_DIR, sha256_text
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
-GOVERNOR_UNIT = "ironserve-cpu-governor.service"
-SYSCTL_FILE = "/etc/sysctl.d/90-ironserve.conf"
-LIMITS_FILE = "/etc/security/limits.d/90-ironserve.conf"
+GOVERNOR_UNIT = DEFAULTS.governor_unit
+SYSCTL_FILE = DEFAULTS.sysctl_file
+LIMITS_FILE = DEFAULTS.limits_file
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 HEADER = "# Managed by ironserve ({}); local edits are overwritten on the next deploy.\n"
 
@@ -134,7 +136,11 @@ def governor_unit_text(governor: str) -> str:
 def sysctl_text(values: dict) -> str:
     lines = [HEADER.format("roles/host_tuning.py").rstrip("\n"),
              "# Host tuning from the hardware profile and the recipe (tuning.sysctls)."]
-    lines += [f"{key} = {value}" for key, value in sorted(values.items())]
+    for key, value in sorted(values.items()):
+        # one line per setting: a line break in a value would be a second setting (kernel.core_pattern=|...)
+        if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", key) or control_problem(str(value)):
+            raise ValueError(f"sysctl {key}: not a sysctl name, or the value has a control character")
+        lines.append(f"{key} = {value}")
     return "\n".join(lines) + "\n"
 
 
@@ -242,15 +248,15 @@ def apply(ctx: DeploymentContext) -> None:
     tuning = ctx.tuning
     if tuning.governor:
         cpu_governor(name=f"CPU governor {tuning.governor} (persistent unit)", governor=tuning.governor,
-                     unit=ctx.get("governor_unit", GOVERNOR_UNIT))
+                     unit=ctx.host.governor_unit)
     if tuning.sysctls:
-        sysctl_file(name="sysctls", values=dict(tuning.sysctls), path=ctx.get("sysctl_file", SYSCTL_FILE))
+        sysctl_file(name="sysctls", values=dict(tuning.sysctls), path=ctx.host.sysctl_file)
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
         files.put(
             name="Login session limits (memlock, stack, nofile)",
             src=StringIO(limits_text(limits.memlock, limits.stack, limits.nofile)),
-            dest=ctx.get("limits_file", LIMITS_FILE),
+            dest=ctx.host.limits_file,
             mode="644",
         )
     if tuning.shm_size:
@@ -271,13 +277,13 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     tuning = ctx.tuning
     out = []
     if tuning.governor:
-        out.append({"path": f"{UNIT_DIR}/{ctx.get('governor_unit', GOVERNOR_UNIT)}",
+        out.append({"path": f"{UNIT_DIR}/{ctx.host.governor_unit}",
                     "sha256": sha256_text(governor_unit_text(tuning.governor)), "mode": 0o644})
     if tuning.sysctls:
-        out.append({"path": ctx.get("sysctl_file", SYSCTL_FILE), "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))),
+        out.append({"path": ctx.host.sysctl_file, "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))),
                     "mode": 0o644})
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
-        out.append({"path": ctx.get("limits_file", LIMITS_FILE),
+        out.append({"path": ctx.host.limits_file,
                     "sha256": sha256_text(limits_text(limits.memlock, limits.stack, limits.nofile)), "mode": 0o644})
     return out

@@ -29,6 +29,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import apt, files, systemd
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.units import sha256_text
 from roles import nvidia_driver, preflight
 from roles.common import run_if_changed
@@ -43,7 +44,7 @@ CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 CHANNEL0 = f"{CHANNEL_DIR}/channel0"
 SERVICE = "nvidia-imex.service"
 ENGINE_DROPIN = "/etc/systemd/system/{unit}.service.d/ironserve-imex.conf"
-READY_TIMEOUT_S = 120
+READY_TIMEOUT_S = DEFAULTS.imex_ready_timeout_s
 
 
 # --------------------------------------------------------------------------- facts
@@ -145,7 +146,7 @@ def apply(ctx: DeploymentContext) -> None:
     if not wanted(ctx):
         return
     preflight.check_nvlink_clique(ctx, strict=True)
-    version = ctx.get("nvidia_driver_version", nvidia_driver.DRIVER_VERSION)
+    version = ctx.host.nvidia_driver_version
     package = imex_package(ctx)
     apt.packages(name=f"Install {package}={version}", packages=[f"{package}={version}"], no_recommends=True,
                  extra_install_args="--allow-change-held-packages")
@@ -158,7 +159,7 @@ def apply(ctx: DeploymentContext) -> None:
     restart = bool(nodes.changed or config.changed)
     service = systemd.service(name=f"{SERVICE} enabled and running", service=SERVICE, running=True, enabled=True,
                               restarted=restart)
-    imex_ready(name="nvidia-imex READY", timeout_s=int(ctx.get("imex_ready_timeout_s", READY_TIMEOUT_S)),
+    imex_ready(name="nvidia-imex READY", timeout_s=ctx.host.imex_ready_timeout_s,
                restarting=restart or bool(service.changed))
     dropins = [files.put(name=f"{p.unit} starts after {SERVICE}", src=StringIO(engine_dropin_text()),
                          dest=ENGINE_DROPIN.format(unit=p.unit), mode="644")
@@ -182,7 +183,7 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
 def desired_packages(ctx: DeploymentContext) -> list[dict]:
     if not wanted(ctx):
         return []
-    return [{"name": imex_package(ctx), "version": ctx.get("nvidia_driver_version", nvidia_driver.DRIVER_VERSION),
+    return [{"name": imex_package(ctx), "version": ctx.host.nvidia_driver_version,
              "gate": "driver"}]
 
 

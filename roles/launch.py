@@ -37,10 +37,10 @@ The health gate polls ``http://127.0.0.1:PORT/health`` on the host itself (or th
 process binds one address), printing progress every ``health_progress_s``, and fails with the unit's last
 journal lines when ``recipe.health_timeout_s`` passes or the unit dies.
 
-Host data (defaults in brackets): ``launch`` [true], ``health_poll_s`` [10], ``health_progress_s`` [60],
-``health_journal_lines`` [40].
+Host data (typed, with defaults, in ironserve/hostdata.py): ``launch``, ``health_poll_s``, ``health_progress_s``,
+``health_journal_lines``.
 
-The helpers the roles share (``truthy``, ``changed``, ``run_if_changed``, the change records, the
+The helpers the roles share (``changed``, ``run_if_changed``, the change records, the
 ``UnitState``/``HttpStatus`` facts) live in roles/common.py.
 """
 
@@ -55,17 +55,18 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import systemd
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
 from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, rank_guard_unit, staged_path
 from roles import launch_preflight, rollback
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
-from roles.context import DeploymentContext
+from roles.context import DeploymentContext, host_data
 from roles.sglang_service import live_files, marker_path
 
-HEALTH_POLL_S = 10
-HEALTH_PROGRESS_S = 60
-HEALTH_JOURNAL_LINES = 40
+HEALTH_POLL_S = DEFAULTS.health_poll_s
+HEALTH_PROGRESS_S = DEFAULTS.health_progress_s
+HEALTH_JOURNAL_LINES = DEFAULTS.health_journal_lines
 # automatic restarts a multi-node group's gate lets pass while the group forms (more: a crash loop, rolled back)
 GROUP_RESTARTS_ALLOWED = 2
 
@@ -335,8 +336,8 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
     Death: the unit failed or stopped, or systemd restarted it more than ``restarts_allowed`` times since the gate
     began (0: the first automatic restart; a unit that stopped counts only when seen twice in a row then, a
     group restart passes through inactive)."""
-    poll_s = float(poll_s if poll_s is not None else _setting(host, "health_poll_s", HEALTH_POLL_S))
-    progress_s = float(_setting(host, "health_progress_s", HEALTH_PROGRESS_S))
+    poll_s = float(poll_s if poll_s is not None else host_data(host).health_poll_s)
+    progress_s = host_data(host).health_progress_s
     sudo = bool(host.data.get("_sudo"))
     start = last = time.monotonic()
     probe = (f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
@@ -361,7 +362,7 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
         if dead or elapsed >= timeout_s:
             why = (f"the unit died ({active}/{sub}, {(restarts or 0) - (base or 0)} restart(s) during the gate)"
                    if dead else f"no healthy answer within {timeout_s}s")
-            lines = int(_setting(host, "health_journal_lines", HEALTH_JOURNAL_LINES))
+            lines = host_data(host).health_journal_lines
             _, journal = host.run_shell_command(
                 f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
             host.log_styled(f"{unit}: {why} ({url}); last journal lines:\n{journal.stdout}", fg="red")
@@ -379,11 +380,6 @@ def _restarts(lines: list[str]) -> int | None:
         if key == "NRestarts" and value.isdigit():
             return int(value)
     return None
-
-
-def _setting(host, key: str, default):
-    value = host.data.get(key)
-    return default if value is None else value
 
 
 def _parse_probe(lines: list[str]) -> tuple[int | None, str | None, str | None]:

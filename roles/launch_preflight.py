@@ -45,8 +45,9 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
+from ironserve.hostdata import DEFAULTS
 from ironserve.units import image_ref, sourcing_script, venv_path
-from roles.common import UnitState, in_run, truthy
+from roles.common import UnitState, in_run
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -54,7 +55,7 @@ LIB_DIR = "/usr/local/lib/ironserve"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # installed by roles/sglang_service.py
 CONTAINER_RENDEZVOUS = "/ironserve-rendezvous"
 NIC_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
-RENDEZVOUS_TIMEOUT_S = 60
+RENDEZVOUS_TIMEOUT_S = DEFAULTS.rendezvous_timeout_s
 MARK = "IRONSERVE-RENDEZVOUS "
 
 # --------------------------------------------------------------------------- pure helpers
@@ -380,16 +381,16 @@ def apply(ctx: DeploymentContext) -> None:
         # the live units (a launch checks its new ones once it made them live: memlock_checks)
         memlock_checks(ctx, {})
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
-            and truthy(ctx.get("pcie_acs_check"), True) and any(p.devices > 1 for p in engines)):
+            and ctx.host.pcie_acs_check and any(p.devices > 1 for p in engines)):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
     if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
-            and truthy(ctx.get("iommu_check"), True) and any(p.devices > 1 for p in engines)):
+            and ctx.host.iommu_check and any(p.devices > 1 for p in engines)):
         iommu_passthrough(name="IOMMU passthrough or off (GPU peer-to-peer)", arch=ctx.profile.cpu_arch)
     groups = rank_groups(ctx.rendered)
     mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
     if not mine:
         return
-    rendezvous = ctx.launch and truthy(ctx.get("rendezvous"), True)
+    rendezvous = ctx.launch and ctx.host.rendezvous
     for group, proc in mine:
         if not (rendezvous and all(in_run(m.host) for m in group.members)):
             # prepared only; or a member outside this run (--limit, a rebuilt host): no rendezvous can form
@@ -398,7 +399,7 @@ def apply(ctx: DeploymentContext) -> None:
                               env=nic_env(proc), addr=group.addr, port=group.port)
     if not rendezvous:
         return
-    timeout_s = int(ctx.get("rendezvous_timeout_s", RENDEZVOUS_TIMEOUT_S))
+    timeout_s = ctx.host.rendezvous_timeout_s
     for group, proc in mine:
         if not all(in_run(m.host) for m in group.members):
             continue

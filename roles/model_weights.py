@@ -32,11 +32,11 @@ from pyinfra.operations import files
 
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
-from roles.common import truthy
+from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.secret_file import read_secret, secret_file
 
-MODEL_SOURCE = "path"
+MODEL_SOURCE = DEFAULTS.model_source
 HF_TOKEN_PATH = f"{ETC_DIR}/hf_token"
 MANIFEST = "ironserve-manifest.sha256"
 MANIFEST_OK_DIR = "/var/lib/ironserve/manifest-ok"
@@ -111,8 +111,10 @@ class ModelCheckpoint(FactBase):
             f"if [ ! -d {p} ]; then echo dir=no; else echo dir=yes; "
             f"if [ -f {p}/config.json ]; then echo config=yes; else echo config=no; fi; "
             f"if [ -f {p}/{INDEX} ]; then echo index=yes; "
-            f"for f in $(grep -o '\"[^\"]*\\.safetensors\"' {p}/{INDEX} | tr -d '\"' | sort -u); do "
-            f"echo shard=$f; if [ ! -e {p}/$f ]; then echo missing=$f; elif [ ! -s {p}/$f ]; then echo empty=$f; fi; "
+            # shard names come from the checkpoint (data): read line by line and always quoted, never re-parsed
+            f"grep -o '\"[^\"]*\\.safetensors\"' {p}/{INDEX} | tr -d '\"' | sort -u | while IFS= read -r f; do "
+            f"echo \"shard=$f\"; if [ ! -e {p}/\"$f\" ]; then echo \"missing=$f\"; "
+            f"elif [ ! -s {p}/\"$f\" ]; then echo \"empty=$f\"; fi; "
             f"done; else echo index=no; fi; "
             f"if [ -f {p}/{MANIFEST} ]; then "
             f"echo manifest=$( {{ cat {p}/{MANIFEST}; cd {p} && find . -type f ! -name {MANIFEST} "
@@ -189,7 +191,7 @@ def model_path(ctx: DeploymentContext) -> str | None:
 @deploy("Model weights")
 def apply(ctx: DeploymentContext) -> None:
     path = model_path(ctx)
-    source = str(ctx.get("model_source", MODEL_SOURCE)).lower()
+    source = ctx.host.model_source
     if not path:
         raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id} names no model path: set model_path in the "
                              "inventory")
@@ -197,20 +199,20 @@ def apply(ctx: DeploymentContext) -> None:
     if download:
         if not ctx.recipe.model.hub_id:
             raise OperationError(f"{ctx.host_name}: model_source=hub but recipe {ctx.recipe.id} has no model.hub_id")
-        token = bool(ctx.get("hf_token_file"))
+        token = bool(ctx.host.hf_token_file)
         if token:
             files.directory(name="ironserve config directory", path=ETC_DIR, mode="755")
             # the token's only place on the host: the download step reads it (HF_TOKEN_PATH), no engine sees it
             secret_file(name="Hugging Face token (0600)", path=HF_TOKEN_PATH,
-                        secret=read_secret(ctx.get("hf_token_file"), f"{ctx.host_name}: hf_token_file"))
+                        secret=read_secret(ctx.host.hf_token_file, f"{ctx.host_name}: hf_token_file"))
         runtime = ctx.recipe.runtime
         command = download_command(
             ctx.recipe.model.hub_id, path, revision=ctx.recipe.model.revision,
             venv=None if isinstance(runtime, DockerRuntime) else venv_path(ctx.recipe),
             image=image_ref(ctx.recipe) if isinstance(runtime, DockerRuntime) else None,
-            token=token, hf_transfer=truthy(ctx.get("hf_transfer"), False), endpoint=ctx.get("hf_endpoint"))
+            token=token, hf_transfer=ctx.host.hf_transfer, endpoint=ctx.host.hf_endpoint)
         weights_downloaded(name=f"Weights {ctx.recipe.model.hub_id} -> {path}", path=path, command=command,
-                           _run_once=truthy(ctx.get("model_shared"), False))
+                           _run_once=ctx.host.model_shared)
     elif source != "path":
         raise OperationError(f"{ctx.host_name}: model_source must be 'hub' or 'path', not {source!r}")
     checkpoint_verified(name=f"Weights at {path} verified", path=path, strict=not download)

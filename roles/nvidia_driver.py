@@ -63,6 +63,7 @@ Host data (defaults in the constants below):
 from __future__ import annotations
 
 import base64
+import shlex
 from io import BytesIO, StringIO
 from pathlib import Path
 
@@ -75,20 +76,21 @@ from pyinfra.operations import apt, files, server, systemd
 
 from ironserve.units import sha256_text
 from roles import preflight
-from roles.common import deb822_source, run_if_changed, truthy
+from ironserve.hostdata import DEFAULTS
+from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
 NVIDIA_CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
-NVIDIA_APT_KEY_NAME = "3bf863cc.pub"
+NVIDIA_APT_KEY_NAME = DEFAULTS.nvidia_apt_key_name
 SOURCE_FILE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEYRING = "/usr/share/keyrings/ironserve-nvidia.gpg"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-nvidia-driver.pref"
 DRIVER_PACKAGE = "nvidia-open-{branch}"
-DRIVER_VERSION = "580.95.05-1"
+DRIVER_VERSION = DEFAULTS.nvidia_driver_version
 PERSISTENCED = "nvidia-persistenced"
-REBOOT_TIMEOUT = 900
+REBOOT_TIMEOUT = DEFAULTS.reboot_timeout
 REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}  # NVIDIA names its arm64 server repos "sbsa"
 NOUVEAU_CONF = "/etc/modprobe.d/ironserve-blacklist-nouveau.conf"
 NOUVEAU_TEXT = ("# Managed by ironserve (roles/nvidia_driver.py): nouveau must not bind the GPUs first.\n"
@@ -320,10 +322,10 @@ def fetched_keyring(key_name: str = NVIDIA_APT_KEY_NAME, mirror: str | None = No
         host.noop(f"{dest} exists")
         return
     uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
-    url = with_slash(uri) + key_name
-    yield (f"curl -fsSL {url} -o {dest}.tmp && "
-           f"if grep -q 'BEGIN PGP' {dest}.tmp; then gpg --dearmor < {dest}.tmp > {dest}; else mv {dest}.tmp {dest}; fi"
-           f" && rm -f {dest}.tmp && chmod 644 {dest}")
+    url, out, tmp = (shlex.quote(x) for x in (with_slash(uri) + key_name, dest, dest + ".tmp"))
+    yield (f"curl -fsSL {url} -o {tmp} && "
+           f"if grep -q 'BEGIN PGP' {tmp}; then gpg --dearmor < {tmp} > {out}; else mv {tmp} {out}; fi"
+           f" && rm -f {tmp} && chmod 644 {out}")
 
 
 @operation()
@@ -406,7 +408,7 @@ def branch(ctx: DeploymentContext) -> str:
 
 
 def module_source(ctx: DeploymentContext) -> str:
-    return str(ctx.get("nvidia_module_source", "dkms"))
+    return ctx.host.nvidia_module_source
 
 
 def driver_package(ctx: DeploymentContext) -> str:
@@ -429,7 +431,7 @@ def nvidia_module_options(ctx: DeploymentContext) -> str | None:
 
 
 def dcgm_wanted(ctx: DeploymentContext) -> bool:
-    return truthy(ctx.get("dcgm"), default=nvlink_multinode(ctx))
+    return ctx.host.dcgm if ctx.host.dcgm is not None else nvlink_multinode(ctx)
 
 
 def dcgm_package(ctx: DeploymentContext) -> str:
@@ -438,20 +440,20 @@ def dcgm_package(ctx: DeploymentContext) -> str:
 
 def repository(ctx: DeploymentContext) -> None:
     """NVIDIA's repository (key, source); cuda.py relies on it, so the driver role owns it."""
-    trusted = truthy(ctx.get("apt_trusted"), default=False)
-    mirror = ctx.get("nvidia_apt_mirror")
+    trusted = ctx.host.apt_trusted
+    mirror = ctx.host.nvidia_apt_mirror
     # A cluster mirror whose keyring the cluster already installs on every host: sign with that one.
-    keyring = ctx.get("apt_signed_by") if mirror else None
+    keyring = ctx.host.apt_signed_by if mirror else None
     if not trusted and not keyring:
         keyring = KEYRING
-        key_file = ctx.get("nvidia_apt_key_file")
+        key_file = ctx.host.nvidia_apt_key_file
         if key_file:
             data = dearmor(Path(key_file).expanduser().read_bytes())
             files.put(name="NVIDIA apt keyring (from the controller)", src=BytesIO(data), dest=KEYRING, mode="644")
         else:
             apt.packages(name="Tools to fetch the NVIDIA apt key", packages=["ca-certificates", "curl", "gpg"])
             fetched_keyring(name="NVIDIA apt keyring (from the repository)",
-                            key_name=ctx.get("nvidia_apt_key_name", NVIDIA_APT_KEY_NAME), mirror=mirror)
+                            key_name=ctx.host.nvidia_apt_key_name, mirror=mirror)
     repo_source(name="NVIDIA apt repository", mirror=mirror, keyring=keyring or KEYRING, trusted=trusted)
 
 
@@ -477,7 +479,7 @@ def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
 @deploy("ironserve: NVIDIA driver")
 def apply(ctx: DeploymentContext) -> None:
     package = driver_package(ctx)
-    version = ctx.get("nvidia_driver_version", DRIVER_VERSION)
+    version = ctx.host.nvidia_driver_version
     modules = kernel_prerequisites(ctx, package)
     repository(ctx)
     files.put(
@@ -498,8 +500,8 @@ def apply(ctx: DeploymentContext) -> None:
     release = (plain(host.get_fact(KernelVersion)) or "").strip()
     packages_held(name="Driver and kernel held (apt-mark hold)", packages=hold_list(package, modules, release, installed))
     driver_reboot(name="Reboot if the installed driver is not loaded", package=package, version=version,
-                  allow_reboot=truthy(ctx.get("allow_reboot"), default=False),
-                  reboot_timeout=int(ctx.get("reboot_timeout", REBOOT_TIMEOUT)))
+                  allow_reboot=ctx.host.allow_reboot,
+                  reboot_timeout=ctx.host.reboot_timeout)
     # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)
     dropin = files.put(name="nvidia-persistenced runs with persistence mode", src=StringIO(PERSISTENCED_TEXT),
@@ -522,7 +524,7 @@ def desired_packages(ctx: DeploymentContext) -> list[dict]:
     """The pinned driver, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [{"name": driver_package(ctx), "version": ctx.get("nvidia_driver_version", DRIVER_VERSION),
+    return [{"name": driver_package(ctx), "version": ctx.host.nvidia_driver_version,
              "gate": "driver"}]
 
 

@@ -37,7 +37,6 @@ from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ironserve import catalogue
-from roles.common import truthy
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -229,7 +228,7 @@ def nvlink_domain(ctx: DeploymentContext) -> list:
     """The inventory hosts in this host's NVLink domain (host data ``nvlink_domain``, default: one domain of all
     hosts on multi-node NVLink profiles), in inventory order."""
     profiles = catalogue.hardware_profiles()
-    mine = str(ctx.get("nvlink_domain", "default"))
+    mine = ctx.host.nvlink_domain
     out = []
     for h in ctx.hosts:
         profile = profiles.get(str(h.data.get("hardware")))
@@ -434,10 +433,10 @@ def check_devices_of(ctx: DeploymentContext, defer_if_absent: bool) -> None:
 
 @deploy("ironserve: preflight")
 def apply(ctx: DeploymentContext) -> None:
-    check_platform(ctx.profile.cpu_arch, allow_emulated_arch=truthy(ctx.get("allow_emulated_arch"), False))
+    check_platform(ctx.profile.cpu_arch, allow_emulated_arch=ctx.host.allow_emulated_arch)
     if ctx.vendor == "nvidia":
         modules_loadable(name="NVIDIA modules loadable (Secure Boot, module source)",
-                         module_source=str(ctx.get("nvidia_module_source", "dkms")))
+                         module_source=ctx.host.nvidia_module_source)
     if ctx.vendor != "none":
         check_devices_of(ctx, defer_if_absent=True)
     # a host of another NVLink clique is refused here, before any change (once its driver answers)

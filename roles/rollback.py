@@ -32,7 +32,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
 from ironserve.units import SECRET_ENV
-from roles.common import truthy
+from roles.context import host_data
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
 
@@ -132,7 +132,7 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
               why: str, wait) -> None:
     """Restore the last good configuration of every member (host name, unit, paths), restart and wait for the
     gate again; logs the outcome on the gated host. ``wait``: roles.launch.wait_healthy."""
-    if not truthy(gate_host.data.get("rollback"), True):
+    if not host_data(gate_host).rollback:
         return
     hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
     outside = sorted(name for (name, _, _), (h, _, _) in zip(members, hosts)

@@ -48,7 +48,6 @@ from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, ETC_DIR, JI
                              KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, WILDCARD, container_command, exec_argv,
                              image_ref, jit_dir, rank_guard_files, sha256_text, sourcing_script, staged_path,
                              unit_files, venv_path)
-from roles.common import truthy
 from roles.context import DeploymentContext
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
@@ -121,10 +120,10 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
     keyless router would answer it 401."""
 
     def secret(key: str, what: str) -> str:
-        return read_secret(ctx.get(key), f"{ctx.host_name}: {what}").reveal() if read else "<secret>"
+        return read_secret(getattr(ctx.host, key), f"{ctx.host_name}: {what}").reveal() if read else "<secret>"
 
     out = {}
-    if ctx.get("api_key_file"):
+    if ctx.host.api_key_file:
         out[API_KEY_ENV] = secret("api_key_file", "api_key_file")
     else:
         groups = ctx.recipe.topology.groups
@@ -146,7 +145,7 @@ def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> No
     raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
     bind, port = proc.bind, proc.port
     if (not proc.serves_http or bind not in WILDCARD or any(k in secrets for k in KEY_ENV)
-            or truthy(ctx.get("allow_open_bind"), False)):
+            or ctx.host.allow_open_bind):
         return
     raise OperationError(
         f"{ctx.host_name}: recipe {ctx.recipe.id}: the {proc.role} ({proc.unit}) would serve its API on {bind}:{port} "
@@ -252,8 +251,8 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
             ctx.changes.record_container(proc.unit, image_ref(recipe),
                                          container_command(recipe, proc, api_key=api_key),
                                          [*proc.env, *secrets])
-    if truthy(ctx.get("parse_check"), True):
-        identity = runtime_identity(recipe, ctx.get("pip_index_url"))
+    if ctx.host.parse_check:
+        identity = runtime_identity(recipe, ctx.host.pip_index_url)
         for proc, uf, secrets in built:
             api_key = any(k in secrets for k in KEY_ENV)
             digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
@@ -277,7 +276,7 @@ def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str
 def group_secret(ctx: DeploymentContext, members: list[Process]):
     """The rank group's shared secret: generated once on the controller (roles/secret_file.py), the same for
     every rank's host and every run."""
-    return generated_secret(rank_group_secret_name(members), ctx.get("secret_dir"))
+    return generated_secret(rank_group_secret_name(members), ctx.host.secret_dir)
 
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:

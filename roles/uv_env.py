@@ -36,12 +36,13 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
+from ironserve.hostdata import DEFAULTS
 from ironserve.units import STAGED_DIR, UNIT_DIR, venv_path
 from roles.common import run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
 
-UV_VERSION = "0.13.9"
+UV_VERSION = DEFAULTS.uv_version
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
 REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
 UV_BIN = "/usr/local/bin/uv"
@@ -234,24 +235,24 @@ def unused_venvs_removed(root: str, recipe_id: str, keep: str):
 def apply(ctx: DeploymentContext) -> None:
     runtime = ctx.recipe.runtime
     assert isinstance(runtime, UvRuntime)
-    mirror = ctx.get("pip_index_url")
+    mirror = ctx.host.pip_index_url
     env = {}
-    if ctx.get("uv_python_install_mirror"):
-        env["UV_PYTHON_INSTALL_MIRROR"] = ctx.get("uv_python_install_mirror")
+    if ctx.host.uv_python_install_mirror:
+        env["UV_PYTHON_INSTALL_MIRROR"] = ctx.host.uv_python_install_mirror
     if mirror:
         # uv venv may resolve seed packages; keep even that on the mirror
         env["UV_INDEX_URL"] = mirror
-    if not ctx.get("uv_url"):
+    if not ctx.host.uv_url:
         # uv comes from the package index through pip; Debian's python3 has no pip module without this.
         # A fresh host may never have fetched its apt lists (or has stale ones): update only while it is missing
         missing = "python3-pip" not in (host.get_fact(DebPackages) or {})
         run_if_changed(name="apt update (python3-pip missing)", command="apt-get update", triggers=[missing])
         apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
-    uv_installed(name=f"uv {ctx.get('uv_version', UV_VERSION)}", version=ctx.get("uv_version", UV_VERSION),
-                 index_url=mirror, url=ctx.get("uv_url"))
+    uv_installed(name=f"uv {ctx.host.uv_version}", version=ctx.host.uv_version,
+                 index_url=mirror, url=ctx.host.uv_url)
     path = venv_path(ctx.recipe)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
-    idx = index_args(runtime, mirror, ctx.get("package_indexes", {}))
+    idx = index_args(runtime, mirror, ctx.host.package_indexes)
     created = venv_present(name=f"venv {path} (Python {runtime.python})", path=path, python=runtime.python, env=env)
     installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
                               args=install_args(runtime, idx), env=env)

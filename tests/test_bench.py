@@ -67,6 +67,7 @@ def test_bench_command_runs_in_the_runtime_with_the_key_from_the_env_file():
     cmd = role.command(ctx)
     assert f"{venv_path(ctx.recipe)}/bin/python3 -m sglang.bench_serving" in cmd
     assert "--base-url http://10.0.0.12:30000" in cmd  # the router's endpoint
-    assert ". /etc/ironserve/sglang-tiny-cpu-server-0.env" in cmd and "OPENAI_API_KEY" in cmd
+    assert "/etc/ironserve/sglang-tiny-cpu-server-0.env" in cmd and "OPENAI_API_KEY" in cmd
+    assert ". /etc/ironserve" not in cmd and "source /etc" not in cmd  # the env file is read as data, never sourced
     assert "--dataset-name random-ids" in cmd
     shlex.split(cmd)  # well-formed shell

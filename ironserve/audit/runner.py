@@ -208,6 +208,8 @@ def add_audit_parser(sub) -> None:
 
 
 def _cmd(args) -> int:
-    data = dict(item.split("=", 1) for item in args.data)
+    from ironserve.hostdata import parse_data_args
+
+    data = parse_data_args(args.data)
     return audit(args.inventory, args.deploy, args.limit, args.format,
                  args.junit_file if args.format == "junit" else None, data)

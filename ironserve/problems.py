@@ -1,0 +1,29 @@
+"""Problems with input (recipes, hardware profiles, inventories, host data): file, field, message and fix.
+
+Its own module so that every part of the core can report one without importing the catalogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Problem:
+    file: str
+    field: str
+    message: str
+    fix: str
+
+    def line(self) -> str:
+        field = f" {self.field}:" if self.field else ""
+        fix = f" Fix: {self.fix}" if self.fix else ""
+        return f"{self.file}:{field} {self.message}.{fix}"
+
+
+class SpecError(Exception):
+    """Bad recipe, hardware profile or inventory data. Carries every problem found."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(p.line() for p in problems))
