@@ -98,6 +98,13 @@ class HostData(BaseModel):
                               "its engines start")
     rendezvous_timeout_s: int = _field(60, "roles/launch_preflight.py", "seconds the rendezvous may take", ge=1)
 
+    # ---------------------------------------------------------------- batched facts
+    batch_facts: bool = _field(True, "roles/host_state.py", "read what the prepare stage needs of a host in one "
+                               "batched command, kept for the run (false: one command per fact)")
+    host_state_cache: str | None = _field("~/.cache/ironserve/host-state", "roles/host_state.py", "controller "
+                                          "directory keeping which facts each host's prepare stage reads (never "
+                                          "their values); empty: learn them anew in every run")
+
     # ---------------------------------------------------------------- host tuning
     governor_unit: str = _field("ironserve-cpu-governor.service", "roles/host_tuning.py", "unit that sets the CPU "
                                 "governor at boot", pattern=r"^[A-Za-z0-9:_.\-]+\.service$")

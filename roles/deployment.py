@@ -20,6 +20,7 @@ from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
     container_runtime,
+    host_state,
     cuda,
     gpu_clocks,
     host_tuning,
@@ -73,6 +74,8 @@ def roles_for(ctx: DeploymentContext) -> list[ModuleType]:
 
 
 def prepare(ctx: DeploymentContext) -> None:
+    # what the stage reads of the host: one batched read, kept for the run (roles/host_state.py)
+    host_state.install(ctx)
     applies, called = roles_for(ctx), []
 
     def run(role: ModuleType) -> None:
@@ -95,6 +98,7 @@ def prepare(ctx: DeploymentContext) -> None:
     run(model_weights)
     run(sglang_service)
     run(router)
+    host_state.end_planning()
     if called != [role for role, _ in PREPARE_ROLES]:
         raise RuntimeError("roles/deployment.py: prepare() calls the roles "
                            f"{[r.__name__ for r in called]}, the registry lists {[r.__name__ for r, _ in PREPARE_ROLES]}")

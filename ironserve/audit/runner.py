@@ -1,8 +1,9 @@
 """`ironserve audit INVENTORY DEPLOY`: derive checks, run them with pytest + testinfra across hosts, report.
 
 Exit codes: 0 clean, 1 drift, 2 unreachable host or bad input. The checks run as a generated pytest session
-(one test per check, grouped per host, hosts in parallel with pytest-xdist), so JUnit XML comes from pytest
-itself and CI systems read it as usual.
+(one test per check, grouped per host), so JUnit XML comes from pytest itself and CI systems read it as usual.
+Before any check is reported every host is read at once, each over one connection with a few batched commands
+(ironserve/audit/snapshot.py); the checks then evaluate those answers with the same testinfra evaluators.
 """
 
 from __future__ import annotations
@@ -90,59 +91,72 @@ def _show(value) -> str:
 
 
 _TEST_MODULE = '''
-import json, os, pytest, testinfra
+import json, os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
 from ironserve.audit.checks import Check
 from ironserve.audit.evaluate import evaluate
+from ironserve.audit.snapshot import HostSnapshot
 
 PLAN = json.load(open(os.environ["IRONSERVE_AUDIT_PLAN"]))
 CHECKS = [Check(**c) for c in PLAN["checks"]]
 
 
-def _host(name):
-    return testinfra.get_host(PLAN["hosts"][name])
+def _read(name):
+    return HostSnapshot(PLAN["hosts"][name]).read([c for c in CHECKS if c.host == name], evaluate)
+
+
+# every host read at once, each over its one connection, before any check is reported
+with ThreadPoolExecutor(max_workers=max(1, min(len(PLAN["hosts"]), PLAN["parallel"]))) as pool:
+    SNAPSHOTS = dict(zip(PLAN["hosts"], pool.map(_read, PLAN["hosts"])))
+
+
+def _write(row):
+    with open(os.path.join(PLAN["results"], f"{os.getpid()}.jsonl"), "a") as fh:
+        fh.write(json.dumps(row) + "\\n")
+
+
+# how each host was read (the parent reports unreachable hosts and the commands each was sent)
+for _name, _snapshot in SNAPSHOTS.items():
+    _write({"host": _name, "read": True, "error": _snapshot.error, "commands": _snapshot.batches})
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f"{c.host}::{c.id}" for c in CHECKS])
-def test_check(check, record_property, request):
-    request.node.add_marker(pytest.mark.xdist_group(check.host))
-    ok, found = evaluate(_host(check.host), check)
+def test_check(check, record_property):
+    snapshot = SNAPSHOTS[check.host]
+    if snapshot.error:
+        ok, found = False, f"unreachable: {snapshot.error}"
+    else:
+        ok, found = evaluate(snapshot.host(), check)
     record_property("found", found)
-    out = os.path.join(PLAN["results"], f"{os.getpid()}.jsonl")
-    with open(out, "a") as fh:
-        fh.write(json.dumps({"host": check.host, "id": check.id, "ok": ok, "found": found}) + "\\n")
+    _write({"host": check.host, "id": check.id, "ok": ok, "found": found})
     assert ok, f"{check.host} {check.id}: expected {check.expected!r}, found {found}. Fix: {check.fix}"
 '''
 
 
-def reachable(hosts: dict[str, str]) -> dict[str, str]:
-    """Hosts that do not answer a trivial command, with the reason."""
-    import testinfra
+@dataclass
+class Reads:
+    """How each host was read: the error of an unreachable one, the ssh commands each was sent."""
 
-    bad = {}
-    for name, spec in hosts.items():
-        try:
-            if testinfra.get_host(spec).run("true").rc != 0:
-                bad[name] = "command failed"
-        except Exception as exc:
-            bad[name] = f"{type(exc).__name__}: {exc}"[:120]
-    return bad
+    unreachable: dict[str, str]
+    commands: dict[str, int]
 
 
 def run_checks(checks: list[Check], specs: dict[str, str], junit: str | None = None,
-               parallel: int | None = None) -> list[Result]:
+               parallel: int | None = None, reads: Reads | None = None) -> list[Result]:
+    """Read every host at once (one connection each, batched commands) and report each check through pytest."""
     with tempfile.TemporaryDirectory(prefix="ironserve-audit-") as tmp:
         results_dir = Path(tmp, "results")
         results_dir.mkdir()
         plan = Path(tmp, "plan.json")
         plan.write_text(json.dumps({"checks": [c.as_dict() for c in checks], "hosts": specs,
-                                    "results": str(results_dir)}))
+                                    "results": str(results_dir), "parallel": parallel or 32}))
         test_file = Path(tmp, "test_ironserve_audit.py")
         test_file.write_text(_TEST_MODULE)
-        workers = parallel if parallel is not None else min(len(specs), 8)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", tmp, str(test_file),
-               "-o", "junit_family=xunit2", "--tb=no", "-rN"]
-        if workers > 1:
-            cmd += ["-n", str(workers), "--dist", "loadgroup"]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", tmp,
+               str(test_file), "-o", "junit_family=xunit2", "--tb=no", "-rN"]
         if junit:
             cmd.append(f"--junitxml={os.path.abspath(junit)}")
         env = {**os.environ, "IRONSERVE_AUDIT_PLAN": str(plan)}
@@ -151,6 +165,12 @@ def run_checks(checks: list[Check], specs: dict[str, str], junit: str | None = N
         for f in results_dir.glob("*.jsonl"):
             for line in f.read_text().splitlines():
                 row = json.loads(line)
+                if row.get("read"):
+                    if reads is not None:
+                        if row["error"]:
+                            reads.unreachable[row["host"]] = row["error"]
+                        reads.commands[row["host"]] = row["commands"]
+                    continue
                 found[(row["host"], row["id"])] = row
     results = []
     for c in checks:
@@ -179,12 +199,12 @@ def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str 
           junit: str | None = None, data: dict | None = None, out=sys.stdout) -> int:
     checks, connections = plan_checks(inventory, deploy, limit, data)
     specs = {name: hostspec(name, conn) for name, conn in connections.items()}
-    bad = reachable(specs)
-    if bad:
-        for name, why in bad.items():
+    reads = Reads({}, {})
+    results = run_checks(checks, specs, junit if fmt == "junit" or junit else None, reads=reads)
+    if reads.unreachable:
+        for name, why in reads.unreachable.items():
             print(f"unreachable: {name} ({connections[name]['address']}): {why}", file=sys.stderr)
         return 2
-    results = run_checks(checks, specs, junit if fmt == "junit" or junit else None)
     if fmt == "json":
         print(json.dumps({"ok": all(r.ok for r in results), "results": [r.as_dict() for r in results]}, indent=2),
               file=out)

@@ -1,0 +1,107 @@
+"""One connection and a few batched commands per host: what the audit's checks read, read at once.
+
+The evaluators (ironserve.audit.evaluate) read a host through testinfra (``host.run``, ``host.file``,
+``host.service``, ``host.package``), and testinfra's modules run one command per question. Here each host's
+checks are first evaluated against a testinfra host whose backend only *records* the commands they ask for;
+those are sent as one batched command (ironserve/batch.py) over the host's one connection, and the checks are
+evaluated again with the answers, until they ask nothing new (an answer can lead to a further question:
+``test -e`` before ``sysctl -n``; two or three rounds). The checks the pytest session then reports run the same
+evaluators against the final answers: the same checks, the same parsers, one connection per host.
+
+A question that never got an answer by then is asked on its own over the same connection. Answers stay in this
+process's memory (env files hold secrets: nothing read is written anywhere; the evaluators print key names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import testinfra
+from testinfra.backend.base import BaseBackend, CommandResult
+from testinfra.host import Host
+
+from ironserve import batch
+
+MAX_ROUNDS = 5
+
+
+class SnapshotBackend(BaseBackend):
+    """A testinfra backend answering each command from the batched reads of one real host."""
+
+    NAME = "ironserve-snapshot"
+
+    def __init__(self, real: BaseBackend, answers: dict[str, batch.Answer], record: bool):
+        super().__init__(real.hostname)
+        self.real, self.answers, self.record = real, answers, record
+        self.asked: list[str] = []  # commands without an answer (recording), in order
+        self.single = 0  # commands asked on their own (final pass)
+
+    def run(self, command: str, *args: str, **kwargs: Any) -> CommandResult:
+        cmd = self.quote(command, *args)
+        answer = self.answers.get(cmd)
+        if answer is None and self.record:
+            if cmd not in self.asked:
+                self.asked.append(cmd)
+            answer = batch.Answer(0, ())  # a placeholder: this round's results are thrown away
+        elif answer is None:
+            self.single += 1
+            return self.real.run(command, *args, **kwargs)
+        return self.result(answer.rc, self.encode(cmd), answer.stdout, "")
+
+
+def _host(real: BaseBackend, answers: dict, record: bool) -> tuple[Host, SnapshotBackend]:
+    backend = SnapshotBackend(real, answers, record)
+    host = Host(backend)  # a new testinfra host per round: it caches what it learnt of the system
+    backend.set_host(host)
+    return host, backend
+
+
+class HostSnapshot:
+    """The answers for one host's checks, read over its one connection."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.answers: dict[str, batch.Answer] = {}
+        self.batches = 0
+        self.error: str | None = None
+        self._final: tuple[Host, SnapshotBackend] | None = None
+
+    @property
+    def real(self) -> BaseBackend:
+        return testinfra.get_host(self.spec).backend
+
+    def read(self, checks: list, evaluate) -> HostSnapshot:
+        """Evaluate ``checks`` against recorded answers until they ask nothing new (at most MAX_ROUNDS reads)."""
+        try:
+            for _ in range(MAX_ROUNDS):
+                host, backend = _host(self.real, self.answers, record=True)
+                for check in checks:
+                    evaluate(host, check)
+                if not backend.asked:
+                    break
+                self._read(backend.asked)
+        except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: said once per host
+            self.error = f"{type(exc).__name__}: {exc}"[:160]
+        return self
+
+    def _read(self, commands: list[str]) -> None:
+        nonce = batch.new_nonce()
+        out = self.real.run(batch.compose(commands, nonce))
+        answers = batch.split(out.stdout.splitlines(), len(commands), nonce)
+        if all(a is None for a in answers):
+            raise ConnectionError(f"the batched read answered nothing (rc={out.rc})")
+        self.batches += 1
+        for cmd, answer in zip(commands, answers):
+            if answer is not None:
+                self.answers[cmd] = answer
+
+    def host(self) -> Host:
+        """The testinfra host the reported checks run against (a question still unanswered is asked alone)."""
+        if self._final is None:
+            self._final = _host(self.real, self.answers, record=False)
+        return self._final[0]
+
+    @property
+    def commands(self) -> int:
+        """ssh commands this host was sent (batched reads and questions asked alone)."""
+        return self.batches + (self._final[1].single if self._final else 0)

@@ -1,0 +1,324 @@
+"""Batched facts: what the prepare stage reads of a host, in one command per host, cached for the run.
+
+A no-op run used to cost ~90 ssh commands per host, all fact reads and most of them repeats: pyinfra 3 reads
+every fact twice (once to plan, once to execute) and caches nothing (``files.File`` 17 times, a full ``dpkg -l``
+7 times). Here the operations stay as they are (facts in, commands or ``host.noop(why)`` out); what changes is
+where their facts come from:
+
+- ``HostState``: one fact that runs many facts' own commands in one shell command (ironserve/batch.py) and
+  answers each with its exit status and stdout lines; each fact's own ``process()`` then reads its lines, so a
+  batched value is exactly the value the fact would have read on its own.
+- ``HostFacts``: this host's facts for the run. While the prepare stage plans (roles/deployment.py), every fact
+  an operation asks for is answered from one ``HostState`` read of everything the stage asked for last time,
+  plus what it asks for now; the answers are kept for the run and handed to the same operations when they
+  execute. Any command an operation runs on the host drops them (the next read is one batched read again), so
+  an operation never sees a value from before a change.
+- What the stage asks for (fact classes and their arguments: paths, unit names, sysctl keys; never values) is
+  kept per host on the controller (host data ``host_state_cache``), so the next run reads it all at once. A
+  question asked for nothing costs one read in a batch; a new question costs its own round trip, once.
+
+Not batched, read as before: facts of the launch stage (health, unit states that change while it waits),
+facts run with other connector arguments (``_sudo_user``, ``_env``...), facts with preconditions of their own,
+and a fact whose batched read failed (read again on its own, so its error is reported as pyinfra reports it).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from importlib import import_module
+from pathlib import Path
+
+from pyinfra import host as current_host, logger
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.facts import _MISSING_COMMAND_MARKER, ShortFactBase, _handle_fact_kwargs
+from pyinfra.facts.files import Directory, File, Sha1File
+
+from ironserve import batch
+
+_MARKER = re.compile(r"^(ironserve-batch-[0-9a-f]{16}) ([0-9]+) (-?[0-9]+)$")
+
+# A file the stage asks about is asked about whole: a path that did not exist when it was learned (fresh host)
+# is hashed by files.put once it exists, and a directory check comes with it.
+_COMPANIONS = {File.name: (Sha1File, Directory)}
+
+
+class HostState(FactBase):
+    """Many reads in one command, in order: ``[{"rc": exit status, "lines": [stdout lines]} | None, ...]``.
+
+    ``reads`` are shell commands (the batched facts' own); ``nonce`` marks where each answer ends.
+    """
+
+    def command(self, reads: list[str], nonce: str) -> str:
+        return batch.compose(reads, nonce)
+
+    def process(self, output):
+        last = _MARKER.match(output[-1]) if output else None
+        if not last:
+            return []
+        answers = batch.split(list(output), int(last.group(2)) + 1, last.group(1))
+        return [None if a is None else {"rc": a.rc, "lines": list(a.lines)} for a in answers]
+
+    @staticmethod
+    def default():
+        return []
+
+
+# --------------------------------------------------------------------------- one fact request
+
+
+def _fact_class(module: str, name: str) -> type[FactBase]:
+    return getattr(import_module(module), name)
+
+
+class Request:
+    """A fact class with its (canonical) arguments: what an operation asked, without the answer."""
+
+    def __init__(self, cls: type[FactBase], kwargs: dict):
+        self.cls, self.kwargs = cls, {k: v for k, v in kwargs.items() if k != "self"}  # getcallargs names self
+        self.key = f"{cls.__module__}.{cls.__qualname__}({json.dumps(self.kwargs, sort_keys=True, default=str)})"
+
+    def shell(self) -> str | None:
+        """The fact's own command, as pyinfra would run it (with its binary guard); None: not batchable."""
+        # one instance for command() and process(), as pyinfra's get_fact: some facts keep their arguments
+        self._fact = fact = self.cls()
+        command = fact.command(**self.kwargs) if callable(fact.command) else fact.command
+        needs = fact.requires_command(**self.kwargs) if callable(fact.requires_command) else None
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        if needs:
+            needs = needs.get_raw_value() if isinstance(needs, StringCommand) else str(needs)
+            text = (f"if command -v {needs} >/dev/null 2>&1; then ( {text} ); "
+                    f"else echo '{_MISSING_COMMAND_MARKER}'; fi")
+        return text
+
+    def value(self, answer: dict | None):
+        """The fact's value from its batched answer, as pyinfra's get_fact makes it; raises LookupError when only
+        a read of its own can answer (failed, missing binary, cut off)."""
+        if answer is None or answer["rc"] != 0 or answer["lines"] == [_MISSING_COMMAND_MARKER]:
+            raise LookupError(self.key)
+        fact = getattr(self, "_fact", None)
+        if fact is None:
+            self.shell()
+            fact = self._fact
+        return fact.process(answer["lines"]) if answer["lines"] else fact.default()
+
+    def as_json(self) -> list | None:
+        try:
+            json.dumps(self.kwargs)
+        except (TypeError, ValueError):
+            return None  # arguments that are not plain data are asked again in every run
+        return [self.cls.__module__, self.cls.__qualname__, self.kwargs]
+
+    @classmethod
+    def from_json(cls, item) -> Request | None:
+        try:
+            module, name, kwargs = item
+            fact_cls = _fact_class(module, name)
+        except (ValueError, TypeError, ImportError, AttributeError):
+            return None  # a fact class renamed since: forgotten
+        if not (isinstance(fact_cls, type) and issubclass(fact_cls, FactBase) and isinstance(kwargs, dict)):
+            return None
+        return cls(fact_cls, kwargs)
+
+
+def batchable(cls) -> bool:
+    return (isinstance(cls, type) and issubclass(cls, FactBase) and not issubclass(cls, ShortFactBase)
+            and cls is not HostState and not cls.shell_executable
+            and cls.check_preconditions is FactBase.check_preconditions)
+
+
+# --------------------------------------------------------------------------- this host's facts for the run
+
+
+def _generation(state) -> int:
+    """How many commands changed a host of this run so far (any host: a prepare step may write shared storage)."""
+    return getattr(state, "ironserve_changes", 0)
+
+
+def _bump_generation(state) -> None:
+    state.ironserve_changes = _generation(state) + 1
+
+
+class HostFacts:
+    """This host's batched facts for the run (see the module doc). Installed on pyinfra's host object."""
+
+    def __init__(self, real_host, cache_file: Path | None):
+        self.host = real_host
+        self.cache_file = cache_file
+        self.asked: dict[str, Request] = {}  # every question the stage asks (learned and from the last runs)
+        self.by_op: dict[str, list[str]] = {}  # operation hash -> the questions it asked while planned
+        self.values: dict[str, object] = {}  # answers read since the last command that changed a host
+        self.read_at: int | None = None  # the change generation the values were read at (None: nothing read)
+        self.reading = False
+        self.planning = True  # the prepare stage is being planned: its operations' questions are learned
+        self.executor: dict | None = None
+        self.counts: Counter = Counter()  # batches, single reads, cached answers (debug log, tests)
+        self._real_get_fact = real_host.get_fact
+        self._real_run = getattr(real_host, "run_shell_command", None)  # a fixture's host runs nothing
+        self._real_put = getattr(real_host, "put_file", None)
+        for req in self._load_cache():
+            self.asked.setdefault(req.key, req)
+
+    # ------------------------------------------------------------ what pyinfra calls
+
+    def get_fact(self, cls, *args, **kwargs):
+        op = self.host.current_op_hash
+        if not batchable(cls) or not (self.planning or op in self.by_op):
+            return self._single(cls, args, kwargs)
+        fact_kwargs, global_kwargs = _handle_fact_kwargs(self.host.state, self.host, cls, list(args), dict(kwargs))
+        executor = {k: global_kwargs.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_kwargs}
+        if self.executor is None:
+            self.executor = executor
+        if executor != self.executor:
+            return self._single(cls, args, kwargs)
+        req = Request(cls, fact_kwargs)
+        if req.key not in self.asked:
+            self._learn(req)
+        if self.planning and op is not None and req.key not in self.by_op.setdefault(op, []):
+            self.by_op[op].append(req.key)
+        if self.read_at != _generation(self.host.state):
+            # nothing read yet: everything the stage asks; after a change: what this operation and the ones up to
+            # the next planned change ask (a later change would drop it again)
+            self.values.clear()
+            self._read_batch(list(self.asked) if self.read_at is None or self.planning else self._ahead(op, req.key))
+        if req.key in self.values:
+            self.counts["cached"] += 1
+            return copy.deepcopy(self.values[req.key])
+        value = self._single(cls, args, kwargs)
+        self.values[req.key] = value
+        return copy.deepcopy(value)
+
+    def run_shell_command(self, *args, **kwargs):
+        if not self.reading:
+            _bump_generation(self.host.state)
+        return self._real_run(*args, **kwargs)
+
+    def put_file(self, *args, **kwargs):
+        _bump_generation(self.host.state)
+        return self._real_put(*args, **kwargs)
+
+    # ------------------------------------------------------------ the stage
+
+    def end_planning(self) -> None:
+        """The prepare stage is planned: from here on only its operations' questions are answered."""
+        if self.planning:
+            self.planning = False
+            self._save_cache()
+
+    def _ahead(self, op: str | None, key: str) -> list[str]:
+        """The questions of ``op`` and of the operations after it, up to the next one planned to change."""
+        state = self.host.state
+        order = [o for o in state.get_op_order() if o in self.by_op]
+        keys = [key]
+        for o in order[order.index(op):] if op in order else []:
+            keys += self.by_op[o]
+            data = state.ops.get(self.host, {}).get(o)
+            if o != op and getattr(getattr(data, "operation_meta", None), "_maybe_is_change", True):
+                break
+        return list(dict.fromkeys(keys))
+
+    # ------------------------------------------------------------ reads
+
+    def _single(self, cls, args, kwargs):
+        self.counts["single"] += 1
+        self.reading = True
+        try:
+            return self._real_get_fact(cls, *args, **kwargs)
+        finally:
+            self.reading = False
+
+    def _read_batch(self, keys: list[str]) -> None:
+        self.read_at = _generation(self.host.state)
+        requests, reads = [], []
+        for key in keys:
+            req = self.asked.get(key)
+            try:
+                shell = req.shell() if req is not None else None
+            except Exception:  # noqa: BLE001 - a question its fact cannot build any more is read on its own
+                shell = None
+            if shell:
+                requests.append(req)
+                reads.append(shell)
+        if not requests:
+            return
+        self.counts["batch"] += 1
+        self.reading = True
+        try:
+            answers = self._real_get_fact(HostState, reads=reads, nonce=batch.new_nonce())
+        finally:
+            self.reading = False
+        for req, answer in zip(requests, answers or []):
+            try:
+                self.values[req.key] = req.value(answer)
+            except Exception:  # noqa: BLE001 - LookupError, or a process() that rejects the lines: read alone
+                continue
+        logger.debug(f"{self.host.print_prefix}host state: {len(self.values)}/{len(requests)} facts in one read")
+
+    # ------------------------------------------------------------ what the stage asks, across runs
+
+    def _learn(self, req: Request) -> None:
+        self.asked[req.key] = req
+        for companion in _COMPANIONS.get(req.cls.name, ()):
+            other = Request(companion, req.kwargs)
+            self.asked.setdefault(other.key, other)
+        if not self.planning:
+            self._save_cache()
+
+    def _load_cache(self) -> list[Request]:
+        if self.cache_file is None:
+            return []
+        try:
+            items = json.loads(self.cache_file.read_text())["facts"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return [r for r in (Request.from_json(item) for item in items) if r is not None]
+
+    def _save_cache(self) -> None:
+        if self.cache_file is None:
+            return
+        items = [j for j in (r.as_json() for r in self.asked.values()) if j is not None]
+        try:
+            self.cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"host": self.host.name, "facts": items}, indent=1) + "\n")
+            tmp.replace(self.cache_file)
+        except OSError as exc:
+            logger.debug(f"{self.host.print_prefix}host state: cannot keep the questions ({exc})")
+
+
+def cache_file(cache_dir: str | None, model: str, host_name: str, address: str) -> Path | None:
+    """Where this host's questions are kept on the controller; None: batch within the run only."""
+    if not cache_dir:
+        return None
+    digest = hashlib.sha256(f"{model}\0{host_name}\0{address}".encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", host_name)[:40]
+    return Path(os.path.expanduser(cache_dir)) / f"{safe}-{digest}.json"
+
+
+def install(ctx) -> HostFacts | None:
+    """Batch this host's facts for the run (idempotent); host data ``batch_facts: false`` turns it off."""
+    real = current_host._get_module()
+    if real is None or not ctx.host.batch_facts:
+        return None
+    existing = real.__dict__.get("ironserve_host_facts")
+    if existing is not None:
+        return existing
+    facts = HostFacts(real, cache_file(ctx.host.host_state_cache, ctx.model, real.name,
+                                       str(ctx.host.ssh_hostname or real.name)))
+    real.ironserve_host_facts = facts
+    real.get_fact = facts.get_fact
+    real.run_shell_command = facts.run_shell_command
+    real.put_file = facts.put_file
+    return facts
+
+
+def end_planning() -> None:
+    real = current_host._get_module()
+    facts = real.__dict__.get("ironserve_host_facts") if real is not None else None
+    if facts is not None:
+        facts.end_planning()

@@ -1,0 +1,180 @@
+"""Batched facts (roles/host_state.py, ironserve/batch.py): one read answers every fact the stage asks, with the
+values the facts would have read on their own; a change on a host drops them; fixtures supply the batched fact."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.api.util import get_kwargs_str
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import Arch
+from pyinfra_testing.util import FakeState, create_host
+
+from ironserve import batch
+from ironserve.hostdata import HostData
+from roles import host_state, host_tuning
+from roles.host_state import HostFacts, HostState, Request
+
+NONCE = "ironserve-batch-0123456789abcdef"
+
+
+def run_sh(script: str) -> list[str]:
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_compose_and_split_give_each_read_its_own_lines_and_status():
+    reads = ["printf 'a\\nb\\n'", "printf 'no newline'", "true", "echo x; exit 3", "printf 'x\\n\\n'", "cat",
+             f"echo '{NONCE} 0 0'"]  # a forged marker: another nonce or index is plain output
+    answers = batch.split(run_sh(batch.compose(reads, NONCE)), len(reads), NONCE)
+    assert answers == [batch.Answer(0, ("a", "b")), batch.Answer(0, ("no newline",)), batch.Answer(0, ()),
+                       batch.Answer(3, ("x",)), batch.Answer(0, ("x", "")), batch.Answer(0, ()),
+                       batch.Answer(0, (f"{NONCE} 0 0",))]
+    cut = batch.split(run_sh(batch.compose(reads[:2], NONCE))[:4], 2, NONCE)
+    assert cut[0] == batch.Answer(0, ("a", "b")) and cut[1] is None
+
+
+def test_host_state_fact_reads_the_markers_it_was_given():
+    script = HostState().command(reads=["echo one", "exit 2"], nonce=NONCE)
+    assert HostState().process(run_sh(script)) == [{"rc": 0, "lines": ["one"]}, {"rc": 2, "lines": []}]
+    assert HostState().process([]) == []
+
+
+# --------------------------------------------------------------------------- on a real pyinfra host (@local)
+
+
+@pytest.fixture
+def local(tmp_path):
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    real = inventory.get_host("@local")
+    sent = []
+    run = real.connector.run_shell_command
+
+    def counting(*args, **kwargs):
+        sent.append(str(args[0]))
+        return run(*args, **kwargs)
+
+    real.connector.run_shell_command = counting
+    sample = tmp_path / "sample.conf"
+    sample.write_text("x = 1\n")
+
+    def facts() -> HostFacts:
+        for name in ("get_fact", "run_shell_command", "put_file"):
+            real.__dict__.pop(name, None)
+        hf = HostFacts(real, tmp_path / "cache" / "local.json")
+        real.get_fact, real.run_shell_command, real.put_file = hf.get_fact, hf.run_shell_command, hf.put_file
+        return hf
+
+    with ctx_state.use(state), ctx_host.use(real):
+        yield {"host": real, "sent": sent, "facts": facts, "path": str(sample), "state": state}
+
+
+def ask_all(host, path):
+    return [host.get_fact(File, path=path), host.get_fact(Sha1File, path=path), host.get_fact(Arch),
+            host.get_fact(DebPackages)]
+
+
+def test_second_run_reads_every_fact_in_one_command_with_the_same_values(local):
+    host, sent = local["host"], local["sent"]
+    first = local["facts"]()
+    alone = ask_all(host, local["path"])
+    first.end_planning()
+    assert (local["path"] in json_text(first.cache_file)) and "values" not in json_text(first.cache_file)
+    sent.clear()
+    second = local["facts"]()
+    assert ask_all(host, local["path"]) == alone
+    assert len(sent) == 1 and second.counts == {"batch": 1, "cached": 4}
+    # asked again (pyinfra 3 asks again when the operation executes): no command at all
+    assert ask_all(host, local["path"]) == alone and len(sent) == 1
+
+
+def json_text(path) -> str:
+    return path.read_text()
+
+
+def test_a_command_on_a_host_drops_the_answers(local, tmp_path):
+    host, sent = local["host"], local["sent"]
+    local["facts"]()
+    ask_all(host, local["path"])
+    facts = local["facts"]()
+    assert host.get_fact(Sha1File, path=local["path"]) is not None
+    host.run_shell_command(f"echo 'y = 2' >> {local['path']}")
+    sent.clear()
+    changed = host.get_fact(Sha1File, path=local["path"])
+    assert len(sent) == 1 and changed == subprocess.run(["sha1sum", local["path"]], capture_output=True,
+                                                        text=True).stdout.split()[0]
+    assert facts.counts["batch"] == 2
+
+
+def test_not_batched_after_planning_outside_the_stage_or_with_other_connector_arguments(local):
+    host, sent = local["host"], local["sent"]
+    local["facts"]()
+    ask_all(host, local["path"])
+    facts = local["facts"]()
+    facts.end_planning()
+    sent.clear()
+    host.get_fact(Arch)  # no operation of the prepare stage asks: the launch stage reads as before
+    assert len(sent) == 1 and facts.counts == {"single": 1}
+    facts = local["facts"]()
+    host.get_fact(Arch)
+    host.get_fact(Arch, _env={"X": "1"})
+    assert facts.counts["single"] == 1
+
+
+def test_a_failed_batched_read_is_read_again_alone(local):
+    facts = local["facts"]()
+    bad = Request(File, {"path": "/nonexistent/x"})
+    bad.shell = lambda: "exit 1"  # noqa: E731 - its batched read fails
+    facts.asked[bad.key] = bad
+    assert local["host"].get_fact(File, path="/nonexistent/x") is None
+    assert facts.counts["single"] == 1
+
+
+def test_install_is_switched_off_by_host_data(local):
+    class Ctx:
+        model = "glm5"
+
+        def __init__(self, data):
+            self.host = HostData(**data)
+
+    assert host_state.install(Ctx({"batch_facts": False})) is None
+    installed = host_state.install(Ctx({"host_state_cache": ""}))
+    assert installed is not None and installed.cache_file is None
+    assert host_state.install(Ctx({})) is installed
+
+
+# --------------------------------------------------------------------------- the fixture supplies the batched fact
+
+
+def test_sysctl_file_converged_no_op_from_the_batched_fact(monkeypatch):
+    """host_tuning.sysctl_file's converged case, its facts answered by one HostState read the fixture supplies."""
+    values = {"vm.swappiness": 0, "kernel.numa_balancing": 0}
+    path = "/etc/sysctl.d/90-ironserve.conf"
+    text = host_tuning.sysctl_text(values)
+    sha1 = __import__("hashlib").sha1(text.encode()).hexdigest()
+    lines = {
+        Request(File, {"path": path}): [f"user=root group=root mode=-rw-r--r-- atime=1 mtime=1 ctime=1 size=9 '{path}'"],
+        Request(Sha1File, {"path": path}): [f"{sha1}  {path}"],
+        Request(Directory, {"path": "/etc/sysctl.d"}): ["user=root group=root mode=drwxr-xr-x atime=1 mtime=1 ctime=1 "
+                                                        "size=9 '/etc/sysctl.d'"],
+        Request(host_tuning.SysctlValues, {"keys": sorted(values)}): [f"{k}={v}" for k, v in sorted(values.items())],
+    }
+    reads = [r.shell() for r in lines]
+    answers = [{"rc": 0, "lines": v} for v in lines.values()]
+    monkeypatch.setattr(batch, "new_nonce", lambda: NONCE)
+    fake = create_host(FakeState(), facts={"host_state.HostState": {
+        get_kwargs_str({"reads": reads, "nonce": NONCE}): answers}})
+    facts = HostFacts(fake, None)
+    for req in lines:
+        facts.asked[req.key] = req
+    fake.get_fact = facts.get_fact
+    with ctx_state.use(fake.state), ctx_host.use(fake):
+        commands = list(host_tuning.sysctl_file._inner(values=values, path=path))
+    assert commands == [] and fake.noop_description == "2 sysctls set"
+    assert facts.counts == {"batch": 1, "cached": 4}
