@@ -59,6 +59,16 @@ def test_second_run_plans_no_change(deployed):
     assert not changes(plan), changes(plan)
 
 
+
+def test_noop_reads_each_host_in_a_few_commands(deployed):
+    """A no-op after the apply: the facts of the prepare stage come from one batched read per host
+    (roles/host_state.py); the launch stage's few reads stay their own."""
+    out = pyinfra("-y", "--debug", "deploys/glm5.py", "--data", f"api_key_file={deployed['api_key_file']}")
+    log = out.stdout + out.stderr
+    for host in deployed["hosts"]:
+        sent = log.count(f"Running command on {host['name']}:")
+        assert 0 < sent <= 10, f"{host['name']}: {sent} ssh commands in a no-op"
+
 def test_units_staged_validated_not_live(deployed):
     for host in deployed["hosts"]:
         unit = ssh(deployed, host, f"cat {STAGED_UNIT}").stdout
