@@ -151,6 +151,7 @@ class HostFacts:
         self.host = real_host
         self.cache_file = cache_file
         self.asked: dict[str, Request] = {}  # every question the stage asks (learned and from the last runs)
+        self.kept: set[str] = set()  # the questions kept for the next run: asked while planning, or kept before
         self.by_op: dict[str, list[str]] = {}  # operation hash -> the questions it asked while planned
         self.values: dict[str, object] = {}  # answers read since the last command that changed a host
         self.read_at: int | None = None  # the change generation the values were read at (None: nothing read)
@@ -163,6 +164,7 @@ class HostFacts:
         self._real_put = getattr(real_host, "put_file", None)
         for req in self._load_cache():
             self.asked.setdefault(req.key, req)
+            self.kept.add(req.key)
 
     # ------------------------------------------------------------ what pyinfra calls
 
@@ -185,7 +187,8 @@ class HostFacts:
             # nothing read yet: everything the stage asks; after a change: what this operation and the ones up to
             # the next planned change ask (a later change would drop it again)
             self.values.clear()
-            self._read_batch(list(self.asked) if self.read_at is None or self.planning else self._ahead(op, req.key))
+            self._read_batch(self._everything(req.key) if self.read_at is None or self.planning
+                             else self._ahead(op, req.key))
         if req.key in self.values:
             self.counts["cached"] += 1
             return copy.deepcopy(self.values[req.key])
@@ -209,6 +212,10 @@ class HostFacts:
         if self.planning:
             self.planning = False
             self._save_cache()
+
+    def _everything(self, key: str) -> list[str]:
+        """What planning asks (kept from the last runs and learned in this one), and this question."""
+        return [k for k in self.asked if k in self.kept or k == key]
 
     def _ahead(self, op: str | None, key: str) -> list[str]:
         """The questions of ``op`` and of the operations after it, up to the next one planned to change."""
@@ -263,11 +270,15 @@ class HostFacts:
 
     def _learn(self, req: Request) -> None:
         self.asked[req.key] = req
+        if not self.planning:
+            # first asked while executing (a probe that runs only then, a check after a change): read in this run,
+            # never kept for the next run's batch, which must only read what planning reads
+            return
+        self.kept.add(req.key)
         for companion in _COMPANIONS.get(req.cls.name, ()):
             other = Request(companion, req.kwargs)
             self.asked.setdefault(other.key, other)
-        if not self.planning:
-            self._save_cache()
+            self.kept.add(other.key)
 
     def _load_cache(self) -> list[Request]:
         if self.cache_file is None:
@@ -281,7 +292,7 @@ class HostFacts:
     def _save_cache(self) -> None:
         if self.cache_file is None:
             return
-        items = [j for j in (r.as_json() for r in self.asked.values()) if j is not None]
+        items = [j for j in (r.as_json() for k, r in self.asked.items() if k in self.kept) if j is not None]
         try:
             self.cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")

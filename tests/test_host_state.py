@@ -10,9 +10,8 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.api.util import get_kwargs_str
 from pyinfra.context import ctx_host, ctx_state
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, Sha1File
-from pyinfra.facts.server import Arch
+from pyinfra.facts.server import Arch, Hostname
 from pyinfra_testing.util import FakeState, create_host
 
 from ironserve import batch
@@ -77,7 +76,7 @@ def local(tmp_path):
 
 def ask_all(host, path):
     return [host.get_fact(File, path=path), host.get_fact(Sha1File, path=path), host.get_fact(Arch),
-            host.get_fact(DebPackages)]
+            host.get_fact(Hostname)]
 
 
 def test_second_run_reads_every_fact_in_one_command_with_the_same_values(local):
@@ -127,11 +126,28 @@ def test_not_batched_after_planning_outside_the_stage_or_with_other_connector_ar
     assert facts.counts["single"] == 1
 
 
+def test_questions_first_asked_while_executing_are_not_kept(local):
+    """A probe an operation runs only when it executes (the parse check) must never join the next no-op's read."""
+    host = local["host"]
+    facts = local["facts"]()
+    host.current_op_hash = "op1"
+    try:
+        host.get_fact(Arch)  # planned: kept
+        facts.end_planning()
+        host.get_fact(File, path=local["path"])  # the same operation, executing: read, not kept
+    finally:
+        host.current_op_hash = None
+    facts._save_cache()
+    kept = json_text(facts.cache_file)
+    assert "Arch" in kept and local["path"] not in kept
+
+
 def test_a_failed_batched_read_is_read_again_alone(local):
     facts = local["facts"]()
     bad = Request(File, {"path": "/nonexistent/x"})
     bad.shell = lambda: "exit 1"  # noqa: E731 - its batched read fails
     facts.asked[bad.key] = bad
+    facts.kept.add(bad.key)
     assert local["host"].get_fact(File, path="/nonexistent/x") is None
     assert facts.counts["single"] == 1
 
@@ -171,8 +187,9 @@ def test_sysctl_file_converged_no_op_from_the_batched_fact(monkeypatch):
     fake = create_host(FakeState(), facts={"host_state.HostState": {
         get_kwargs_str({"reads": reads, "nonce": NONCE}): answers}})
     facts = HostFacts(fake, None)
-    for req in lines:
+    for req in lines:  # as kept by the last run
         facts.asked[req.key] = req
+        facts.kept.add(req.key)
     fake.get_fact = facts.get_fact
     with ctx_state.use(fake.state), ctx_host.use(fake):
         commands = list(host_tuning.sysctl_file._inner(values=values, path=path))
