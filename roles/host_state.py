@@ -81,7 +81,8 @@ class Request:
 
     def __init__(self, cls: type[FactBase], kwargs: dict):
         self.cls, self.kwargs = cls, {k: v for k, v in kwargs.items() if k != "self"}  # getcallargs names self
-        self.key = f"{cls.__module__}.{cls.__qualname__}({json.dumps(self.kwargs, sort_keys=True, default=str)})"
+        # arguments that are not plain data (json.dumps raises) are never batched: their text could collide
+        self.key = f"{cls.__module__}.{cls.__qualname__}({json.dumps(self.kwargs, sort_keys=True)})"
 
     def shell(self) -> str | None:
         """The fact's own command, as pyinfra would run it (with its binary guard); None: not batchable."""
@@ -107,11 +108,7 @@ class Request:
             fact = self._fact
         return fact.process(answer["lines"]) if answer["lines"] else fact.default()
 
-    def as_json(self) -> list | None:
-        try:
-            json.dumps(self.kwargs)
-        except (TypeError, ValueError):
-            return None  # arguments that are not plain data are asked again in every run
+    def as_json(self) -> list:
         return [self.cls.__module__, self.cls.__qualname__, self.kwargs]
 
     @classmethod
@@ -178,7 +175,10 @@ class HostFacts:
             self.executor = executor
         if executor != self.executor:
             return self._single(cls, args, kwargs)
-        req = Request(cls, fact_kwargs)
+        try:
+            req = Request(cls, fact_kwargs)
+        except (TypeError, ValueError):
+            return self._single(cls, args, kwargs)
         if req.key not in self.asked:
             self._learn(req)
         if self.planning and op is not None and req.key not in self.by_op.setdefault(op, []):
@@ -292,7 +292,7 @@ class HostFacts:
     def _save_cache(self) -> None:
         if self.cache_file is None:
             return
-        items = [j for j in (r.as_json() for k, r in self.asked.items() if k in self.kept) if j is not None]
+        items = [r.as_json() for k, r in self.asked.items() if k in self.kept]
         try:
             self.cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
