@@ -116,3 +116,30 @@ def test_table_names_host_check_and_fix():
     c = Check("gpu-a", "sysctl:vm.swappiness", "sysctl", "0", {}, "host", "pyinfra inv.py deploys/glm5.py --limit gpu-a")
     text = table([Result(c, False, "60")])
     assert "gpu-a" in text and "sysctl:vm.swappiness" in text and "found 60" in text and "--limit gpu-a" in text
+
+
+def test_checks_read_in_batches_and_reported_by_pytest(tmp_path):
+    """run_checks: each host read over one connection in a few batched commands, every check reported by the
+    pytest session (JUnit, one testcase per check), with what the evaluators find reading the host alone."""
+    from ironserve.audit.runner import Reads, run_checks
+
+    sample = tmp_path / "sample.conf"
+    sample.write_text("x = 1\n")
+    sample.chmod(0o644)
+    owner = __import__("pwd").getpwuid(os.getuid()).pw_name
+    checks = [
+        Check("local", "file:sample", "file", sha256_text("x = 1\n"), {"path": str(sample), "mode": 0o644,
+                                                                     "owner": owner}),
+        Check("local", "file:missing", "file", "0" * 64, {"path": str(tmp_path / "missing")}),
+        Check("local", "sysctl:vm.swappiness", "sysctl", "nope", {"key": "vm.swappiness"}),
+        Check("local", "unit-active:none", "service_active", False, {"name": "ironserve-no-such-unit"}),
+    ]
+    reads = Reads({}, {})
+    junit = tmp_path / "audit.xml"
+    results = run_checks(checks, {"local": "local://"}, junit=str(junit), reads=reads)
+    alone = [evaluate(testinfra.get_host("local://"), c) for c in checks]
+    assert [(r.ok, r.found) for r in results] == [tuple(a) for a in alone]
+    assert [r.ok for r in results] == [True, False, False, True]
+    assert reads.unreachable == {} and 1 <= reads.commands["local"] <= 5
+    xml = junit.read_text()
+    assert xml.count("<testcase") == len(checks) and "local::file:sample" in xml

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -155,12 +154,11 @@ def run_checks(checks: list[Check], specs: dict[str, str], junit: str | None = N
                                     "results": str(results_dir), "parallel": parallel or 32}))
         test_file = Path(tmp, "test_ironserve_audit.py")
         test_file.write_text(_TEST_MODULE)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", tmp,
-               str(test_file), "-o", "junit_family=xunit2", "--tb=no", "-rN"]
+        args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", tmp, str(test_file),
+                "-o", "junit_family=xunit2", "--tb=no", "-rN"]
         if junit:
-            cmd.append(f"--junitxml={os.path.abspath(junit)}")
-        env = {**os.environ, "IRONSERVE_AUDIT_PLAN": str(plan)}
-        subprocess.run(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args.append(f"--junitxml={os.path.abspath(junit)}")
+        _pytest(args, plan)
         found: dict[tuple[str, str], dict] = {}
         for f in results_dir.glob("*.jsonl"):
             for line in f.read_text().splitlines():
@@ -177,6 +175,27 @@ def run_checks(checks: list[Check], specs: dict[str, str], junit: str | None = N
         row = found.get((c.host, c.id))
         results.append(Result(c, bool(row and row["ok"]), row["found"] if row else "not run"))
     return results
+
+
+def _pytest(args: list[str], plan: Path) -> None:
+    """The generated session, in this process (no second interpreter to start): its output silenced, the plan
+    passed as the subprocess would get it."""
+    import contextlib
+    import io
+
+    import pytest
+
+    before = os.environ.get("IRONSERVE_AUDIT_PLAN")
+    os.environ["IRONSERVE_AUDIT_PLAN"] = str(plan)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            pytest.main(args, plugins=[])
+    finally:
+        sys.modules.pop("test_ironserve_audit", None)
+        if before is None:
+            os.environ.pop("IRONSERVE_AUDIT_PLAN", None)
+        else:
+            os.environ["IRONSERVE_AUDIT_PLAN"] = before
 
 
 def table(results: list[Result]) -> str:
