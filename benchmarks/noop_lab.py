@@ -35,11 +35,13 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("noop", "dry", "audit", "floor")
+# as an operator's machine runs them: Python's bytecode cache in use (without it every run compiles pyinfra first)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 LABELS = {"noop": "no-op", "dry": "dry run", "audit": "audit", "floor": "one ssh"}
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, env=ENV)
     if check and proc.returncode != 0:
         sys.exit(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
