@@ -11,11 +11,14 @@ where their facts come from:
 - ``HostFacts``: this host's facts for the run. While the prepare stage plans (roles/deployment.py), every fact
   an operation asks for is answered from one ``HostState`` read of everything the stage asked for last time,
   plus what it asks for now; the answers are kept for the run and handed to the same operations when they
-  execute. Any command an operation runs on the host drops them (the next read is one batched read again), so
-  an operation never sees a value from before a change.
-- What the stage asks for (fact classes and their arguments: paths, unit names, sysctl keys; never values) is
-  kept per host on the controller (host data ``host_state_cache``), so the next run reads it all at once. A
-  question asked for nothing costs one read in a batch; a new question costs its own round trip, once.
+  execute. Any command run on any host of the run (an operation's, an upload) drops every host's answers (a
+  step may write shared storage): the next question reads again, in one command, what its operation and the
+  following ones asked while planning, up to the next operation planned to change something. An operation
+  never sees a value from before a change; a run that changes nothing reads each host once.
+- What planning asks (fact classes and their arguments: paths, unit names, sysctl keys; never values) is kept
+  per host on the controller (host data ``host_state_cache``), so the next run reads it all at once. A question
+  kept but not asked costs one read in the batch; a new question costs its own round trip, once. Questions first
+  asked while executing (a parser probe, a check after a change) are answered in their run, never kept.
 
 Not batched, read as before: facts of the launch stage (health, unit states that change while it waits),
 facts run with other connector arguments (``_sudo_user``, ``_env``...), facts with preconditions of their own,
