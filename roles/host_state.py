@@ -8,21 +8,23 @@ where their facts come from:
 - ``HostState``: one fact that runs many facts' own commands in one shell command (ironserve/batch.py) and
   answers each with its exit status and stdout lines; each fact's own ``process()`` then reads its lines, so a
   batched value is exactly the value the fact would have read on its own.
-- ``HostFacts``: this host's facts for the run. While the prepare stage plans (roles/deployment.py), every fact
-  an operation asks for is answered from one ``HostState`` read of everything the stage asked for last time,
-  plus what it asks for now; the answers are kept for the run and handed to the same operations when they
-  execute. Any command run on any host of the run (an operation's, an upload) drops every host's answers (a
-  step may write shared storage): the next question reads again, in one command, what its operation and the
-  following ones asked while planning, up to the next operation planned to change something. An operation
-  never sees a value from before a change; a run that changes nothing reads each host once.
-- What planning asks (fact classes and their arguments: paths, unit names, sysctl keys; never values) is kept
-  per host on the controller (host data ``host_state_cache``), so the next run reads it all at once. A question
-  kept but not asked costs one read in the batch; a new question costs its own round trip, once. Questions first
-  asked while executing (a parser probe, a check after a change) are answered in their run, never kept.
+- ``HostFacts``: this host's facts for the run. The first fact an operation of the prepare stage asks for
+  (roles/deployment.py: the operations added between ``install`` and ``end_planning``; while planning, or while
+  executing under ``pyinfra -y``) reads in one ``HostState`` command everything the stage asked for in the last
+  runs, and this question; the answers are kept for the run and handed to the same operations each time they
+  ask (pyinfra 3 asks again when an operation executes). Any command run on any host of the run (an operation's,
+  an upload) drops every host's answers (a step may write shared storage): from then on facts are read alone, as
+  pyinfra reads them, each kept until the next command. An operation never sees a value from before a change; a
+  run that changes nothing reads each host once.
+- What the stage asks (fact classes and their arguments: paths, unit names, sysctl keys; never values) is kept
+  per host on the controller (host data ``host_state_cache``), so the next run reads it all at once; a file asked
+  about brings its hash and directory checks (asked once it exists). A question kept but not asked costs one
+  read in the batch; a new question costs its own round trip, once.
 
-Not batched, read as before: facts of the launch stage (health, unit states that change while it waits),
-facts run with other connector arguments (``_sudo_user``, ``_env``...), facts with preconditions of their own,
-and a fact whose batched read failed (read again on its own, so its error is reported as pyinfra reports it).
+Not batched, read as before: facts of the launch stage (health, unit states that change while it waits), probes
+that act (``batched = False``: the parser check), facts run with other connector arguments (``_sudo_user``,
+``_env``...), facts with preconditions of their own, and a fact whose batched read failed (read again alone, so
+its error is reported as pyinfra reports it).
 """
 
 from __future__ import annotations
@@ -127,8 +129,10 @@ class Request:
 
 
 def batchable(cls) -> bool:
+    """A fact that reads state with a command of its own; a probe that acts (``batched = False``: the parser
+    check) is asked alone, only when its operation needs it, and never kept."""
     return (isinstance(cls, type) and issubclass(cls, FactBase) and not issubclass(cls, ShortFactBase)
-            and cls is not HostState and not cls.shell_executable
+            and cls is not HostState and not cls.shell_executable and getattr(cls, "batched", True)
             and cls.check_preconditions is FactBase.check_preconditions)
 
 
@@ -151,12 +155,14 @@ class HostFacts:
         self.host = real_host
         self.cache_file = cache_file
         self.asked: dict[str, Request] = {}  # every question the stage asks (learned and from the last runs)
-        self.kept: set[str] = set()  # the questions kept for the next run: asked while planning, or kept before
-        self.by_op: dict[str, list[str]] = {}  # operation hash -> the questions it asked while planned
+        self.kept: set[str] = set()  # the questions kept for the next run
         self.values: dict[str, object] = {}  # answers read since the last command that changed a host
-        self.read_at: int | None = None  # the change generation the values were read at (None: nothing read)
+        self.values_at = 0  # the change generation of those answers
+        self.batched = False  # the one batched read of the run happened
         self.reading = False
-        self.planning = True  # the prepare stage is being planned: its operations' questions are learned
+        self.planning = True  # the prepare stage's operations are being added: every question is the stage's
+        self.stage_ops: set[str] = set()  # the operations of the prepare stage (their questions are batched)
+        self._ops_before = set(self._ops())
         self.executor: dict | None = None
         self.counts: Counter = Counter()  # batches, single reads, cached answers (debug log, tests)
         self._real_get_fact = real_host.get_fact
@@ -169,8 +175,7 @@ class HostFacts:
     # ------------------------------------------------------------ what pyinfra calls
 
     def get_fact(self, cls, *args, **kwargs):
-        op = self.host.current_op_hash
-        if not batchable(cls) or not (self.planning or op in self.by_op):
+        if not batchable(cls) or not (self.planning or self.host.current_op_hash in self.stage_ops):
             return self._single(cls, args, kwargs)
         fact_kwargs, global_kwargs = _handle_fact_kwargs(self.host.state, self.host, cls, list(args), dict(kwargs))
         executor = {k: global_kwargs.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_kwargs}
@@ -182,16 +187,17 @@ class HostFacts:
             req = Request(cls, fact_kwargs)
         except (TypeError, ValueError):
             return self._single(cls, args, kwargs)
-        if req.key not in self.asked:
+        if req.key not in self.kept:
             self._learn(req)
-        if self.planning and op is not None and req.key not in self.by_op.setdefault(op, []):
-            self.by_op[op].append(req.key)
-        if self.read_at != _generation(self.host.state):
-            # nothing read yet: everything the stage asks; after a change: what this operation and the ones up to
-            # the next planned change ask (a later change would drop it again)
+        generation = _generation(self.host.state)
+        if not self.batched:
+            # the first question: everything the stage asked in the last runs, and this one, in one read
+            self._read_batch([k for k in self.asked if k in self.kept])
+        elif self.values_at != generation:
+            # a command ran since: what was read is gone; what is read from now on is read alone (as pyinfra
+            # would) and kept until the next command
             self.values.clear()
-            self._read_batch(self._everything(req.key) if self.read_at is None or self.planning
-                             else self._ahead(op, req.key))
+            self.values_at = generation
         if req.key in self.values:
             self.counts["cached"] += 1
             return copy.deepcopy(self.values[req.key])
@@ -210,27 +216,16 @@ class HostFacts:
 
     # ------------------------------------------------------------ the stage
 
+    def _ops(self) -> set[str]:
+        ops = getattr(getattr(self.host, "state", None), "ops", None)
+        return set(ops.get(self.host, {})) if isinstance(ops, dict) else set()
+
     def end_planning(self) -> None:
-        """The prepare stage is planned: from here on only its operations' questions are answered."""
+        """The prepare stage's operations are added: from here on only their questions are batched."""
         if self.planning:
             self.planning = False
+            self.stage_ops = self._ops() - self._ops_before
             self._save_cache()
-
-    def _everything(self, key: str) -> list[str]:
-        """What planning asks (kept from the last runs and learned in this one), and this question."""
-        return [k for k in self.asked if k in self.kept or k == key]
-
-    def _ahead(self, op: str | None, key: str) -> list[str]:
-        """The questions of ``op`` and of the operations after it, up to the next one planned to change."""
-        state = self.host.state
-        order = [o for o in state.get_op_order() if o in self.by_op]
-        keys = [key]
-        for o in order[order.index(op):] if op in order else []:
-            keys += self.by_op[o]
-            data = state.ops.get(self.host, {}).get(o)
-            if o != op and getattr(getattr(data, "operation_meta", None), "_maybe_is_change", True):
-                break
-        return list(dict.fromkeys(keys))
 
     # ------------------------------------------------------------ reads
 
@@ -243,7 +238,7 @@ class HostFacts:
             self.reading = False
 
     def _read_batch(self, keys: list[str]) -> None:
-        self.read_at = _generation(self.host.state)
+        self.batched, self.values_at = True, _generation(self.host.state)
         requests, reads = [], []
         for key in keys:
             req = self.asked.get(key)
@@ -272,16 +267,14 @@ class HostFacts:
     # ------------------------------------------------------------ what the stage asks, across runs
 
     def _learn(self, req: Request) -> None:
-        self.asked[req.key] = req
-        if not self.planning:
-            # first asked while executing (a probe that runs only then, a check after a change): read in this run,
-            # never kept for the next run's batch, which must only read what planning reads
-            return
+        self.asked.setdefault(req.key, req)
         self.kept.add(req.key)
         for companion in _COMPANIONS.get(req.cls.name, ()):
             other = Request(companion, req.kwargs)
             self.asked.setdefault(other.key, other)
             self.kept.add(other.key)
+        if not self.planning:
+            self._save_cache()
 
     def _load_cache(self) -> list[Request]:
         if self.cache_file is None:

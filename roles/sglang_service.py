@@ -160,6 +160,8 @@ def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> No
 class ParseCheck(FactBase):
     """Run the parse probe: {rc, output} (output = the parser's message on failure)."""
 
+    batched = False  # runs the parser (seconds): asked alone when an argv is new, never in a batched read
+
     def command(self, probe):
         return f"{probe} 2>&1; echo ironserve-parse-rc=$?"
 

@@ -98,7 +98,7 @@ def json_text(path) -> str:
     return path.read_text()
 
 
-def test_a_command_on_a_host_drops_the_answers(local, tmp_path):
+def test_a_command_on_a_host_drops_the_answers(local):
     host, sent = local["host"], local["sent"]
     local["facts"]()
     ask_all(host, local["path"])
@@ -106,10 +106,11 @@ def test_a_command_on_a_host_drops_the_answers(local, tmp_path):
     assert host.get_fact(Sha1File, path=local["path"]) is not None
     host.run_shell_command(f"echo 'y = 2' >> {local['path']}")
     sent.clear()
-    changed = host.get_fact(Sha1File, path=local["path"])
+    changed = host.get_fact(Sha1File, path=local["path"])  # read again, alone, as pyinfra would
     assert len(sent) == 1 and changed == subprocess.run(["sha1sum", local["path"]], capture_output=True,
                                                         text=True).stdout.split()[0]
-    assert facts.counts["batch"] == 2
+    assert host.get_fact(Sha1File, path=local["path"]) == changed and len(sent) == 1  # kept until the next command
+    assert facts.counts == {"batch": 1, "cached": 2, "single": 1}
 
 
 def test_not_batched_after_planning_outside_the_stage_or_with_other_connector_arguments(local):
@@ -127,20 +128,17 @@ def test_not_batched_after_planning_outside_the_stage_or_with_other_connector_ar
     assert facts.counts["single"] == 1
 
 
-def test_questions_first_asked_while_executing_are_not_kept(local):
-    """A probe an operation runs only when it executes (the parse check) must never join the next no-op's read."""
+def test_a_probe_is_asked_alone_and_never_kept(local):
+    """A fact that acts (the parser check runs SGLang's parser) must never join the next no-op's read."""
+    from roles.sglang_service import ParseCheck
+
     host = local["host"]
     facts = local["facts"]()
-    host.current_op_hash = "op1"
-    try:
-        host.get_fact(Arch)  # planned: kept
-        facts.end_planning()
-        host.get_fact(File, path=local["path"])  # the same operation, executing: read, not kept
-    finally:
-        host.current_op_hash = None
-    facts._save_cache()
+    host.get_fact(Arch)
+    assert host.get_fact(ParseCheck, probe="echo probed")["rc"] == 0
+    facts.end_planning()
     kept = json_text(facts.cache_file)
-    assert "Arch" in kept and local["path"] not in kept
+    assert "Arch" in kept and "ParseCheck" not in kept and facts.counts["single"] == 1
 
 
 def test_a_failed_batched_read_is_read_again_alone(local):
@@ -196,3 +194,66 @@ def test_sysctl_file_converged_no_op_from_the_batched_fact(monkeypatch):
         commands = list(host_tuning.sysctl_file._inner(values=values, path=path))
     assert commands == [] and fake.noop_description == "2 sysctls set"
     assert facts.counts == {"batch": 1, "cached": 4}
+
+
+# --------------------------------------------------------------------------- the pyinfra CLI, on this machine
+
+DEPLOY = '''
+import os
+from io import StringIO
+
+from pyinfra.operations import files
+
+from ironserve.hostdata import HostData
+from roles import host_state
+
+
+class Ctx:
+    model = "local-test"
+    host = HostData(host_state_cache=os.environ["HS_CACHE"])
+
+
+host_state.install(Ctx())
+base = os.environ["HS_BASE"]
+files.directory(name="dir", path=f"{base}/d")
+files.put(name="put a", src=StringIO("a\\n"), dest=f"{base}/d/a.conf", mode="644")
+files.put(name="put b", src=StringIO("b\\n"), dest=f"{base}/d/b.conf", mode="600")
+files.line(name="line", path=f"{base}/line.conf", line="^y=", replace="y=1")
+host_state.end_planning()
+'''
+
+
+def test_pyinfra_runs_no_op_in_one_command_and_still_repairs_drift(tmp_path):
+    """The pyinfra CLI on @local (files under tmp_path): a first run converges, a no-op (-y: facts are read while
+    executing) and a dry run send one command, drift is repaired with the reads after the change made alone."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    deploy = tmp_path / "deploy.py"
+    deploy.write_text(DEPLOY)
+    base = tmp_path / "base"
+    (tmp_path / "base").mkdir()
+    (base / "line.conf").write_text("y=0\n")
+    env = {**os.environ, "PYTHONPATH": str(root), "HS_CACHE": str(tmp_path / "cache"), "HS_BASE": str(base)}
+
+    def pyinfra(*args):
+        out = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "--debug", *args, "@local", str(deploy)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        log = out.stdout + out.stderr
+        return log.count("Running command on localhost"), log
+
+    pyinfra("-y")
+    assert (base / "d/b.conf").read_text() == "b\n" and (base / "line.conf").read_text() == "y=1\n"
+    sent, log = pyinfra("-y")
+    assert sent == 1 and "Grand total   4       -         -       4" in log
+    sent, _ = pyinfra("--dry")
+    assert sent == 1
+    (base / "d/b.conf").write_text("drift\n")
+    (base / "d/a.conf").chmod(0o666)
+    pyinfra("-y")
+    assert (base / "d/b.conf").read_text() == "b\n" and (base / "d/a.conf").stat().st_mode & 0o777 == 0o644
+    sent, _ = pyinfra("-y")
+    assert sent == 1
