@@ -24,32 +24,18 @@ def wheel_name(name: str, version: str, tag: str = "py3-none-any") -> str:
     return f"{re.sub(r'[-_.]+', '_', name)}-{version}-{tag}.whl"
 
 
-def build_wheel(dest: str | os.PathLike, name: str, version: str, requires: list[str] | tuple = (),
-                requires_python: str | None = None, tag: str = "py3-none-any", package: str | None = None,
-                files: dict[str, bytes] | None = None) -> Path:
-    """A wheel of ``name`` ``version`` whose metadata requires ``requires`` (PEP 508 strings, markers included).
-
-    ``package`` is the import name of its placeholder module (default: the name with ``_``); ``files`` adds or
-    replaces files ({path in the wheel: bytes})."""
+def write_wheel(dest: str | os.PathLike, name: str, version: str, members: dict[str, bytes], metadata: str,
+                top_level: list[str], tag: str = "py3-none-any", generator: str = "ironserve.lab.wheels") -> Path:
+    """Write a wheel of ``members`` ({path in the wheel: bytes}) with its dist-info (METADATA text as given, WHEEL,
+    top_level.txt, RECORD), byte-stable, atomically (a temporary file renamed into place)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    dist = re.sub(r"[-_.]+", "_", name)
-    dist_info = f"{dist}-{version}.dist-info"
-    module = package or dist.lower()
-    members: dict[str, bytes] = {
-        f"{module}/__init__.py": (f'"""ironserve lab stand-in of {name} {version}: its metadata, none of its code."""\n'
-                                  f"__version__ = {version!r}\n").encode(),
-    }
-    members.update(files or {})
-    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-                f"Summary: ironserve lab stand-in of {name} (real metadata, no code)"]
-    if requires_python:
-        metadata.append(f"Requires-Python: {requires_python}")
-    metadata += [f"Requires-Dist: {r}" for r in requires]
-    members[f"{dist_info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
-    members[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: ironserve.lab.wheels\n"
-                                     f"Root-Is-Purelib: true\nTag: {tag}\n").encode()
-    members[f"{dist_info}/top_level.txt"] = f"{module}\n".encode()
+    dist_info = f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+    members = dict(members)
+    members[f"{dist_info}/METADATA"] = metadata.encode()
+    members[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: true\n"
+                                     f"Tag: {tag}\n").encode()
+    members[f"{dist_info}/top_level.txt"] = "".join(f"{t}\n" for t in top_level).encode()
     record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in members.items()) + f"{dist_info}/RECORD,,\n"
     members[f"{dist_info}/RECORD"] = record.encode()
     target = dest / wheel_name(name, version, tag)
@@ -62,3 +48,23 @@ def build_wheel(dest: str | os.PathLike, name: str, version: str, requires: list
             zf.writestr(info, data)
     os.replace(tmp, target)
     return target
+
+
+def build_wheel(dest: str | os.PathLike, name: str, version: str, requires: list[str] | tuple = (),
+                requires_python: str | None = None, tag: str = "py3-none-any", package: str | None = None,
+                files: dict[str, bytes] | None = None) -> Path:
+    """A stand-in wheel of ``name`` ``version`` whose metadata requires ``requires`` (PEP 508 strings, markers
+    included). ``package`` is the import name of its placeholder module (default: the name with ``_``); ``files``
+    adds or replaces files ({path in the wheel: bytes})."""
+    module = package or re.sub(r"[-_.]+", "_", name).lower()
+    members: dict[str, bytes] = {
+        f"{module}/__init__.py": (f'"""ironserve lab stand-in of {name} {version}: its metadata, none of its code."""\n'
+                                  f"__version__ = {version!r}\n").encode(),
+    }
+    members.update(files or {})
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+                f"Summary: ironserve lab stand-in of {name} (real metadata, no code)"]
+    if requires_python:
+        metadata.append(f"Requires-Python: {requires_python}")
+    metadata += [f"Requires-Dist: {r}" for r in requires]
+    return write_wheel(dest, name, version, members, "\n".join(metadata) + "\n", [module], tag)
