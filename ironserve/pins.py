@@ -27,6 +27,13 @@ from .findings import Finding, Severity
 from .spec import HardwareProfile, Recipe, UvRuntime, resolve_index
 
 PYPI_SIMPLE = "https://pypi.org/simple"
+# for `ironserve lint --rules`: rule id -> (severity, summary, source)
+RULES = {
+    "uv-pins-unresolvable": (Severity.error, "A uv runtime's pins cannot be installed together (uv pip compile)",
+                             "issue 19: Atlas pins sglang 0.5.23 with torch 2.8.0"),
+    "uv-pins-not-resolved": (Severity.warning, "A uv runtime's pins were not resolved (offline, an index "
+                             "unreachable or unmapped)", "issue 19"),
+}
 # manylinux level of the oldest OS the seeds' clusters run (Ubuntu 22.04, glibc 2.35)
 PLATFORMS = {"x86_64": "x86_64-manylinux_2_35", "aarch64": "aarch64-manylinux_2_35"}
 TIMEOUT_S = 180
