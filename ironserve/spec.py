@@ -326,20 +326,16 @@ class UvRuntime(Strict):
             check_url(ref)
         return value
 
-    @field_validator("packages", "overrides")
+    @field_validator("packages", "overrides", "excludes")
     @classmethod
-    def _pinned(cls, value: list[str]) -> list[str]:
+    def _pinned(cls, value: list[str], info) -> list[str]:
+        # excludes name distributions; packages and overrides pin them
+        names = info.field_name == "excludes"
+        pattern = r"[A-Za-z0-9][A-Za-z0-9_.\-]*" if names else r"[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+\-]+"
         for req in value:
-            if not re.match(r"^[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+\-]+$", req):
-                raise ValueError(f"package {req!r} is not pinned: write name==version")
-        return value
-
-    @field_validator("excludes")
-    @classmethod
-    def _names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", name):
-                raise ValueError(f"exclude {name!r} is not a distribution name")
+            if not re.fullmatch(pattern, req):
+                raise ValueError(f"exclude {req!r} is not a distribution name" if names else
+                                 f"package {req!r} is not pinned: write name==version")
         return value
 
     @model_validator(mode="after")

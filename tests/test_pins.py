@@ -8,6 +8,8 @@ recipes' NPU-path pins (overrides, excludes) resolve.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ironserve import catalogue
@@ -78,3 +80,18 @@ def test_offline_and_unreachable_are_not_resolved_never_errors(index):
         assert [(f.rule, f.severity) for f in findings] == [("uv-pins-not-resolved", Severity.warning)], findings
     assert "index:sglang-cu129" in unmapped[0].message
     assert resolve_findings(catalogue.get_recipe("glm5-nvfp4-gb200-disagg"), profiles) == []  # docker: no pins
+
+
+@pytest.mark.parametrize("runtime, message", [
+    ({"overrides": ["torch==2.9.1"]}, "override 'torch==2.9.1' contradicts the pin torch==2.8.0"),
+    ({"excludes": ["torch-npu"]}, "exclude 'torch-npu' is also pinned"),
+    ({"excludes": ["torch npu"]}, "is not a distribution name"),
+])
+def test_contradictions_inside_a_runtime_refused_when_the_recipe_loads(runtime, message):
+    from pydantic import ValidationError
+
+    from ironserve.spec import UvRuntime
+
+    base = catalogue.get_recipe(ATLAS[0]).runtime.model_dump()
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        UvRuntime.model_validate({**base, **runtime})
