@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -70,7 +71,9 @@ def problems_from_validation(file: str, model: type[BaseModel], err: ValidationE
             elif e["type"] == "literal_error":
                 fix = f"got {given!r}; use one of the allowed values"
             elif e["type"] == "value_error":
-                fix = "see the message"
+                # validators name the expected form in the message; lift its example into the fix
+                example = re.search(r"\(e\.g\. ([^)]*)\)", msg)
+                fix = f"write it in that form, e.g. {example.group(1)}" if example else "change the value as the message says"
             out.append(Problem(file, field, msg, fix))
     return out
 
