@@ -268,6 +268,17 @@ class RankGuardFiles:
 WILDCARD = ("0.0.0.0", "::", "[::]")  # a --host serving every network
 
 
+def deliberate(verb: str, unit: str) -> str:
+    """The shell command of a start or restart asked for on purpose (a deploy, a rollback, a repair) of an engine or
+    router unit: ``systemctl reset-failed`` first sets systemd's count of automatic restarts (NRestarts) back to 0,
+    so the unit's restart backoff (files/bin/ironserve-backoff, which delays only automatic restarts) never
+    delays it. systemd resets that count by itself on such a start, except for a unit caught waiting in
+    ``auto-restart``: the one whose crash loop a deploy comes to fix."""
+    assert verb in ("start", "restart"), verb
+    name = shlex.quote(f"{unit}.service")
+    return f"systemctl reset-failed {name} 2>/dev/null; systemctl {verb} {name}"
+
+
 def rank_guard_unit(proc: Process) -> str:
     return f"{proc.unit}-rank-guard"
 

@@ -52,7 +52,7 @@ from pyinfra.operations import apt, files, systemd
 from ironserve.hostdata import DEFAULTS
 from ironserve.nvidia import gpu_access
 from ironserve.spec import DockerRuntime
-from ironserve.units import ETC_DIR, image_ref, sha256_text
+from ironserve.units import ETC_DIR, deliberate, image_ref, sha256_text
 from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
 from roles.nvidia_driver import upstream
@@ -373,7 +373,7 @@ def container_current(unit: str, image: str, cmd: list[str], env_names: list[str
     if not why:
         host.noop(f"container {unit} runs the rendered configuration")
         return
-    yield f"systemctl restart {shlex.quote(unit)}.service"
+    yield deliberate("restart", unit)
 
 
 def drift(have: dict, image: str, cmd: list[str], env_names: list[str]) -> list[str]:

@@ -57,7 +57,8 @@ from pyinfra.operations import systemd
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
-from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, following_path, rank_guard_unit, staged_path
+from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit,
+                             staged_path)
 from roles import launch_preflight, rollback
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
@@ -212,13 +213,13 @@ def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths
     running = state["active"] in ("active", "activating", "reloading")
     gate = url is not None and wait
     if not running:
-        yield f"systemctl start {shlex.quote(unit)}.service"
+        yield deliberate("start", unit)
     else:
         if stale_paths(state) or _wants_restart(restart):
             if rank0:
                 yield FunctionCommand(restart_unless_following, (unit, list(rank0), paths), {})
             else:
-                yield f"systemctl restart {shlex.quote(unit)}.service"
+                yield deliberate("restart", unit)
         elif _wants_restart(live_changing):
             yield FunctionCommand(restart_if_stale, (unit, paths, list(rank0) if rank0 else None), {})
         elif gate and host.get_fact(HttpStatus, url=url) == 200:
@@ -250,7 +251,7 @@ def restart_if_stale(state, host, unit: str, paths: list[str], rank0: list | Non
         return True
     if rank0:
         return restart_unless_following(state, host, unit, rank0, paths)
-    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service",
+    status, _ = host.run_shell_command(deliberate("restart", unit),
                                        _sudo=bool(host.data.get("_sudo")))
     return bool(status)
 
@@ -293,7 +294,7 @@ def restart_unless_following(state, host, unit: str, rank0: list[str], paths: li
             break
         _sleep(2)
     host.log(f"{unit}: not following rank 0's invocation {generation or '(none)'}: restarting it")
-    status, _ = host.run_shell_command(f"systemctl restart {shlex.quote(unit)}.service", _sudo=sudo)
+    status, _ = host.run_shell_command(deliberate("restart", unit), _sudo=sudo)
     return bool(status)
 
 
@@ -343,24 +344,28 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
     probe = (f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
              f"systemctl show -p ActiveState -p SubState -p NRestarts {shlex.quote(unit)}.service")
     host.log(f"{unit}: waiting for {url} (up to {timeout_s}s)")
-    base, stopped = None, False
+    seen, counted, stopped = None, 0, False
     while True:
         _, out = host.run_shell_command(probe)
         code, active, sub = _parse_probe(out.stdout_lines)
         restarts = _restarts(out.stdout_lines)
-        base = restarts if base is None else base
+        # automatic restarts since the gate began; NRestarts falls back to 0 when the unit is restarted on purpose
+        # (a group restart by its rank guard): count on from there
+        if restarts is not None:
+            counted += 0 if seen is None else (restarts - seen if restarts >= seen else restarts)
+            seen = restarts
         elapsed = int(time.monotonic() - start)
         if code == 200:
             host.log_styled(f"{unit}: healthy after {elapsed}s", fg="green")
             return True, ""
         if restarts_allowed:
             dead = (active == "failed" or (active == "inactive" and stopped)
-                    or (restarts or 0) - (base or 0) > restarts_allowed)
+                    or counted > restarts_allowed)
             stopped = active == "inactive"
         else:
             dead = active in ("failed", "inactive") or sub == "auto-restart"
         if dead or elapsed >= timeout_s:
-            why = (f"the unit died ({active}/{sub}, {(restarts or 0) - (base or 0)} restart(s) during the gate)"
+            why = (f"the unit died ({active}/{sub}, {counted} restart(s) during the gate)"
                    if dead else f"no healthy answer within {timeout_s}s")
             lines = host_data(host).health_journal_lines
             _, journal = host.run_shell_command(

@@ -31,7 +31,7 @@ import time
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
-from ironserve.units import SECRET_ENV
+from ironserve.units import SECRET_ENV, deliberate
 from roles.context import host_data
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
@@ -177,7 +177,7 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
 
 
 def _restart_command(unit: str) -> str:
-    return f"systemctl restart {shlex.quote(unit)}.service"
+    return deliberate("restart", unit)
 
 
 def _last_good(member_host, unit: str, paths: list[str]) -> dict:

@@ -22,7 +22,8 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import KEY_LAUNCHER, container_command, exec_argv, sha256_text, unit_files, venv_path
+from ironserve.units import (KEY_LAUNCHER, container_command, deliberate, exec_argv, sha256_text, unit_files,
+                             venv_path)
 from roles import container_runtime as cr
 from roles.common import changed, deb822_source
 from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
@@ -474,7 +475,7 @@ def test_a_rank_follows_rank0s_invocation_not_the_clocks_of_two_hosts(monkeypatc
     head, me = _GroupHost("n0", "g2"), _GroupHost("n1", "r1-new", following)
     state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: head))
     assert launch.restart_unless_following(state, me, "u", ["n0", "u"], follow_s=0) is True
-    assert ("systemctl restart u.service" in me.commands) is restarted
+    assert (deliberate("restart", "u") in me.commands) is restarted
     # no timestamps asked of either host: identity only
     assert not any("Timestamp" in c for c in head.commands + me.commands)
 
@@ -512,7 +513,7 @@ def test_rollback_restores_every_member_of_the_group_rank0_first():
                        lambda *a: waited.append(a) or True)
     for h in (n0, n1):
         assert any("MANIFEST; systemctl daemon-reload" in c for c in h.commands), h.commands
-        assert "systemctl restart u.service" in h.commands
+        assert deliberate("restart", "u") in h.commands
     assert waited and any(line.startswith("ROLLED BACK u on n0, n1") and "from 2026-11-22T08:41:46Z" in line
                           for line in n0.logs), n0.logs
 

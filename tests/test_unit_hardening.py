@@ -103,33 +103,74 @@ def test_restart_storms_are_bounded_without_restart_steps():
     assert "ironserve-backoff wait sglang-tiny-cpu-tp2-server 450" in engine and "TimeoutStartSec=900" in engine
 
 
-def _backoff(tmp_path: Path, *args: str, result: str | None = None) -> str:
-    env = {**os.environ, "IRONSERVE_BACKOFF_DIR": str(tmp_path)}
+def _backoff(tmp_path: Path, *args: str, result: str | None = None, n_restarts: str | None = "1") -> str:
+    """Run the real ironserve-backoff with a stand-in ``systemctl`` answering NRestarts (None: systemd unreachable)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "systemctl"
+    stub.write_text("#!/bin/sh\nexit 1\n" if n_restarts is None else f"#!/bin/sh\necho {n_restarts}\n")
+    stub.chmod(0o755)
+    env = {**os.environ, "IRONSERVE_BACKOFF_DIR": str(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     if result:
         env["SERVICE_RESULT"] = result
     return subprocess.run([sys.executable, str(BACKOFF), *args], env=env, capture_output=True, text=True,
                           check=True, timeout=30).stdout
 
 
-def test_backoff_counts_failures_and_a_clean_stop_clears_them(tmp_path):
+def _backoff_module():
     import importlib.machinery
     import importlib.util
 
     loader = importlib.machinery.SourceFileLoader("ironserve_backoff", str(BACKOFF))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader("ironserve_backoff", loader))
     loader.exec_module(module)
+    return module
+
+
+def test_backoff_counts_failures_and_a_clean_stop_clears_them(tmp_path):
+    module = _backoff_module()
     assert [module.delay(n) for n in range(10)] == [0, 0, 0, 15, 30, 60, 120, 240, 480, 600]
     assert module.delay(9, limit=450) == 450
     for _ in range(4):
         _backoff(tmp_path, "record", "u", result="exit-code")
     assert len(json.loads((tmp_path / "u.json").read_text())["failures"]) == 4
-    assert "4 failures within 1800s: waiting 1s" in _backoff(tmp_path, "wait", "u", "1")  # 30s, capped at 1
-    _backoff(tmp_path, "record", "u", result="success")  # systemctl stop/restart, a deploy
+    # an automatic restart (NRestarts 4): the crash loop waits (30s, capped at 1)
+    assert "4 failures within 1800s: waiting 1s" in _backoff(tmp_path, "wait", "u", "1", n_restarts="4")
+    # systemd cannot be asked: counted as automatic (bounded, never a storm)
+    assert "waiting 1s" in _backoff(tmp_path, "wait", "u", "1", n_restarts=None)
+    _backoff(tmp_path, "record", "u", result="success")  # a clean stop
     assert json.loads((tmp_path / "u.json").read_text())["failures"] == []
     assert _backoff(tmp_path, "wait", "u") == ""
     # old failures fall out of the window
     module.record("v", "signal", str(tmp_path), now=0.0)
     assert module.failures("v", str(tmp_path), now=module.WINDOW_S + 1) == []
+
+
+def test_deliberate_starts_never_wait_and_forget_the_failures(tmp_path):
+    """A group restart by the rank guard (SIGKILL: a failure to systemd), a follower joining rank 0's new group, a
+    deploy or rollback: systemd's NRestarts is 0 at their start (systemd resets it; ironserve.units.deliberate and
+    the guard run reset-failed first). Such a start never waits and clears the record; a crash loop still backs
+    off."""
+    for _ in range(6):  # earlier group restarts and crashes
+        _backoff(tmp_path, "record", "u", result="signal")
+    out = _backoff(tmp_path, "wait", "u", "1", n_restarts="0")
+    assert "started on purpose" in out and "waiting" not in out
+    assert json.loads((tmp_path / "u.json").read_text())["failures"] == []
+    # after it, a real crash loop starts counting from zero: FREE quick retries, then waits
+    waits = []
+    for n in range(1, 6):
+        _backoff(tmp_path, "record", "u", result="exit-code")
+        waits.append("waiting 1s" in _backoff(tmp_path, "wait", "u", "1", n_restarts=str(n)))
+    assert waits == [False, False, True, True, True]
+
+
+def test_deliberate_restarts_reset_systemds_count_first():
+    from ironserve.units import deliberate
+
+    assert deliberate("restart", "sglang-x") == ("systemctl reset-failed sglang-x.service 2>/dev/null; "
+                                                 "systemctl restart sglang-x.service")
+    with pytest.raises(AssertionError):
+        deliberate("stop", "sglang-x")
 
 
 def _ctx(host: str, **data):
