@@ -37,3 +37,8 @@ def apply(ctx: DeploymentContext) -> None:
     # the helpers (parse probe, ironserve-exec) were installed by sglang_service.apply on every host
     jit_cache_dirs(ctx)
     install_units(ctx, procs)
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """For `ironserve audit`: the router's own venv holds the pinned sglang-router."""
+    return uv_env.router_desired_runtime(ctx)

@@ -387,13 +387,9 @@ def router_runtime(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
-    """Every pinned package at its version in the venv, for `ironserve audit`."""
-    runtime = ctx.recipe.runtime
-    if not isinstance(runtime, UvRuntime):
-        return []
-    path = venv_path(ctx.recipe)
-    wanted = {name: version for name, (_, version) in pins(list(runtime.packages)).items()}
+def venv_check(path: str, packages: list[str]) -> dict:
+    """An audit check: every pinned package at its version in the venv at ``path``."""
+    wanted = {name: version for name, (_, version) in pins(packages).items()}
     names = json.dumps(sorted(wanted))
     script = ("import json, importlib.metadata as m\n"
               f"out = {{}}\nfor n in {names}:\n"
@@ -401,4 +397,20 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
               "    except m.PackageNotFoundError: out[n] = None\n"
               "print(json.dumps(out))")
     cmd = f"{path}/bin/python -c {shlex.quote(script)}"
-    return [{"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}]
+    return {"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """Every pinned package at its version in the venv, for `ironserve audit`."""
+    runtime = ctx.recipe.runtime
+    if not isinstance(runtime, UvRuntime):
+        return []
+    return [venv_check(venv_path(ctx.recipe), list(runtime.packages))]
+
+
+def router_desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
+    path = router_venv(ctx.recipe)
+    if not path or not any(p.role == "router" for p in ctx.processes):
+        return []
+    return [venv_check(path, [f"{ROUTER_DIST}=={ctx.recipe.engine.router}"])]

@@ -47,3 +47,16 @@ def test_recipes_without_a_router_need_no_router_venv():
     for recipe_id, recipe in catalogue.catalogue().items():
         if recipe.topology.router is None:
             assert router_venv(recipe) is None, recipe_id
+
+
+def test_audit_checks_the_router_venv_on_the_router_host_only():
+    from roles import router
+    from roles.context import build_context
+
+    hosts = [(f"gb{i}", {"hardware": "gb200", "ssh_hostname": f"10.0.0.{i + 1}", "nic": "eth0"}) for i in range(5)]
+    checks = {name: router.desired_runtime(build_context("glm5", name, hosts)) for name, _ in hosts}
+    with_router = [name for name, found in checks.items() if found]
+    assert len(with_router) == 1
+    (check,) = checks[with_router[0]]
+    assert check["id"] == "venv-packages:/opt/ironserve/venvs/sglang-router-0.3.2"
+    assert check["expected"] == {"sglang-router": "0.3.2"}
