@@ -99,12 +99,17 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
 
 def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None) -> list[Finding]:
     from .lint import lint_recipe
+    from .pins import resolve_findings
     from .render import render
 
     findings = lint_recipe(recipe, catalogue.hardware_profiles(), engine)
     version = engine or recipe.engine.check_version
     # with an inventory: its host data validated and the argv rendered for its hosts (addresses, paths, NICs)
-    rendered = render(recipe, _hosts_from(inventory), inventory or "inventory")
+    hosts = _hosts_from(inventory)
+    rendered = render(recipe, hosts, inventory or "inventory")
+    # do the runtime's pins resolve (against the indexes the inventory maps, when one is given)?
+    indexes = next((dict(h.data.get("package_indexes") or {}) for h in hosts or [] if h.data.get("package_indexes")), {})
+    findings += resolve_findings(recipe, catalogue.hardware_profiles(), offline=offline, package_indexes=indexes)
     if version and not offline:
         argvs = [p.argv for p in rendered.processes]
         parsed = [_where(f, recipe.id) for f in _parser_findings(version, argvs, recipe.engine.router)]

@@ -13,6 +13,7 @@ from typing import Callable
 
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, CommandError, parse_command
 from .findings import Finding, Severity
+from .pins import RULES as PIN_RULES
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
 from .spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
 
@@ -620,4 +621,6 @@ def rule_table() -> list[dict]:
             for k, v in RULES.items()]
     rows += [{"rule": k, "severity": v[0].value, "summary": v[1], "scope": "recipes", "source": "seed 000"}
              for k, v in RECIPE_RULES.items()]
+    rows += [{"rule": k, "severity": sev.value, "summary": summary, "scope": "uv runtimes of recipes (online)",
+              "source": source} for k, (sev, summary, source) in PIN_RULES.items()]
     return rows

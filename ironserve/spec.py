@@ -305,6 +305,11 @@ class UvRuntime(Strict):
     index_strategy: Literal["first-index", "unsafe-first-match", "unsafe-best-match"] | None = None
     prerelease: bool = False
     source_env: list[AbsPath] = Field(default_factory=list, description="scripts sourced before the engine starts")
+    overrides: list[str] = Field(default_factory=list, description="pins that replace every requirement on the "
+                                 "same package, the packages' own included (uv --overrides): a build whose published "
+                                 "metadata names another platform's dependencies (SGLang's NPU path)")
+    excludes: list[str] = Field(default_factory=list, description="distributions left out of resolution (uv "
+                                "--excludes): the CUDA-only dependencies a non-CUDA build never imports")
 
     @field_validator("index_url", "extra_index_urls")
     @classmethod
@@ -321,13 +326,31 @@ class UvRuntime(Strict):
             check_url(ref)
         return value
 
-    @field_validator("packages")
+    @field_validator("packages", "overrides", "excludes")
     @classmethod
-    def _pinned(cls, value: list[str]) -> list[str]:
+    def _pinned(cls, value: list[str], info) -> list[str]:
+        # excludes name distributions; packages and overrides pin them
+        names = info.field_name == "excludes"
+        pattern = r"[A-Za-z0-9][A-Za-z0-9_.\-]*" if names else r"[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+\-]+"
         for req in value:
-            if not re.match(r"^[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+\-]+$", req):
-                raise ValueError(f"package {req!r} is not pinned: write name==version")
+            if not re.fullmatch(pattern, req):
+                raise ValueError(f"exclude {req!r} is not a distribution name" if names else
+                                 f"package {req!r} is not pinned: write name==version")
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "UvRuntime":
+        # a package pinned at one version and overridden to another can never install as written
+        norm = lambda n: re.sub(r"[-_.]+", "-", n.split("[", 1)[0]).lower()  # noqa: E731
+        pinned = {norm(r.partition("==")[0]): r.partition("==")[2] for r in self.packages}
+        for req in self.overrides:
+            name, _, version = req.partition("==")
+            if norm(name) in pinned and pinned[norm(name)] != version:
+                raise ValueError(f"override {req!r} contradicts the pin {name}=={pinned[norm(name)]} of packages")
+        for name in self.excludes:
+            if norm(name) in pinned:
+                raise ValueError(f"exclude {name!r} is also pinned in packages: drop one of them")
+        return self
 
 
 Runtime = Annotated[Union[DockerRuntime, UvRuntime], Field(discriminator="kind")]
@@ -568,12 +591,14 @@ class Deviation(Strict):
 
     env: str | None = Field(None, description="env var added or changed")
     flag: str | None = Field(None, description="flag added or changed (full name)")
+    runtime: str | None = Field(None, description="runtime field chosen where the seed names no install "
+                                "(runtime.packages, runtime.overrides, ...)")
     reason: str
 
     @model_validator(mode="after")
     def _one(self) -> "Deviation":
-        if bool(self.env) == bool(self.flag):
-            raise ValueError("a deviation names exactly one env var or one flag")
+        if sum(bool(x) for x in (self.env, self.flag, self.runtime)) != 1:
+            raise ValueError("a deviation names exactly one env var, one flag or one runtime field")
         return self
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import json
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -24,6 +24,7 @@ TEMPLATES = files_dir() / "templates"
 ETC_DIR = "/etc/ironserve"
 UNIT_DIR = "/etc/systemd/system"
 VENV_ROOT = "/opt/ironserve/venvs"
+ROUTER_DIST = "sglang-router"
 JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
 # files/bin/ironserve-exec on the host (and mounted read-only at the same path in containers): it appends
 # --api-key from the environment to the engine's argv in-process, so the key never shows in `ps`.
@@ -82,6 +83,26 @@ def venv_path(recipe: Recipe) -> str:
     return f"{VENV_ROOT}/{recipe.id}-{digest[:12]}"
 
 
+def router_venv(recipe: Recipe) -> str | None:
+    """The router's own venv, where the engine runtime does not carry the pinned sglang-router: a docker runtime
+    (an engine image need not have sglang_router at all: the Dynamo runtime has not) or a uv runtime without the
+    pin. Holds only sglang-router==engine.router on the OS's python3 (its wheels are abi3), shared by the recipes
+    of that router version. None: the router runs in the engine's runtime (or the recipe pins no router version)."""
+    version = recipe.engine.router
+    if not version or recipe.topology.router is None:
+        return None
+    runtime = recipe.runtime
+    if isinstance(runtime, UvRuntime) and any(
+            re.sub(r"[-_.]+", "-", p.partition("==")[0]).lower() == ROUTER_DIST for p in runtime.packages):
+        return None
+    return f"{VENV_ROOT}/{ROUTER_DIST}-{version}"
+
+
+def in_container(recipe: Recipe, proc: Process) -> bool:
+    """Does this process run in the recipe's image (docker run), rather than from a venv on the host?"""
+    return isinstance(recipe.runtime, DockerRuntime) and not (proc.role == "router" and router_venv(recipe))
+
+
 def image_ref(recipe: Recipe) -> str:
     """The image the unit runs: the derived image when the recipe patches the pinned one."""
     runtime = recipe.runtime
@@ -133,6 +154,10 @@ def _runtime_argv(recipe: Recipe, proc: Process, api_key: bool) -> tuple[list[st
     runtime = recipe.runtime
     argv = with_key_launcher(proc) if api_key else list(proc.argv)
     sourced = runtime.source_env
+    if proc.role == "router" and router_venv(recipe):
+        # the router needs neither the accelerator stack's env scripts nor the engine's image
+        argv[0] = f"{router_venv(recipe)}/bin/{argv[0]}"
+        return [], argv
     if isinstance(runtime, UvRuntime):
         bin_dir = f"{venv_path(recipe)}/bin"
         argv[0] = f"{bin_dir}/{argv[0]}"
@@ -342,7 +367,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         proc=proc,
         exec_start=" ".join(_systemd_quote(a) for a in argv),
         env_file=env_path(proc),
-        is_docker=isinstance(recipe.runtime, DockerRuntime),
+        is_docker=in_container(recipe, proc),
         memlock=_limit(tuning.limits.memlock),
         stack=_limit(tuning.limits.stack),
         nofile=_limit(tuning.limits.nofile),

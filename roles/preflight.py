@@ -21,6 +21,9 @@ Checks (custom operations, evaluated from facts at plan time and again at execut
   planning. A host whose driver does not answer yet defers it; roles/imex.py runs it again strictly after the
   driver install, before IMEX is configured.
 
+- ``uv_env.python_available`` (uv runtimes): the venv's Python can be had on this host without the internet where
+  the host has none (roles/uv_env.py).
+
 Every failure raises ``OperationError`` with one line per problem: host, what, expected, found, fix.
 
 Host data:
@@ -37,6 +40,7 @@ from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ironserve import catalogue
+from roles import uv_env
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -441,3 +445,8 @@ def apply(ctx: DeploymentContext) -> None:
         check_devices_of(ctx, defer_if_absent=True)
     # a host of another NVLink clique is refused here, before any change (once its driver answers)
     check_nvlink_clique(ctx, strict=False)
+    # a uv runtime's interpreter: the OS's, a mirror's, or a refusal now rather than a raw download error later
+    for venv, runtime in uv_env.venvs_of(ctx):
+        uv_env.python_available(name=f"Python {runtime.python} for {venv}", recipe_id=ctx.recipe.id,
+                                python=runtime.python, venv=venv, air_gapped=bool(ctx.host.pip_index_url),
+                                mirror=ctx.host.uv_python_install_mirror)

@@ -10,6 +10,10 @@ With an API key for the engines (host data ``api_key_file``, or the recipe's ``s
 router's env file holds the same key and its unit runs through ironserve-exec: sglang-router sends it to the
 workers it was started with and requires it from its own clients (``/health``, ``/readiness`` stay public).
 
+Runtime: the engine's, when it carries the recipe's pinned sglang-router (engine.router); else the router's own
+venv (roles/uv_env.router_runtime: sglang-router==engine.router on the OS's python3), whose python3 also parses
+the router's argv. The Dynamo runtime image of the GB200 recipe has no sglang_router at all.
+
 No host data of its own; the router's placement, port and policy come from the recipe (topology.router) and
 the inventory (a host with ``ironserve_role=router`` for ``host_placement: dedicated``).
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
+from roles import uv_env
 from roles.context import DeploymentContext
 from roles.sglang_service import install_units, jit_cache_dirs
 
@@ -27,6 +32,13 @@ def apply(ctx: DeploymentContext) -> None:
     procs = [p for p in ctx.processes if p.role == "router"]
     if not procs:
         return
+    # the router's own runtime where the engine's lacks the pinned sglang-router (ironserve.units.router_venv)
+    uv_env.router_runtime(ctx)
     # the helpers (parse probe, ironserve-exec) were installed by sglang_service.apply on every host
     jit_cache_dirs(ctx)
     install_units(ctx, procs)
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """For `ironserve audit`: the router's own venv holds the pinned sglang-router."""
+    return uv_env.router_desired_runtime(ctx)

@@ -46,8 +46,8 @@ from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, ETC_DIR, JIT_CACHE_ROOT, KEY_ENV,
                              KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, WILDCARD, container_command, exec_argv,
-                             image_ref, jit_dir, rank_guard_files, sha256_text, sourcing_script, staged_path,
-                             unit_files, venv_path)
+                             image_ref, in_container, jit_dir, rank_guard_files, router_venv, sha256_text,
+                             sourcing_script, staged_path, unit_files, venv_path)
 from roles.context import DeploymentContext
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
@@ -77,6 +77,9 @@ def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
     kind, args = parse_kind(proc), proc.engine_args
     runtime = recipe.runtime
     sourced = runtime.source_env
+    if proc.role == "router" and router_venv(recipe):
+        # the router's own runtime (the engine's image or venv lacks the pinned sglang-router): probed there
+        return [f"{router_venv(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
     if isinstance(runtime, DockerRuntime):
         core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
         run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
@@ -248,7 +251,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
                 op = files.put(name=f"{live} (staged)", src=StringIO(text), dest=staged_path(live), mode=mode,
                                user="root", group="root")
             ctx.changes.record_unit_change(proc.unit, op)
-        if isinstance(recipe.runtime, DockerRuntime):
+        if in_container(recipe, proc):
             api_key = any(k in secrets for k in KEY_ENV)
             ctx.changes.record_container(proc.unit, image_ref(recipe),
                                          container_command(recipe, proc, api_key=api_key),

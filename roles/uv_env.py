@@ -16,6 +16,14 @@ Host data (defaults in brackets):
 - ``uv_python_install_mirror`` [none]: UV_PYTHON_INSTALL_MIRROR, where uv fetches a managed Python when the
   host has no interpreter of the recipe's version (air-gapped clusters)
 
+Interpreters: the OS's Python when its version is the recipe's ``runtime.python``; else, on an air-gapped host
+(``pip_index_url`` set), a managed Python from ``uv_python_install_mirror``; else ``python_available`` (run by
+the preflight, before anything changes) refuses the host, naming host, version and both fixes. uv never tries the
+internet for an interpreter on an air-gapped host (UV_PYTHON_DOWNLOADS=never there without a mirror).
+
+Overrides and excludes (``runtime.overrides``, ``runtime.excludes``) go to ``uv pip install --overrides/--excludes``
+from files in the venv, exactly what lint's resolution check passes (ironserve/pins.py).
+
 Idempotent where pyinfra's uv.venv is not: the venv is created only when missing or of another Python
 (major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs (an
 install a killed run left unfinished, in a venv no unit runs yet).
@@ -31,13 +39,13 @@ import shlex
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FactBase, deploy, operation
+from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import STAGED_DIR, UNIT_DIR, venv_path
+from ironserve.units import ROUTER_DIST, STAGED_DIR, UNIT_DIR, router_venv, venv_path
 from roles.common import run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
@@ -49,6 +57,9 @@ UV_BIN = "/usr/local/bin/uv"
 UV_ROOT = "/opt/ironserve/uv"
 PYPI_SIMPLE = "https://pypi.org/simple"
 REQUIREMENTS_NAME = "ironserve-requirements.txt"
+OS_PYTHON = "/usr/bin/python3"  # the OS's interpreter, whatever its version (the router's venv)
+OVERRIDES_NAME = "ironserve-overrides.txt"
+EXCLUDES_NAME = "ironserve-excludes.txt"
 
 # prints {"python": "3.12.3", "packages": {normalized name: version}} with the venv's own interpreter
 _VENV_SCRIPT = (
@@ -108,6 +119,8 @@ def requirements_text(recipe_id: str, runtime: UvRuntime, idx: list[str]) -> str
     lines += [f"# {' '.join(idx[i:i + 2])}" for i in range(0, len(idx), 2)]
     if runtime.prerelease:
         lines.append("# --prerelease allow")
+    lines += [f"# --overrides: {' '.join(runtime.overrides)}"] if runtime.overrides else []
+    lines += [f"# --excludes: {' '.join(runtime.excludes)}"] if runtime.excludes else []
     return "\n".join(lines + list(runtime.packages)) + "\n"
 
 
@@ -117,7 +130,71 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " "
 
 
+def interpreter_problems(host_name: str, recipe_id: str, python: str, found: list[str], air_gapped: bool,
+                         mirror: str | None) -> list[str]:
+    """Why the venv's interpreter cannot be had on this host ([] when it can): the OS's (or an installed managed)
+    Python of that version, a mirror to install one from, or a host that may download it."""
+    if python in found or mirror or not air_gapped:
+        return []
+    have = ", ".join(sorted(set(found))) or "none"
+    return [f"{host_name}: recipe {recipe_id} needs Python {python} (runtime.python); this air-gapped host "
+            f"(pip_index_url is set) has Python {have} and uv cannot download an interpreter here. Fix: install "
+            f"python{python} from the OS's packages (the OS's Python is used when it matches), or set host data "
+            "uv_python_install_mirror to a mirror of uv's Python downloads (python-build-standalone releases)"]
+
+
+def uv_env(air_gapped: bool, python_mirror: str | None, index_mirror: str | None) -> dict[str, str]:
+    """Environment of the uv commands: the mirrors, and no interpreter download attempt where none can succeed."""
+    env = {}
+    if python_mirror:
+        env["UV_PYTHON_INSTALL_MIRROR"] = python_mirror
+    elif air_gapped:
+        env["UV_PYTHON_DOWNLOADS"] = "never"
+    if index_mirror:
+        # uv venv may resolve seed packages; keep even that on the mirror
+        env["UV_INDEX_URL"] = index_mirror
+    return env
+
+
+def resolution_files(path: str, runtime: UvRuntime) -> dict[str, str]:
+    """{file in the venv: text} for uv's --overrides / --excludes (none when the runtime has neither)."""
+    out = {}
+    if runtime.overrides:
+        out[f"{path}/{OVERRIDES_NAME}"] = "".join(f"{x}\n" for x in runtime.overrides)
+    if runtime.excludes:
+        out[f"{path}/{EXCLUDES_NAME}"] = "".join(f"{x}\n" for x in runtime.excludes)
+    return out
+
+
+def resolution_args(path: str, runtime: UvRuntime) -> list[str]:
+    args = []
+    if runtime.overrides:
+        args += ["--overrides", f"{path}/{OVERRIDES_NAME}"]
+    if runtime.excludes:
+        args += ["--excludes", f"{path}/{EXCLUDES_NAME}"]
+    return args
+
+
 # --------------------------------------------------------------------------- facts
+
+
+class HostPythons(FactBase):
+    """major.minor of every interpreter uv can use without downloading one: the OS's python3.X executables and
+    the managed Pythons uv installed for root."""
+
+    def command(self):
+        return ("for p in /usr/bin/python3.* /usr/local/bin/python3.*; do case \"$p\" in *[0-9]) [ -x \"$p\" ] && "
+                "\"$p\" -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null;; esac; done; "
+                "ls -d /root/.local/share/uv/python/cpython-3.* 2>/dev/null; true")
+
+    def process(self, output):
+        found = []
+        for line in output:
+            m = re.search(r"(?:^|cpython-)(3\.[0-9]+)", line.strip().rsplit("/", 1)[-1])
+            if m and m.group(1) not in found:
+                found.append(m.group(1))
+        return found
+
 
 
 class UvVersion(FactBase):
@@ -172,6 +249,22 @@ class VenvsInUse(FactBase):
 
 
 @operation()
+def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, mirror: str | None = None):
+    """The venv's interpreter can be had without the internet where the host has none (checked before any change)."""
+    have = host.get_fact(VenvPackages, path=venv)
+    if have and ".".join(have["python"].split(".")[:2]) == python:
+        host.noop(f"venv {venv} has Python {have['python']}")
+        return
+    problems = interpreter_problems(host.name, recipe_id, python, host.get_fact(HostPythons) or [], air_gapped,
+                                    mirror)
+    if problems:
+        raise OperationError("\n".join(problems))
+    host.noop(f"Python {python} for {recipe_id}: available")
+    return
+    yield  # a generator that changes nothing
+
+
+@operation()
 def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: str | None = None):
     """/usr/local/bin/uv at the pinned version, from a tarball on the mirror or from the package index."""
     have = host.get_fact(UvVersion)
@@ -194,7 +287,7 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
 def venv_present(path: str, python: str, env: dict[str, str] | None = None):
     """A venv at ``path`` with Python ``python`` (major.minor); recreated when it has another Python."""
     have = host.get_fact(VenvPackages, path=path)
-    if have and ".".join(have["python"].split(".")[:2]) == python:
+    if have and (python == OS_PYTHON or ".".join(have["python"].split(".")[:2]) == python):
         host.noop(f"venv {path} has Python {have['python']}")
         return
     if have:
@@ -231,17 +324,15 @@ def unused_venvs_removed(root: str, recipe_id: str, keep: str):
 # --------------------------------------------------------------------------- deploy
 
 
-@deploy("uv runtime")
-def apply(ctx: DeploymentContext) -> None:
+def venvs_of(ctx: DeploymentContext) -> list[tuple[str, UvRuntime]]:
+    """The recipe venvs this host gets, with their runtimes (the router's own venv runs the OS's python3)."""
     runtime = ctx.recipe.runtime
-    assert isinstance(runtime, UvRuntime)
+    return [(venv_path(ctx.recipe), runtime)] if isinstance(runtime, UvRuntime) else []
+
+
+def uv_present(ctx: DeploymentContext, env: dict[str, str]) -> None:
+    """/usr/local/bin/uv at the pinned version (from the mirror's tarball, or pip from the package index)."""
     mirror = ctx.host.pip_index_url
-    env = {}
-    if ctx.host.uv_python_install_mirror:
-        env["UV_PYTHON_INSTALL_MIRROR"] = ctx.host.uv_python_install_mirror
-    if mirror:
-        # uv venv may resolve seed packages; keep even that on the mirror
-        env["UV_INDEX_URL"] = mirror
     if not ctx.host.uv_url:
         # uv comes from the package index through pip; Debian's python3 has no pip module without this.
         # A fresh host may never have fetched its apt lists (or has stale ones): update only while it is missing
@@ -250,12 +341,23 @@ def apply(ctx: DeploymentContext) -> None:
         apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
     uv_installed(name=f"uv {ctx.host.uv_version}", version=ctx.host.uv_version,
                  index_url=mirror, url=ctx.host.uv_url)
+
+
+@deploy("uv runtime")
+def apply(ctx: DeploymentContext) -> None:
+    runtime = ctx.recipe.runtime
+    assert isinstance(runtime, UvRuntime)
+    mirror = ctx.host.pip_index_url
+    env = uv_env(bool(mirror), ctx.host.uv_python_install_mirror, mirror)
+    uv_present(ctx, env)
     path = venv_path(ctx.recipe)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
     idx = index_args(runtime, mirror, ctx.host.package_indexes)
     created = venv_present(name=f"venv {path} (Python {runtime.python})", path=path, python=runtime.python, env=env)
+    for dest, text in resolution_files(path, runtime).items():
+        files.put(name=f"venv {dest.rsplit('/', 1)[1]}", src=StringIO(text), dest=dest, mode="644")
     installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
-                              args=install_args(runtime, idx), env=env)
+                              args=install_args(runtime, idx) + resolution_args(path, runtime), env=env)
     files.put(name="venv requirements record", src=StringIO(requirements_text(ctx.recipe.id, runtime, idx)),
                        dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
     ctx.changes.record_runtime_change(created, installed)
@@ -264,16 +366,30 @@ def apply(ctx: DeploymentContext) -> None:
     unused_venvs_removed(name=f"unused venvs of {ctx.recipe.id} removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 
+@deploy("router runtime")
+def router_runtime(ctx: DeploymentContext) -> None:
+    """The router's own venv (ironserve.units.router_venv): sglang-router at the recipe's pin on the OS's
+    python3, where the engine's runtime lacks it. Unversioned by digest: it holds exactly one pinned package."""
+    path = router_venv(ctx.recipe)
+    if not path or not any(p.role == "router" for p in ctx.processes):
+        return
+    mirror = ctx.host.pip_index_url
+    env = uv_env(bool(mirror), ctx.host.uv_python_install_mirror, mirror)
+    uv_present(ctx, env)
+    files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
+    created = venv_present(name=f"router venv {path}", path=path, python=OS_PYTHON, env=env)
+    installed = venv_packages(name=f"router venv {path} packages", path=path,
+                              packages=[f"{ROUTER_DIST}=={ctx.recipe.engine.router}"],
+                              args=["--index-url", mirror] if mirror else [], env=env)
+    ctx.changes.record_runtime_change(created, installed)
+
+
 # --------------------------------------------------------------------------- audit
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
-    """Every pinned package at its version in the venv, for `ironserve audit`."""
-    runtime = ctx.recipe.runtime
-    if not isinstance(runtime, UvRuntime):
-        return []
-    path = venv_path(ctx.recipe)
-    wanted = {name: version for name, (_, version) in pins(list(runtime.packages)).items()}
+def venv_check(path: str, packages: list[str]) -> dict:
+    """An audit check: every pinned package at its version in the venv at ``path``."""
+    wanted = {name: version for name, (_, version) in pins(packages).items()}
     names = json.dumps(sorted(wanted))
     script = ("import json, importlib.metadata as m\n"
               f"out = {{}}\nfor n in {names}:\n"
@@ -281,4 +397,20 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
               "    except m.PackageNotFoundError: out[n] = None\n"
               "print(json.dumps(out))")
     cmd = f"{path}/bin/python -c {shlex.quote(script)}"
-    return [{"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}]
+    return {"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}
+
+
+def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """Every pinned package at its version in the venv, for `ironserve audit`."""
+    runtime = ctx.recipe.runtime
+    if not isinstance(runtime, UvRuntime):
+        return []
+    return [venv_check(venv_path(ctx.recipe), list(runtime.packages))]
+
+
+def router_desired_runtime(ctx: DeploymentContext) -> list[dict]:
+    """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
+    path = router_venv(ctx.recipe)
+    if not path or not any(p.role == "router" for p in ctx.processes):
+        return []
+    return [venv_check(path, [f"{ROUTER_DIST}=={ctx.recipe.engine.router}"])]

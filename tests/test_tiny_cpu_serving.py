@@ -21,6 +21,7 @@ import pytest
 
 from ironserve import catalogue
 from ironserve.lab import cpu_runtime, tiny_model
+from ironserve.lab.wheels import _record_hash
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -156,7 +157,7 @@ def test_shim_wheel_is_byte_stable_and_complete(tmp_path):
         for line in record:
             name, digest, size = line.split(",")
             if digest:
-                assert digest == cpu_runtime._record_hash(zf.read(name)) and int(size) == len(zf.read(name))
+                assert digest == _record_hash(zf.read(name)) and int(size) == len(zf.read(name))
 
 
 def _shim_python(code: str) -> subprocess.CompletedProcess:

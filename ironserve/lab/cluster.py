@@ -21,9 +21,11 @@ from .system import LabError, ensure_tools, require_root, run, say, wait_for
 DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", "curl", "gpg", "python3-pip"]
 # Wheel requirement sets published to the lab index on every `up`, each resolved on its own
 # (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version;
-# uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given).
+# uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given;
+# sglang-router: the routers' own venv where the engine image lacks it, roles/uv_env.router_runtime).
 UV_VERSION = "0.13.9"
-DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82", f"uv=={UV_VERSION}"]
+DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82", f"uv=={UV_VERSION}",
+                  f"sglang-router=={cpu_runtime.ROUTER_VERSION}"]
 # cpu-lab: the generated model's directory under the lab's model_root (recipes/tiny-cpu.yaml model.path's name)
 TINY_MODEL = "tiny-llama"
 

@@ -43,7 +43,6 @@ That is product configuration of the ``tiny-cpu`` recipe (``env``), not a shim.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -51,8 +50,9 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
+
+from .wheels import write_wheel
 
 SGLANG_VERSION = "0.5.23"
 ROUTER_VERSION = "0.3.2"
@@ -184,19 +184,12 @@ def shim_files() -> dict[str, bytes]:
     return out
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
 def shim_wheel_name() -> str:
     return f"{SHIM_DIST.replace('-', '_')}-{SHIM_VERSION}-py3-none-any.whl"
 
 
 def build_shim_wheel(dest: str | os.PathLike) -> Path:
     """Build ``ironserve_lab_cpu_shims-<version>-py3-none-any.whl`` into ``dest`` (stdlib only, byte-stable)."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    dist_info = f"{SHIM_DIST.replace('-', '_')}-{SHIM_VERSION}.dist-info"
     readme = (SHIM_SOURCE / "README.md").read_text()
     metadata = (
         "Metadata-Version: 2.1\n"
@@ -207,25 +200,8 @@ def build_shim_wheel(dest: str | os.PathLike) -> Path:
         "Requires-Python: >=3.10\n"
         "Description-Content-Type: text/markdown\n\n" + readme
     )
-    members = dict(shim_files())
-    members[f"{dist_info}/METADATA"] = metadata.encode()
-    members[f"{dist_info}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: ironserve.lab.cpu_runtime\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    ).encode()
-    members[f"{dist_info}/top_level.txt"] = "".join(f"{p}\n" for p in SHIM_PACKAGES).encode()
-    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in members.items())
-    record += f"{dist_info}/RECORD,,\n"
-    members[f"{dist_info}/RECORD"] = record.encode()
-    target = dest / shim_wheel_name()
-    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name, data in members.items():
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, data)
-    os.replace(tmp, target)
-    return target
+    return write_wheel(dest, SHIM_DIST, SHIM_VERSION, shim_files(), metadata, list(SHIM_PACKAGES),
+                       generator="ironserve.lab.cpu_runtime")
 
 
 # --------------------------------------------------------------------------- the wheelhouse

@@ -29,9 +29,9 @@ IMAGE = "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     hosts, api_key_file = labcli.up_with_api_key(tmp_path_factory, 5, "gb200", timeout=2400)
-    # parse_check=false: the router unit runs in the engine's image, and the Dynamo runtime image has no
-    # sglang_router (the recipe's notes say so; the parse check refuses it, rightly): a recipe gap outside this test
-    data = ["--data", f"api_key_file={api_key_file}", "--data", "parse_check=false"]
+    # the router runs (and is probed) in its own venv with the pinned sglang-router: the Dynamo runtime image has
+    # no sglang_router (roles/uv_env.router_runtime)
+    data = ["--data", f"api_key_file={api_key_file}"]
     try:
         pyinfra("-y", "deploys/glm5.py", *data, timeout=2400)
         yield {"hosts": hosts, "data": data}

@@ -1,0 +1,70 @@
+"""Stand-in wheels: the real names, versions and dependencies of builds no machine here can use (CUDA, NPU).
+
+A stand-in wheel carries the published metadata of its distribution (``Name``, ``Version``, ``Requires-Dist``,
+``Requires-Python``) and an importable placeholder package, nothing else: a resolver sees exactly what it sees on
+the real index, so a pin set that does not resolve there does not resolve against the lab's index either, and an
+install that needs a missing dependency fails the same way. Byte-stable (fixed timestamps), stdlib only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import zipfile
+from pathlib import Path
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def wheel_name(name: str, version: str, tag: str = "py3-none-any") -> str:
+    return f"{re.sub(r'[-_.]+', '_', name)}-{version}-{tag}.whl"
+
+
+def write_wheel(dest: str | os.PathLike, name: str, version: str, members: dict[str, bytes], metadata: str,
+                top_level: list[str], tag: str = "py3-none-any", generator: str = "ironserve.lab.wheels") -> Path:
+    """Write a wheel of ``members`` ({path in the wheel: bytes}) with its dist-info (METADATA text as given, WHEEL,
+    top_level.txt, RECORD), byte-stable, atomically (a temporary file renamed into place)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    dist_info = f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+    members = dict(members)
+    members[f"{dist_info}/METADATA"] = metadata.encode()
+    members[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: true\n"
+                                     f"Tag: {tag}\n").encode()
+    members[f"{dist_info}/top_level.txt"] = "".join(f"{t}\n" for t in top_level).encode()
+    record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in members.items()) + f"{dist_info}/RECORD,,\n"
+    members[f"{dist_info}/RECORD"] = record.encode()
+    target = dest / wheel_name(name, version, tag)
+    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for member, data in members.items():
+            info = zipfile.ZipInfo(member, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    os.replace(tmp, target)
+    return target
+
+
+def build_wheel(dest: str | os.PathLike, name: str, version: str, requires: list[str] | tuple = (),
+                requires_python: str | None = None, tag: str = "py3-none-any", package: str | None = None,
+                files: dict[str, bytes] | None = None) -> Path:
+    """A stand-in wheel of ``name`` ``version`` whose metadata requires ``requires`` (PEP 508 strings, markers
+    included). ``package`` is the import name of its placeholder module (default: the name with ``_``); ``files``
+    adds or replaces files ({path in the wheel: bytes})."""
+    module = package or re.sub(r"[-_.]+", "_", name).lower()
+    members: dict[str, bytes] = {
+        f"{module}/__init__.py": (f'"""ironserve lab stand-in of {name} {version}: its metadata, none of its code."""\n'
+                                  f"__version__ = {version!r}\n").encode(),
+    }
+    members.update(files or {})
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+                f"Summary: ironserve lab stand-in of {name} (real metadata, no code)"]
+    if requires_python:
+        metadata.append(f"Requires-Python: {requires_python}")
+    metadata += [f"Requires-Dist: {r}" for r in requires]
+    return write_wheel(dest, name, version, members, "\n".join(metadata) + "\n", [module], tag)

@@ -1,0 +1,56 @@
+"""The recipe matrix: every seed recipe of the catalogue, on lab hosts of its first hardware profile, exactly as many
+as it places. Read by the lab test (tests/e2e/test_recipe_matrix_lab.py) and by the offline check of the README's
+recipe table (tests/test_recipe_matrix.py), so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ironserve import catalogue
+from ironserve.render import render
+
+# model family -> the deploy that serves it
+DEPLOYS = {"glm5": "deploys/glm5.py", "glm5.1": "deploys/glm51.py", "kimi-k2.5": "deploys/kimi_k25.py",
+           "qwen3.5": "deploys/qwen35.py", "minimax-m2.5": "deploys/minimax_m2.py", "llama3": "deploys/llama3.py"}
+
+# Seed recipes the lab cannot deploy yet, and why (the README's recipe table says so too). Each entry is a gap of
+# the lab's supply, not of the recipe: removing it puts the recipe into the matrix.
+NOT_IN_LAB = {
+    **{rid: "the lab index does not yet serve SGLang's Ascend runtime (sglang 0.5.10.post1 with its dependencies, "
+            "stand-in torch 2.8.0 / torch-npu / triton-ascend / memfabric-hybrid wheels); its pins resolve (lint)"
+       for rid in catalogue.catalogue() if rid.startswith("glm5.1-")},
+    "minimax-m2.5-nvfp4-rtx6000-tp2": "Python 3.12 on an air-gapped Debian bookworm host: no real 3.12 build reaches "
+                                      "the lab (the deploy refuses it before any change, tested); CUDA-index wheels",
+    "llama3-8b-multinode-tp4": "Python 3.12 on an air-gapped Debian bookworm host (as minimax)",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    recipe: str
+    hardware: str
+    hosts: int
+    deploy: str
+    runtime: str
+
+    @property
+    def shape(self) -> tuple[str, int]:
+        return self.hardware, self.hosts
+
+
+def seed_recipes() -> list[str]:
+    """Every catalogue recipe that reproduces a seed (the tiny CPU ones are the lab's own)."""
+    return sorted(rid for rid, r in catalogue.catalogue().items() if "cpu-lab" not in r.hardware)
+
+
+def entry(recipe_id: str) -> Entry:
+    recipe = catalogue.get_recipe(recipe_id)
+    hosts = len({p.host for p in render(recipe).processes})
+    return Entry(recipe_id, recipe.hardware[0], hosts, DEPLOYS[recipe.model.family], recipe.runtime.kind)
+
+
+def matrix() -> list[Entry]:
+    """The recipes the lab deploys, grouped by shape (hardware, hosts) so each shape's hosts boot once."""
+    entries = [entry(r) for r in seed_recipes() if r not in NOT_IN_LAB]
+    return sorted(entries, key=lambda e: (e.shape, e.recipe))

@@ -1,0 +1,40 @@
+"""The recipe matrix (tests/recipe_matrix.py) covers every seed recipe, and the README's recipe table says which were
+deployed in the lab (tests/e2e/test_recipe_matrix_lab.py deploys them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ironserve import catalogue
+
+from .recipe_matrix import NOT_IN_LAB, entry, matrix, seed_recipes
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_every_seed_recipe_is_in_the_matrix_or_says_why_not():
+    recipes = seed_recipes()
+    assert len(recipes) == 21
+    assert set(NOT_IN_LAB) <= set(recipes)
+    assert {e.recipe for e in matrix()} | set(NOT_IN_LAB) == set(recipes)
+
+
+def test_shapes_place_exactly_the_recipes_hosts():
+    assert entry("glm5-nvfp4-gb200-disagg").shape == ("gb200", 5)
+    assert entry("glm5.1-w4a8-a3-4p1d-48-64k-prefix90").shape == ("atlas-800i-a3", 6)
+    assert entry("qwen3.5-nvfp4-rtx6000-tp8-mtp").shape == ("rtx6000-pro-maxq", 1)
+    assert entry("llama3-8b-multinode-tp4").shape == ("rtx6000-pro", 2)
+
+
+def test_readme_recipe_table_says_which_were_deployed_in_the_lab():
+    rows = {}
+    for line in README.read_text().splitlines():
+        m = re.match(r"^\| `([^`]+)` \|(.*)\|$", line)
+        if m and m.group(1) in catalogue.catalogue():
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
+    assert set(rows) == set(seed_recipes()), "the README's recipe table lists every seed recipe"
+    for recipe, cells in rows.items():
+        e = entry(recipe)
+        assert cells[0] == f"{e.hardware} x{e.hosts}", recipe
+        assert cells[-1].startswith("no" if recipe in NOT_IN_LAB else "yes"), (recipe, cells[-1])
