@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from collections import Counter
 from importlib import import_module
 from pathlib import Path
@@ -98,7 +99,7 @@ class Request:
         text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         if needs:
             needs = needs.get_raw_value() if isinstance(needs, StringCommand) else str(needs)
-            text = (f"if command -v {needs} >/dev/null 2>&1; then ( {text} ); "
+            text = (f"if command -v {shlex.quote(needs)} >/dev/null 2>&1; then ( {text} ); "
                     f"else echo '{_MISSING_COMMAND_MARKER}'; fi")
         return text
 
