@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .commandline import SECRET_NAME, SECRET_VALUE
 from .spec import Benchmark, Expected, Recipe
 
 MIN_RATIO = 0.8
@@ -82,6 +83,14 @@ def compare(expected: Expected, result: dict) -> list[Row]:
     if not rows:
         rows = [Row(m, measured[m][0], "-", None) for m in ("total_output_tok_s", "input_tok_s", "tpot_ms", "ttft_ms")]
     return rows
+
+
+def public_result(result: dict) -> dict:
+    """bench_serving's result without anything secret (a field named like a key or token, or a value shaped like
+    one): what the bench report keeps and prints. bench_serving gets the key from its environment and does not
+    write it today; this keeps a future version echoing its arguments out of the report."""
+    return {k: v for k, v in result.items()
+            if not SECRET_NAME.search(k) and not (isinstance(v, str) and SECRET_VALUE.match(v.strip()))}
 
 
 def report(recipe: Recipe, result: dict, min_ratio: float = MIN_RATIO) -> tuple[str, bool]:

@@ -35,6 +35,15 @@ KEY_ENV = (API_KEY_ENV, API_KEY_FILE_ENV)
 HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
+# uv-runtime engines and routers run as this dedicated system user (roles/sglang_service.py creates it), never as
+# root; a docker unit runs the docker client, which needs root (the container's user is the image's)
+ENGINE_USER = "ironserve-engine"  # not the operators' login user (the lab's ssh user is named ironserve)
+# the groups that open each kind of accelerator's device nodes to a non-root user: NVIDIA's render nodes (/dev/dri)
+# and video devices; Ascend's /dev/davinci*, /dev/devmm_svm and /dev/hisi_hdc (0660, the driver's own group)
+DEVICE_GROUPS = {None: ("video", "render"), "cuda": ("video", "render"), "npu": ("HwHiAiUser",), "cpu": ()}
+# the credential name under which systemd hands a host key file (the recipe's server.api_key_file, 0600 root) to
+# the engine user ($CREDENTIALS_DIRECTORY/ironserve-api-key, read by ironserve-exec)
+API_KEY_CREDENTIAL = "ironserve-api-key"
 # files/bin/ironserve-backoff: restart backoff of engine and guard units on every systemd version
 BACKOFF = "/usr/local/lib/ironserve/ironserve-backoff"
 BACKOFF_DIR = "/run/ironserve/backoff"  # its records (the script's STATE_DIR)
@@ -268,6 +277,20 @@ class RankGuardFiles:
 WILDCARD = ("0.0.0.0", "::", "[::]")  # a --host serving every network
 
 
+def runs_as_user(recipe: Recipe, proc: Process) -> bool:
+    """Whether the unit of this process runs as ENGINE_USER: everything run from a venv on the host (a docker
+    unit runs the docker client, which needs root)."""
+    return not in_container(recipe, proc)
+
+
+def device_groups(recipe: Recipe, proc: Process) -> tuple[str, ...]:
+    """The supplementary groups the engine user needs for this process's accelerators (none for the router)."""
+    if proc.role == "router" or not runs_as_user(recipe, proc):
+        return ()
+    device = recipe.group_server(recipe.topology.groups[proc.group]).device
+    return DEVICE_GROUPS.get(device, DEVICE_GROUPS[None])
+
+
 def deliberate(verb: str, unit: str) -> str:
     """The shell command of a start or restart asked for on purpose (a deploy, a rollback, a repair) of an engine or
     router unit: ``systemctl reset-failed`` first sets systemd's count of automatic restarts (NRestarts) back to 0,
@@ -376,11 +399,15 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         jit_root=JIT_CACHE_ROOT,
         protect_home=protect_home(proc),
         backoff=BACKOFF,
-        backoff_dir=BACKOFF_DIR,
         # the backoff's wait counts against TimeoutStartSec: keep it well inside
         backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),
         rank_guard=f"{rank_guard_unit(proc)}.service" if proc.in_rank_group else None,
         start_timeout=recipe.health_timeout_s,
+        user=ENGINE_USER if runs_as_user(recipe, proc) else None,
+        groups=device_groups(recipe, proc),
+        key_file=(secrets or {}).get(API_KEY_FILE_ENV, "").replace("%", "%%"),
+        key_credential=API_KEY_CREDENTIAL,
+        low_port=bool(proc.port and proc.port < 1024),
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
 

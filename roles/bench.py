@@ -93,6 +93,7 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
             continue
     if not result:
         raise RuntimeError("bench_serving gave no result:\n" + "\n".join(log[-40:]))
+    result = bench.public_result(result)
     text, passed = bench.report(ctx.recipe, result, ctx.host.bench_min_ratio)
     print(text, flush=True)
     host.log_styled(text, fg="green" if passed else "red")

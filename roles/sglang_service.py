@@ -22,6 +22,11 @@ machinery), staged:
   by the venv's python3, or ``docker run --rm --entrypoint python3`` in the image). A rejected argv stops the
   deploy with the parser's message. The probe runs only when the unit or the runtime changed: a marker holding
   the sha256 of (ExecStart argv, runtime) is kept in /var/lib/ironserve/parse-ok/<unit>;
+- the engine user (ironserve.units.ENGINE_USER): uv-runtime engines and routers run as this system user, never
+  root, with the device groups of their accelerators (video/render for NVIDIA GPUs, the Ascend driver's group);
+  it owns its JIT directory, while the env files and secrets stay 0600 root (systemd reads them; a host key file
+  reaches the engine as a systemd credential). Docker units run the docker client as root, confined as far as
+  the client allows;
 - nothing is reloaded, enabled or started here (roles/launch.py does, once every host converged).
 
 Host data (defaults in brackets): ``api_key_file`` [none], ``parse_check`` [true] (false skips the probe, e.g. for
@@ -39,15 +44,16 @@ from io import StringIO
 
 from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
-from pyinfra.operations import files
+from pyinfra.operations import files, server
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, ETC_DIR, JIT_CACHE_ROOT, KEY_ENV,
-                             KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, WILDCARD, container_command, exec_argv,
-                             image_ref, in_container, jit_dir, rank_guard_files, router_venv, sha256_text,
-                             sourcing_script, staged_path, unit_files, venv_path)
+from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, DEVICE_GROUPS, ENGINE_USER, ETC_DIR,
+                             JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, WILDCARD,
+                             container_command, device_groups, exec_argv, image_ref, in_container, jit_dir,
+                             rank_guard_files, router_venv, runs_as_user, sha256_text, sourcing_script, staged_path,
+                             unit_files, venv_path)
 from roles.context import DeploymentContext
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
@@ -187,6 +193,37 @@ class MarkerDigest(FactBase):
         return text or None
 
 
+class EngineUserReads(FactBase):
+    """Whether a user can read a model's config.json: readable, unreadable, absent (no such file yet) or no-user."""
+
+    def command(self, user, path):
+        who, config = shlex.quote(user), shlex.quote(f"{path.rstrip('/')}/config.json")
+        return (f"if ! id -u {who} >/dev/null 2>&1; then echo no-user; elif ! test -e {config}; then echo absent; "
+                f"elif runuser -u {who} -- test -r {config}; then echo readable; else echo unreadable; fi")
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[0] if lines else None
+
+
+@operation()
+def weights_readable(user: str, path: str):
+    """The engine's user (not root) can read the weights: said before any unit starts, with the fix, instead of an
+    engine failing its health gate on a permission error (weights in a private home directory, a 0700 download).
+    Checked when the operation runs if the user or the weights come with this run."""
+    state = host.get_fact(EngineUserReads, user=user, path=path)
+    if state == "readable":
+        host.noop(f"{user} reads the weights in {path}")
+        return
+    why = (f"{host.name}: the engines run as {user} (not root), which cannot read {path}/config.json. Fix: let it "
+           f"read the weights (chmod -R o+rX {path}, or chgrp -R {user} {path} and chmod -R g+rX {path}; every "
+           f"directory above it needs o+x or g+x too), or keep them outside private home directories")
+    if state == "unreadable":
+        raise OperationError(why)
+    config = shlex.quote(f"{path.rstrip('/')}/config.json")
+    yield f"runuser -u {shlex.quote(user)} -- test -r {config} || {{ echo {shlex.quote(why)} >&2; exit 1; }}"
+
+
 @operation()
 def argv_parses(unit: str, probe: list[str], digest: str):
     """The unit's argv is accepted by the SGLang parser of its runtime (checked once per argv + runtime).
@@ -310,8 +347,34 @@ def apply(ctx: DeploymentContext) -> None:
 
 
 def jit_cache_dirs(ctx: DeploymentContext) -> None:
-    """The JIT cache directories every unit of this engine build names: they persist across restarts, are keyed by
-    engine build (ironserve.units.jit_dir), and must exist before a start: a unit's ReadWritePaths= naming a missing
-    path fails its start (226/NAMESPACE), the router's on a host without engines too."""
+    """The engine user and the JIT cache directories every unit of this engine build names: they persist across
+    restarts, are keyed by engine build (ironserve.units.jit_dir), and must exist before a start: a unit's
+    ReadWritePaths= naming a missing path fails its start (226/NAMESPACE), the router's on a host without engines
+    too. A uv runtime's units run as ironserve.units.ENGINE_USER, which owns its build's directory (the unit's
+    ExecStartPre keeps it so); a docker unit's client runs as root."""
     files.directory(name="JIT cache root", path=JIT_CACHE_ROOT, mode="755")
-    files.directory(name="JIT cache of this engine build", path=jit_dir(ctx.recipe), mode="755")
+    if not any(runs_as_user(ctx.recipe, p) for p in ctx.processes):
+        files.directory(name="JIT cache of this engine build", path=jit_dir(ctx.recipe), mode="755")
+        return
+    engine_user(ctx)
+    for path in sorted({p.model_path for p in ctx.processes if p.role != "router" and (p.model_path or "")
+                        .startswith("/")}):
+        weights_readable(name=f"{ENGINE_USER} reads the weights in {path}", user=ENGINE_USER, path=path)
+    # recursive: caches an earlier root-run engine left there become the engine user's; its mode (0750) is set by
+    # the unit's ExecStartPre, which creates its HOME there too
+    files.directory(name=f"JIT cache of this engine build, owned by {ENGINE_USER}", path=jit_dir(ctx.recipe),
+                    user=ENGINE_USER, group=ENGINE_USER, recursive=True)
+
+
+def engine_user(ctx: DeploymentContext) -> None:
+    """The dedicated system user of uv-runtime engines and routers: no login, no home of its own (HOME is its JIT
+    directory), and the groups its units add (SupplementaryGroups=: the accelerators' device groups) present."""
+    server.group(name=f"{ENGINE_USER} group", group=ENGINE_USER, system=True)
+    server.user(name=f"{ENGINE_USER} user (runs the engines)", user=ENGINE_USER, group=ENGINE_USER, system=True,
+                home=JIT_CACHE_ROOT, shell="/usr/sbin/nologin", ensure_home=False,
+                comment="ironserve engines")
+    needed = sorted({g for proc in ctx.processes for g in device_groups(ctx.recipe, proc)})
+    for name in needed:
+        if name in DEVICE_GROUPS["npu"]:
+            continue  # the Ascend driver's own group: roles/ascend.py creates it with its user
+        server.group(name=f"{name} group (opens the accelerators to {ENGINE_USER})", group=name, system=True)

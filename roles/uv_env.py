@@ -45,7 +45,7 @@ from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import ROUTER_DIST, STAGED_DIR, UNIT_DIR, router_venv, venv_path
+from ironserve.units import HOME_DIRS, ROUTER_DIST, STAGED_DIR, UNIT_DIR, router_venv, venv_path
 from roles.common import run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
@@ -55,6 +55,7 @@ UV_VERSION = DEFAULTS.uv_version
 REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
 UV_BIN = "/usr/local/bin/uv"
 UV_ROOT = "/opt/ironserve/uv"
+PYTHON_DIR = "/opt/ironserve/python"  # the Pythons uv installs for venvs (UV_PYTHON_INSTALL_DIR)
 PYPI_SIMPLE = "https://pypi.org/simple"
 REQUIREMENTS_NAME = "ironserve-requirements.txt"
 OS_PYTHON = "/usr/bin/python3"  # the OS's interpreter, whatever its version (the router's venv)
@@ -64,7 +65,7 @@ EXCLUDES_NAME = "ironserve-excludes.txt"
 # prints {"python": "3.12.3", "packages": {normalized name: version}} with the venv's own interpreter
 _VENV_SCRIPT = (
     "import json, re, sys, importlib.metadata as m; "
-    "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'packages': "
+    "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'base': sys.base_prefix, 'packages': "
     "{re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in m.distributions() "
     "if d.metadata['Name']}}, sort_keys=True))"
 )
@@ -144,8 +145,9 @@ def interpreter_problems(host_name: str, recipe_id: str, python: str, found: lis
 
 
 def uv_env(air_gapped: bool, python_mirror: str | None, index_mirror: str | None) -> dict[str, str]:
-    """Environment of the uv commands: the mirrors, and no interpreter download attempt where none can succeed."""
-    env = {}
+    """Environment of the uv commands: the mirrors, and no interpreter download attempt where none can succeed.
+    A Python uv installs goes beside the venvs, readable by the engine's user (uv's default is root's home)."""
+    env = {"UV_PYTHON_INSTALL_DIR": PYTHON_DIR}
     if python_mirror:
         env["UV_PYTHON_INSTALL_MIRROR"] = python_mirror
     elif air_gapped:
@@ -287,7 +289,10 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
 def venv_present(path: str, python: str, env: dict[str, str] | None = None):
     """A venv at ``path`` with Python ``python`` (major.minor); recreated when it has another Python."""
     have = host.get_fact(VenvPackages, path=path)
-    if have and (python == OS_PYTHON or ".".join(have["python"].split(".")[:2]) == python):
+    # an interpreter uv installed under root's home (its default place before PYTHON_DIR): the engine's user cannot
+    # reach it, and the units' ProtectHome= hides it
+    in_home = any((have or {}).get("base", "").startswith(d + "/") for d in HOME_DIRS)
+    if have and (python == OS_PYTHON or ".".join(have["python"].split(".")[:2]) == python) and not in_home:
         host.noop(f"venv {path} has Python {have['python']}")
         return
     if have:

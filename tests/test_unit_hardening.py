@@ -17,7 +17,8 @@ from pyinfra.api import OperationError
 
 from ironserve.catalogue import get_recipe
 from ironserve.render import render
-from ironserve.units import rank_guard_files, unit_files
+from ironserve.spec import UvRuntime
+from ironserve.units import in_container, rank_guard_files, unit_files
 from roles import sglang_service as ss
 from roles.context import build_context
 
@@ -72,7 +73,9 @@ def test_hardening_leaves_what_gpu_serving_needs():
     # the guard's records: a runtime directory systemd creates before the sandbox (a ReadWritePaths= path that
     # does not exist yet fails every start with 226/NAMESPACE, its ExecStartPre=+ included)
     assert "RuntimeDirectory=ironserve/rank-groups ironserve/backoff" in guard.splitlines()
-    assert "ReadWritePaths" not in guard and "RuntimeDirectory=ironserve/backoff" in engine.splitlines()
+    # the engine's backoff record is written by its ExecStartPre=+/ExecStopPost=+ (outside the sandbox): no
+    # RuntimeDirectory=, which systemd would chown to the engine's user
+    assert "ReadWritePaths" not in guard and not [x for x in engine.splitlines() if x.startswith("RuntimeDirectory")]
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
                  "RestrictSUIDSGID=yes"):
         assert line in engine.splitlines() and line in guard.splitlines(), line
@@ -80,17 +83,85 @@ def test_hardening_leaves_what_gpu_serving_needs():
     assert "PrivateDevices" not in engine and "ProtectClock" not in engine and "DeviceAllow" not in engine
     # caches under HOME land in the writable JIT directory, created before the sandbox is set up
     assert "HOME=/var/cache/ironserve/jit/tiny-cpu-tp2/" in engine
-    assert "ExecStartPre=+/bin/mkdir -p /var/cache/ironserve/jit/tiny-cpu-tp2/" in engine
+    assert ("ExecStartPre=+/usr/bin/install -d -o ironserve-engine -g ironserve-engine -m 0750 /var/cache/ironserve/jit/"
+            "tiny-cpu-tp2/0.5.23 /var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home") in engine
 
 
-def test_docker_units_keep_the_client_unconfined():
+def test_uv_engines_run_as_the_engine_user_with_their_device_groups():
+    """A dedicated system user, never root: CPU engines with no extra group, NVIDIA GPUs with video/render,
+    Ascend NPUs with the driver's group; the router with none; a host key file handed over by systemd."""
+    from ironserve import catalogue
+
+    engine, guard = tp2_units()
+    assert "User=ironserve-engine" in engine.splitlines() and "Group=ironserve-engine" in engine.splitlines()
+    assert "SupplementaryGroups" not in engine and "LoadCredential" not in engine  # CPU; the key is in the env file
+    assert "User=" not in guard  # the guard restarts units: root, confined
+    seen = {}
+    for recipe in catalogue.catalogue().values():
+        for proc in render(recipe).processes:
+            text = unit_files(recipe, proc, recipe.tuning or _tuning()).unit_text
+            # whatever runs from a venv on the host runs as the engine user (a docker recipe's router from its
+            # own venv too); a docker unit runs the client as root
+            assert ("User=ironserve-engine" in text.splitlines()) == (not in_container(recipe, proc)), (recipe.id, proc.unit)
+            assert "User=None" not in text
+            if not isinstance(recipe.runtime, UvRuntime):
+                continue
+            groups = next((line for line in text.splitlines() if line.startswith("SupplementaryGroups=")), "")
+            seen.setdefault((recipe.group_server(recipe.topology.groups[proc.group]).device
+                             if proc.role != "router" else "router"), set()).add(groups)
+    assert seen[None] == {"SupplementaryGroups=video render"}, seen
+    assert seen["npu"] == {"SupplementaryGroups=HwHiAiUser"} and seen["cpu"] == {""}, seen
+    assert seen.get("router", {""}) == {""}
+    recipe = get_recipe("tiny-cpu-tp2")
+    proc = render(recipe).processes[0]
+    keyed = unit_files(recipe, proc, _tuning(), {"IRONSERVE_API_KEY_FILE": "/etc/keys/api%key"}).unit_text
+    assert "LoadCredential=ironserve-api-key:/etc/keys/api%%key" in keyed.splitlines()
+
+
+def test_the_launcher_reads_a_host_key_file_through_systemds_credential(tmp_path):
+    """The engine's user cannot open the root-only key file: ironserve-exec reads the copy systemd hands it."""
+    import importlib.machinery
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-exec"
+    loader = importlib.machinery.SourceFileLoader("ironserve_exec", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("ironserve_exec", loader))
+    loader.exec_module(module)
+    (tmp_path / "ironserve-api-key").write_text("from-credential\n")
+    env = {"IRONSERVE_API_KEY_FILE": "/nonexistent/root-only", "CREDENTIALS_DIRECTORY": str(tmp_path)}
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        assert module.api_key() == "from-credential"
+        assert "IRONSERVE_API_KEY_FILE" not in os.environ  # children do not inherit where it is
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _docker_unit() -> str:
     from ironserve import catalogue
     from ironserve.spec import DockerRuntime
 
     docker = next(r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime))
     proc = render(docker).processes[0]
-    text = unit_files(docker, proc, docker.tuning or _tuning()).unit_text
-    assert "ProtectSystem" not in text and "ironserve-backoff wait" in text
+    return unit_files(docker, proc, docker.tuning or _tuning()).unit_text
+
+
+def test_docker_units_confine_the_client_as_far_as_it_allows():
+    text = _docker_unit()
+    assert "ironserve-backoff wait" in text and "User=" not in text  # the daemon's socket: root
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes",
+                 "ProtectKernelTunables=yes", "RestrictSUIDSGID=yes", "RestrictNamespaces=yes", "CapabilityBoundingSet="):
+        assert line in text.splitlines(), line
+    assert "ReadWritePaths" not in text  # the client writes nothing on the host
+
+
+@pytest.mark.skipif(not _offline_analyze(), reason="systemd-analyze security --offline needs systemd >= 250")
+def test_docker_unit_scores_within_the_exposure_budget(tmp_path):
+    score = exposure(tmp_path, "sglang-docker.service", _docker_unit())
+    print(f"\nsystemd-analyze security --offline: docker engine unit {score}")
+    assert score <= MAX_EXPOSURE
 
 
 def test_restart_storms_are_bounded_without_restart_steps():

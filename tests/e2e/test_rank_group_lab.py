@@ -11,7 +11,7 @@ In order:
    answers its /health, both rank guards run; a second run plans no change; the audit is clean;
    secrets: no key in either host's journal or command lines; `pyinfra --dry --diff` after a key rotation
    prints neither key; a secret planted in an env file is reported by the audit by name only; the engine unit's
-   `systemd-analyze security` exposure is within budget; forged reports sent to rank 0's guard from this
+   `systemd-analyze security` exposure is within budget, and the engine runs as its own user; forged reports sent to rank 0's guard from this
    machine (an address that is no rank's) are refused and restart nothing;
 3. a hung rank (SIGSTOP on rank 1's engine): rank 0's guard abandons the group, both ranks restart (rank 0's
    systemd invocation changes, rank 1's guard follows) and the group serves again;
@@ -44,7 +44,8 @@ from pathlib import Path
 
 import pytest
 
-from ironserve.units import RANK_GUARD_PORT_OFFSET
+from ironserve.catalogue import get_recipe
+from ironserve.units import RANK_GUARD_PORT_OFFSET, jit_dir
 
 from .labcli import BIN, ROOT, ironserve, lab_down, pyinfra, ssh
 from .test_serve_tiny_lab import changes, chat
@@ -54,6 +55,7 @@ pytestmark = pytest.mark.lab
 RECIPE = "tiny-cpu-tp2"
 UNIT = f"sglang-{RECIPE}-server"
 GUARD = f"{UNIT}-rank-guard"
+JIT_DIR = jit_dir(get_recipe(RECIPE))
 KEY = f"lab-tp2-{secrets.token_hex(12)}"
 KEY_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / f"ironserve-tp2-key-{os.getpid()}"
 KEY_FILE = KEY_DIR / "api_key"
@@ -219,6 +221,15 @@ def test_3d_engine_unit_exposure_within_budget(lab):
     print(f"\nsystemd-analyze security on {lab['hosts'][0]['name']}: engine unit {score}, rank guard unit "
           f"{guard_score}")
     assert score <= 6.5 and guard_score <= 6.5
+    for host in lab["hosts"]:
+        # the engine runs as its own user (its every process), owns its JIT directory; its secrets stay root's 0600
+        users = ssh(host, f"ps -o user:32= --ppid $(systemctl show -p MainPID --value {UNIT}) "
+                          f"-p $(systemctl show -p MainPID --value {UNIT}) | sort -u").stdout.split()
+        assert users == ["ironserve-engine"], (host["name"], users)
+        jit = ssh(host, f"stat -c %U {JIT_DIR} {JIT_DIR}/home").stdout.split()
+        assert jit == ["ironserve-engine", "ironserve-engine"], (host["name"], jit)
+        env = ssh(host, f"stat -c '%U %a' /etc/ironserve/{UNIT}.env /etc/ironserve/{UNIT}.rank-group.key").stdout
+        assert env.split() == ["root", "600", "root", "600"], (host["name"], env)
 
 
 def test_3e_forged_reports_from_a_non_rank_address_restart_nothing(lab):

@@ -166,8 +166,11 @@ def test_bench_serving_through_the_router(deployed, tmp_path):
           f"{data['result']['output_throughput']:.1f} output tok/s, mean TPOT {data['result']['mean_tpot_ms']:.1f} ms")
 
 
+LAB_KEY = "lab-s3cret-key"  # the API key the last two tests deploy
+
+
 def test_keyed_workers_behind_a_keyed_router(deployed, tmp_path):
-    key = "lab-s3cret-key"
+    key = LAB_KEY
     key_file = tmp_path / "api-key"
     key_file.write_text(key + "\n")
     pyinfra("-y", "deploys/tiny.py", "--data", f"api_key_file={key_file}")
@@ -184,3 +187,20 @@ def test_keyed_workers_behind_a_keyed_router(deployed, tmp_path):
     assert chat(f"http://{worker['address']}:30000")[0] == 401, "a worker answered a client without the key"
     for host in deployed["hosts"]:
         assert key not in ssh(host, "ps -eo args").stdout, f"the key is on a command line on {host['name']}"
+
+
+def test_status_and_bench_print_key_names_never_values(deployed, tmp_path):
+    """With the key deployed (the test before): `ironserve status` (text and JSON), the bench deploy's output and
+    its report name no secret value; the bench still reaches the keyed router (the key read on the host)."""
+    outputs = []
+    for fmt in ("text", "json"):
+        out = ironserve("status", "inventories/lab.py", "deploys/tiny.py", "--format", fmt, check=False, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        outputs.append(out.stdout + out.stderr)
+    report = tmp_path / "bench.json"
+    out = pyinfra("-y", "-v", "deploys/bench.py", "--data", "model=tiny", "--data", f"bench_report={report}",
+                  timeout=900)
+    outputs += [out.stdout + out.stderr, report.read_text()]
+    assert "8 requests completed" in outputs[2], outputs[2][-3000:]
+    for text in outputs:
+        assert LAB_KEY not in text, text[-3000:]
