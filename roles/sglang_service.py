@@ -206,6 +206,37 @@ class EngineUserReads(FactBase):
         return lines[0] if lines else None
 
 
+class TreeOwner(FactBase):
+    """Whether everything under a directory belongs to a user and its group: owned, foreign (something does not),
+    absent (no such directory) or no-user. The whole tree, not its top: a recursive chown cut short (it changes the
+    top first) leaves the rest to the next run."""
+
+    def command(self, user, path):
+        who, where = shlex.quote(user), shlex.quote(path)
+        return (f"if ! id -u {who} >/dev/null 2>&1; then echo no-user; elif ! test -d {where}; then echo absent; "
+                f"elif stray=$(find {where} \\( ! -user {who} -o ! -group {who} \\) -print -quit) && "
+                "test -z \"$stray\"; then echo owned; else echo foreign; fi")  # find failing: foreign, not owned
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[0] if lines else None
+
+
+@operation()
+def tree_owned(user: str, path: str):
+    """A directory and everything in it owned by ``user`` (and its group of the same name): created if absent,
+    handed over when anything in it belongs to someone else (caches an earlier root-run engine left)."""
+    state = host.get_fact(TreeOwner, user=user, path=path)
+    if state == "owned":
+        host.noop(f"{path} is {user}'s")
+        return
+    where, who = shlex.quote(path), shlex.quote(f"{user}:{user}")
+    if state != "foreign":  # absent, or the user comes with this run
+        yield f"mkdir -p {where}"
+    # -h: a link the engine's user planted in its cache is changed itself, never what it points to
+    yield f"chown -R -h {who} {where}"
+
+
 @operation()
 def weights_readable(user: str, path: str):
     """The engine's user (not root) can read the weights: said before any unit starts, with the fix, instead of an
@@ -360,10 +391,10 @@ def jit_cache_dirs(ctx: DeploymentContext) -> None:
     for path in sorted({p.model_path for p in ctx.processes if p.role != "router" and (p.model_path or "")
                         .startswith("/")}):
         weights_readable(name=f"{ENGINE_USER} reads the weights in {path}", user=ENGINE_USER, path=path)
-    # recursive: caches an earlier root-run engine left there become the engine user's; its mode (0750) is set by
-    # the unit's ExecStartPre, which creates its HOME there too
-    files.directory(name=f"JIT cache of this engine build, owned by {ENGINE_USER}", path=jit_dir(ctx.recipe),
-                    user=ENGINE_USER, group=ENGINE_USER, recursive=True)
+    # the whole tree: caches an earlier root-run engine left there become the engine user's; its mode (0750) is
+    # set by the unit's ExecStartPre, which creates its HOME there too
+    tree_owned(name=f"JIT cache of this engine build, owned by {ENGINE_USER}", user=ENGINE_USER,
+               path=jit_dir(ctx.recipe))
 
 
 def engine_user(ctx: DeploymentContext) -> None:
