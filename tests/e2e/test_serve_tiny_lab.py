@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import urllib.error
@@ -249,3 +250,8 @@ def test_a_host_key_file_reaches_the_engine_user_only_as_a_credential(deployed, 
         assert key not in ssh(host, "journalctl --no-pager -o cat", timeout=300).stdout, \
             f"the key is in the journal of {host['name']}"
         assert key not in ssh(host, "ps -eo args").stdout, f"the key is on a command line on {host['name']}"
+    # the exposure budget holds with the user and the credential in place (the figure goes in the notes)
+    out = ssh(deployed["hosts"][1], f"systemd-analyze security {SERVER_UNIT}-0.service --no-pager").stdout
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out).group(1))
+    print(f"\nsystemd-analyze security on {deployed['hosts'][1]['name']}: {SERVER_UNIT}-0 {score}")
+    assert score <= 6.5, out
