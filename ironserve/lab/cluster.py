@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cgroups, cpu_runtime, hosts, images, network, rootfs, standins, state, supply, tiny_model
+from . import cgroups, cpu_runtime, hosts, images, network, npu_runtime, rootfs, standins, state, supply, tiny_model
 from .profiles import PROFILES
 from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
@@ -112,6 +112,8 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
     if PROFILES[hardware]["kind"] == "none":
         publish_cpu_runtime(root)
+    elif PROFILES[hardware]["kind"] == "ascend":
+        publish_npu_runtime(root)
     supply.start_server(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     binds = _images(root, lab, hardware)
@@ -217,6 +219,31 @@ def publish_cpu_runtime(root: Path) -> None:
     say(f"CPU runtime: {summary['wheels']} wheels ({summary['bytes'] / 2**20:.0f} MiB, sglang {summary['sglang']}, "
         f"sglang-router {summary['router']}, torch {summary['torch']}) in the lab index"
         f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
+def npu_wheelhouse_dir() -> Path:
+    """Where the Ascend runtime's wheels (real ones and stand-ins) are cached on this machine."""
+    return cpu_wheelhouse_dir().parent.parent / "lab-npu-wheelhouse" / npu_runtime.SGLANG_VERSION
+
+
+def publish_npu_runtime(root: Path) -> None:
+    """atlas-800i-a3: what the Atlas recipes' uv runtime resolves to (npu_runtime: real wheels and stand-ins with
+    the Atlas build's metadata) into the lab index. Built on the CPU runtime's wheelhouse (torch's CPU build)."""
+    cache = npu_wheelhouse_dir()
+    t0 = time.monotonic()
+    if not cache.is_dir() or npu_runtime.check_wheelhouse(cache):
+        say(f"Ascend runtime wheelhouse: {len(npu_runtime.REAL_PINS)} real wheels and {len(npu_runtime.STANDINS)} "
+            f"stand-ins into {cache} (once per machine)")
+        cpu_cache = cpu_wheelhouse_dir()
+        try:
+            if not cpu_cache.is_dir() or cpu_runtime.check_wheelhouse(cpu_cache):
+                cpu_runtime.build_wheelhouse(cpu_cache)
+            npu_runtime.build_wheelhouse(cache, cpu_cache)
+        except (cpu_runtime.WheelhouseError, npu_runtime.WheelhouseError) as exc:
+            raise LabError(f"the lab's Ascend runtime wheelhouse could not be built: {exc}") from exc
+    added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
+    say(f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
+        f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
 
 
 def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:

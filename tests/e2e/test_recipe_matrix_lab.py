@@ -29,14 +29,16 @@ TIMES: dict[str, tuple[float, float]] = {}
 
 
 class Shapes:
-    """One lab at a time: booted when the next recipe needs another shape, down at the end."""
+    """One lab at a time: booted when the next recipe needs another shape, down at the end. A larger shape of the
+    same hardware grows the running lab (its first hosts keep what the smaller shape's recipes installed: the uv
+    cache, the Ascend supply); another hardware starts from fresh hosts."""
 
     def __init__(self, tmp_path_factory):
         self.factory, self.shape, self.hosts = tmp_path_factory, None, []
 
     def up(self, shape: tuple[str, int]) -> list[dict]:
         if shape != self.shape:
-            if self.shape:
+            if self.shape and self.shape[0] != shape[0]:
                 lab_down()
             hardware, nodes = shape
             self.hosts, self.api_key_file = labcli.up_with_api_key(self.factory, nodes, hardware, timeout=1800)
