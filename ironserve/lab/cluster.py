@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cgroups, cpu_runtime, hosts, images, network, npu_runtime, rootfs, standins, state, supply, tiny_model
+from . import (cgroups, cpu_runtime, hosts, images, interpreters, network, npu_runtime, rootfs, standins, state,
+               supply, tiny_model)
 from .profiles import PROFILES
 from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
@@ -114,6 +115,7 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         publish_cpu_runtime(root)
     elif PROFILES[hardware]["kind"] == "ascend":
         publish_npu_runtime(root)
+    lab.python_downloads = publish_interpreters(root)
     supply.start_server(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     binds = _images(root, lab, hardware)
@@ -244,6 +246,18 @@ def publish_npu_runtime(root: Path) -> None:
     added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
     say(f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
         f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
+def publish_interpreters(root: Path) -> str:
+    """This machine's CPython builds the hosts' Debian lacks (3.12), as uv's managed Pythons on the lab bridge;
+    the URL of uv's download list, or "" when this machine has none (the recipes that need one say so)."""
+    cache = cpu_wheelhouse_dir().parent.parent / "lab-python"
+    published = interpreters.publish(supply.supply_dir(root) / "python", state.supply_url("python"), cache)
+    if not published:
+        say(f"no CPython 3.12 build under {interpreters.PYTHONS_DIR}: the lab publishes no managed Python")
+        return ""
+    say(f"managed Pythons on the lab bridge: {', '.join(published.values())}")
+    return state.supply_url(f"python/{interpreters.LIST_NAME}")
 
 
 def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
