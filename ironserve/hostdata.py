@@ -175,6 +175,8 @@ class HostData(BaseModel):
     uv_version: Version = _field("0.13.9", "roles/uv_env.py", "uv on the hosts")
     uv_url: Url | None = _field(None, "roles/uv_env.py", "where to fetch uv from (default: the package index)")
     uv_python_install_mirror: Url | None = _field(None, "roles/uv_env.py", "UV_PYTHON_INSTALL_MIRROR")
+    uv_python_downloads_json_url: Url | None = _field(None, "roles/uv_env.py", "UV_PYTHON_DOWNLOADS_JSON_URL: "
+                                                      "uv's list of Python downloads (your own builds)")
     ascend_driver_version: Version | None = _field(None, "roles/ascend.py", "Ascend driver (default: the profile's)")
     ascend_firmware_version: Version | None = _field(None, "roles/ascend.py", "Ascend firmware (default: not managed)")
     ascend_toolkit_version: Version | None = _field(None, "roles/ascend.py", "CANN toolkit (default: the profile's)")

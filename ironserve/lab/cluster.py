@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cgroups, cpu_runtime, hosts, images, network, oci, registry, rootfs, runtime_image, standins, state, supply, tiny_model
+from . import (cgroups, cpu_runtime, hosts, images, interpreters, network, npu_runtime, oci, registry, rootfs,
+               runtime_image, standins, state, supply, tiny_model)
 from .profiles import PROFILES
 from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
@@ -115,6 +116,9 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
     if PROFILES[hardware]["kind"] == "none":
         publish_cpu_runtime(root)
+    elif PROFILES[hardware]["kind"] == "ascend":
+        publish_npu_runtime(root)
+    lab.python_downloads = publish_interpreters(root)
     supply.start_server(root)
     registry.start_server(root)
     lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
@@ -234,6 +238,43 @@ def publish_runtime_image(root: Path, base: Path) -> str:
     digest = oci.push(client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say)
     say(f"registry: {runtime_image.REPO}:{runtime_image.TAG} = {digest} ({time.monotonic() - t0:.1f}s)")
     return digest
+
+
+def npu_wheelhouse_dir() -> Path:
+    """Where the Ascend runtime's wheels (real ones and stand-ins) are cached on this machine."""
+    return cpu_wheelhouse_dir().parent.parent / "lab-npu-wheelhouse" / npu_runtime.SGLANG_VERSION
+
+
+def publish_npu_runtime(root: Path) -> None:
+    """atlas-800i-a3: what the Atlas recipes' uv runtime resolves to (npu_runtime: real wheels and stand-ins with
+    the Atlas build's metadata) into the lab index. Built on the CPU runtime's wheelhouse (torch's CPU build)."""
+    cache = npu_wheelhouse_dir()
+    t0 = time.monotonic()
+    if not cache.is_dir() or npu_runtime.check_wheelhouse(cache):
+        say(f"Ascend runtime wheelhouse: {len(npu_runtime.REAL_PINS)} real wheels and {len(npu_runtime.STANDINS)} "
+            f"stand-ins into {cache} (once per machine)")
+        cpu_cache = cpu_wheelhouse_dir()
+        try:
+            if not cpu_cache.is_dir() or cpu_runtime.check_wheelhouse(cpu_cache):
+                cpu_runtime.build_wheelhouse(cpu_cache)
+            npu_runtime.build_wheelhouse(cache, cpu_cache)
+        except (cpu_runtime.WheelhouseError, npu_runtime.WheelhouseError) as exc:
+            raise LabError(f"the lab's Ascend runtime wheelhouse could not be built: {exc}") from exc
+    added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
+    say(f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
+        f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
+def publish_interpreters(root: Path) -> str:
+    """This machine's CPython builds the hosts' Debian lacks (3.12), as uv's managed Pythons on the lab bridge;
+    the URL of uv's download list, or "" when this machine has none (the recipes that need one say so)."""
+    cache = cpu_wheelhouse_dir().parent.parent / "lab-python"
+    published = interpreters.publish(supply.supply_dir(root) / "python", state.supply_url("python"), cache)
+    if not published:
+        say(f"no CPython 3.12 build under {interpreters.PYTHONS_DIR}: the lab publishes no managed Python")
+        return ""
+    say(f"managed Pythons on the lab bridge: {', '.join(published.values())}")
+    return state.supply_url(f"python/{interpreters.LIST_NAME}")
 
 
 def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:

@@ -68,6 +68,8 @@ class LabState:
     apt_mirror: str = supply_url("apt")
     pip_index: str = supply_url("simple/")
     ascend_files: str = supply_url("ascend/")
+    # uv's download list of the interpreters the lab packages (interpreters.py); empty when none was published
+    python_downloads: str = ""
     apt_signed_by: str = ""  # keyring path inside hosts; empty when the repo is unsigned (trusted=yes)
     # stand-in checkpoints (images.py): the directory in every host, and {name: {path, recipes}}
     model_root: str = ""
@@ -97,6 +99,7 @@ class LabState:
             "apt_mirror": self.apt_mirror,
             "pip_index": self.pip_index,
             "ascend_files": self.ascend_files,
+            "python_downloads": self.python_downloads,
             "apt_signed_by": self.apt_signed_by,
             "model_root": self.model_root,
             "models": self.models,
