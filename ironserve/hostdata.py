@@ -131,6 +131,14 @@ class HostData(BaseModel):
                                         pattern=r"^[A-Za-z0-9_.\- ]+$")
     docker_packages: list[DebPackage] = _field(["docker-ce", "docker-ce-cli", "containerd.io"], "roles/container_runtime.py",
                                         "Docker packages to install")
+    docker_registry_mirror: str | None = _field(None, "roles/container_runtime.py", "host[:port] of an https "
+                                                "registry mirroring Docker Hub (daemon.json registry-mirrors; "
+                                                "`ironserve lock` resolves tags there)",
+                                                pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]*(:[0-9]{1,5})?$")
+    docker_registry_ca: str | None = _field(None, "roles/container_runtime.py", "CA certificate of that registry, "
+                                            "a file on the controller (installed in /etc/docker/certs.d/)")
+    docker_allow_unpinned: bool = _field(False, "roles/container_runtime.py", "deploy a docker recipe with neither "
+                                         "runtime.digest nor a lock file (each host resolves the tag itself)")
     nvidia_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "NVIDIA container toolkit key URL")
     nvidia_apt_suite: str = _field("/", "roles/container_runtime.py", "suite of the container toolkit repository",
                                    pattern=r"^[A-Za-z0-9_.\-/]+$")

@@ -50,7 +50,7 @@ from pyinfra.operations import apt, files
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
 from ironserve.units import ROUTER_DIST, STAGED_DIR, UNIT_DIR, router_venv, venv_path
-from roles.common import run_if_changed
+from roles.common import LongCommand, run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
 
@@ -319,7 +319,8 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
     cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *todo]
-    yield _env_prefix(env) + " ".join(shlex.quote(a) for a in cmd)
+    yield LongCommand(_env_prefix(env) + " ".join(shlex.quote(a) for a in cmd),
+                      f"installing {len(todo)} package(s) into {path}")
 
 
 @operation()

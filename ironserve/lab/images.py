@@ -61,10 +61,15 @@ IMAGE_EXTRAS = {
 
 
 def _docker_recipes() -> list:
+    """The docker recipes the stand-in answers for: those of the accelerator profiles (a cpu-lab recipe such as
+    tiny-cpu-docker runs on the real engine from the lab registry, with the real generated model)."""
     from ironserve import catalogue
     from ironserve.spec import DockerRuntime
 
-    return [r for _, r in sorted(catalogue.catalogue().items()) if isinstance(r.runtime, DockerRuntime)]
+    from .profiles import PROFILES
+
+    return [r for _, r in sorted(catalogue.catalogue().items()) if isinstance(r.runtime, DockerRuntime)
+            and any(PROFILES.get(hw, {}).get("kind") not in (None, "none") for hw in r.hardware)]
 
 
 def _seed_recipes() -> list:

@@ -21,6 +21,7 @@ SUBNET_PREFIX = "10.213.7"
 GATEWAY = f"{SUBNET_PREFIX}.1"
 PREFIX_LEN = 24
 SUPPLY_PORT = 8780
+REGISTRY_PORT = 5000  # the lab's container registry (registry.py), https on the gateway
 FIRST_HOST_OCTET = 10  # lab1 = .11, lab2 = .12, ...
 MAX_HOSTS = 200
 
@@ -76,6 +77,9 @@ class LabState:
     # the docker stand-in's image table in every host, and {parser version: {path, built}} behind it
     docker_registry: str = ""
     parsers: dict = field(default_factory=dict)
+    # the lab's container registry (host:port, https) and the CA file that signs its certificate (this machine)
+    registry: str = ""
+    registry_ca: str = ""
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -101,6 +105,8 @@ class LabState:
             "models": self.models,
             "docker_registry": self.docker_registry,
             "parsers": self.parsers,
+            "registry": self.registry,
+            "registry_ca": self.registry_ca,
         }
 
 
