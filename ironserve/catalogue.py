@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from . import imagelock
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
 from .problems import Problem, SpecError
 from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
@@ -199,10 +200,11 @@ def parse_recipe(data, file: str) -> Recipe:
         raise SpecError(problems_from_validation(file, Recipe, err))
 
 
-def load_recipe_file(path: Path, hardware: dict[str, HardwareProfile] | None = None) -> Recipe:
+def load_recipe_file(path: Path, hardware: dict[str, HardwareProfile] | None = None, *, locked: bool = True) -> Recipe:
     recipe = parse_recipe(_load_yaml(path), _display(path))
     check_recipe(recipe, hardware if hardware is not None else load_hardware(), _display(path))
-    return recipe
+    # a docker recipe without runtime.digest takes the one its lock file beside it records (ironserve lock)
+    return imagelock.apply(recipe, path) if locked else recipe
 
 
 def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str) -> None:

@@ -1,4 +1,4 @@
-"""ironserve command line: render | lint | import | schema | lab | audit | status.
+"""ironserve command line: render | lint | import | schema | lock | lab | audit | status.
 
 Offline commands (render, lint, import, schema) never touch a host. Exit codes: 0 ok, 1 findings with errors
 (or drift, for audit), 2 bad input or unreachable hosts.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from . import catalogue
 from .catalogue import SpecError
@@ -272,6 +273,59 @@ def cmd_schema(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- lock
+
+
+def _recipe_files(args) -> list[Path]:
+    if args.all:
+        ids = sorted(catalogue.catalogue())
+        return [catalogue.recipes_dir() / f"{i}.yaml" for i in ids]
+    if not args.recipe:
+        raise SpecError([catalogue.Problem("lock", "RECIPE", "no recipe given", "name a recipe id or file, or --all")])
+    path = Path(args.recipe)
+    if args.recipe.endswith((".yaml", ".yml")) or path.exists():
+        return [path]
+    catalogue.get_recipe(args.recipe)  # an unknown id fails here, with the nearest ids
+    return [catalogue.recipes_dir() / f"{args.recipe}.yaml"]
+
+
+def cmd_lock(args) -> int:
+    """Resolve each recipe's runtime (docker tag -> digest; uv pins -> hashes) and write <recipe>.lock.json."""
+    from . import imagelock
+    from .spec import DockerRuntime, UvRuntime
+
+    mirror, ca_file, index = args.registry, args.registry_ca, args.index
+    for host in _hosts_from(args.inventory) or []:
+        mirror = mirror or host.data.get("docker_registry_mirror")
+        ca_file = ca_file or host.data.get("docker_registry_ca")
+        index = index or host.data.get("pip_index_url")
+    wrote = 0
+    for path in _recipe_files(args):
+        raw = recipe = catalogue.load_recipe_file(path, catalogue.hardware_profiles(), locked=False)
+        lock_path = imagelock.lock_file(path)
+        data = {"recipe": recipe.id}
+        if isinstance(raw.runtime, DockerRuntime):
+            if raw.runtime.digest:
+                print(f"{recipe.id}: runtime.digest pins {raw.runtime.digest} in the recipe; no lock needed")
+                continue
+            data["docker"] = imagelock.resolve_docker(raw, mirror, ca_file)
+            what = f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})"
+        elif isinstance(raw.runtime, UvRuntime):
+            if not index:
+                raise SpecError([catalogue.Problem(str(path), "runtime", "no package index to lock against",
+                                                   "give --index URL or an inventory with pip_index_url")])
+            data["uv"] = imagelock.resolve_uv(raw, index)
+            what = f"{len(data['uv']['packages'])} pins with their sha256 in {index}"
+        else:
+            continue
+        if imagelock.read(lock_path) != data:
+            imagelock.write(lock_path, data)
+            wrote += 1
+        print(f"{recipe.id}: {what} -> {lock_path}")
+    print(f"{wrote} lock file(s) written")
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -314,6 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-data", action="store_true", help="schema of inventory host data instead")
     p.add_argument("--markdown", action="store_true", help="with --host-data: the README's table")
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("lock", help="pin each recipe's image digest / package hashes in <recipe>.lock.json",
+                       allow_abbrev=False)
+    p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
+    p.add_argument("--all", action="store_true", help="every recipe of the catalogue")
+    p.add_argument("--inventory", help="pyinfra inventory naming the registry (docker_registry_mirror, "
+                   "docker_registry_ca) and the package index (pip_index_url)")
+    p.add_argument("--registry", help="host[:port] to resolve Docker Hub names at (default: the inventory's)")
+    p.add_argument("--registry-ca", help="CA file of that registry")
+    p.add_argument("--index", help="PEP 503 index URL for uv runtimes (default: the inventory's pip_index_url)")
+    p.set_defaults(func=cmd_lock)
 
     _add_optional(sub)
     return parser

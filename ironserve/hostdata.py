@@ -131,6 +131,14 @@ class HostData(BaseModel):
                                         pattern=r"^[A-Za-z0-9_.\- ]+$")
     docker_packages: list[DebPackage] = _field(["docker-ce", "docker-ce-cli", "containerd.io"], "roles/container_runtime.py",
                                         "Docker packages to install")
+    docker_registry_mirror: str | None = _field(None, "roles/container_runtime.py", "host[:port] of an https "
+                                                "registry mirroring Docker Hub (daemon.json registry-mirrors; "
+                                                "`ironserve lock` resolves tags there)",
+                                                pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]*(:[0-9]{1,5})?$")
+    docker_registry_ca: str | None = _field(None, "roles/container_runtime.py", "CA certificate of that registry, "
+                                            "a file on the controller (installed in /etc/docker/certs.d/)")
+    docker_allow_unpinned: bool = _field(False, "roles/container_runtime.py", "deploy a docker recipe with neither "
+                                         "runtime.digest nor a lock file (each host resolves the tag itself)")
     nvidia_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "NVIDIA container toolkit key URL")
     nvidia_apt_suite: str = _field("/", "roles/container_runtime.py", "suite of the container toolkit repository",
                                    pattern=r"^[A-Za-z0-9_.\-/]+$")
@@ -167,6 +175,8 @@ class HostData(BaseModel):
     uv_version: Version = _field("0.13.9", "roles/uv_env.py", "uv on the hosts")
     uv_url: Url | None = _field(None, "roles/uv_env.py", "where to fetch uv from (default: the package index)")
     uv_python_install_mirror: Url | None = _field(None, "roles/uv_env.py", "UV_PYTHON_INSTALL_MIRROR")
+    uv_python_downloads_json_url: Url | None = _field(None, "roles/uv_env.py", "UV_PYTHON_DOWNLOADS_JSON_URL: "
+                                                      "uv's list of Python downloads (your own builds)")
     ascend_driver_version: Version | None = _field(None, "roles/ascend.py", "Ascend driver (default: the profile's)")
     ascend_firmware_version: Version | None = _field(None, "roles/ascend.py", "Ascend firmware (default: not managed)")
     ascend_toolkit_version: Version | None = _field(None, "roles/ascend.py", "CANN toolkit (default: the profile's)")

@@ -12,10 +12,40 @@ restart exactly the units whose configuration changed.
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass, field
 
+import gevent
 from pyinfra import context, host
-from pyinfra.api import FactBase, operation
+from pyinfra.api import FactBase, StringCommand, operation
+
+
+PROGRESS_EVERY_S = 30  # how often a long wait (pull, build, download, install) says it is still running
+
+
+class LongCommand(StringCommand):
+    """A shell command that can run for minutes (image pulls, derived builds, weight downloads, venv installs):
+    while it runs, pyinfra's logger says every PROGRESS_EVERY_S seconds what is still running, instead of
+    silence. The command text is the command itself (fixtures and --dry see the plain string)."""
+
+    def __init__(self, command: str, what: str, every: float = PROGRESS_EVERY_S):
+        super().__init__(command)
+        self.what, self.every = what, every
+
+    def execute(self, state, host, connector_arguments):
+        started = time.monotonic()
+
+        def tick() -> None:
+            while True:
+                gevent.sleep(self.every)
+                host.log(f"{self.what}: still running after {time.monotonic() - started:.0f}s")
+
+        ticker = gevent.spawn(tick)
+        try:
+            return super().execute(state, host, connector_arguments)
+        finally:
+            ticker.kill()
+            host.log(f"{self.what}: {time.monotonic() - started:.0f}s")
 
 
 def changed(meta) -> bool:

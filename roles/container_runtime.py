@@ -15,9 +15,16 @@ Host data (defaults in brackets):
 - ``docker_packages`` [docker-ce, docker-ce-cli, containerd.io], ``nvidia_container_packages``
   [nvidia-container-toolkit, pinned at ``nvidia_container_toolkit_version``] (NVIDIA hosts only)
 - ``pip_index_url`` [none]: passed to the derived image build as PIP_INDEX_URL (air-gapped builds)
+- ``docker_registry_mirror`` [none]: host[:port] of an https registry that mirrors Docker Hub (an air-gapped
+  cluster's): written to /etc/docker/daemon.json as ``registry-mirrors`` (other keys kept; Docker restarted when
+  it changed); ``docker_registry_ca`` [none], a CA file on the controller, goes to
+  /etc/docker/certs.d/<mirror>/ca.crt so Docker verifies the mirror (no insecure-registries exception)
+- ``docker_allow_unpinned`` [false]: see below
 
-Image pinning: a recipe with ``runtime.digest`` runs ``repo@sha256:...`` and pulls it only when absent. A recipe
-with only a tag is resolved ONCE per host: the tag is pulled, its digest recorded in
+Image pinning: a recipe with ``runtime.digest``, or with a lock file beside it (``ironserve lock``, applied when
+the recipe loads: ironserve/imagelock.py), runs ``repo@sha256:...`` and pulls it only when absent, so every host
+runs the same image. A recipe with neither is refused before any host is touched, unless the inventory sets
+``docker_allow_unpinned``: then the tag is resolved ONCE per host: the tag is pulled, its digest recorded in
 /etc/ironserve/<recipe>.lock.json and printed (pin it in the recipe); later runs keep the local tag on the
 recorded digest, so a tag that moved upstream does not change a deployed host. ``runtime.patches`` build
 ``ironserve/<recipe>:derived`` from /etc/ironserve/images/<recipe>/Dockerfile (FROM repo@digest + the patch
@@ -53,7 +60,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.nvidia import gpu_access
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, deliberate, image_ref, sha256_text
-from roles.common import deb822_source, run_if_changed
+from roles.common import LongCommand, deb822_source, run_if_changed
 from roles.context import DeploymentContext
 from roles.nvidia_driver import upstream
 from roles.preflight import plain
@@ -77,6 +84,7 @@ DEV_CHAR_RULE_TEXT = ("# Managed by ironserve (roles/container_runtime.py): /dev
                       'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
                       'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
 DOCKERFILE_LABEL = "ironserve.dockerfile.sha256"
+CERTS_DIR = "/etc/docker/certs.d"
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -167,6 +175,27 @@ class DockerRuntimes(FactBase):
         except ValueError:
             return []
         return sorted((data.get("runtimes") or {}).keys())
+
+
+class DockerDaemonConfig(FactBase):
+    """/etc/docker/daemon.json as a dict ({} when there is none; None when it is not JSON)."""
+
+    @staticmethod
+    def default():
+        return {}
+
+    def command(self):
+        return f"cat {DAEMON_JSON} 2>/dev/null || true"
+
+    def process(self, output):
+        text = "\n".join(output).strip()
+        if not text:
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
 
 
 class DockerCdiEnabled(FactBase):
@@ -266,6 +295,22 @@ def nvidia_runtime_configured(cdi: bool = False):
 
 
 @operation()
+def daemon_settings(settings: dict):
+    """These keys of /etc/docker/daemon.json have these values; every other key (nvidia-ctk's runtimes, CDI) is
+    kept. The caller restarts Docker when this changed (dockerd reads the file at start only)."""
+    have = host.get_fact(DockerDaemonConfig)
+    if have is None:
+        raise ValueError(f"{DAEMON_JSON} on {host.name} is not JSON: fix or remove it (dockerd would not start)")
+    want = {**have, **settings}
+    if want == have:
+        host.noop(f"{DAEMON_JSON} has {', '.join(sorted(settings))}")
+        return
+    yield f"mkdir -p {shlex.quote(DAEMON_JSON.rsplit('/', 1)[0])}"
+    yield FileUploadCommand(StringIO(json.dumps(want, indent=2, sort_keys=True) + "\n"), DAEMON_JSON)
+    yield f"chmod 644 {DAEMON_JSON}"
+
+
+@operation()
 def cdi_spec(driver_version: str, path: str = CDI_SPEC):
     """The NVIDIA CDI spec exists, names nvidia.com/gpu=all and the installed driver (else: generate it)."""
     spec = plain(host.get_fact(CdiSpec, path=path, driver=driver_version)) or {}
@@ -288,7 +333,7 @@ def image_pinned(image: str, digest: str | None = None, recipe_id: str | None = 
         if pinned in (host.get_fact(DockerImageDigests, ref=pinned) or []):
             host.noop(f"image {pinned} is present")
             return
-        yield f"docker pull {shlex.quote(pinned)}"
+        yield LongCommand(f"docker pull {shlex.quote(pinned)}", f"pulling {pinned}")
         return
     if not recipe_id:
         raise ValueError("image_pinned: an image without a digest needs recipe_id (for its lock file)")
@@ -301,12 +346,12 @@ def image_pinned(image: str, digest: str | None = None, recipe_id: str | None = 
                       f"runtime.digest: {lock['digest']}")
             return
         # the local tag is missing or points elsewhere (someone pulled): put it back on the locked digest
-        yield f"docker pull {shlex.quote(pinned)}"
+        yield LongCommand(f"docker pull {shlex.quote(pinned)}", f"pulling {pinned}")
         yield f"docker tag {shlex.quote(pinned)} {shlex.quote(image)}"
         return
     # first resolution on this host: pull the tag, record the digest it had, print it
     q_image, q_path = shlex.quote(image), shlex.quote(path)
-    yield f"docker pull {q_image}"
+    yield LongCommand(f"docker pull {q_image}", f"pulling {image}")
     yield (
         f"d=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' {q_image}"
         f" | grep -m1 '^{repo}@sha256:') && d=${{d#*@}} && mkdir -p {ETC_DIR} && "
@@ -355,7 +400,7 @@ def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[
              "-f", path]
     if pip_index_url:
         build += ["--build-arg", f"PIP_INDEX_URL={pip_index_url}", "--build-arg", f"UV_INDEX_URL={pip_index_url}"]
-    yield " ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]])
+    yield LongCommand(" ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]]), f"building {tag}")
 
 
 @operation()
@@ -423,6 +468,18 @@ def _keyring(ctx: DeploymentContext, name: str, url: str) -> tuple[str | None, b
     return path, False
 
 
+def registry_mirror(ctx: DeploymentContext) -> list:
+    """The inventory's Docker Hub mirror in daemon.json and its CA in certs.d; the daemon.json change (or [])."""
+    mirror = ctx.host.docker_registry_mirror
+    if not mirror:
+        return []
+    if ctx.host.docker_registry_ca:
+        files.put(name=f"CA of the registry mirror {mirror}", src=ctx.host.docker_registry_ca,
+                  dest=f"{CERTS_DIR}/{mirror}/ca.crt", mode="644")
+    return [daemon_settings(name=f"Docker pulls through the mirror {mirror}",
+                            settings={"registry-mirrors": [f"https://{mirror}"]})]
+
+
 @deploy("Container runtime")
 def apply(ctx: DeploymentContext) -> None:
     runtime = ctx.recipe.runtime
@@ -458,8 +515,11 @@ def apply(ctx: DeploymentContext) -> None:
     installed = host.get_fact(DebPackages) or {}
     missing = any(p.split("=", 1)[0] not in installed for p in packages)
     run_if_changed(name="apt update (sources changed)", command="apt-get update", triggers=[*sources, missing])
+    daemon = registry_mirror(ctx)  # before the install: a first start already pulls through the mirror
     apt.packages(name="Docker and the NVIDIA container toolkit", packages=packages, no_recommends=True)
     systemd.service(name="Docker running", service="docker.service", running=True, enabled=True)
+    run_if_changed(name="Docker restarted (daemon.json changed)", command="systemctl restart docker.service",
+                   triggers=daemon)
     if ctx.vendor == "nvidia":
         gpu_devices(ctx)
 

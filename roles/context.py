@@ -17,7 +17,7 @@ from ironserve.catalogue import Problem, SpecError
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, model_path_on, render
-from ironserve.spec import HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
+from ironserve.spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
 from roles.common import ChangeRecords
 
 
@@ -102,6 +102,20 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
     )
 
 
+def require_pinned_image(ctx: DeploymentContext) -> None:
+    """A docker recipe's image is pinned (runtime.digest, or a lock file beside the recipe), or the inventory opts
+    out with docker_allow_unpinned; else the deploy stops here, before any host is touched."""
+    runtime = ctx.recipe.runtime
+    if not isinstance(runtime, DockerRuntime) or runtime.digest or ctx.host.docker_allow_unpinned:
+        return
+    # ranks of one group must run one image: a tag alone lets each host resolve it on its own
+    raise SpecError([Problem(f"recipe {ctx.recipe.id}", "runtime.digest", f"{runtime.image} is a tag without a "
+                             "digest and no lock file pins it: hosts could resolve it to different images",
+                             f"run `ironserve lock {ctx.host.recipe or ctx.recipe.id} --inventory INVENTORY` (writes "
+                             "the lock beside the recipe), set runtime.digest, or set docker_allow_unpinned=true in "
+                             "the inventory")])
+
+
 _CACHE: dict[tuple[str, str], DeploymentContext] = {}
 
 
@@ -114,6 +128,7 @@ def current(model: str) -> DeploymentContext:
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
         try:
             ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+            require_pinned_image(ctx)
         except SpecError as err:
             # raised while pyinfra collects operations, before any runs: a PyinfraError is reported as a
             # one-line error (exit 1), not as a traceback of a "bug in the deploy file"

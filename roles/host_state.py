@@ -19,7 +19,8 @@ where their facts come from:
 - What the stage asks (fact classes and their arguments: paths, unit names, sysctl keys; never values) is kept
   per host on the controller (host data ``host_state_cache``), so the next run reads it all at once; a file asked
   about brings its hash and directory checks (asked once it exists). A question kept but not asked costs one
-  read in the batch; a new question costs its own round trip, once.
+  read in the batch and is not kept again (the read stays one recipe's size when recipes change on a host); a new
+  question costs its own round trip, once.
 
 Not batched, read as before: facts of the launch stage (health, unit states that change while it waits), probes
 that act (``batched = False``: the parser check), facts run with other connector arguments (``_sudo_user``,
@@ -157,6 +158,10 @@ class HostFacts:
         self.cache_file = cache_file
         self.asked: dict[str, Request] = {}  # every question the stage asks (learned and from the last runs)
         self.kept: set[str] = set()  # the questions kept for the next run
+        # the questions this run asked: only they are kept for the next one. Questions of another recipe of the
+        # same model on this host (or of an older release) fall out after one run instead of piling up run after
+        # run into one read too long for a shell's argument list
+        self.this_run: set[str] = set()
         self.values: dict[str, object] = {}  # answers read since the last command that changed a host
         self.values_at = 0  # the change generation of those answers
         self.batched = False  # the one batched read of the run happened
@@ -190,6 +195,10 @@ class HostFacts:
             return self._single(cls, args, kwargs)
         if req.key not in self.kept:
             self._learn(req)
+        elif req.key not in self.this_run:
+            self.this_run.add(req.key)
+            if not self.planning:
+                self._save_cache()
         generation = _generation(self.host.state)
         if not self.batched:
             # the first question: everything the stage asked in the last runs, and this one, in one read
@@ -270,10 +279,12 @@ class HostFacts:
     def _learn(self, req: Request) -> None:
         self.asked.setdefault(req.key, req)
         self.kept.add(req.key)
+        self.this_run.add(req.key)
         for companion in _COMPANIONS.get(req.cls.name, ()):
             other = Request(companion, req.kwargs)
             self.asked.setdefault(other.key, other)
             self.kept.add(other.key)
+            self.this_run.add(other.key)
         if not self.planning:
             self._save_cache()
 
@@ -289,7 +300,7 @@ class HostFacts:
     def _save_cache(self) -> None:
         if self.cache_file is None:
             return
-        items = [r.as_json() for k, r in self.asked.items() if k in self.kept]
+        items = [r.as_json() for k, r in self.asked.items() if k in self.kept and k in self.this_run]
         try:
             self.cache_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")

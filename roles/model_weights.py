@@ -33,6 +33,7 @@ from pyinfra.operations import files
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
 from ironserve.hostdata import DEFAULTS
+from roles.common import LongCommand
 from roles.context import DeploymentContext
 from roles.secret_file import read_secret, secret_file
 
@@ -151,7 +152,7 @@ def weights_downloaded(path: str, command: str):
     if not problems:
         host.noop(f"weights at {path} are complete")
         return
-    yield command
+    yield LongCommand(command, f"downloading the weights to {path}")
 
 
 @operation()

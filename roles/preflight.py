@@ -449,4 +449,4 @@ def apply(ctx: DeploymentContext) -> None:
     for venv, runtime in uv_env.venvs_of(ctx):
         uv_env.python_available(name=f"Python {runtime.python} for {venv}", recipe_id=ctx.recipe.id,
                                 python=runtime.python, venv=venv, air_gapped=bool(ctx.host.pip_index_url),
-                                mirror=ctx.host.uv_python_install_mirror)
+                                mirror=bool(uv_env.python_sources(ctx.host)))

@@ -14,12 +14,16 @@ Host data (defaults in brackets):
   the venv (the recipe's index_url / extra_index_urls / index_strategy are ignored: a mirror cannot reach them)
 - ``package_indexes`` [{}]: index:NAME -> URL for the recipe's named indexes (ironserve.spec.resolve_index)
 - ``uv_python_install_mirror`` [none]: UV_PYTHON_INSTALL_MIRROR, where uv fetches a managed Python when the
-  host has no interpreter of the recipe's version (air-gapped clusters)
+  host has no interpreter of the recipe's version (air-gapped clusters): a mirror of uv's own download list,
+  whose archives uv checks against the hashes it ships
+- ``uv_python_downloads_json_url`` [none]: UV_PYTHON_DOWNLOADS_JSON_URL, a download list of your own (uv's
+  format: URL and sha256 of each install_only archive), for interpreters built in house
 
 Interpreters: the OS's Python when its version is the recipe's ``runtime.python``; else, on an air-gapped host
-(``pip_index_url`` set), a managed Python from ``uv_python_install_mirror``; else ``python_available`` (run by
-the preflight, before anything changes) refuses the host, naming host, version and both fixes. uv never tries the
-internet for an interpreter on an air-gapped host (UV_PYTHON_DOWNLOADS=never there without a mirror).
+(``pip_index_url`` set), a managed Python from ``uv_python_install_mirror`` or ``uv_python_downloads_json_url``;
+else ``python_available`` (run by the preflight, before anything changes) refuses the host, naming host, version
+and both fixes. uv never tries the internet for an interpreter on an air-gapped host (UV_PYTHON_DOWNLOADS=never
+there without a source).
 
 Overrides and excludes (``runtime.overrides``, ``runtime.excludes``) go to ``uv pip install --overrides/--excludes``
 from files in the venv, exactly what lint's resolution check passes (ironserve/pins.py).
@@ -46,7 +50,7 @@ from pyinfra.operations import apt, files
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
 from ironserve.units import HOME_DIRS, ROUTER_DIST, STAGED_DIR, UNIT_DIR, router_venv, venv_path
-from roles.common import run_if_changed
+from roles.common import LongCommand, run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
 
@@ -132,7 +136,7 @@ def _env_prefix(env: dict[str, str] | None) -> str:
 
 
 def interpreter_problems(host_name: str, recipe_id: str, python: str, found: list[str], air_gapped: bool,
-                         mirror: str | None) -> list[str]:
+                         mirror: bool) -> list[str]:
     """Why the venv's interpreter cannot be had on this host ([] when it can): the OS's (or an installed managed)
     Python of that version, a mirror to install one from, or a host that may download it."""
     if python in found or mirror or not air_gapped:
@@ -141,16 +145,25 @@ def interpreter_problems(host_name: str, recipe_id: str, python: str, found: lis
     return [f"{host_name}: recipe {recipe_id} needs Python {python} (runtime.python); this air-gapped host "
             f"(pip_index_url is set) has Python {have} and uv cannot download an interpreter here. Fix: install "
             f"python{python} from the OS's packages (the OS's Python is used when it matches), or set host data "
-            "uv_python_install_mirror to a mirror of uv's Python downloads (python-build-standalone releases)"]
+            "uv_python_install_mirror to a mirror of uv's Python downloads (python-build-standalone releases) "
+            "or uv_python_downloads_json_url to a download list of your own builds"]
 
 
-def uv_env(air_gapped: bool, python_mirror: str | None, index_mirror: str | None) -> dict[str, str]:
+def python_sources(host_data) -> dict[str, str]:
+    """uv's environment for fetching a managed Python, from host data ({} when none is named)."""
+    out = {}
+    if host_data.uv_python_install_mirror:
+        out["UV_PYTHON_INSTALL_MIRROR"] = host_data.uv_python_install_mirror
+    if host_data.uv_python_downloads_json_url:
+        out["UV_PYTHON_DOWNLOADS_JSON_URL"] = host_data.uv_python_downloads_json_url
+    return out
+
+
+def uv_env(air_gapped: bool, python_sources: dict[str, str], index_mirror: str | None) -> dict[str, str]:
     """Environment of the uv commands: the mirrors, and no interpreter download attempt where none can succeed.
     A Python uv installs goes beside the venvs, readable by the engine's user (uv's default is root's home)."""
-    env = {"UV_PYTHON_INSTALL_DIR": PYTHON_DIR}
-    if python_mirror:
-        env["UV_PYTHON_INSTALL_MIRROR"] = python_mirror
-    elif air_gapped:
+    env = {"UV_PYTHON_INSTALL_DIR": PYTHON_DIR, **python_sources}
+    if not python_sources and air_gapped:
         env["UV_PYTHON_DOWNLOADS"] = "never"
     if index_mirror:
         # uv venv may resolve seed packages; keep even that on the mirror
@@ -251,7 +264,7 @@ class VenvsInUse(FactBase):
 
 
 @operation()
-def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, mirror: str | None = None):
+def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, mirror: bool = False):
     """The venv's interpreter can be had without the internet where the host has none (checked before any change)."""
     have = host.get_fact(VenvPackages, path=venv)
     if have and ".".join(have["python"].split(".")[:2]) == python:
@@ -311,7 +324,8 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
     cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *todo]
-    yield _env_prefix(env) + " ".join(shlex.quote(a) for a in cmd)
+    yield LongCommand(_env_prefix(env) + " ".join(shlex.quote(a) for a in cmd),
+                      f"installing {len(todo)} package(s) into {path}")
 
 
 @operation()
@@ -353,7 +367,7 @@ def apply(ctx: DeploymentContext) -> None:
     runtime = ctx.recipe.runtime
     assert isinstance(runtime, UvRuntime)
     mirror = ctx.host.pip_index_url
-    env = uv_env(bool(mirror), ctx.host.uv_python_install_mirror, mirror)
+    env = uv_env(bool(mirror), python_sources(ctx.host), mirror)
     uv_present(ctx, env)
     path = venv_path(ctx.recipe)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
@@ -379,7 +393,7 @@ def router_runtime(ctx: DeploymentContext) -> None:
     if not path or not any(p.role == "router" for p in ctx.processes):
         return
     mirror = ctx.host.pip_index_url
-    env = uv_env(bool(mirror), ctx.host.uv_python_install_mirror, mirror)
+    env = uv_env(bool(mirror), python_sources(ctx.host), mirror)
     uv_present(ctx, env)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
     created = venv_present(name=f"router venv {path}", path=path, python=OS_PYTHON, env=env)

@@ -17,12 +17,11 @@ DEPLOYS = {"glm5": "deploys/glm5.py", "glm5.1": "deploys/glm51.py", "kimi-k2.5":
 # Seed recipes the lab cannot deploy yet, and why (the README's recipe table says so too). Each entry is a gap of
 # the lab's supply, not of the recipe: removing it puts the recipe into the matrix.
 NOT_IN_LAB = {
-    **{rid: "the lab index does not yet serve SGLang's Ascend runtime (sglang 0.5.10.post1 with its dependencies, "
-            "stand-in torch 2.8.0 / torch-npu / triton-ascend / memfabric-hybrid wheels); its pins resolve (lint)"
-       for rid in catalogue.catalogue() if rid.startswith("glm5.1-")},
-    "minimax-m2.5-nvfp4-rtx6000-tp2": "Python 3.12 on an air-gapped Debian bookworm host: no real 3.12 build reaches "
-                                      "the lab (the deploy refuses it before any change, tested); CUDA-index wheels",
-    "llama3-8b-multinode-tp4": "Python 3.12 on an air-gapped Debian bookworm host (as minimax)",
+    "minimax-m2.5-nvfp4-rtx6000-tp2": "the lab index does not serve its CUDA runtime (sglang 0.5.10rc0 and "
+                                      "sglang-kernel from SGLang's cu129/cu130 indexes); its Python 3.12 comes from "
+                                      "the lab's download list (tested), refused without one (tested)",
+    "llama3-8b-multinode-tp4": "the lab index does not serve its CUDA runtime (sglang 0.5.23 with torch 2.14.1, "
+                               "flashinfer, sglang-kernel); Python 3.12 as minimax",
 }
 
 

@@ -141,6 +141,20 @@ def test_a_probe_is_asked_alone_and_never_kept(local):
     assert "Arch" in kept and "ParseCheck" not in kept and facts.counts["single"] == 1
 
 
+def test_questions_the_run_did_not_ask_are_not_kept_for_the_next(local):
+    """Another recipe's questions (kept from its run on this host) are read once more, then dropped: a host that
+    saw many recipes of one model never gets a batched read longer than a shell's argument list."""
+    host = local["host"]
+    facts = local["facts"]()
+    stale = Request(File, {"path": "/etc/ironserve/another-recipe.env"})
+    facts.asked[stale.key] = stale
+    facts.kept.add(stale.key)
+    host.get_fact(Arch)
+    facts.end_planning()
+    kept = json_text(facts.cache_file)
+    assert "Arch" in kept and "another-recipe" not in kept
+
+
 def test_a_failed_batched_read_is_read_again_alone(local):
     facts = local["facts"]()
     bad = Request(File, {"path": "/nonexistent/x"})

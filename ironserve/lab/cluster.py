@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cgroups, cpu_runtime, hosts, images, network, rootfs, standins, state, supply, tiny_model
+from . import (cgroups, cpu_runtime, hosts, images, interpreters, network, npu_runtime, oci, registry, rootfs,
+               runtime_image, standins, state, supply, tiny_model)
 from .profiles import PROFILES
 from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
@@ -18,7 +19,10 @@ from .system import LabError, ensure_tools, require_root, run, say, wait_for
 # Real Debian packages published to the lab repo on every `up`: what tests use, and what the roles install
 # (python3-venv: gpu_clocks; ca-certificates, curl, gpg: nvidia_driver's key fetch; python3-pip: uv_env runs
 # `python3 -m pip`). Packages the base rootfs already has add nothing; the rest come with their dependencies.
-DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", "curl", "gpg", "python3-pip"]
+# Debian's Docker engine (docker.io with containerd, runc, iptables as dependencies) for the docker recipes, and
+# docker-registry, which the lab's registry runs (registry.py).
+DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", "curl", "gpg", "python3-pip",
+                "docker.io", "docker-registry"]
 # Wheel requirement sets published to the lab index on every `up`, each resolved on its own
 # (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version;
 # uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given;
@@ -112,7 +116,14 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
     if PROFILES[hardware]["kind"] == "none":
         publish_cpu_runtime(root)
+    elif PROFILES[hardware]["kind"] == "ascend":
+        publish_npu_runtime(root)
+    lab.python_downloads = publish_interpreters(root)
     supply.start_server(root)
+    registry.start_server(root)
+    lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
+    if PROFILES[hardware]["kind"] == "none":
+        publish_runtime_image(root, base)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     binds = _images(root, lab, hardware)
 
@@ -195,10 +206,14 @@ def reset(name: str) -> LabState:
         return lab
 
 
+def lab_cache_dir() -> Path:
+    """This machine's cache of what the lab supplies (built or downloaded once, kept across labs)."""
+    return Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
+
+
 def cpu_wheelhouse_dir() -> Path:
     """Where the CPU runtime's wheels are cached on this machine (downloaded once, kept across labs)."""
-    cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
-    return cache / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
+    return lab_cache_dir() / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
 
 
 def publish_cpu_runtime(root: Path) -> None:
@@ -217,6 +232,53 @@ def publish_cpu_runtime(root: Path) -> None:
     say(f"CPU runtime: {summary['wheels']} wheels ({summary['bytes'] / 2**20:.0f} MiB, sglang {summary['sglang']}, "
         f"sglang-router {summary['router']}, torch {summary['torch']}) in the lab index"
         f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
+def publish_runtime_image(root: Path, base: Path) -> str:
+    """cpu-lab: the CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry."""
+    t0 = time.monotonic()
+    ref, _ = runtime_image.ensure(base, cpu_wheelhouse_dir())
+    client = oci.Registry(registry.address(), registry.ca_file(root))
+    digest = oci.push(client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say)
+    say(f"registry: {runtime_image.REPO}:{runtime_image.TAG} = {digest} ({time.monotonic() - t0:.1f}s)")
+    return digest
+
+
+def npu_wheelhouse_dir() -> Path:
+    """Where the Ascend runtime's wheels (real ones and stand-ins) are cached on this machine."""
+    return lab_cache_dir() / "lab-npu-wheelhouse" / npu_runtime.SGLANG_VERSION
+
+
+def publish_npu_runtime(root: Path) -> None:
+    """atlas-800i-a3: what the Atlas recipes' uv runtime resolves to (npu_runtime: real wheels and stand-ins with
+    the Atlas build's metadata) into the lab index. Built on the CPU runtime's wheelhouse (torch's CPU build)."""
+    cache = npu_wheelhouse_dir()
+    t0 = time.monotonic()
+    if not cache.is_dir() or npu_runtime.check_wheelhouse(cache):
+        say(f"Ascend runtime wheelhouse: {len(npu_runtime.REAL_PINS)} real wheels and {len(npu_runtime.STANDINS)} "
+            f"stand-ins into {cache} (once per machine)")
+        cpu_cache = cpu_wheelhouse_dir()
+        try:
+            if not cpu_cache.is_dir() or cpu_runtime.check_wheelhouse(cpu_cache):
+                cpu_runtime.build_wheelhouse(cpu_cache)
+            npu_runtime.build_wheelhouse(cache, cpu_cache)
+        except (cpu_runtime.WheelhouseError, npu_runtime.WheelhouseError) as exc:
+            raise LabError(f"the lab's Ascend runtime wheelhouse could not be built: {exc}") from exc
+    added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
+    say(f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
+        f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
+def publish_interpreters(root: Path) -> str:
+    """This machine's CPython builds the hosts' Debian lacks (3.12), as uv's managed Pythons on the lab bridge;
+    the URL of uv's download list, or "" when this machine has none (the recipes that need one say so)."""
+    cache = lab_cache_dir() / "lab-python"
+    published = interpreters.publish(supply.supply_dir(root) / "python", state.supply_url("python"), cache)
+    if not published:
+        say(f"no CPython 3.12 build under {interpreters.PYTHONS_DIR}: the lab publishes no managed Python")
+        return ""
+    say(f"managed Pythons on the lab bridge: {', '.join(published.values())}")
+    return state.supply_url(f"python/{interpreters.LIST_NAME}")
 
 
 def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
@@ -289,8 +351,9 @@ def _down() -> None:
         say(f"retrying {len(failed)} host(s) still busy: {' '.join(sorted(failed))}")
         time.sleep(5)
         pending = sorted(failed)
-    say("stopping supply server, removing bridge")
+    say("stopping supply server and registry, removing bridge")
     supply.stop_server(root)
+    registry.stop_server(root)
     network.remove_bridge()
     left = cgroups.remove()
     state.remove(root)
@@ -317,7 +380,8 @@ def leftovers(root: Path | None = None) -> list[str]:
             cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if ("systemd-nspawn" in cmd and "--machine=lab" in cmd) or ("httpd.py" in cmd and str(root) in cmd):
+        if ("systemd-nspawn" in cmd and "--machine=lab" in cmd) or ("httpd.py" in cmd and str(root) in cmd) or \
+                ("docker-registry" in cmd and str(root) in cmd):
             found.append(f"process {pid_dir.name}: {cmd.strip()}")
     if Path("/run/systemd/nspawn/propagate").exists():
         found += [f"nspawn dir {p}" for p in Path("/run/systemd/nspawn/propagate").iterdir()

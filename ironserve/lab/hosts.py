@@ -12,7 +12,14 @@ Each host is `systemd-nspawn -b` with:
 - read-only binds of this machine's paths at the same path inside (images.py): the SGLang
   parser venvs and their base interpreter (for the docker stand-in) and the stand-in model
   checkpoints (<lab dir>/models at /srv/models). Recorded in <host dir>/binds.json: a host
-  kept running by a later `up` keeps the binds it booted with.
+  kept running by a later `up` keeps the binds it booted with;
+- what a real Docker engine needs inside a host (dockerd, containerd and runc from Debian, installed by the
+  production role): every capability (--capability=all: bridges, iptables, overlay mounts), the keyring and
+  bpf syscalls nspawn's filter drops (runc joins a session keyring; cgroup v2 device rules are bpf programs),
+  the unified cgroup hierarchy (SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: this machine's v1 controllers are read-only
+  in a container, cgroup v2 is delegated to the host's systemd), and /var/lib/docker on a directory of this
+  machine's own filesystem (<host dir>/docker, bound read-write): overlay2 cannot stack on the host's overlay
+  root. All of it goes away with the host (`lab down` removes <host dir>).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ FAKE_PROC = "/var/lib/ironlab/fakeproc"   # inside the host
 # kernel.* keys made writable when the running kernel has them (a key the kernel lacks, such as
 # sched_migration_cost_ns on 5.13+, stays absent, exactly as on a real host with that kernel).
 FAKE_KERNEL_KEYS = ("numa_balancing", "sched_migration_cost_ns", "sched_autogroup_enabled")
+DOCKER_DATA = "/var/lib/docker"  # inside the host: a directory of this machine's filesystem (overlay2 needs one)
+DOCKER_SYSCALLS = ("add_key", "keyctl", "bpf")  # nspawn's filter drops them; runc needs them
 
 
 def host_dir(root: Path, name: str) -> Path:
@@ -86,7 +95,7 @@ def _ids(merged: Path, user: str) -> tuple[int, int]:
 def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) -> None:
     hdir = host_dir(root, host.name)
     merged = rootfs(root, host.name)
-    for sub in ("upper", "work", "root"):
+    for sub in ("upper", "work", "root", "docker"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     if not _mounted(merged):
         run(["mount", "-t", "overlay", "overlay", "-o",
@@ -161,7 +170,10 @@ def nspawn_command(root: Path, host: Host, binds: list[tuple[str, str]] | None =
            f"--network-namespace-path={network.netns_path(host.name)}",
            "--register=no", "--keep-unit", "--console=read-only", "--resolv-conf=off",
            "--timezone=off", "--link-journal=no",
-           f"--bind={FAKE_PROC}/vm:/proc/sys/vm"]
+           f"--bind={FAKE_PROC}/vm:/proc/sys/vm",
+           # a real Docker engine inside (see the module docstring)
+           "--capability=all", f"--system-call-filter={' '.join(DOCKER_SYSCALLS)}",
+           f"--bind={host_dir(root, host.name) / 'docker'}:{DOCKER_DATA}"]
     for key in FAKE_KERNEL_KEYS:
         if (merged / FAKE_PROC.lstrip("/") / "kernel" / key).exists():
             cmd.append(f"--bind={FAKE_PROC}/kernel/{key}:/proc/sys/kernel/{key}")
@@ -212,7 +224,7 @@ def spawn(root: Path, host: Host, binds: list[tuple[str, str]] | None = None) ->
     # The shell moves itself into the host's cgroups, then becomes systemd-nspawn.
     moves = "; ".join(f"echo $$ > {p}/cgroup.procs" for p in paths)
     script = f"{moves}; exec \"$@\""
-    env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
+    env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network", "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     with open(hdir / "console.log", "ab") as log:
         proc = subprocess.Popen(["sh", "-c", script, "sh", *nspawn_command(root, host, binds)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -61,10 +61,22 @@ IMAGE_EXTRAS = {
 
 
 def _docker_recipes() -> list:
+    """The docker recipes the stand-in answers for: those of the accelerator profiles (a cpu-lab recipe such as
+    tiny-cpu-docker runs on the real engine from the lab registry, with the real generated model)."""
     from ironserve import catalogue
     from ironserve.spec import DockerRuntime
 
-    return [r for _, r in sorted(catalogue.catalogue().items()) if isinstance(r.runtime, DockerRuntime)]
+    from .profiles import PROFILES
+
+    return [r for _, r in sorted(catalogue.catalogue().items()) if isinstance(r.runtime, DockerRuntime)
+            and any(PROFILES.get(hw, {}).get("kind") not in (None, "none") for hw in r.hardware)]
+
+
+def _seed_recipes() -> list:
+    """The catalogue's recipes for real hardware (the cpu-lab ones serve the lab's generated tiny model)."""
+    from ironserve import catalogue
+
+    return [r for _, r in sorted(catalogue.catalogue().items()) if "cpu-lab" not in r.hardware]
 
 
 def split_image(image: str) -> tuple[str, str]:
@@ -254,7 +266,8 @@ def publish_models(root: Path, recipes: list | None = None) -> dict[str, dict]:
 
     Returns {name: {"path": path in hosts, "recipes": [...]}}.
     """
-    recipes = _docker_recipes() if recipes is None else recipes
+    # every seed recipe's model, whatever its runtime: a uv runtime's deploy verifies its weights the same way
+    recipes = _seed_recipes() if recipes is None else recipes
     wanted: dict[str, dict] = {}
     for recipe in recipes:
         name = model_name(recipe)
@@ -282,7 +295,7 @@ def publish_models(root: Path, recipes: list | None = None) -> dict[str, dict]:
             if stale.name not in files:
                 stale.unlink()
         result[name] = {"path": f"{MODEL_ROOT}/{name}", "recipes": entry["recipes"]}
-    readme = ("ironserve lab stand-in checkpoints (no real weights): one directory per model of the catalogue's docker\n"
+    readme = ("ironserve lab stand-in checkpoints (no real weights): one directory per model of the catalogue's seed\n"
               "recipes, named as ironserve.render.model_path_on derives it from model_root. Verify with\n"
               f"  cd {MODEL_ROOT}/<name> && sha256sum -c {MANIFEST}\n")
     if not (out_dir / "README").exists() or (out_dir / "README").read_text() != readme:

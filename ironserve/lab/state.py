@@ -21,6 +21,7 @@ SUBNET_PREFIX = "10.213.7"
 GATEWAY = f"{SUBNET_PREFIX}.1"
 PREFIX_LEN = 24
 SUPPLY_PORT = 8780
+REGISTRY_PORT = 5000  # the lab's container registry (registry.py), https on the gateway
 FIRST_HOST_OCTET = 10  # lab1 = .11, lab2 = .12, ...
 MAX_HOSTS = 200
 
@@ -67,6 +68,8 @@ class LabState:
     apt_mirror: str = supply_url("apt")
     pip_index: str = supply_url("simple/")
     ascend_files: str = supply_url("ascend/")
+    # uv's download list of the interpreters the lab packages (interpreters.py); empty when none was published
+    python_downloads: str = ""
     apt_signed_by: str = ""  # keyring path inside hosts; empty when the repo is unsigned (trusted=yes)
     # stand-in checkpoints (images.py): the directory in every host, and {name: {path, recipes}}
     model_root: str = ""
@@ -74,6 +77,9 @@ class LabState:
     # the docker stand-in's image table in every host, and {parser version: {path, built}} behind it
     docker_registry: str = ""
     parsers: dict = field(default_factory=dict)
+    # the lab's container registry (host:port, https) and the CA file that signs its certificate (this machine)
+    registry: str = ""
+    registry_ca: str = ""
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -93,11 +99,14 @@ class LabState:
             "apt_mirror": self.apt_mirror,
             "pip_index": self.pip_index,
             "ascend_files": self.ascend_files,
+            "python_downloads": self.python_downloads,
             "apt_signed_by": self.apt_signed_by,
             "model_root": self.model_root,
             "models": self.models,
             "docker_registry": self.docker_registry,
             "parsers": self.parsers,
+            "registry": self.registry,
+            "registry_ca": self.registry_ca,
         }
 
 

@@ -19,8 +19,6 @@ import html
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ import time
 from pathlib import Path
 
 from .state import GATEWAY, SUPPLY_PORT
-from .system import LabError, run, say, wait_for
+from .system import LabError, daemon_pid, listening, run, say, stop_daemon, wait_for
 
 HTTPD = Path(__file__).with_name("httpd.py")
 
@@ -255,20 +253,7 @@ def _pidfile(root: Path) -> Path:
 
 
 def server_pid(root: Path) -> int | None:
-    try:
-        pid = int(_pidfile(root).read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    return pid if b"httpd.py" in cmdline and str(supply_dir(root)).encode() in cmdline else None
-
-
-def _listening() -> bool:
-    try:
-        with socket.create_connection((GATEWAY, SUPPLY_PORT), timeout=0.5):
-            return True
-    except OSError:
-        return False
+    return daemon_pid(_pidfile(root), "httpd.py", str(supply_dir(root)))
 
 
 def start_server(root: Path) -> None:
@@ -281,15 +266,8 @@ def start_server(root: Path) -> None:
                           "--root", str(sup), "--pidfile", str(_pidfile(root))],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                          close_fds=True)
-    wait_for(lambda: server_pid(root) and _listening(), 10, what="the lab supply server")
+    wait_for(lambda: server_pid(root) and listening(GATEWAY, SUPPLY_PORT), 10, what="the lab supply server")
 
 
 def stop_server(root: Path) -> None:
-    pid = server_pid(root)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-        try:
-            wait_for(lambda: not server_pid(root), 5, what="supply server exit")
-        except LabError:
-            os.kill(pid, signal.SIGKILL)
-    _pidfile(root).unlink(missing_ok=True)
+    stop_daemon(_pidfile(root), "httpd.py", str(supply_dir(root)), what="supply server")

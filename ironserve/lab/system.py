@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 class LabError(RuntimeError):
@@ -73,3 +76,35 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
         if time.monotonic() > deadline:
             raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+# ---------------------------------------------------------------- the lab's own daemons (supply server, registry)
+
+def daemon_pid(pidfile: Path, *markers: str) -> int | None:
+    """The PID in ``pidfile`` when that process is still the daemon (its command line holds every marker)."""
+    try:
+        pid = int(pidfile.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if all(m.encode() in cmdline for m in markers) else None
+
+
+def listening(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def stop_daemon(pidfile: Path, *markers: str, what: str) -> None:
+    """SIGTERM, then SIGKILL after 5 s; the pidfile goes either way."""
+    pid = daemon_pid(pidfile, *markers)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: not daemon_pid(pidfile, *markers), 5, what=f"{what} exit")
+        except LabError:
+            os.kill(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)

@@ -68,3 +68,50 @@ def build_wheel(dest: str | os.PathLike, name: str, version: str, requires: list
         metadata.append(f"Requires-Python: {requires_python}")
     metadata += [f"Requires-Dist: {r}" for r in requires]
     return write_wheel(dest, name, version, members, "\n".join(metadata) + "\n", [module], tag)
+
+
+def rebrand_wheel(src: str | os.PathLike, dest: str | os.PathLike, name: str, version: str, metadata: str,
+                  tag: str, generator: str = "ironserve.lab.wheels") -> Path:
+    """A wheel with the files of the wheel ``src`` under another distribution's metadata (``name`` ``version``,
+    METADATA text as given): a stand-in that runs the code of the nearest build this machine can run. The
+    source's own dist-info is left out (its entry points kept), the RECORD written anew. Streams member by member
+    (a CPU torch is ~800 MB unpacked) at a fast compression level; atomic like :func:`write_wheel`."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    dist_info = f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
+    target = dest / wheel_name(name, version, tag)
+    tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
+    records, top_level = [], set()
+
+    def add(zout: zipfile.ZipFile, member: str, data: bytes, mode: int = 0o644) -> None:
+        info = zipfile.ZipInfo(member, date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = mode << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        zout.writestr(info, data, compresslevel=1)
+        records.append(f"{member},{_record_hash(data)},{len(data)}\n")
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w") as zout:
+        entry_points = None
+        for item in zin.infolist():
+            if item.is_dir():
+                continue
+            head = item.filename.split("/", 1)[0]
+            if head.endswith(".dist-info"):
+                if item.filename.endswith("/entry_points.txt"):
+                    entry_points = zin.read(item)
+                continue
+            top_level.add(head.split(".", 1)[0] if "/" not in item.filename else head)
+            add(zout, item.filename, zin.read(item), (item.external_attr >> 16) & 0o777 or 0o644)
+        add(zout, f"{dist_info}/METADATA", metadata.encode())
+        add(zout, f"{dist_info}/WHEEL", (f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: false\n"
+                                         f"Tag: {tag}\n").encode())
+        add(zout, f"{dist_info}/top_level.txt", "".join(f"{t}\n" for t in sorted(top_level)).encode())
+        if entry_points is not None:
+            add(zout, f"{dist_info}/entry_points.txt", entry_points)
+        record = "".join(records) + f"{dist_info}/RECORD,,\n"
+        info = zipfile.ZipInfo(f"{dist_info}/RECORD", date_time=(1980, 1, 1, 0, 0, 0))
+        info.external_attr = 0o644 << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        zout.writestr(info, record.encode())
+    os.replace(tmp, target)
+    return target

@@ -5,8 +5,9 @@ per shape (hardware, hosts) and shared by the recipes of that shape; the product
 (`pyinfra -y inventories/lab.py deploys/<model>.py --data recipe=ID`: prepare and validate, the accelerators are
 stand-ins) and right after it a dry run of the same deploy that must plan no change. Names and times are printed.
 The GB200 recipe is deployed by tests/e2e/test_deploy_glm5_gb200_lab.py (5 hosts, with its own checks) and counted
-here from there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter refusal of the
-Python 3.12 recipes on the same host: refused before any change, naming host, version and both fixes.
+here from there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of the Python 3.12
+recipes on the same host: refused before any change without a source, naming host, version and both fixes; installed
+from the lab's download list when host data names it.
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ TIMES: dict[str, tuple[float, float]] = {}
 
 
 class Shapes:
-    """One lab at a time: booted when the next recipe needs another shape, down at the end."""
+    """One lab at a time: booted when the next recipe needs another shape, down at the end. A larger shape of the
+    same hardware grows the running lab (its first hosts keep what the smaller shape's recipes installed: the uv
+    cache, the Ascend supply); another hardware starts from fresh hosts."""
 
     def __init__(self, tmp_path_factory):
         self.factory, self.shape, self.hosts = tmp_path_factory, None, []
 
     def up(self, shape: tuple[str, int]) -> list[dict]:
         if shape != self.shape:
-            if self.shape:
+            if self.shape and self.shape[0] != shape[0]:
                 lab_down()
             hardware, nodes = shape
             self.hosts, self.api_key_file = labcli.up_with_api_key(self.factory, nodes, hardware, timeout=1800)
@@ -90,6 +93,28 @@ def test_python_312_refused_on_an_air_gapped_host_before_any_change(shapes):
     after = labcli.ssh(hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; cat /etc/sysctl.d/*.conf 2>/dev/null | md5sum",
                        check=False).stdout
     assert before == after
+
+
+def test_python_312_from_the_labs_download_list(shapes):
+    """The same recipe with host data naming a download list (uv_python_downloads_json_url; the lab's: this
+    machine's CPython 3.12 packaged as uv's managed Python): the preflight lets it through and uv installs the
+    interpreter from the lab bridge, air-gapped; the venv runs Python 3.12. The install of its packages then fails
+    on the lab index, which does not serve its CUDA runtime (NOT_IN_LAB), and says so, not the interpreter."""
+    recipe = "minimax-m2.5-nvfp4-rtx6000-tp2"
+    fits = shapes.shape and shapes.shape[1] == 1 and shapes.shape[0] in ("rtx6000-pro", "rtx6000-pro-maxq")
+    hosts = shapes.up(shapes.shape if fits else ("rtx6000-pro", 1))
+    downloads = json.loads(labcli.ironserve("lab", "status", "--format", "json").stdout).get("python_downloads")
+    if not downloads:
+        pytest.skip("this machine has no CPython 3.12 build for the lab to publish (IRONSERVE_PYTHONS, "
+                    "default /root/.pyenv/versions/3.12.*)")
+    out = pyinfra("-y", "deploys/minimax_m2.py", "--data", f"recipe={recipe}", "--data",
+                  f"uv_python_downloads_json_url={downloads}", check=False, timeout=1200)
+    output = out.stdout + out.stderr
+    assert "needs Python 3.12" not in output and "dns error" not in output
+    venv = labcli.ssh(hosts[0], "ls -d /opt/ironserve/venvs/minimax-m2.5-nvfp4-rtx6000-tp2-* | head -1").stdout.strip()
+    version = labcli.ssh(hosts[0], f"{venv}/bin/python -c 'import sys; print(sys.version_info[:2])'").stdout
+    assert version.strip() == "(3, 12)", version
+    assert out.returncode != 0 and "sglang" in output  # the CUDA runtime the lab index does not serve
 
 
 def test_matrix_summary(capsys):

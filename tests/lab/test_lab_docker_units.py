@@ -26,6 +26,7 @@ from ironserve.inventory import InventoryHost
 from ironserve.lab import cluster, images, standins
 from ironserve.render import model_path_on, render
 from ironserve.spec import DockerRuntime
+from pyinfra.api import StringCommand
 from ironserve.units import exec_argv, sha256_text
 from roles import container_runtime as cr
 from roles import gpu_clocks, model_weights as mw, sglang_service as ss, uv_env
@@ -37,7 +38,15 @@ GLM_DIGEST = "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bb
 
 
 def _docker_recipes():
-    return [r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime)]
+    """The stand-in's docker recipes: the accelerator ones (cpu-lab's tiny-cpu-docker runs on the real engine)."""
+    return [r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime) and r.hardware != ["cpu-lab"]]
+
+
+def test_the_real_engines_recipes_are_not_the_stand_ins():
+    ids = {r.id for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime)}
+    assert "tiny-cpu-docker" in ids
+    table = images.registry_table()
+    assert not any("tiny-cpu-docker" in e["recipes"] for e in table["images"])
 
 
 # ---------------------------------------------------------------- registry table and checkpoints
@@ -214,8 +223,8 @@ def test_first_tag_resolution_of_the_role_writes_the_lock(docker, tmp_path):
     state = FakeState()
     host = create_host(state, facts={"container_runtime.ImageLock": {f"path={lock}": None}})
     with ctx_state.use(state), ctx_host.use(host):
-        commands = [c for c in cr.image_pinned._inner(image=recipe.runtime.image, recipe_id=recipe.id)
-                    if isinstance(c, str)]
+        commands = [str(c) for c in cr.image_pinned._inner(image=recipe.runtime.image, recipe_id=recipe.id)
+                    if isinstance(c, (str, StringCommand))]  # a pull is a LongCommand (progress lines)
     etc = tmp_path / "etc-ironserve"
     for command in commands:
         out = docker.sh(command.replace("/etc/ironserve", str(etc)))

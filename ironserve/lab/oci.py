@@ -1,0 +1,130 @@
+"""Container images without a Docker engine on this machine: layers, image config, manifest, registry push.
+
+The lab builds its images on the lab machine (no dockerd here) as Docker image manifests (schema 2) in an
+OCI-layout-like blob store (``<dir>/blobs/sha256/<hex>``, one small JSON file naming each image's manifest), then pushes them to the lab
+registry over the Docker Registry HTTP API v2 (the same calls ``docker push`` makes). Layers are gzip tars of
+directories written by GNU tar with a fixed order, owner and mtime, so a layer's digest depends on its content
+only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from ironserve.registry import MANIFEST_V2, Registry, RegistryError
+
+CONFIG_V1 = "application/vnd.docker.container.image.v1+json"
+LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+CHUNK = 1 << 20
+
+
+
+def blob_path(store: Path, digest: str) -> Path:
+    return store / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+
+def put_blob(store: Path, data: bytes) -> dict:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    path = blob_path(store, digest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_bytes(data)
+    return {"digest": digest, "size": len(data)}
+
+
+def layer_from_dir(store: Path, src: Path, excludes: tuple[str, ...] = (), *, normalize_mtime: bool = False,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """A gzip layer of everything under ``src`` (numeric owners kept, no xattrs): {digest, size, diff_id}."""
+    cmd = ["tar", "--sort=name", "--numeric-owner", "--one-file-system", "-C", str(src), "-cf", "-"]
+    if normalize_mtime:
+        cmd[1:1] = ["--mtime=@0", "--clamp-mtime"]
+    for pattern in excludes:
+        cmd.insert(1, f"--exclude={pattern}")
+    cmd.append(".")
+    blobs = store / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    raw, packed = hashlib.sha256(), hashlib.sha256()
+    comp = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip framing, fastest level: the bridge is local
+    size, last, total = 0, time.monotonic(), 0
+    with tempfile.NamedTemporaryFile(dir=blobs, delete=False) as out:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE) as tar:
+            while chunk := tar.stdout.read(CHUNK):
+                raw.update(chunk)
+                total += len(chunk)
+                data = comp.compress(chunk)
+                packed.update(data)
+                out.write(data)
+                size += len(data)
+                if progress and time.monotonic() - last > 15:
+                    progress(f"layer of {src.name}: {total / 2**20:.0f} MiB so far")
+                    last = time.monotonic()
+            if tar.wait() != 0:
+                os.unlink(out.name)
+                raise RuntimeError(f"tar of {src} failed (rc={tar.returncode})")
+        data = comp.flush()
+        packed.update(data)
+        out.write(data)
+        size += len(data)
+    digest = "sha256:" + packed.hexdigest()
+    os.chmod(out.name, 0o644)
+    os.replace(out.name, blob_path(store, digest))
+    return {"digest": digest, "size": size, "diff_id": "sha256:" + raw.hexdigest()}
+
+
+def write_image(store: Path, ref_file: Path, layers: list[dict], config: dict, history: list[str]) -> dict:
+    """Image config + schema 2 manifest into the store, named by ``ref_file``; {manifest_digest, config_digest}."""
+    image = {
+        "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z", "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for layer in layers]},
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": h} for h in history],
+    }
+    cfg = put_blob(store, json.dumps(image, sort_keys=True, separators=(",", ":")).encode())
+    manifest = {
+        "schemaVersion": 2, "mediaType": MANIFEST_V2,
+        "config": {"mediaType": CONFIG_V1, **cfg},
+        "layers": [{"mediaType": LAYER_GZIP, "digest": layer["digest"], "size": layer["size"]} for layer in layers],
+    }
+    blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    ref = put_blob(store, blob)
+    result = {"manifest_digest": ref["digest"], "config_digest": cfg["digest"]}
+    ref_file.parent.mkdir(parents=True, exist_ok=True)
+    ref_file.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def read_image(store: Path, ref_file: Path) -> dict | None:
+    """{manifest_digest, config_digest} of a complete image in the store, None when any blob is missing."""
+    try:
+        ref = json.loads(ref_file.read_text())
+        manifest = json.loads(blob_path(store, ref["manifest_digest"]).read_bytes())
+    except (OSError, ValueError, KeyError):
+        return None
+    blobs = [manifest["config"]["digest"]] + [layer["digest"] for layer in manifest["layers"]]
+    return ref if all(blob_path(store, d).is_file() for d in blobs) else None
+
+
+def push(registry: Registry, store: Path, ref_file: Path, repo: str, tags: list[str],
+         say: Callable[[str], None] = lambda _m: None) -> str:
+    """Push a stored image as repo:tag for each tag (blobs the registry has are skipped); its digest."""
+    ref = read_image(store, ref_file)
+    if not ref:
+        raise RegistryError(f"no complete image {ref_file.name} in {store}")
+    blob = blob_path(store, ref["manifest_digest"]).read_bytes()
+    manifest = json.loads(blob)
+    for item in [manifest["config"], *manifest["layers"]]:
+        if not registry.has_blob(repo, item["digest"]):
+            say(f"pushing {repo} blob {item['digest'][:19]} ({item['size'] / 2**20:.0f} MiB)")
+            registry.push_blob(repo, item["digest"], blob_path(store, item["digest"]))
+    for tag in tags:
+        if registry.digest(repo, tag) == ref["manifest_digest"]:
+            continue
+        registry.put_manifest(repo, tag, blob, manifest["mediaType"])
+    return ref["manifest_digest"]

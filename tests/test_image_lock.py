@@ -1,0 +1,187 @@
+"""`ironserve lock` and the lock files: tag -> digest against a registry speaking the v2 API (a small in-process
+one on loopback here; the lab test uses Debian's docker-registry), uv pins -> hashes from a PEP 503 page, the lock
+applied when a recipe loads, and the deploy's refusal of a docker recipe that nothing pins."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from ironserve import catalogue, cli, imagelock
+from ironserve.lab import oci
+from ironserve.problems import SpecError
+from ironserve.registry import Registry, repository_path
+from roles.context import build_context, require_pinned_image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FakeRegistry(http.server.BaseHTTPRequestHandler):
+    """Just the v2 calls the lab and `ironserve lock` make: HEAD/PUT manifests, HEAD/POST/PUT blobs."""
+
+    blobs: dict[str, bytes] = {}
+    manifests: dict[tuple[str, str], bytes] = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, headers=None, body=b""):
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self):
+        parts = self.path.split("/")
+        if "manifests" in parts:
+            repo, ref = "/".join(parts[2:-2]), parts[-1]
+            blob = self.manifests.get((repo, ref))
+            if blob is None:
+                return self._send(404)
+            return self._send(200, {"Docker-Content-Digest": "sha256:" + hashlib.sha256(blob).hexdigest()})
+        return self._send(200 if parts[-1] in self.blobs else 404)
+
+    def do_POST(self):
+        self._send(202, {"Location": self.path + "upload-1"})
+
+    def do_PUT(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if "/manifests/" in self.path:
+            parts = self.path.split("/")
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            self.manifests[("/".join(parts[2:-2]), parts[-1])] = body
+            self.manifests[("/".join(parts[2:-2]), digest)] = body
+            return self._send(201)
+        digest = self.path.split("digest=")[1]
+        assert digest == "sha256:" + hashlib.sha256(body).hexdigest()
+        self.blobs[digest] = body
+        self._send(201)
+
+
+@pytest.fixture()
+def registry():
+    FakeRegistry.blobs, FakeRegistry.manifests = {}, {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeRegistry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_push_then_resolve_the_tag(tmp_path, registry):
+    src = tmp_path / "src"
+    (src / "opt").mkdir(parents=True)
+    (src / "opt" / "hello").write_text("hi\n")
+    store, ref = tmp_path / "store", tmp_path / "store" / "images" / "x.json"
+    layer = oci.layer_from_dir(store, src, normalize_mtime=True)
+    again = oci.layer_from_dir(store, src, normalize_mtime=True)
+    assert layer == again  # a layer's digest depends on its content only
+    image = oci.write_image(store, ref, [layer], {"Cmd": ["python3"]}, ["test"])
+    client = Registry(registry, scheme="http")
+    assert client.digest("ironserve-lab/x", "1") is None
+    pushed = oci.push(client, store, ref, "ironserve-lab/x", ["1"])
+    assert pushed == image["manifest_digest"] == client.digest("ironserve-lab/x", "1")
+    assert set(FakeRegistry.blobs) == {layer["digest"], image["config_digest"]}
+    manifest = json.loads(FakeRegistry.manifests[("ironserve-lab/x", "1")])
+    assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
+    assert manifest["layers"][0]["digest"] == layer["digest"]
+
+
+def test_reference_parsing():
+    assert imagelock.split_reference("lmsysorg/sglang:v1") == ("registry-1.docker.io", "lmsysorg/sglang", "v1")
+    assert imagelock.split_reference("ubuntu") == ("registry-1.docker.io", "library/ubuntu", "latest")
+    assert imagelock.split_reference("nvcr.io/nvidia/x:1.1") == ("nvcr.io", "nvidia/x", "1.1")
+    assert imagelock.split_reference("10.0.0.5:5000/team/img:2") == ("10.0.0.5:5000", "team/img", "2")
+    assert repository_path("ubuntu") == "library/ubuntu"
+
+
+def _recipes(tmp_path: Path) -> Path:
+    """A copy of the catalogue to write locks into (the repository stays untouched)."""
+    dest = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes", dest, ignore=shutil.ignore_patterns("*.lock.json"))
+    return dest
+
+
+def test_lock_writes_the_digest_and_loading_applies_it(tmp_path, registry, monkeypatch, capsys):
+    recipes = _recipes(tmp_path)
+    monkeypatch.setenv("IRONSERVE_RECIPES", str(recipes))
+    digest = "sha256:" + "ab" * 32
+    FakeRegistry.manifests[("ironserve-lab/sglang-cpu", "0.5.23")] = b"{}"
+    digest = "sha256:" + hashlib.sha256(b"{}").hexdigest()
+    monkeypatch.setattr(imagelock, "Registry", lambda address, ca: Registry(address, ca, scheme="http"))
+    assert cli.main(["lock", "tiny-cpu-docker", "--registry", registry]) == 0
+    lock = json.loads((recipes / "tiny-cpu-docker.lock.json").read_text())
+    assert lock == {"recipe": "tiny-cpu-docker", "docker": {"image": "ironserve-lab/sglang-cpu:0.5.23",
+                                                            "digest": digest, "registry": registry}}
+    assert "1 lock file(s) written" in capsys.readouterr().out
+    assert catalogue.load_recipe_file(recipes / "tiny-cpu-docker.yaml").runtime.digest == digest
+    assert catalogue.load_recipe_file(recipes / "tiny-cpu-docker.yaml", locked=False).runtime.digest is None
+    # a lock for another tag is stale: not applied
+    lock["docker"]["image"] = "ironserve-lab/sglang-cpu:0.5.22"
+    (recipes / "tiny-cpu-docker.lock.json").write_text(json.dumps(lock))
+    assert catalogue.load_recipe_file(recipes / "tiny-cpu-docker.yaml").runtime.digest is None
+
+
+def test_lock_of_a_tag_the_registry_lacks_names_the_fix(tmp_path, registry, monkeypatch, capsys):
+    monkeypatch.setenv("IRONSERVE_RECIPES", str(_recipes(tmp_path)))
+    monkeypatch.setattr(imagelock, "Registry", lambda address, ca: Registry(address, ca, scheme="http"))
+    assert cli.main(["lock", "tiny-cpu-docker", "--registry", registry]) != 0
+    err = capsys.readouterr().err
+    assert "has no tag 0.5.23" in err and "push the image there" in err
+
+
+def test_uv_pins_get_the_hashes_of_their_files(tmp_path):
+    recipe = catalogue.get_recipe("tiny-cpu")
+    pages = {}
+
+    def opener(url, timeout):
+        name = url.rstrip("/").rsplit("/", 1)[-1]
+        links = "".join(f'<a href="../../wheels/{name.replace("-", "_")}-{v}-py3-none-any.whl#sha256={hashlib.sha256(v.encode()).hexdigest()}">x</a>'
+                        for v in ("0.0.1", pages.setdefault(name, _pinned(recipe, name))))
+        return io.BytesIO(f"<html><body>{links}</body></html>".encode())
+
+    lock = imagelock.resolve_uv(recipe, "http://10.0.0.5/simple/", opener=opener)
+    assert len(lock["packages"]) == len(recipe.runtime.packages)
+    version = _pinned(recipe, "sglang")
+    assert lock["packages"][f"sglang=={version}"] == [f"sha256:{hashlib.sha256(version.encode()).hexdigest()}"]
+
+
+def _pinned(recipe, name: str) -> str:
+    for p in recipe.runtime.packages:
+        n, _, v = p.partition("==")
+        if imagelock._norm(n) == name:
+            return v
+    return "0"
+
+
+def _ctx(recipe: str, **data):
+    hosts = [("h1", {"hardware": "cpu-lab", "recipe": recipe, **data})]
+    return build_context("tiny", "h1", hosts)
+
+
+def test_deploy_refuses_an_image_nothing_pins(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRONSERVE_RECIPES", str(_recipes(tmp_path)))
+    with pytest.raises(SpecError) as err:
+        require_pinned_image(_ctx("tiny-cpu-docker"))
+    assert "ironserve lock tiny-cpu-docker" in str(err.value) and "docker_allow_unpinned" in str(err.value)
+    require_pinned_image(_ctx("tiny-cpu-docker", docker_allow_unpinned=True))
+    imagelock.write(tmp_path / "recipes" / "tiny-cpu-docker.lock.json",
+                    {"docker": {"image": "ironserve-lab/sglang-cpu:0.5.23", "digest": "sha256:" + "0" * 64}})
+    catalogue._catalogue_cached.cache_clear()
+    try:
+        ctx = _ctx("tiny-cpu-docker")
+        require_pinned_image(ctx)
+        assert ctx.recipe.runtime.digest == "sha256:" + "0" * 64
+        # the units run the locked image: the derived image's Dockerfile starts FROM it
+        assert "ironserve-lab/sglang-cpu@sha256:" + "0" * 64 in ctx.recipe.runtime.pinned_ref
+    finally:
+        catalogue._catalogue_cached.cache_clear()
