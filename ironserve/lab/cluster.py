@@ -206,10 +206,14 @@ def reset(name: str) -> LabState:
         return lab
 
 
+def lab_cache_dir() -> Path:
+    """This machine's cache of what the lab supplies (built or downloaded once, kept across labs)."""
+    return Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
+
+
 def cpu_wheelhouse_dir() -> Path:
     """Where the CPU runtime's wheels are cached on this machine (downloaded once, kept across labs)."""
-    cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
-    return cache / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
+    return lab_cache_dir() / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
 
 
 def publish_cpu_runtime(root: Path) -> None:
@@ -242,7 +246,7 @@ def publish_runtime_image(root: Path, base: Path) -> str:
 
 def npu_wheelhouse_dir() -> Path:
     """Where the Ascend runtime's wheels (real ones and stand-ins) are cached on this machine."""
-    return cpu_wheelhouse_dir().parent.parent / "lab-npu-wheelhouse" / npu_runtime.SGLANG_VERSION
+    return lab_cache_dir() / "lab-npu-wheelhouse" / npu_runtime.SGLANG_VERSION
 
 
 def publish_npu_runtime(root: Path) -> None:
@@ -268,7 +272,7 @@ def publish_npu_runtime(root: Path) -> None:
 def publish_interpreters(root: Path) -> str:
     """This machine's CPython builds the hosts' Debian lacks (3.12), as uv's managed Pythons on the lab bridge;
     the URL of uv's download list, or "" when this machine has none (the recipes that need one say so)."""
-    cache = cpu_wheelhouse_dir().parent.parent / "lab-python"
+    cache = lab_cache_dir() / "lab-python"
     published = interpreters.publish(supply.supply_dir(root) / "python", state.supply_url("python"), cache)
     if not published:
         say(f"no CPython 3.12 build under {interpreters.PYTHONS_DIR}: the lab publishes no managed Python")
