@@ -53,16 +53,16 @@ _common = {
 # Stand-in accelerators answer nvidia-smi/npu-smi but cannot run an engine: prepare and validate only.
 _launch = {"cpu-lab": True}
 
-# cpu-lab: the real Docker engine from Debian (docker.io brings containerd, runc, iptables), pulling Docker Hub
-# names through the lab's registry as their mirror, verified with the lab registry's CA (an internal registry's
-# setup). The GPU profiles keep the docker stand-in of the lab repository for now (their images cannot be pulled
-# here), and resolve tags per host like before.
+# Every profile: the real Docker engine from Debian (docker.io brings containerd, runc, iptables), pulling Docker
+# Hub names through the lab's registry as their mirror, verified with the lab registry's CA (an internal
+# registry's setup). NVIDIA profiles pull stand-in images there (ironserve/lab/gpu_images.py), whose digests the
+# lab's site lock names in place of the recipes' upstream ones, as a site that rebuilds its images would.
 _docker = {
-    "cpu-lab": {"docker_packages": ["docker.io"],
-                **({"docker_registry_mirror": _state["registry"], "docker_registry_ca": _state["registry_ca"]}
-                   if _state.get("registry") else {})},
+    "docker_packages": ["docker.io"],
+    **({"docker_registry_mirror": _state["registry"], "docker_registry_ca": _state["registry_ca"]}
+       if _state.get("registry") else {}),
+    **({"docker_image_lock": _state["image_lock"]} if _state.get("image_lock") else {}),
 }
-_docker_default = {"docker_allow_unpinned": True}
 
 
 def _role(h: dict) -> dict:
@@ -75,7 +75,7 @@ def _role(h: dict) -> dict:
 
 lab_hosts = [
     (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"],
-                 "launch": _launch.get(h["hardware"], False), **_docker.get(h["hardware"], _docker_default),
+                 "launch": _launch.get(h["hardware"], False), **_docker,
                  **_role(h)})
     for h in _state["hosts"]
 ]

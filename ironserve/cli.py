@@ -299,6 +299,8 @@ def cmd_lock(args) -> int:
         mirror = mirror or host.data.get("docker_registry_mirror")
         ca_file = ca_file or host.data.get("docker_registry_ca")
         index = index or host.data.get("pip_index_url")
+    if args.site:
+        return _lock_site(args, mirror, ca_file)
     wrote = 0
     for path in _recipe_files(args):
         raw = recipe = catalogue.load_recipe_file(path, catalogue.hardware_profiles(), locked=False)
@@ -323,6 +325,26 @@ def cmd_lock(args) -> int:
             wrote += 1
         print(f"{recipe.id}: {what} -> {lock_path}")
     print(f"{wrote} lock file(s) written")
+    return 0
+
+
+def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
+    """--site FILE: the digests the site's registry holds for the docker recipes' images (host data
+    docker_image_lock), each replacing the digest its recipe pins (recipe or lock file)."""
+    from . import imagelock
+    from .spec import DockerRuntime
+
+    data: dict = {"docker": {}}
+    for path in _recipe_files(args):
+        recipe = catalogue.load_recipe_file(path, catalogue.hardware_profiles())
+        if not isinstance(recipe.runtime, DockerRuntime) or recipe.runtime.image in data["docker"]:
+            continue
+        entry = data["docker"][recipe.runtime.image] = imagelock.resolve_site(recipe, mirror, ca_file)
+        print(f"{recipe.id}: {recipe.runtime.image} -> {entry['digest']}"
+              + (f" (in place of {entry['replaces']})" if entry["replaces"] else "")
+              + (f" from {entry['repository']}" if entry["repository"] else ""))
+    imagelock.write(Path(args.site), data)
+    print(f"site lock: {len(data['docker'])} image(s) -> {args.site}")
     return 0
 
 
@@ -378,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--registry", help="host[:port] to resolve Docker Hub names at (default: the inventory's)")
     p.add_argument("--registry-ca", help="CA file of that registry")
     p.add_argument("--index", help="PEP 503 index URL for uv runtimes (default: the inventory's pip_index_url)")
+    p.add_argument("--site", metavar="FILE", help="write a site lock instead: the digests the registry holds for "
+                   "the recipes' images, in place of theirs (host data docker_image_lock)")
     p.set_defaults(func=cmd_lock)
 
     _add_optional(sub)

@@ -137,6 +137,9 @@ class HostData(BaseModel):
                                                 pattern=r"^[A-Za-z0-9][A-Za-z0-9.\-]*(:[0-9]{1,5})?$")
     docker_registry_ca: str | None = _field(None, "roles/container_runtime.py", "CA certificate of that registry, "
                                             "a file on the controller (installed in /etc/docker/certs.d/)")
+    docker_image_lock: str | None = _field(None, "ironserve/imagelock.py", "site lock, a file on the controller: "
+                                           "the digests this site's registry holds for the recipes' images "
+                                           "(`ironserve lock --all --site FILE`)")
     docker_allow_unpinned: bool = _field(False, "roles/container_runtime.py", "deploy a docker recipe with neither "
                                          "runtime.digest nor a lock file (each host resolves the tag itself)")
     nvidia_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "NVIDIA container toolkit key URL")

@@ -10,6 +10,16 @@
   the hashes of its files in the index the inventory names (a pin that is not ``name==version`` is refused).
 
 A lock whose image differs from the recipe's (the tag was edited) is stale: it is ignored and the deploy says so.
+
+Site locks (host data ``docker_image_lock``, a file on the controller; ``ironserve lock --all --site FILE``):
+``{"docker": {IMAGE: {"digest": "sha256:...", "replaces": "sha256:..."|null, "repository": REPO|null}}}``, the
+images this site's registry holds in place of the recipes' own. For a site that rebuilds or re-signs upstream
+images into its registry (their digests then differ from upstream's), or mirrors a registry Docker cannot mirror
+(only Docker Hub names go through ``registry-mirrors``: ``repository`` then names the image in the site's
+registry). An entry applies to a recipe whose image is IMAGE and whose own digest (recipe or lock file) is
+``replaces`` (null: a tag-only recipe); any other digest makes the entry stale, which stops the deploy: the
+site lock must be made again for the recipe's new pin. The deploy, the units and the audit then use the
+site's digest (roles/context.build_context).
 """
 
 from __future__ import annotations
@@ -69,6 +79,40 @@ def apply(recipe: Recipe, recipe_file: Path) -> Recipe:
     return recipe.model_copy(update={"runtime": runtime.model_copy(update={"digest": digest})})
 
 
+def site_entry(image: str, digest: str, replaces: str | None, repository: str | None = None) -> dict:
+    """One image of a site lock (see the module docstring)."""
+    return {"digest": digest, "replaces": replaces, "repository": repository}
+
+
+def apply_site(recipe: Recipe, site_lock: str | Path | None) -> Recipe:
+    """The recipe with the site lock's digest (and repository) for its image; unchanged when the lock names none."""
+    runtime = recipe.runtime
+    if not site_lock or not isinstance(runtime, DockerRuntime):
+        return recipe
+    data = read(Path(site_lock).expanduser())
+    if data is None:
+        raise SpecError([Problem(str(site_lock), "", "docker_image_lock names no file",
+                                 "run `ironserve lock --all --site FILE --inventory INVENTORY`, or unset it")])
+    entry = (data.get("docker") or {}).get(runtime.image)
+    if not isinstance(entry, dict):
+        return recipe
+    digest = entry.get("digest")
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise SpecError([Problem(str(site_lock), f"docker.{runtime.image}.digest", f"not a digest: {digest!r}",
+                                 "run `ironserve lock --all --site FILE` again")])
+    if entry.get("replaces") != runtime.digest:
+        raise SpecError([Problem(str(site_lock), f"docker.{runtime.image}.replaces",
+                                 f"the site's image replaces {entry.get('replaces') or 'the bare tag'}, but recipe "
+                                 f"{recipe.id} pins {runtime.digest or 'no digest'}: the site lock is stale",
+                                 "push the recipe's image to the site registry and run `ironserve lock --all --site "
+                                 "FILE --inventory INVENTORY` again")])
+    update = {"digest": digest}
+    repository = entry.get("repository")
+    if repository:
+        update["image"] = f"{repository}:{split_reference(runtime.image)[2]}"
+    return recipe.model_copy(update={"runtime": runtime.model_copy(update=update)})
+
+
 # --------------------------------------------------------------------------- resolving (ironserve lock)
 
 
@@ -92,6 +136,21 @@ def resolve_docker(recipe: Recipe, mirror: str | None, ca_file: str | None) -> d
         raise SpecError([Problem(recipe.id, "runtime.image", f"{runtime.image}: the registry {registry} has no "
                                  f"tag {tag}", "push the image there, or fix the tag")])
     return {"image": runtime.image, "digest": digest, "registry": registry}
+
+
+def resolve_site(recipe: Recipe, mirror: str | None, ca_file: str | None) -> dict:
+    """A site lock's entry for the recipe's image: its digest in the site's registry ``mirror`` (Docker Hub names
+    through it as their mirror, other registries' images under their path there, named as the repository)."""
+    runtime = recipe.runtime
+    assert isinstance(runtime, DockerRuntime)
+    registry, path, tag = split_reference(runtime.image)
+    where = mirror or registry
+    digest = Registry(where, ca_file).digest(path, tag)
+    if not digest:
+        raise SpecError([Problem(recipe.id, "runtime.image", f"{runtime.image}: the registry {where} has no "
+                                 f"{path}:{tag}", "push the site's image there, or fix the tag")])
+    repository = f"{mirror}/{path}" if mirror and registry != DOCKER_HUB else None
+    return site_entry(runtime.image, digest, runtime.digest, repository)
 
 
 class _Links(html.parser.HTMLParser):

@@ -85,6 +85,12 @@ class Registry:
     def has_blob(self, repo: str, digest: str) -> bool:
         return self._request("HEAD", f"/v2/{repo}/blobs/{digest}").status == 200
 
+    def mount_blob(self, repo: str, digest: str, source: str) -> bool:
+        """Link a blob the registry holds in ``source`` into ``repo`` without uploading it (cross-repository
+        mount, as ``docker push`` does for shared base layers); False when the registry did not."""
+        query = urllib.parse.urlencode({"mount": digest, "from": source})
+        return self._request("POST", f"/v2/{repo}/blobs/uploads/?{query}", data=b"", length=0).status == 201
+
     def push_blob(self, repo: str, digest: str, path: Path) -> None:
         start = self._request("POST", f"/v2/{repo}/blobs/uploads/", data=b"", length=0)
         if start.status != 202:

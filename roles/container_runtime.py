@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import urllib.parse
 from io import StringIO
 
 from pyinfra import host
@@ -113,6 +114,11 @@ def dockerfile_path(recipe_id: str) -> str:
     return f"{IMAGES_DIR}/{recipe_id}/Dockerfile"
 
 
+def http_index_host(url: str) -> str | None:
+    """The host of a plain-http index (allow_http_index), which pip needs named as trusted; None for https."""
+    return urllib.parse.urlsplit(url).hostname if url.startswith("http://") else None
+
+
 def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url: str | None = None) -> str:
     """FROM the pinned base + the recipe's patch lines, verbatim and in order."""
     lines = [f"# managed by ironserve: recipe {recipe_id} (derived image; rebuilt when this file changes)",
@@ -120,6 +126,8 @@ def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url
     if pip_index_url:
         # the build runs on the host: an air-gapped host reaches only the mirror (ARG is visible to RUN only)
         lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
+        if http_index_host(pip_index_url):
+            lines.append("ARG PIP_TRUSTED_HOST")  # pip ignores a plain-http index it is not told to trust
     lines += list(patches)
     return "\n".join(lines) + "\n"
 
@@ -400,6 +408,8 @@ def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[
              "-f", path]
     if pip_index_url:
         build += ["--build-arg", f"PIP_INDEX_URL={pip_index_url}", "--build-arg", f"UV_INDEX_URL={pip_index_url}"]
+        if http_index_host(pip_index_url):
+            build += ["--build-arg", f"PIP_TRUSTED_HOST={http_index_host(pip_index_url)}"]
     yield LongCommand(" ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]]), f"building {tag}")
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from pyinfra import host, inventory
 
-from ironserve import catalogue
+from ironserve import catalogue, imagelock
 from ironserve.catalogue import Problem, SpecError
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
@@ -81,6 +81,8 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
                                  f"one of {', '.join(profiles)}")])
     recipe_id = typed[host_name].recipe
     recipe = catalogue.get_recipe(recipe_id) if recipe_id else catalogue.default_recipe(model, hw_id)
+    # the site's registry may hold the recipe's image under another digest (ironserve/imagelock.py)
+    recipe = imagelock.apply_site(recipe, typed[host_name].docker_image_lock)
     if hw_id not in recipe.hardware:
         raise SpecError([Problem(where, f"{host_name}.hardware", f"recipe {recipe.id} is for "
                                  f"{', '.join(recipe.hardware)}, not {hw_id}", "pick another recipe with --data recipe=ID")])

@@ -185,3 +185,73 @@ def test_deploy_refuses_an_image_nothing_pins(tmp_path, monkeypatch):
         assert "ironserve-lab/sglang-cpu@sha256:" + "0" * 64 in ctx.recipe.runtime.pinned_ref
     finally:
         catalogue._catalogue_cached.cache_clear()
+
+
+def _gpu_ctx(recipe: str, **data):
+    hosts = [("h1", {"hardware": "rtx6000-pro-maxq", "recipe": recipe, **data})]
+    return build_context("glm5", "h1", hosts)
+
+
+def test_a_site_lock_pins_the_sites_digest_in_place_of_the_upstream_one(tmp_path):
+    """A site whose registry holds rebuilt images: the deploy, the units and the audit run the site's digest,
+    and only while the entry replaces the digest the recipe pins."""
+    recipe = catalogue.get_recipe("glm5-nvfp4-mtp-rtx6000-tp8")
+    upstream, site = recipe.runtime.digest, "sha256:" + "5" * 64
+    lock = tmp_path / "site-lock.json"
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(recipe.runtime.image, site,
+                                                                                 upstream)}})
+    ctx = _gpu_ctx(recipe.id, docker_image_lock=str(lock))
+    assert ctx.recipe.runtime.digest == site and ctx.recipe.runtime.image == recipe.runtime.image
+    assert f"lmsysorg/sglang@{site}" in ctx.recipe.runtime.pinned_ref
+    assert upstream not in json.dumps([p.argv for p in ctx.processes], default=str)
+    # without the site lock: the recipe's own pin
+    assert _gpu_ctx(recipe.id).recipe.runtime.digest == upstream
+    # the recipe moved on to another upstream digest: the site's entry is stale, the deploy stops and says why
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(recipe.runtime.image, site,
+                                                                                 "sha256:" + "7" * 64)}})
+    with pytest.raises(SpecError) as err:
+        _gpu_ctx(recipe.id, docker_image_lock=str(lock))
+    assert "stale" in str(err.value) and "ironserve lock --all --site" in str(err.value)
+    with pytest.raises(SpecError, match="names no file"):
+        _gpu_ctx(recipe.id, docker_image_lock=str(tmp_path / "missing.json"))
+
+
+def test_a_site_lock_pins_a_tag_and_names_the_sites_repository(tmp_path):
+    """A tag-only recipe needs no docker_allow_unpinned where the site lock pins it; an image Docker cannot
+    mirror (not Docker Hub) runs from the repository the site lock names."""
+    recipe = catalogue.get_recipe("glm5-nvfp4-gb200-disagg")
+    assert recipe.runtime.digest is None and recipe.runtime.image.startswith("nvcr.io/")
+    site = "sha256:" + "6" * 64
+    lock = tmp_path / "site-lock.json"
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(
+        recipe.runtime.image, site, None, "registry.site:5000/nvidia/ai-dynamo/sglang-runtime")}})
+    hosts = [(f"h{i}", {"hardware": "gb200", "recipe": recipe.id, "nic": "eth0",
+                           "docker_image_lock": str(lock)})
+             for i in range(1, 6)]
+    ctx = build_context("glm5", "h1", hosts)
+    require_pinned_image(ctx)
+    assert ctx.recipe.runtime.image == "registry.site:5000/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
+    assert ctx.recipe.runtime.pinned_ref == f"registry.site:5000/nvidia/ai-dynamo/sglang-runtime@{site}"
+
+
+def test_lock_site_resolves_every_docker_image_in_the_sites_registry(tmp_path, registry, monkeypatch, capsys):
+    """`ironserve lock --all --site FILE`: one entry per image, each replacing its recipe's pin, the non-Docker-Hub
+    image under its path in the site's registry; the deploy then takes it (docker_image_lock)."""
+    monkeypatch.setattr(imagelock, "Registry", lambda address, ca: Registry(address, ca, scheme="http"))
+    docker = {r.runtime.image: r for r in catalogue.catalogue().values() if r.runtime.kind == "docker"}
+    for image in docker:
+        _, path, tag = imagelock.split_reference(image)
+        FakeRegistry.manifests[(path, tag)] = image.encode()
+    site = tmp_path / "site-lock.json"
+    assert cli.main(["lock", "--all", "--site", str(site), "--registry", registry]) == 0
+    data = json.loads(site.read_text())["docker"]
+    assert set(data) == set(docker)
+    for image, recipe in docker.items():
+        assert data[image]["digest"] == "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+        assert data[image]["replaces"] == recipe.runtime.digest
+    gb200 = "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
+    assert data[gb200]["repository"] == f"{registry}/nvidia/ai-dynamo/sglang-runtime"
+    assert data["lmsysorg/sglang:glm5-blackwell"]["repository"] is None  # Docker pulls it through its mirror
+    assert "in place of sha256:426d1fa4" in capsys.readouterr().out
+    ctx = _gpu_ctx("glm5-nvfp4-mtp-rtx6000-tp8", docker_image_lock=str(site))
+    assert ctx.recipe.runtime.digest == data["lmsysorg/sglang:glm5-blackwell"]["digest"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import time
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import (cgroups, cpu_runtime, hosts, images, interpreters, network, npu_runtime, oci, registry, rootfs,
-               runtime_image, standins, state, supply, tiny_model)
+from . import (cgroups, cpu_runtime, gpu_images, hosts, images, interpreters, network, npu_runtime, oci, registry,
+               rootfs, runtime_image, standins, state, supply, tiny_model)
 from .profiles import PROFILES
 from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
@@ -122,8 +123,9 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     supply.start_server(root)
     registry.start_server(root)
     lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
-    if PROFILES[hardware]["kind"] == "none":
+    if PROFILES[hardware]["kind"] in ("none", "nvidia"):
         publish_runtime_image(root, base)
+    lab.image_lock = publish_gpu_images(root, base, hardware) if PROFILES[hardware]["kind"] == "nvidia" else ""
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     binds = _images(root, lab, hardware)
 
@@ -235,13 +237,48 @@ def publish_cpu_runtime(root: Path) -> None:
 
 
 def publish_runtime_image(root: Path, base: Path) -> str:
-    """cpu-lab: the CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry."""
+    """The CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry: cpu-lab's
+    image, and the base of the stand-in GPU images (gpu_images.py)."""
     t0 = time.monotonic()
-    ref, _ = runtime_image.ensure(base, cpu_wheelhouse_dir())
+    cache = cpu_wheelhouse_dir()
+    if not cache.is_dir() or cpu_runtime.check_wheelhouse(cache):
+        try:
+            cpu_runtime.build_wheelhouse(cache)
+        except cpu_runtime.WheelhouseError as exc:
+            raise LabError(f"the lab's CPU runtime wheelhouse could not be built: {exc}") from exc
+    ref, _ = runtime_image.ensure(base, cache)
     client = oci.Registry(registry.address(), registry.ca_file(root))
     digest = oci.push(client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say)
     say(f"registry: {runtime_image.REPO}:{runtime_image.TAG} = {digest} ({time.monotonic() - t0:.1f}s)")
     return digest
+
+
+def publish_gpu_images(root: Path, base: Path, hardware: str) -> str:
+    """NVIDIA profiles: a stand-in image for every image the profile's docker recipes name (gpu_images.py) into the
+    lab registry, the site lock naming their digests (the inventory's docker_image_lock), and the wheels their
+    derived-image patches pip-install into the lab index; the site lock's path."""
+    recipes = [r for r in images.docker_recipes() if hardware in r.hardware]
+    wheels = sorted({req for r in recipes for req in patch_requirements(r.runtime.patches)})
+    stamp = supply.supply_dir(root) / ".patch-wheels"
+    if wheels and (not stamp.exists() or stamp.read_text() != " ".join(wheels)):
+        say(f"publishing the wheels the recipes' image patches install to the lab index: {' '.join(wheels)}")
+        supply.publish_wheels(root, wheels)
+        stamp.write_text(" ".join(wheels))
+    ref = runtime_image.ensure(base, cpu_wheelhouse_dir())[0]
+    client = oci.Registry(registry.address(), registry.ca_file(root))
+    site_lock = root / "images" / gpu_images.SITE_LOCK
+    gpu_images.publish(client, registry.address(), registry.ca_file(root), recipes, base, ref, site_lock)
+    return str(site_lock)
+
+
+def patch_requirements(patches: list[str]) -> list[str]:
+    """The pinned requirements (name==version) of a recipe's ``RUN pip install`` patch lines."""
+    found = []
+    for line in patches:
+        words = line.split()
+        if words[:3] == ["RUN", "pip", "install"]:
+            found += [w for w in words[3:] if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*==[A-Za-z0-9_.+!\-]+", w)]
+    return found
 
 
 def npu_wheelhouse_dir() -> Path:

@@ -50,7 +50,7 @@ MTIME = 1760000000  # fixed: files keep their size and mtime across regeneration
 
 # What the real images of an engine era accept that the PyPI release whose parser stands for them never had
 # (docs/engine-flags.md: seed 000's patched nightly image). A lab image of that era registers exactly these in
-# its real PyPI parser (assets/docker_image_patch.py); images of PyPI engines get nothing added.
+# its real PyPI parser (assets/image_extras.py, in the stand-in image: gpu_images.py); images of PyPI engines get nothing added.
 IMAGE_EXTRAS = {
     "dev-cu13-2026-03": {
         "flags": {"--enable-pcie-oneshot-allreduce": "store_true"},
@@ -60,7 +60,7 @@ IMAGE_EXTRAS = {
 }
 
 
-def _docker_recipes() -> list:
+def docker_recipes() -> list:
     """The docker recipes the stand-in answers for: those of the accelerator profiles (a cpu-lab recipe such as
     tiny-cpu-docker runs on the real engine from the lab registry, with the real generated model)."""
     from ironserve import catalogue
@@ -101,7 +101,7 @@ def _parser_dir(version: str) -> str | None:
 def registry_table(recipes: list | None = None) -> dict:
     """{"images": [{repo, digest, digest_source, tags, sglang, parser_version, recipes, hardware}],
     "parsers": {version: venv path}} for the docker recipes of the catalogue."""
-    recipes = _docker_recipes() if recipes is None else recipes
+    recipes = docker_recipes() if recipes is None else recipes
     images: dict[tuple[str, str], dict] = {}
     tag_owner: dict[str, tuple[str, str]] = {}
     # pinned recipes first: a tag that some recipe pins resolves to that digest for the tag-only ones too

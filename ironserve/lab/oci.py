@@ -112,17 +112,21 @@ def read_image(store: Path, ref_file: Path) -> dict | None:
 
 
 def push(registry: Registry, store: Path, ref_file: Path, repo: str, tags: list[str],
-         say: Callable[[str], None] = lambda _m: None) -> str:
-    """Push a stored image as repo:tag for each tag (blobs the registry has are skipped); its digest."""
+         say: Callable[[str], None] = lambda _m: None, mount_from: str | None = None) -> str:
+    """Push a stored image as repo:tag for each tag (blobs the registry has are skipped, blobs it holds in the
+    repository ``mount_from`` are mounted, not uploaded); its digest."""
     ref = read_image(store, ref_file)
     if not ref:
         raise RegistryError(f"no complete image {ref_file.name} in {store}")
     blob = blob_path(store, ref["manifest_digest"]).read_bytes()
     manifest = json.loads(blob)
     for item in [manifest["config"], *manifest["layers"]]:
-        if not registry.has_blob(repo, item["digest"]):
-            say(f"pushing {repo} blob {item['digest'][:19]} ({item['size'] / 2**20:.0f} MiB)")
-            registry.push_blob(repo, item["digest"], blob_path(store, item["digest"]))
+        if registry.has_blob(repo, item["digest"]):
+            continue
+        if mount_from and registry.mount_blob(repo, item["digest"], mount_from):
+            continue
+        say(f"pushing {repo} blob {item['digest'][:19]} ({item['size'] / 2**20:.0f} MiB)")
+        registry.push_blob(repo, item["digest"], blob_path(store, item["digest"]))
     for tag in tags:
         if registry.digest(repo, tag) == ref["manifest_digest"]:
             continue

@@ -22,7 +22,10 @@ Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] 
                                                sets need root and persist in /var/lib/ironlab-standins/)
   cuda-toolkit-13-0               13.0.2-1     /usr/local/cuda-13.0/bin/nvcc ("release 13.0, V13.0.88"),
                                                version.json, /usr/local/cuda -> cuda-13.0
-  nvidia-container-toolkit        1.18.0-1     /usr/bin/nvidia-ctk (--version; runtime configure
+  nvidia-container-toolkit        1.18.0-1     /usr/bin/nvidia-container-runtime-hook (the prestart hook the
+                                               real dockerd runs for --gpus: fails the container's start like
+                                               the real one while the driver does not answer),
+                                               /usr/bin/nvidia-ctk (--version; runtime configure
                                                --runtime=docker|containerd [--config=F] [--set-as-default];
                                                --cdi.enabled; cdi generate --output=F (needs a loaded driver;
                                                spec names the driver's libcuda); cdi list;
@@ -242,6 +245,24 @@ if a[:2] == ["system", "create-dev-char-symlinks"]:
 print("NAME:\n   NVIDIA Container Toolkit CLI (ironserve lab stand-in)"); sys.exit(0 if not a else 1)
 '''
 
+# dockerd registers its "nvidia" device driver (`docker run --gpus`) when this is on PATH at its start, and runs it
+# as the container's OCI prestart hook; like the real hook (nvidia-container-cli underneath), it fails the
+# container's start when the driver does not answer. It mounts nothing: no stand-in GPU can run code.
+RUNTIME_HOOK = r'''#!/bin/sh
+# ironserve lab stand-in for nvidia-container-runtime-hook (the prestart hook of `docker run --gpus`)
+case "$1" in
+    prestart) ;;
+    poststart|poststop) exit 0 ;;
+    *) echo "Usage: nvidia-container-runtime-hook [prestart|poststart|poststop]" >&2; exit 2 ;;
+esac
+cat >/dev/null  # the container's OCI state
+if ! /usr/bin/nvidia-smi -L >/dev/null 2>&1; then
+    echo "nvidia-container-cli: initialization error: nvml error: driver not loaded" >&2
+    exit 1
+fi
+exit 0
+'''
+
 # The stand-in driver's "DKMS build": like dkms, it needs the running kernel's headers; like the driver, it honours
 # NVreg_CreateImexChannel0=1 when "the module loads" (here: at configure time, unless nouveau holds the GPUs).
 DRIVER_POSTINST = r'''k=$(uname -r)
@@ -400,6 +421,7 @@ def build_debs(out: Path) -> list[Path]:
     debs.append(build_deb(out, "nvidia-container-toolkit", "1.18.0-1", {
         "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("__DRIVER__", DRIVER_VERSION), 0o755),
         "/usr/bin/nvidia-container-runtime": ("#!/bin/sh\nexec runc \"$@\"\n", 0o755),
+        "/usr/bin/nvidia-container-runtime-hook": (RUNTIME_HOOK, 0o755),
     }, "NVIDIA container runtime hook and CLI (stand-in)", depends="python3"))
     debs.append(build_deb(out, "nvidia-persistenced", f"{DRIVER_VERSION}-1", {
         "/usr/bin/nvidia-persistenced": (PERSISTENCED, 0o755),

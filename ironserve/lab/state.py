@@ -80,6 +80,8 @@ class LabState:
     # the lab's container registry (host:port, https) and the CA file that signs its certificate (this machine)
     registry: str = ""
     registry_ca: str = ""
+    # NVIDIA profiles: the site lock naming the lab registry's digests of the stand-in GPU images (gpu_images.py)
+    image_lock: str = ""
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -107,6 +109,7 @@ class LabState:
             "parsers": self.parsers,
             "registry": self.registry,
             "registry_ca": self.registry_ca,
+            "image_lock": self.image_lock,
         }
 
 

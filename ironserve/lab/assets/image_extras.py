@@ -1,20 +1,18 @@
-"""ironserve lab docker stand-in: what a lab image's real engine build accepts beyond its PyPI parser.
+"""ironserve lab stand-in GPU image: what the real image's engine build accepts beyond its PyPI parser.
 
-Installed as /usr/lib/docker-standin/sitecustomize.py and put on PYTHONPATH by the stand-in `docker run`
-only for an image whose registry entry lists ``image_extras`` (ironserve/lab/images.py IMAGE_EXTRAS:
-the flags and choices a patched nightly image has and no PyPI release ever had). Before an SGLang server
-parser parses, those flags are registered and those choices added; nothing else changes, so the PyPI
-release's own parser parses everything else with its own messages.
+sitecustomize.py of a stand-in image (ironserve/lab/gpu_images.py) of an engine era whose real images accept
+flags no PyPI release ever had (ironserve/lab/images.py IMAGE_EXTRAS: a patched nightly image). Before an SGLang
+server parser parses, exactly those flags are registered and those choices added; nothing else changes, so the
+PyPI release's own parser parses everything else with its own messages.
 """
 
 import argparse
 import json
-import os
 
-_EXTRAS = json.loads(os.environ.get("IRONLAB_IMAGE_EXTRAS") or "{}")
+_EXTRAS = json.loads('__EXTRAS__')
 _HELP = "(ironserve lab: accepted by this image's engine build, absent from its PyPI release)"
 
-if _EXTRAS:
+if _EXTRAS.get("flags") or _EXTRAS.get("choices"):
     _parse_known_args = argparse.ArgumentParser.parse_known_args
 
     def parse_known_args(self, args=None, namespace=None):

@@ -1,0 +1,162 @@
+"""Stand-in GPU images: one per image reference the GPU-profile docker recipes name, in the lab registry.
+
+Lab only. The real images (CUDA builds of SGLang, tens of GB) cannot run here and cannot be pulled into an
+air-gapped lab; the stand-ins are real images for the real Docker engine in the lab hosts, built once per machine
+without a Docker engine (oci.py) and cached beside the CPU runtime image (runtime_image.py):
+
+- FROM the CPU runtime image (its layers, unchanged: a host pulls the big layers once and shares them across
+  every tag, the CPU recipes' image included);
+- one layer of the recipe's SGLang (``engine.check_version``) installed ``--no-deps`` the way the lint parser
+  venvs install it (ironserve/engine_parser.py; copied from that venv), at the place the real images keep their
+  editable SGLang checkout, /sgl-workspace/sglang/python (``PYTHONPATH``): the recipes' derived-image patches
+  that edit files there (``RUN sed -i ... /sgl-workspace/sglang/python/sglang/...``) really edit them;
+- pip in the image's venv (the wheel Debian ships in the lab rootfs), because the recipes' patches run
+  ``RUN pip install ...`` (from the lab index, which the derived build reaches as a production build reaches
+  its mirror: roles/container_runtime.py passes PIP_INDEX_URL);
+- for an engine era whose real images accept flags no PyPI release has (images.IMAGE_EXTRAS), a
+  sitecustomize.py on the same path that registers exactly those (assets/image_extras.py).
+
+So the deploy's parse check (``docker run --rm IMAGE python3 ...``) runs the image's own SGLang parser in the real
+engine. Nothing in an image can drive a GPU: the lab prepares and validates GPU recipes, it serves none.
+
+Their digests cannot be the recipes' upstream ones: ``lab up`` writes a site lock (ironserve/imagelock.py) naming
+the lab registry's digest for each image, which the lab inventory passes as ``docker_image_lock``. Images outside
+Docker Hub (nvcr.io/...) are pushed under their path in the lab registry, which the site lock names as their
+``repository`` (Docker mirrors Docker Hub names only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from ironserve import imagelock
+from ironserve.registry import Registry
+
+from . import oci, runtime_image
+from .system import LabError, say
+
+ASSETS = Path(__file__).parent / "assets"
+WORKSPACE = "/sgl-workspace/sglang/python"
+BUILD_VERSION = "1"  # bump when the layer below changes: the cached images are rebuilt
+SITE_LOCK = "site-lock.json"
+
+
+def wanted(recipes: list) -> dict[str, dict]:
+    """{image: {version, extras, replaces, recipes}} for the docker recipes given (GPU profiles)."""
+    from .images import IMAGE_EXTRAS
+
+    out: dict[str, dict] = {}
+    for recipe in recipes:
+        runtime = recipe.runtime
+        entry = out.setdefault(runtime.image, {
+            "version": recipe.engine.check_version, "replaces": runtime.digest, "recipes": [],
+            "extras": None if recipe.engine.is_pypi else IMAGE_EXTRAS.get(recipe.engine.sglang)})
+        if (entry["version"], entry["replaces"]) != (recipe.engine.check_version, runtime.digest):
+            raise LabError(f"recipes {entry['recipes'][0]} and {recipe.id} name the image {runtime.image} with "
+                           f"different engines or digests: the lab registry can hold one image per tag")
+        entry["recipes"].append(recipe.id)
+    return out
+
+
+def _site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3.*/site-packages"))
+    if not found:
+        raise LabError(f"{venv}: no site-packages")
+    return found[0]
+
+
+def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) -> None:
+    """The layer's files: SGLang at WORKSPACE, pip in the venv, the era's extras."""
+    from ironserve import engine_parser
+
+    venv = engine_parser.parser_env(version)
+    src = _site_packages(venv)
+    dest = stage / WORKSPACE.lstrip("/")
+    dest.mkdir(parents=True)
+    shutil.copytree(src / "sglang", dest / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    for info in src.glob("sglang-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    if extras:
+        baked = json.dumps({"flags": extras.get("flags") or {}, "choices": extras.get("choices") or {}})
+        (dest / "sitecustomize.py").write_text(
+            (ASSETS / "image_extras.py").read_text().replace("'__EXTRAS__'", repr(baked)))
+    wheels = sorted((base_rootfs / "usr/share/python-wheels").glob("pip-*.whl"))
+    if not wheels:
+        raise LabError(f"no pip wheel in the lab rootfs ({base_rootfs}/usr/share/python-wheels): the images' "
+                       "`RUN pip install` patches need pip")
+    site = stage / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    with zipfile.ZipFile(wheels[-1]) as whl:
+        whl.extractall(site)
+    bindir = stage / runtime_image.VENV.lstrip("/") / "bin"
+    bindir.mkdir(parents=True)
+    for name in ("pip", "pip3"):
+        (bindir / name).write_text(f"#!{runtime_image.VENV}/bin/python3\nimport sys\n"
+                                   "from pip._internal.cli.main import main\nsys.exit(main())\n")
+        (bindir / name).chmod(0o755)
+
+
+def _key(image: str, spec: dict, base_ref: dict) -> str:
+    text = json.dumps({"build": BUILD_VERSION, "image": image, "version": spec["version"], "extras": spec["extras"],
+                       "base": base_ref["manifest_digest"],
+                       "asset": (ASSETS / "image_extras.py").read_text()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Path:
+    """The cached stand-in image for ``image`` (built first when missing): its ref file."""
+    store = runtime_image.cache_dir()
+    base_ref = oci.read_image(store, base_ref_file)
+    if not base_ref:
+        raise LabError(f"the CPU runtime image {base_ref_file} is not built")
+    ref = store / "images" / f"gpu-{_key(image, spec, base_ref)}.json"
+    if oci.read_image(store, ref):
+        return ref
+    t0 = time.monotonic()
+    manifest = json.loads(oci.blob_path(store, base_ref["manifest_digest"]).read_bytes())
+    config = json.loads(oci.blob_path(store, base_ref["config_digest"]).read_bytes())
+    layers = [{"digest": item["digest"], "size": item["size"], "diff_id": diff_id}
+              for item, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])]
+    with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
+        _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
+        layers.append(oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True))
+    env = [e for e in config["config"]["Env"] if not e.startswith("PYTHONPATH=")] + [f"PYTHONPATH={WORKSPACE}"]
+    labels = {**config["config"].get("Labels", {}), "org.opencontainers.image.title":
+              f"ironserve lab stand-in for {image}: SGLang {spec['version']} on the CPU runtime, no GPU code",
+              "ironserve.lab.standin-for": image, "ironserve.lab.sglang": spec["version"]}
+    history = [h["created_by"] for h in config["history"]] + [
+        f"SGLang {spec['version']} --no-deps at {WORKSPACE} (the lint parser venv's), pip"
+        + (", the engine era's extra flags" if spec["extras"] else "")]
+    oci.write_image(store, ref, layers, {**config["config"], "Env": env, "Labels": labels}, history)
+    say(f"stand-in image for {image} built in {time.monotonic() - t0:.0f}s")
+    return ref
+
+
+def publish(client: Registry, registry: str, ca_file: Path, recipes: list, base_rootfs: Path, base_ref_file: Path,
+            site_lock: Path) -> dict:
+    """Build (once) and push every stand-in image the recipes name, then lock them as a site would
+    (`ironserve lock --site`: imagelock.resolve_site against the registry); the site lock's data."""
+    t0 = time.monotonic()
+    store = runtime_image.cache_dir()
+    data: dict = {"docker": {}}
+    for image, spec in sorted(wanted(recipes).items()):
+        ref = ensure(image, spec, base_rootfs, base_ref_file)
+        _, path, tag = imagelock.split_reference(image)
+        digest = oci.push(client, store, ref, path, [tag], say=say,
+                          mount_from=runtime_image.REPO)  # the CPU runtime's layers: pushed already
+        recipe = next(r for r in recipes if r.id == spec["recipes"][0])
+        data["docker"][image] = imagelock.resolve_site(recipe, registry, str(ca_file))
+        if data["docker"][image]["digest"] != digest:
+            raise LabError(f"the lab registry answers {data['docker'][image]['digest']} for {image}, pushed {digest}")
+    if imagelock.read(site_lock) != data:
+        site_lock.parent.mkdir(parents=True, exist_ok=True)
+        imagelock.write(site_lock, data)
+    say(f"registry: {len(data['docker'])} stand-in GPU image(s), site lock {site_lock} "
+        f"({time.monotonic() - t0:.1f}s)")
+    return data
