@@ -52,6 +52,44 @@ def changes(plan: list[dict]) -> list[str]:
             for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
 
 
+def test_real_engine_pulls_the_site_locked_image_and_builds_the_derived_one(deployed):
+    """The real Docker engine (Debian's docker.io) on both hosts: the same stand-in image pulled by the site
+    lock's digest from the lab registry, and the recipe's derived image built for real (its RUN lines ran: the
+    pip install from the lab index, the sed edit of the image's SGLang checkout)."""
+    lock = json.loads(ironserve("lab", "status", "--format", "json").stdout)["image_lock"]
+    site = json.loads(open(lock).read())["docker"]["lmsysorg/sglang:glm5-blackwell"]
+    assert site["replaces"] == "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bbe77df"
+    derived = f"ironserve/{RECIPE}:derived"
+    for host in deployed["hosts"]:
+        assert ssh(deployed, host, "head -c 4 $(command -v dockerd) | od -An -c").stdout.split() == ["177", "E", "L", "F"]
+        assert "Server Version: 20.10" in ssh(deployed, host, "docker info").stdout
+        digests = ssh(deployed, host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' "
+                                      f"lmsysorg/sglang@{site['digest']}").stdout
+        assert f"lmsysorg/sglang@{site['digest']}" in digests
+        run_in = f"docker run --rm --network none --entrypoint /bin/sh {derived} -c"
+        edited = ssh(deployed, host, f"{run_in} 'grep -c \"DEEPGEMM_SCALE_UE8M0 = False\" /sgl-workspace/sglang/"
+                                     "python/sglang/srt/layers/deep_gemm_wrapper/configurer.py'").stdout
+        assert edited.strip() == "1"
+        versions = ssh(deployed, host, f"{run_in} 'python3 -c \"import sglang, transformers; "
+                                       "print(sglang.__version__, transformers.__version__)\"'").stdout.split()
+        assert versions == ["0.5.9", "5.2.0"]
+
+
+def test_gpus_take_the_toolkits_hook_which_fails_without_a_driver(deployed):
+    """dockerd registered the toolkit's hook for --gpus; with the driver unable to answer (nouveau holds the
+    GPUs again) the hook fails the container's start as the real one does."""
+    host = deployed["hosts"][0]
+    image = f"ironserve/{RECIPE}:derived"
+    ok = ssh(deployed, host, f"docker run --rm --gpus all --network none --entrypoint true {image}", check=False)
+    assert ok.returncode == 0, ok.stderr
+    ssh(deployed, host, "echo nouveau > /etc/ironlab/nouveau")
+    try:
+        bad = ssh(deployed, host, f"docker run --rm --gpus all --network none --entrypoint true {image}", check=False)
+    finally:
+        ssh(deployed, host, "rm -f /etc/ironlab/nouveau")
+    assert bad.returncode != 0 and "driver not loaded" in bad.stderr
+
+
 def test_second_run_plans_no_change(deployed):
     out = pyinfra("deploys/glm5.py", "--dry", "--json", "--data", f"api_key_file={deployed['api_key_file']}")
     plan = json.loads(out.stdout)["plan"]
