@@ -38,15 +38,6 @@ Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] 
                                                the packaged unit passes --no-persistence-mode, like some real
                                                ones; without it the daemon turns persistence mode on)
   datacenter-gpu-manager-4-cuda13 1:4.4.1-1    /usr/bin/dcgmi, nv-hostengine, nvidia-dcgm.service
-  docker-ce-cli    5:28.5.1-1~debian.12~bookworm  /usr/bin/docker (assets/docker.py, python3): pull/tag/build/
-                                               images/rmi/inspect (Go templates)/run/create/stop/rm/ps/info/
-                                               version against the lab image registry (images.py); image and
-                                               container records in /var/lib/docker-standin/; `run` executes
-                                               python3 in the CPU SGLang parser venv the image stands for (the
-                                               parse probe), refuses to serve and to download from a hub
-  docker-ce        5:28.5.1-1~debian.12~bookworm  /usr/bin/dockerd (validates /etc/docker/daemon.json, holds
-                                               /var/run/docker.sock), docker.service (Type=notify, enabled)
-  containerd.io    1.7.28-1~debian.12~bookworm    /usr/bin/containerd (sleeps), containerd.service
 Files (http://10.213.7.1:8780/ascend/), self-extracting .run installers accepting the real flags
 (--install/--full/--run/--upgrade, --uninstall, --check, --version, --quiet, --install-for-all,
 --install-path=DIR, default /usr/local/Ascend; root required):
@@ -440,50 +431,7 @@ def build_debs(out: Path) -> list[Path]:
             0o644),
     }, "NVIDIA Datacenter GPU Manager 4 for CUDA 13 (stand-in)", depends="nvidia-open-580",
         scripts=_unit_scripts("nvidia-dcgm.service")))
-    debs += build_docker_debs(out)
     return debs
-
-
-DOCKER_VERSION = "5:28.5.1-1~debian.12~bookworm"
-CONTAINERD_VERSION = "1.7.28-1~debian.12~bookworm"
-DOCKER_SERVICE = """[Unit]
-Description=Docker Application Container Engine (ironserve lab stand-in: no engine)
-Documentation=https://docs.docker.com
-After=network-online.target containerd.service
-Wants=network-online.target containerd.service
-
-[Service]
-Type=notify
-ExecStart=/usr/bin/dockerd --containerd=/run/containerd/containerd.sock
-ExecReload=/bin/kill -s HUP $MAINPID
-TimeoutStartSec=60
-Restart=always
-RestartSec=2
-
-[Install]
-WantedBy=multi-user.target
-"""
-CONTAINERD_SERVICE = """[Unit]
-Description=containerd container runtime (ironserve lab stand-in: no runtime)
-Documentation=https://containerd.io
-After=network.target
-
-[Service]
-Type=simple
-ExecStart=/usr/bin/containerd
-Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-"""
-CONTAINERD = """#!/bin/sh
-# ironserve lab stand-in for containerd: runs nothing
-case "$1" in
-  -v|--version) echo "containerd containerd.io 1.7.28 ironlab"; exit 0;;
-esac
-exec sleep infinity
-"""
 
 
 def build_headers(out: Path) -> Path:
@@ -501,29 +449,6 @@ def _unit_scripts(unit: str) -> dict:
     return {"postinst": (f"if [ -d /run/systemd/system ]; then systemctl daemon-reload; "
                          f"systemctl enable {unit} >/dev/null 2>&1 || true; systemctl start {unit} || true; fi"),
             "prerm": f"if [ -d /run/systemd/system ]; then systemctl disable --now {unit} >/dev/null 2>&1 || true; fi"}
-
-
-def build_docker_debs(out: Path) -> list[Path]:
-    """docker-ce-cli (/usr/bin/docker), docker-ce (dockerd, docker.service), containerd.io (see assets/docker.py)."""
-    cli = build_deb(out, "docker-ce-cli", DOCKER_VERSION, {
-        "/usr/bin/docker": ((ASSETS / "docker.py").read_text(), 0o755),
-        "/usr/lib/docker-standin/sitecustomize.py": ((ASSETS / "docker_image_patch.py").read_text(), 0o644),
-    }, "Docker CLI: the open-source application container engine (stand-in)", depends="python3")
-    engine_scripts = _unit_scripts("docker.service")
-    engine_scripts["postinst"] = ("getent group docker >/dev/null || groupadd --system docker\n"
-                                  "mkdir -p /var/lib/docker-standin && chmod 700 /var/lib/docker-standin\n"
-                                  + engine_scripts["postinst"])
-    engine = build_deb(out, "docker-ce", DOCKER_VERSION, {
-        "/usr/bin/dockerd": ((ASSETS / "dockerd.py").read_text(), 0o755),
-        "/lib/systemd/system/docker.service": (DOCKER_SERVICE, 0o644),
-    }, "Docker: the open-source application container engine (stand-in)",
-        depends="containerd.io (>= 1.7.27), docker-ce-cli, python3", scripts=engine_scripts)
-    containerd = build_deb(out, "containerd.io", CONTAINERD_VERSION, {
-        "/usr/bin/containerd": (CONTAINERD, 0o755),
-        "/lib/systemd/system/containerd.service": (CONTAINERD_SERVICE, 0o644),
-    }, "An open and reliable container runtime (stand-in)", extra="Provides: containerd, runc",
-        scripts=_unit_scripts("containerd.service"))
-    return [cli, engine, containerd]
 
 
 RUN_HEADER = r'''#!/bin/sh
@@ -649,7 +574,7 @@ def publish(root: Path) -> None:
     fp = _fingerprint()
     if stamp.exists() and stamp.read_text() == fp:
         return
-    say("building stand-in packages (nvidia-smi, NVML, CUDA, Docker, Ascend installers)")
+    say("building stand-in packages (nvidia-smi, NVML, CUDA, the container toolkit, Ascend installers)")
     build = root / "build" / "standins"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
