@@ -319,15 +319,7 @@ def publish_interpreters(root: Path) -> str:
 
 
 def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
-    """Docker stand-in registry, parser venvs (GPU profiles) and stand-in checkpoints; the hosts' read-only binds."""
-    try:
-        table = images.registry_table()
-    except Exception as exc:  # noqa: BLE001 - a broken recipe must not take the lab down
-        say(f"warning: the catalogue does not load, the lab's image registry stays empty: {exc}")
-        table = {"images": [], "parsers": {}}
-    if PROFILES[hardware]["kind"] != "none":
-        images.ensure_parsers(images.versions_for(table, hardware))
-    images.write_registry(root, table)
+    """Stand-in checkpoints (and cpu-lab's generated model); the hosts' read-only binds."""
     try:
         lab.models = images.publish_models(root)
     except Exception as exc:  # noqa: BLE001
@@ -341,9 +333,7 @@ def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
         tiny_model.generate(target)
         lab.models[TINY_MODEL] = {"path": f"{images.MODEL_ROOT}/{TINY_MODEL}", "recipes": ["tiny-cpu"]}
     lab.model_root = images.MODEL_ROOT
-    lab.docker_registry = images.REGISTRY_IN_HOST
-    lab.parsers = {v: {"path": p, "built": images.parser_built(p)} for v, p in table["parsers"].items()}
-    return [(p, p) for p in images.parser_binds()] + [(str(images.models_dir(root)), images.MODEL_ROOT)]
+    return [(str(images.models_dir(root)), images.MODEL_ROOT)]
 
 
 def status() -> dict:

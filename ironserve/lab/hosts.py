@@ -9,10 +9,9 @@ Each host is `systemd-nspawn -b` with:
   `sysctl -w` and systemd-sysctl work inside the host while the real kernel never changes.
   The bind sources are paths inside the container: nspawn mounts below /proc in the
   container after chroot, so a host path would not be found there;
-- read-only binds of this machine's paths at the same path inside (images.py): the SGLang
-  parser venvs and their base interpreter (for the docker stand-in) and the stand-in model
-  checkpoints (<lab dir>/models at /srv/models). Recorded in <host dir>/binds.json: a host
-  kept running by a later `up` keeps the binds it booted with;
+- read-only binds of this machine's paths (images.py): the stand-in model checkpoints (<lab dir>/models at
+  /srv/models). Recorded in <host dir>/binds.json: a host kept running by a later `up` keeps the binds it
+  booted with;
 - what a real Docker engine needs inside a host (dockerd, containerd and runc from Debian, installed by the
   production role): every capability (--capability=all: bridges, iptables, overlay mounts), the keyring and
   bpf syscalls nspawn's filter drops (runc joins a session keyring; cgroup v2 device rules are bpf programs),
@@ -33,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import cgroups, cpu_runtime, images, network, supply
+from . import cgroups, cpu_runtime, network, supply
 from .profiles import PROFILES
 from .state import GATEWAY, Host, LabState
 from .system import LabError, run, say, wait_for
@@ -123,9 +122,6 @@ def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) ->
         # a fresh OS on a GPU host boots with nouveau bound to the cards: the stand-in driver refuses to load
         # until /etc/modprobe.d blacklists it (assets/nvidia_smi.py)
         _write(merged, "/etc/ironlab/nouveau", "nouveau bound to the GPUs at boot (lab stand-in state)\n")
-    registry = images.registry_file(root)
-    if registry.exists():  # the docker stand-in's image table (images.py)
-        _write(merged, images.REGISTRY_IN_HOST, registry.read_text())
     # Air-gapped supply: the lab mirror is the only package source (mirror URLs are data).
     keyring = supply.keyring(root)
     if keyring and state.apt_signed_by:

@@ -74,9 +74,6 @@ class LabState:
     # stand-in checkpoints (images.py): the directory in every host, and {name: {path, recipes}}
     model_root: str = ""
     models: dict = field(default_factory=dict)
-    # the docker stand-in's image table in every host, and {parser version: {path, built}} behind it
-    docker_registry: str = ""
-    parsers: dict = field(default_factory=dict)
     # the lab's container registry (host:port, https) and the CA file that signs its certificate (this machine)
     registry: str = ""
     registry_ca: str = ""
@@ -105,8 +102,6 @@ class LabState:
             "apt_signed_by": self.apt_signed_by,
             "model_root": self.model_root,
             "models": self.models,
-            "docker_registry": self.docker_registry,
-            "parsers": self.parsers,
             "registry": self.registry,
             "registry_ca": self.registry_ca,
             "image_lock": self.image_lock,

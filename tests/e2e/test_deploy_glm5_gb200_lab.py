@@ -3,8 +3,10 @@
 `pyinfra -y inventories/lab.py deploys/glm5.py` takes fresh hosts through the real-host NVIDIA steps against
 stand-ins that fail like the real packages (ironserve/lab/standins.py): the driver's DKMS build needs the running
 kernel's headers, the driver refuses while nouveau holds the GPUs, persistenced's packaged unit runs without
-persistence mode, nvidia-imex reads its nodes config, nvidia-ctk writes the CDI spec the docker stand-in resolves
-`--device nvidia.com/gpu=all` against. Then a host reporting another NVLink clique is refused before any change.
+persistence mode, nvidia-imex reads its nodes config, nvidia-ctk writes the CDI spec. The real Docker engine
+(Debian's docker.io) pulls the stand-in image of the Dynamo runtime (ironserve/lab/gpu_images.py) from the lab
+registry by the site lock's digest, under the lab registry's name for it (Docker mirrors Docker Hub names only).
+Then a host reporting another NVLink clique is refused before any change.
 About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, a dry run, one refused plan, one audit).
 """
 
@@ -56,6 +58,10 @@ def engine_unit(host: dict) -> tuple[str, str]:
 
 def test_done_when_on_every_host(lab):
     addresses = [h["address"] for h in lab["hosts"]]
+    lock = json.loads(ironserve("lab", "status", "--format", "json").stdout)["image_lock"]
+    site = json.loads(open(lock).read())["docker"][IMAGE]
+    assert site["replaces"] is None and site["repository"].endswith("/nvidia/ai-dynamo/sglang-runtime")
+    pinned = f"{site['repository']}@{site['digest']}"
     for h in lab["hosts"]:
         # module prerequisites of the running kernel (the stand-in DKMS build needs them, and ran)
         assert sh(h, "test -e /lib/modules/$(uname -r)/build && ls /var/lib/dkms/nvidia/*/$(uname -r)/*/module/"
@@ -71,15 +77,14 @@ def test_done_when_on_every_host(lab):
         assert sh(h, "cat /etc/nvidia-imex/nodes_config.cfg").stdout.split() == addresses
         assert sh(h, "nvidia-imex-ctl -N").stdout.count(" - C") == 5
         assert sh(h, "test -c /dev/nvidia-caps-imex-channels/channel0 && echo ok").stdout.strip() == "ok"
-        # GPUs by CDI: the unit asks for nvidia.com/gpu=all, never --gpus; the device flags still resolve after a
-        # daemon-reload (the docker stand-in resolves them as the daemon does)
+        # GPUs by CDI: the unit asks for nvidia.com/gpu=all, never --gpus (Debian's Docker 20.10 predates CDI: the
+        # device flags are covered by the fixture tests), and runs the site-locked image from the lab registry
         unit, path = engine_unit(h)
         text = sh(h, f"cat {path}").stdout
         assert "--device nvidia.com/gpu=all" in text and "--gpus" not in text
         assert "nvidia.com/gpu=all" in sh(h, "nvidia-ctk cdi list").stdout.split()
-        sh(h, "systemctl daemon-reload")
-        probe = (f"docker run --rm --device nvidia.com/gpu=all --device /dev/nvidia-caps-imex-channels/channel0 "
-                 f"--entrypoint python3 {IMAGE} -c {shlex.quote('print(42)')}")
+        assert pinned in text
+        probe = f"docker run --rm --network none --entrypoint python3 {pinned} -c {shlex.quote('print(42)')}"
         assert sh(h, probe).stdout.strip() == "42"
         assert "After=nvidia-imex.service" in sh(h, f"cat {UNIT_DIR}/{unit}.d/ironserve-imex.conf").stdout
 

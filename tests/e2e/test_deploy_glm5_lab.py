@@ -8,10 +8,17 @@ each injected drift on the right host and check, and is clean again after a rede
 from __future__ import annotations
 
 import json
+import runpy
+import shlex
 import subprocess
 import time
 
 import pytest
+
+from ironserve import catalogue
+from ironserve.inventory import InventoryHost
+from ironserve.render import render
+from roles import sglang_service as ss
 
 from . import labcli
 from .labcli import ROOT, ironserve, lab_down, pyinfra, run  # noqa: F401
@@ -61,7 +68,7 @@ def test_real_engine_pulls_the_site_locked_image_and_builds_the_derived_one(depl
     assert site["replaces"] == "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bbe77df"
     derived = f"ironserve/{RECIPE}:derived"
     for host in deployed["hosts"]:
-        assert ssh(deployed, host, "head -c 4 $(command -v dockerd) | od -An -c").stdout.split() == ["177", "E", "L", "F"]
+        assert ssh(deployed, host, "head -c 4 /usr/sbin/dockerd | od -An -c").stdout.split() == ["177", "E", "L", "F"]
         assert "Server Version: 20.10" in ssh(deployed, host, "docker info").stdout
         digests = ssh(deployed, host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' "
                                       f"lmsysorg/sglang@{site['digest']}").stdout
@@ -73,6 +80,30 @@ def test_real_engine_pulls_the_site_locked_image_and_builds_the_derived_one(depl
         versions = ssh(deployed, host, f"{run_in} 'python3 -c \"import sglang, transformers; "
                                        "print(sglang.__version__, transformers.__version__)\"'").stdout.split()
         assert versions == ["0.5.9", "5.2.0"]
+
+
+def test_parse_probe_runs_the_images_own_sglang_parser(deployed):
+    """The deploy's parse check (`docker run --rm IMAGE python3 ...`) is the image's SGLang parser in the real
+    engine: the recipe's argv passes, an unknown flag and a bad choice get the parser's own messages."""
+    host = deployed["hosts"][0]
+    recipe = catalogue.get_recipe(RECIPE)
+    inventory = [InventoryHost(n, d) for n, d in runpy.run_path(str(labcli.ROOT / "inventories/lab.py"))["lab_hosts"]]
+    proc = render(recipe, inventory).processes[0]
+    probe = ss.parse_check_argv(recipe, proc)
+    assert probe[:2] == ["docker", "run"] and f"ironserve/{RECIPE}:derived" in probe
+    # three probes at once (each imports SGLang)
+    argvs = [probe, probe + ["--no-such-flag", "1"], probe + ["--kv-cache-dtype", "fp3"]]
+    script = " ".join(f"( {ss.ParseCheck().command(probe=shlex.join(a))} ) > /tmp/ironlab-probe-{n} 2>&1 &"
+                      for n, a in enumerate(argvs))
+    script += " wait; " + " ".join(f"cat /tmp/ironlab-probe-{n}; echo ironlab-probe-end;" for n in range(len(argvs)))
+    # quoted for the remote shell as one word: $? must reach the host's sh, not the login shell
+    outputs = run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                  "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
+                  f"sudo sh -c {shlex.quote(script)}", timeout=300).stdout.split("ironlab-probe-end\n")
+    ok, bad, choice = (ss.ParseCheck().process(o.splitlines()) for o in outputs[:3])
+    assert ok["rc"] == 0, ok["output"]
+    assert bad["rc"] == 2 and "unrecognized arguments: --no-such-flag 1" in bad["output"]
+    assert choice["rc"] == 2 and "argument --kv-cache-dtype: invalid choice: 'fp3'" in choice["output"]
 
 
 def test_gpus_take_the_toolkits_hook_which_fails_without_a_driver(deployed):

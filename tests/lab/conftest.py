@@ -6,7 +6,7 @@ The first run on a machine builds the base rootfs (~2 min); later runs boot in s
 Coordination: every tests/lab file shares the one session lab (`lab` fixture). test_lab.py's
 test_down_leaves_nothing tears it down; the collection hook below runs it after every other test of this
 directory, whatever the file order. Tests that install packages or change a host say which host they use:
-lab1 stays without the NVIDIA driver until test_lab.py installs it; test_lab_docker.py uses lab2.
+lab1 stays without the NVIDIA driver until test_lab.py installs it.
 """
 
 from __future__ import annotations

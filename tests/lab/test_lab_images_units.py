@@ -1,0 +1,98 @@
+"""The lab's stand-in GPU images and stand-in checkpoints, offline (no root, no lab).
+
+The images themselves run in the real Docker engine of the lab hosts (tests/e2e/test_deploy_glm5_lab.py: pulled
+by the site lock's digest, derived builds, the parse check in the image); here: which images the lab builds and
+locks, the era's extra flags as the image's sitecustomize registers them in a real argparse parser, the wheels the
+patches install, and the checkpoints as the role verifies them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import subprocess
+
+from ironserve import catalogue
+from ironserve.inventory import InventoryHost
+from ironserve.lab import cluster, gpu_images, images
+from ironserve.render import model_path_on
+from ironserve.spec import DockerRuntime
+from roles import gpu_clocks, model_weights as mw, uv_env
+
+GLM_DIGEST = "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bbe77df"
+
+
+def _gpu_docker_recipes():
+    return [r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime) and r.hardware != ["cpu-lab"]]
+
+
+def test_one_stand_in_image_per_image_the_gpu_recipes_name():
+    wanted = gpu_images.wanted(images.docker_recipes())
+    assert set(wanted) == {r.runtime.image for r in _gpu_docker_recipes()}
+    assert "ironserve-lab/sglang-cpu:0.5.23" not in wanted  # cpu-lab's image is the CPU runtime image itself
+    glm = wanted["lmsysorg/sglang:glm5-blackwell"]
+    # the site lock replaces the recipes' upstream pin; tag-only images replace the bare tag
+    assert glm["replaces"] == GLM_DIGEST and wanted["lmsysorg/sglang:dev-cu13"]["replaces"] is None
+    assert glm["version"] == "0.5.9" and "--enable-pcie-oneshot-allreduce" in glm["extras"]["flags"]
+    gb200 = wanted["nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"]
+    assert gb200["version"] == "0.5.10.post1" and gb200["extras"] is None
+    assert all(r.id in wanted[r.runtime.image]["recipes"] for r in _gpu_docker_recipes())
+
+
+def test_the_images_sitecustomize_adds_exactly_the_eras_flags(tmp_path):
+    """What a patched nightly image accepts and its PyPI release lacks, registered in the release's own parser."""
+    extras = images.IMAGE_EXTRAS["dev-cu13-2026-03"]
+    baked = json.dumps({"flags": extras["flags"], "choices": extras["choices"]})
+    site = tmp_path / "sitecustomize.py"
+    site.write_text((gpu_images.ASSETS / "image_extras.py").read_text().replace("'__EXTRAS__'", repr(baked)))
+    original = argparse.ArgumentParser.parse_known_args
+    try:
+        runpy.run_path(str(site))
+        parser = argparse.ArgumentParser(prog="sglang.launch_server")
+        parser.add_argument("--model-path", required=True)
+        parser.add_argument("--tool-call-parser", choices=["glm47"])
+        args = parser.parse_args(["--model-path", "/m", "--enable-pcie-oneshot-allreduce", "--tool-call-parser",
+                                  "qwen3"])
+        assert args.enable_pcie_oneshot_allreduce and args.tool_call_parser == "qwen3"
+        other = argparse.ArgumentParser()  # not a server parser: untouched
+        other.add_argument("--x")
+        assert other.parse_known_args(["--enable-pcie-oneshot-allreduce"])[1] == ["--enable-pcie-oneshot-allreduce"]
+    finally:
+        argparse.ArgumentParser.parse_known_args = original
+
+
+def test_the_lab_index_carries_what_the_patches_pip_install():
+    assert cluster.patch_requirements(["RUN pip install --no-cache-dir transformers==5.2.0",
+                                       "RUN sed -i s/a/b/ /x.py", "RUN pip install foo"]) == ["transformers==5.2.0"]
+    glm = catalogue.get_recipe("glm5-nvfp4-mtp-rtx6000-tp8")
+    assert cluster.patch_requirements(glm.runtime.patches) == ["transformers==5.2.0"]
+
+
+def test_wheelhouse_and_repo_carry_what_the_roles_install():
+    assert cluster.UV_VERSION == uv_env.UV_VERSION
+    assert f"nvidia-ml-py=={gpu_clocks.NVIDIA_ML_PY_VERSION}" in cluster.DEFAULT_WHEELS
+    assert {"python3-venv", "curl", "gpg", "ca-certificates", "python3-pip", "docker.io"} <= set(cluster.DEFAULT_DEBS)
+
+
+def test_stand_in_checkpoints_verify_like_the_role_checks_them(tmp_path):
+    models = images.publish_models(tmp_path)
+    host = InventoryHost("lab1", {"model_root": images.MODEL_ROOT})
+    for recipe in _gpu_docker_recipes():
+        path = model_path_on(recipe, host)
+        name = path.rsplit("/", 1)[-1]
+        assert models[name]["path"] == path and recipe.id in models[name]["recipes"]
+    for name in models:
+        local = tmp_path / "models" / name
+        check = subprocess.run(["sha256sum", "-c", mw.MANIFEST], cwd=local, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        index = json.loads((local / mw.INDEX).read_text())
+        assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
+                                                             "model-00002-of-00002.safetensors"]
+        out = subprocess.run(["sh", "-c", mw.ModelCheckpoint().command(path=str(local))], capture_output=True,
+                             text=True)
+        state = mw.ModelCheckpoint().process(out.stdout.splitlines())
+        assert mw.checkpoint_problems(state) == [] and state["shards"] == 2 and state["manifest_stamp"]
+    stamp = {p: p.stat().st_mtime for p in (tmp_path / "models").rglob("*")}
+    images.publish_models(tmp_path)  # regenerating keeps size and mtime: the role's verified stamp holds
+    assert {p: p.stat().st_mtime for p in (tmp_path / "models").rglob("*")} == stamp
