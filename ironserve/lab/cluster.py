@@ -258,12 +258,15 @@ def publish_gpu_images(root: Path, base: Path, hardware: str) -> str:
     lab registry, the site lock naming their digests (the inventory's docker_image_lock), and the wheels their
     derived-image patches pip-install into the lab index; the site lock's path."""
     recipes = [r for r in images.docker_recipes() if hardware in r.hardware]
-    wheels = sorted({req for r in recipes for req in patch_requirements(r.runtime.patches)})
+    wanted = sorted({req for r in recipes for req in patch_requirements(r.runtime.patches)})
     stamp = supply.supply_dir(root) / ".patch-wheels"
-    if wheels and (not stamp.exists() or stamp.read_text() != " ".join(wheels)):
-        say(f"publishing the wheels the recipes' image patches install to the lab index: {' '.join(wheels)}")
-        supply.publish_wheels(root, wheels)
-        stamp.write_text(" ".join(wheels))
+    if wanted and (not stamp.exists() or stamp.read_text() != " ".join(wanted)):
+        say(f"publishing the wheels the recipes' image patches install to the lab index: {' '.join(wanted)}")
+        standins, real = gpu_images.patch_wheels(wanted, root / "build" / "patch-wheels")
+        supply.add_wheels(root, standins)
+        if real:
+            supply.publish_wheels(root, real)
+        stamp.write_text(" ".join(wanted))
     ref = runtime_image.ensure(base, cpu_wheelhouse_dir())[0]
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK

@@ -38,13 +38,41 @@ from pathlib import Path
 from ironserve import engine_parser, imagelock
 from ironserve.registry import Registry
 
-from . import oci, runtime_image
+from . import oci, runtime_image, wheels
 from .system import LabError, say
 
 ASSETS = Path(__file__).parent / "assets"
 WORKSPACE = "/sgl-workspace/sglang/python"
 BUILD_VERSION = "1"  # bump when the layer below changes: the cached images are rebuilt
 SITE_LOCK = "site-lock.json"
+
+
+# CUDA builds the recipes' patches pip-install (`RUN pip install nvidia-cudnn-cu13==...`): stand-in wheels with
+# their published metadata (name, version, Requires-Dist, Requires-Python; the dependencies' latest releases) in
+# the lab index, so the derived build's pip resolves and installs what it would from PyPI, without the GBs of
+# CUDA libraries no machine here can use (wheels.py).
+CUDA_STANDINS = {
+    "nvidia-cudnn-cu13": ("9.19.1.2", ">=3", ["nvidia-cublas"]),
+    "nvidia-cublas": ("13.10.0.20", ">=3", ["nvidia-cuda-nvrtc"]),
+    "nvidia-cuda-nvrtc": ("13.5.37", ">=3", []),
+}
+
+
+def patch_wheels(requirements: list[str], dest: Path) -> tuple[list[Path], list[str]]:
+    """(stand-in wheels built into ``dest``, the requirements to download for real) for the patches' pins."""
+    standins, real = [], []
+    for requirement in requirements:
+        name, _, version = requirement.partition("==")
+        if CUDA_STANDINS.get(name, ("",))[0] != version:
+            real.append(requirement)
+            continue
+        todo = [name]
+        while todo:
+            dist = todo.pop()
+            version, requires_python, requires = CUDA_STANDINS[dist]
+            standins.append(wheels.build_wheel(dest, dist, version, requires, requires_python))
+            todo += [r for r in requires if r in CUDA_STANDINS]
+    return standins, real
 
 
 def wanted(recipes: list) -> dict[str, dict]:
@@ -84,13 +112,13 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
         baked = json.dumps({"flags": extras.get("flags") or {}, "choices": extras.get("choices") or {}})
         (dest / "sitecustomize.py").write_text(
             (ASSETS / "image_extras.py").read_text().replace("'__EXTRAS__'", repr(baked)))
-    wheels = sorted((base_rootfs / "usr/share/python-wheels").glob("pip-*.whl"))
-    if not wheels:
+    pip_wheels = sorted((base_rootfs / "usr/share/python-wheels").glob("pip-*.whl"))
+    if not pip_wheels:
         raise LabError(f"no pip wheel in the lab rootfs ({base_rootfs}/usr/share/python-wheels): the images' "
                        "`RUN pip install` patches need pip")
     site = stage / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages"
     site.mkdir(parents=True)
-    with zipfile.ZipFile(wheels[-1]) as whl:
+    with zipfile.ZipFile(pip_wheels[-1]) as whl:
         whl.extractall(site)
     bindir = stage / runtime_image.VENV.lstrip("/") / "bin"
     bindir.mkdir(parents=True)

@@ -96,3 +96,19 @@ def test_stand_in_checkpoints_verify_like_the_role_checks_them(tmp_path):
     stamp = {p: p.stat().st_mtime for p in (tmp_path / "models").rglob("*")}
     images.publish_models(tmp_path)  # regenerating keeps size and mtime: the role's verified stamp holds
     assert {p: p.stat().st_mtime for p in (tmp_path / "models").rglob("*")} == stamp
+
+
+def test_cuda_builds_the_patches_install_are_stand_ins_with_their_metadata(tmp_path):
+    import zipfile
+
+    standins, real = gpu_images.patch_wheels(["nvidia-cudnn-cu13==9.19.1.2", "transformers==5.2.0",
+                                              "nvidia-cudnn-cu13==1.0"], tmp_path)
+    assert real == ["transformers==5.2.0", "nvidia-cudnn-cu13==1.0"]  # no stand-in of that version: the real one
+    names = sorted(w.name for w in standins)
+    assert names == ["nvidia_cublas-13.10.0.20-py3-none-any.whl", "nvidia_cuda_nvrtc-13.5.37-py3-none-any.whl",
+                     "nvidia_cudnn_cu13-9.19.1.2-py3-none-any.whl"]
+    with zipfile.ZipFile(tmp_path / names[2]) as whl:
+        meta = whl.read("nvidia_cudnn_cu13-9.19.1.2.dist-info/METADATA").decode()
+    assert "Requires-Dist: nvidia-cublas" in meta and "Version: 9.19.1.2" in meta
+    pins = {r for recipe in _gpu_docker_recipes() for r in cluster.patch_requirements(recipe.runtime.patches)}
+    assert "nvidia-cudnn-cu13==9.19.1.2" in pins
