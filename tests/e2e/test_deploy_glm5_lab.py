@@ -107,17 +107,18 @@ def test_parse_probe_runs_the_images_own_sglang_parser(deployed):
 
 
 def test_gpus_take_the_toolkits_hook_which_fails_without_a_driver(deployed):
-    """dockerd registered the toolkit's hook for --gpus; with the driver unable to answer (nouveau holds the
-    GPUs again) the hook fails the container's start as the real one does."""
+    """dockerd registered the toolkit's hook for --gpus; with the driver unable to answer (its module gone, as
+    after a kernel update without the DKMS rebuild, and not loaded) the hook fails the container's start as the
+    real one does."""
     host = deployed["hosts"][0]
     image = f"ironserve/{RECIPE}:derived"
     ok = ssh(deployed, host, f"docker run --rm --gpus all --network none --entrypoint true {image}", check=False)
     assert ok.returncode == 0, ok.stderr
-    ssh(deployed, host, "echo nouveau > /etc/ironlab/nouveau")
+    ssh(deployed, host, "mv /var/lib/dkms/nvidia /var/lib/dkms/nvidia.away && rm /run/ironlab-standins/nvidia-loaded")
     try:
         bad = ssh(deployed, host, f"docker run --rm --gpus all --network none --entrypoint true {image}", check=False)
     finally:
-        ssh(deployed, host, "rm -f /etc/ironlab/nouveau")
+        ssh(deployed, host, "mv /var/lib/dkms/nvidia.away /var/lib/dkms/nvidia && nvidia-smi -L >/dev/null")
     assert bad.returncode != 0 and "driver not loaded" in bad.stderr
 
 
