@@ -19,6 +19,8 @@ Host data (defaults in brackets):
   cluster's): written to /etc/docker/daemon.json as ``registry-mirrors`` (other keys kept; Docker restarted when
   it changed); ``docker_registry_ca`` [none], a CA file on the controller, goes to
   /etc/docker/certs.d/<mirror>/ca.crt so Docker verifies the mirror (no insecure-registries exception)
+- ``docker_image_lock`` [none]: a site lock on the controller naming the digests the site's registry holds in
+  place of the recipes' own (applied by roles/context.build_context, see ironserve/imagelock.py)
 - ``docker_allow_unpinned`` [false]: see below
 
 Image pinning: a recipe with ``runtime.digest``, or with a lock file beside it (``ironserve lock``, applied when
