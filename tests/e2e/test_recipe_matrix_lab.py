@@ -35,8 +35,12 @@ pytestmark = pytest.mark.lab
 ELSEWHERE = {"glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py"}
 ENTRIES = [e for e in matrix() if e.recipe not in ELSEWHERE]
 TIMES: dict[str, tuple[float, float]] = {}
+STARTED: set[str] = set()  # the matrix recipes this run's selection reached (-k may pick some)
 OS_PYTHON = "3.11"  # Debian bookworm's, the lab hosts' OS
 RENDEZVOUS = "/usr/local/lib/ironserve/ironserve-rendezvous"  # roles/launch_preflight.py (installed by the deploy)
+# The Python 3.12 checks run on one host of minimax's second profile: the matrix's last shape (no extra boot), and
+# a host no Python 3.12 recipe was deployed on (the matrix deploys minimax on its first profile, rtx6000-pro)
+SECOND_PROFILE = ("rtx6000-pro-maxq", 1)
 
 
 class Shapes:
@@ -113,6 +117,7 @@ def planned_changes(out: str) -> list[str]:
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.recipe for e in ENTRIES])
 def test_recipe_deploys_and_converges(shapes, entry):
+    STARTED.add(entry.recipe)
     hosts = shapes.up(entry.shape)
     data = ["--data", f"recipe={entry.recipe}", "--data", f"api_key_file={shapes.api_key_file}",
             *interpreter_data(entry.recipe)]
@@ -133,9 +138,7 @@ def test_recipe_deploys_and_converges(shapes, entry):
 def test_python_312_refused_on_an_air_gapped_host_before_any_change(shapes):
     """minimax/llama3 (seed 003: `uv venv --python 3.12`) on Debian bookworm (3.11), air-gapped, no mirror."""
     recipe = "minimax-m2.5-nvfp4-rtx6000-tp2"
-    # on the single host of the last shape when the recipe fits it (no extra boot)
-    fits = shapes.shape and shapes.shape[1] == 1 and shapes.shape[0] in ("rtx6000-pro", "rtx6000-pro-maxq")
-    hosts = shapes.up(shapes.shape if fits else ("rtx6000-pro", 1))
+    hosts = shapes.up(SECOND_PROFILE)
     before = labcli.ssh(hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; cat /etc/sysctl.d/*.conf 2>/dev/null | md5sum",
                         check=False).stdout
     refused = pyinfra("-y", "deploys/minimax_m2.py", "--data", f"recipe={recipe}", check=False, timeout=900)
@@ -155,8 +158,7 @@ def test_python_312_from_the_labs_download_list(shapes):
     interpreter from the lab bridge, air-gapped, and the recipe's CUDA runtime from the lab index; the venv runs
     Python 3.12 with the recipe's sglang and torch, and the whole deploy passes (the parse check included)."""
     recipe = "minimax-m2.5-nvfp4-rtx6000-tp2"
-    fits = shapes.shape and shapes.shape[1] == 1 and shapes.shape[0] in ("rtx6000-pro", "rtx6000-pro-maxq")
-    hosts = shapes.up(shapes.shape if fits else ("rtx6000-pro", 1))
+    hosts = shapes.up(SECOND_PROFILE)
     downloads = python_downloads()
     if not downloads:
         pytest.skip("this machine has no CPython 3.12 build for the lab to publish (IRONSERVE_PYTHONS, "
@@ -186,4 +188,6 @@ def test_matrix_summary(capsys):
             print(f"  {recipe:40s} deployed by {where}")
         for recipe, why in sorted(NOT_IN_LAB.items()):
             print(f"  {recipe:40s} NOT deployed in the lab: {why}")
-    assert set(TIMES) == {e.recipe for e in ENTRIES}, "a matrix recipe did not deploy"
+    if not STARTED:
+        pytest.skip("no matrix recipe was selected in this run")
+    assert STARTED <= set(TIMES), f"matrix recipes that did not deploy: {sorted(STARTED - set(TIMES))}"
