@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cpu_runtime, cuda_stubs
-from .wheels import build_wheel, write_wheel
+from .wheels import build_wheel, metadata_text, write_wheel
 
 PYTHON = "3.12"
 # the hardware profiles of the recipes served (tests/test_lab_cuda_runtime.py checks them against the catalogue)
@@ -257,12 +257,8 @@ def _split(pin: str) -> tuple[str, str]:
 def standin_metadata(pin: str) -> str:
     name, version = _split(pin)
     requires_python, requires, _ = STANDINS[pin]
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-             f"Summary: ironserve lab stand-in of {name} {version} (the published metadata; no GPU code)"]
-    lines += [f"Requires-Python: {requires_python}"] if requires_python else []
-    extras = sorted({r.split("extra == ", 1)[1].strip("'\" ") for r in requires if "extra == " in r})
-    lines += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
-    return "\n".join(lines) + "\n"
+    return metadata_text(name, version, f"ironserve lab stand-in of {name} {version} (the published metadata; no GPU "
+                         "code)", requires_python, requires)
 
 
 def standin_wheel_name(pin: str) -> str:
