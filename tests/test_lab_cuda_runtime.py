@@ -38,6 +38,18 @@ def test_every_pin_of_the_recipe_is_a_real_wheel_or_a_standin_of_that_version(ke
                                                           "sglang-kernel", "flashinfer-cubin"))]
 
 
+# how many distributions `uv pip compile` of each recipe's packages gave (Python 3.12, x86_64-manylinux_2_35, PyPI,
+# 2026-11-23; the resolutions cuda_runtime.py records): a pin or a stand-in that goes missing changes the count
+RESOLVED = {"sglang-0.5.10rc0": 181, "sglang-0.5.23": 207}
+
+
+@pytest.mark.parametrize("key", sorted(RESOLVED))
+def test_the_runtime_is_the_whole_resolution(key):
+    runtime = cuda_runtime.RUNTIMES[key]
+    assert len(runtime.real) + len(runtime.standins) == RESOLVED[key]
+    assert not set(runtime.real) & set(runtime.standins)
+
+
 def test_standins_are_those_the_runtimes_use_and_hardware_is_the_recipes():
     used = {p for r in cuda_runtime.RUNTIMES.values() for p in r.standins}
     assert used == set(cuda_runtime.STANDINS)
