@@ -4,9 +4,10 @@
 
 Prints one line per run: hosts, `up` wall time (hosts booted to systemd `running` and answering SSH),
 and `down` wall time. Runs the lab CLI as a user would. Refuses if a lab is already up.
---docker: also, once, on lab1 of a 1-host rtx6000-pro-maxq lab: apt-get install of the Docker stand-ins
-from the lab repo, a `docker pull`, and the glm5 recipe's parse probe (`docker run` of its image: the real
-SGLang parser, CPU import included), as the roles run them.
+--docker: also, once, on a 1-host rtx6000-pro-maxq lab: `lab up` (the CPU runtime and stand-in GPU images
+built once per machine and pushed), then the production GLM-5 deploy, whose long steps (Debian's docker.io, the
+pull of the stand-in image by the site lock's digest, the derived build, the parse check in the image) print
+their own times.
 """
 
 from __future__ import annotations
@@ -32,40 +33,17 @@ def lab(*args: str) -> float:
 
 
 def docker_timings() -> None:
-    import json
-    import shlex
-
-    sys.path.insert(0, str(REPO))
-    from ironserve import catalogue
-    from ironserve.render import render
-    from roles import sglang_service as ss
-
-    lab("up", "--nodes", "1", "--hardware", "rtx6000-pro-maxq")
+    t_up = lab("up", "--nodes", "1", "--hardware", "rtx6000-pro-maxq")
     try:
-        status = json.loads(subprocess.run([sys.executable, "-m", "ironserve.lab", "status", "--format", "json"],
-                                           cwd=REPO, capture_output=True, text=True, check=True).stdout)
-        host = status["hosts"][0]
-        ssh = ["ssh", "-i", host["ssh_key"], "-o", f"UserKnownHostsFile={status['known_hosts']}", "-o", "BatchMode=yes",
-               "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}"]
-
-        def timed(command: str, stdin: bytes | None = None) -> float:
-            start = time.monotonic()
-            proc = subprocess.run([*ssh, command], input=stdin, capture_output=True)
-            if proc.returncode != 0:
-                sys.exit(f"{command} failed:\n{proc.stdout.decode()}\n{proc.stderr.decode()}")
-            return time.monotonic() - start
-
-        apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -q -y"
-        t_apt = timed(f"{apt} update >/dev/null && {apt} install docker-ce docker-ce-cli containerd.io >/dev/null")
-        recipe = catalogue.get_recipe("glm5-nvfp4-mtp-rtx6000-tp8")
-        t_pull = timed(f"sudo docker pull -q {recipe.runtime.pinned_ref} && sudo docker tag {recipe.runtime.pinned_ref} "
-                       f"ironserve/{recipe.id}:derived")
-        timed(f"sudo install -d {ss.LIB_DIR} && sudo tee {ss.PARSE_CHECK} >/dev/null && sudo chmod 755 {ss.PARSE_CHECK}",
-              (REPO / "files/bin/ironserve-parse-check").read_bytes())
-        probe = shlex.join(ss.parse_check_argv(recipe, render(recipe).processes[0]))
-        t_probe = timed(f"sudo {probe} >/dev/null 2>&1")
-        print(f"docker stand-ins: apt-get install {t_apt:.1f}s, pull + tag {t_pull:.1f}s, "
-              f"parse probe (docker run, real sglang {recipe.engine.check_version} parser) {t_probe:.1f}s", flush=True)
+        start = time.monotonic()
+        proc = subprocess.run([str(Path(sys.executable).with_name("pyinfra")), "-y", "inventories/lab.py",
+                               "deploys/glm5.py"], cwd=REPO, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"the glm5 deploy failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        steps = [line.strip() for line in proc.stdout.splitlines() if line.strip().endswith("s") and ": " in line
+                 and ("pulling" in line or "building" in line)]
+        print(f"docker (real engine): lab up {t_up:.1f}s, glm5 deploy {time.monotonic() - start:.1f}s; "
+              + "; ".join(steps), flush=True)
     finally:
         lab("down")
 

@@ -15,14 +15,8 @@ DEPLOYS = {"glm5": "deploys/glm5.py", "glm5.1": "deploys/glm51.py", "kimi-k2.5":
            "qwen3.5": "deploys/qwen35.py", "minimax-m2.5": "deploys/minimax_m2.py", "llama3": "deploys/llama3.py"}
 
 # Seed recipes the lab cannot deploy yet, and why (the README's recipe table says so too). Each entry is a gap of
-# the lab's supply, not of the recipe: removing it puts the recipe into the matrix.
-NOT_IN_LAB = {
-    "minimax-m2.5-nvfp4-rtx6000-tp2": "the lab index does not serve its CUDA runtime (sglang 0.5.10rc0 and "
-                                      "sglang-kernel from SGLang's cu129/cu130 indexes); its Python 3.12 comes from "
-                                      "the lab's download list (tested), refused without one (tested)",
-    "llama3-8b-multinode-tp4": "the lab index does not serve its CUDA runtime (sglang 0.5.23 with torch 2.14.1, "
-                               "flashinfer, sglang-kernel); Python 3.12 as minimax",
-}
+# the lab's supply, not of the recipe: removing it puts the recipe into the matrix. None now.
+NOT_IN_LAB: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

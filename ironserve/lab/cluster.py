@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import time
@@ -10,8 +11,8 @@ from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import (cgroups, cpu_runtime, gpu_images, hosts, images, interpreters, network, npu_runtime, oci, registry,
-               rootfs, runtime_image, standins, state, supply, tiny_model)
+from . import (cgroups, cpu_runtime, cuda_runtime, gpu_images, hosts, images, interpreters, network, npu_runtime, oci,
+               registry, rootfs, runtime_image, standins, state, supply, tiny_model)
 from .profiles import PROFILES
 from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
@@ -119,6 +120,8 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         publish_cpu_runtime(root)
     elif PROFILES[hardware]["kind"] == "ascend":
         publish_npu_runtime(root)
+    if hardware in cuda_runtime.HARDWARE:
+        publish_cuda_runtime(root)
     lab.python_downloads = publish_interpreters(root)
     supply.start_server(root)
     registry.start_server(root)
@@ -307,6 +310,32 @@ def publish_npu_runtime(root: Path) -> None:
     added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
     say(f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
         f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+
+
+def cuda_wheelhouse_dir() -> Path:
+    """Where the CUDA runtimes' wheels (real ones and stand-ins) are cached on this machine."""
+    return lab_cache_dir() / "lab-cuda-wheelhouse" / f"py{cuda_runtime.PYTHON.replace('.', '')}"
+
+
+def publish_cuda_runtime(root: Path) -> None:
+    """RTX profiles: what the Python 3.12 CUDA runtimes of the uv recipes resolve to (cuda_runtime: real wheels,
+    torch's CUDA build among them, and stand-ins of the NVIDIA libraries with stub libraries) into the lab index.
+    Built once per machine; the cold build's time is printed (and recorded in the wheelhouse's build.json)."""
+    cache = cuda_wheelhouse_dir()
+    t0 = time.monotonic()
+    if not cache.is_dir() or cuda_runtime.check_wheelhouse(cache):
+        say(f"CUDA runtime wheelhouse (Python {cuda_runtime.PYTHON}): {', '.join(cuda_runtime.RUNTIMES)} into {cache} "
+            "(once per machine: ~3 GB of wheels)")
+        try:
+            summary = cuda_runtime.build_wheelhouse(cache)
+        except (cuda_runtime.WheelhouseError, cuda_runtime.cuda_stubs.StubError) as exc:
+            raise LabError(f"the lab's CUDA runtime wheelhouse could not be built: {exc}") from exc
+        (cache / "build.json").write_text(json.dumps(summary, indent=1) + "\n")
+        say(f"CUDA runtime wheelhouse built: {summary['wheels']} wheels, {summary['bytes'] / 2**30:.1f} GiB, "
+            f"{summary['downloaded']} downloaded in {summary['download_s']} s, {summary['total_s']} s in all")
+    added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
+    say(f"CUDA runtimes: {', '.join(cuda_runtime.RUNTIMES)} in the lab index"
+        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
 
 
 def publish_interpreters(root: Path) -> str:

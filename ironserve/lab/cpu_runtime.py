@@ -235,9 +235,11 @@ def _pip() -> list[str]:
     raise WheelhouseError("pip is needed to download the wheelhouse (python3 -m pip)")
 
 
-def download_command(dest: Path, pins: list[str]) -> list[str]:
+def download_command(dest: Path, pins: list[str], python: str = PYTHON) -> list[str]:
+    """``pip download`` of exact pins, no dependencies, binary wheels for CPython ``python`` on the lab hosts."""
+    tag = "cp" + python.replace(".", "")
     cmd = [*_pip(), "download", "--disable-pip-version-check", "--no-deps", "--only-binary", ":all:",
-           "--python-version", PYTHON, "--implementation", "cp", "--abi", PYTHON_TAG, "--abi", "abi3",
+           "--python-version", python, "--implementation", "cp", "--abi", tag, "--abi", "abi3",
            "--abi", "none", "--dest", str(dest)]
     for tag in platform_tags():
         cmd += ["--platform", tag]

@@ -29,7 +29,7 @@ import subprocess
 from pathlib import Path
 
 from . import cpu_runtime
-from .wheels import build_wheel, rebrand_wheel, write_wheel
+from .wheels import build_wheel, metadata_text, rebrand_wheel, write_wheel
 
 SGLANG_VERSION = "0.5.10.post1"
 PLATFORM_TAG = "cp311-cp311-manylinux_2_28_x86_64"
@@ -98,12 +98,8 @@ class WheelhouseError(RuntimeError):
 
 def standin_metadata(name: str) -> str:
     version, requires_python, requires = STANDINS[name]
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-             f"Summary: ironserve lab stand-in of {name} {version} (the Atlas build's metadata)"]
-    lines += [f"Requires-Python: {requires_python}"] if requires_python else []
-    extras = sorted({r.split('extra == "', 1)[1].rstrip('"') for r in requires if 'extra == "' in r})
-    lines += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
-    return "\n".join(lines) + "\n"
+    return metadata_text(name, version, f"ironserve lab stand-in of {name} {version} (the Atlas build's metadata)",
+                         requires_python, requires)
 
 
 def build_standins(dest: Path, cpu_wheels: Path) -> list[Path]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import html
+import json
 import os
 import re
 import shutil
@@ -192,6 +193,28 @@ def _project(filename: str) -> str | None:
     return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503 normalisation
 
 
+DIGESTS_NAME = "wheels.sha256.json"  # beside wheels/: {file: [size, mtime_ns, inode, sha256]} of the last reindex
+
+
+def _digests(sup: Path, files: list[Path]) -> dict[str, str]:
+    """sha256 of each file, reusing the last reindex's where the file is the same (size, mtime, inode): the
+    wheelhouse holds GBs (the CUDA runtimes), and every reindex would read them all again."""
+    cache_file = sup / DIGESTS_NAME
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    out, kept = {}, {}
+    for f in files:
+        st = f.stat()
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = cache.get(f.name)
+        out[f.name] = hit[3] if hit and hit[:3] == key else hashlib.sha256(f.read_bytes()).hexdigest()
+        kept[f.name] = [*key, out[f.name]]
+    cache_file.write_text(json.dumps(kept, sort_keys=True))
+    return out
+
+
 def reindex_wheels(root: Path) -> None:
     """Generate a static PEP 503 simple/ tree linking to ../../wheels/<file>#sha256=..."""
     sup = supply_dir(root)
@@ -203,10 +226,11 @@ def reindex_wheels(root: Path) -> None:
         name = _project(f.name)
         if name:
             projects.setdefault(name, []).append(f)
+    digests = _digests(sup, [f for files in projects.values() for f in files])
     for name, files in projects.items():
         links = []
         for f in files:
-            digest = hashlib.sha256(f.read_bytes()).hexdigest()
+            digest = digests[f.name]
             links.append(f'<a href="../../wheels/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br>')
         (simple / name).mkdir()
         (simple / name / "index.html").write_text(

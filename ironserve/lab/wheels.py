@@ -24,6 +24,16 @@ def wheel_name(name: str, version: str, tag: str = "py3-none-any") -> str:
     return f"{re.sub(r'[-_.]+', '_', name)}-{version}-{tag}.whl"
 
 
+def metadata_text(name: str, version: str, summary: str, requires_python: str | None, requires: list[str]) -> str:
+    """METADATA of a stand-in: the published Requires-Python and Requires-Dist, a Provides-Extra for each extra its
+    markers name (``extra == "x"`` or ``extra == 'x'``)."""
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary}"]
+    lines += [f"Requires-Python: {requires_python}"] if requires_python else []
+    extras = sorted({m for r in requires for m in re.findall(r"extra == [\"']([^\"']+)[\"']", r)})
+    lines += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
+    return "\n".join(lines) + "\n"
+
+
 def write_wheel(dest: str | os.PathLike, name: str, version: str, members: dict[str, bytes], metadata: str,
                 top_level: list[str], tag: str = "py3-none-any", generator: str = "ironserve.lab.wheels") -> Path:
     """Write a wheel of ``members`` ({path in the wheel: bytes}) with its dist-info (METADATA text as given, WHEEL,

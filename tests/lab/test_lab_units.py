@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -47,6 +48,24 @@ def test_pep503_index(tmp_path):
     assert sorted(p.name for p in simple.iterdir() if p.is_dir()) == ["foo-bar", "nvidia-ml-py"]
     page = (simple / "foo-bar" / "index.html").read_text()
     assert 'href="../../wheels/Foo.Bar-1.0.tar.gz#sha256=' in page and "foo_bar-1.1-py3-none-any.whl" in page
+
+
+def test_reindex_reuses_digests_of_unchanged_files_only(tmp_path, monkeypatch):
+    wheels = supply.ensure_dirs(tmp_path) / "wheels"
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"aaaa")
+    supply.reindex_wheels(tmp_path)
+    digest_a = hashlib.sha256(b"aaaa").hexdigest()
+    assert f"#sha256={digest_a}" in (supply.supply_dir(tmp_path) / "simple" / "a" / "index.html").read_text()
+    read = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real(self))
+    (wheels / "b-1.0-py3-none-any.whl").write_bytes(b"bbbb")
+    supply.reindex_wheels(tmp_path)
+    assert read == ["b-1.0-py3-none-any.whl"]  # a is the same file: its digest is not computed again
+    (wheels / "a-1.0-py3-none-any.whl").unlink()
+    (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"AAAA")  # replaced (another inode): hashed again
+    supply.reindex_wheels(tmp_path)
+    assert hashlib.sha256(b"AAAA").hexdigest() in (supply.supply_dir(tmp_path) / "simple" / "a" / "index.html").read_text()
 
 
 def test_add_wheels_links_once_and_indexes(tmp_path):
