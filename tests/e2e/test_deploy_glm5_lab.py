@@ -73,13 +73,12 @@ def test_real_engine_pulls_the_site_locked_image_and_builds_the_derived_one(depl
         digests = ssh(deployed, host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' "
                                       f"lmsysorg/sglang@{site['digest']}").stdout
         assert f"lmsysorg/sglang@{site['digest']}" in digests
-        run_in = f"docker run --rm --network none --entrypoint /bin/sh {derived} -c"
-        edited = ssh(deployed, host, f"{run_in} 'grep -c \"DEEPGEMM_SCALE_UE8M0 = False\" /sgl-workspace/sglang/"
-                                     "python/sglang/srt/layers/deep_gemm_wrapper/configurer.py'").stdout
-        assert edited.strip() == "1"
-        versions = ssh(deployed, host, f"{run_in} 'python3 -c \"import sglang, transformers; "
-                                       "print(sglang.__version__, transformers.__version__)\"'").stdout.split()
-        assert versions == ["0.5.9", "5.2.0"]
+        # one container per host (each start imports SGLang): the sed edit, then the versions the pip install left
+        out = ssh(deployed, host, f"docker run --rm --network none --entrypoint /bin/sh {derived} -c 'grep -c "
+                                  "\"DEEPGEMM_SCALE_UE8M0 = False\" /sgl-workspace/sglang/python/sglang/srt/layers/"
+                                  "deep_gemm_wrapper/configurer.py && python3 -c \"import sglang, transformers; "
+                                  "print(sglang.__version__, transformers.__version__)\"'").stdout.split()
+        assert out == ["1", "0.5.9", "5.2.0"]
 
 
 def test_parse_probe_runs_the_images_own_sglang_parser(deployed):
