@@ -31,6 +31,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from .problems import Problem, SpecError
 from .registry import DOCKER_HUB, Registry, repository_path
 from .spec import DockerRuntime, Recipe, UvRuntime
@@ -79,7 +81,7 @@ def apply(recipe: Recipe, recipe_file: Path) -> Recipe:
     return recipe.model_copy(update={"runtime": runtime.model_copy(update={"digest": digest})})
 
 
-def site_entry(image: str, digest: str, replaces: str | None, repository: str | None = None) -> dict:
+def site_entry(digest: str, replaces: str | None, repository: str | None = None) -> dict:
     """One image of a site lock (see the module docstring)."""
     return {"digest": digest, "replaces": replaces, "repository": repository}
 
@@ -110,7 +112,15 @@ def apply_site(recipe: Recipe, site_lock: str | Path | None) -> Recipe:
     repository = entry.get("repository")
     if repository:
         update["image"] = f"{repository}:{split_reference(runtime.image)[2]}"
-    return recipe.model_copy(update={"runtime": runtime.model_copy(update=update)})
+    # validated as the recipe's own fields are (model_copy would not): the values reach docker argv and units
+    try:
+        sited = DockerRuntime.model_validate({**runtime.model_dump(), **update})
+    except ValidationError as exc:
+        fields = {"image": "repository"}  # the site lock's own field names
+        raise SpecError([Problem(str(site_lock), f"docker.{runtime.image}.{fields.get(e['loc'][-1], e['loc'][-1])}",
+                                 f"{e['msg']}: {e.get('input')!r}", "run `ironserve lock --all --site FILE` again")
+                         for e in exc.errors()]) from None
+    return recipe.model_copy(update={"runtime": sited})
 
 
 # --------------------------------------------------------------------------- resolving (ironserve lock)
@@ -150,7 +160,7 @@ def resolve_site(recipe: Recipe, mirror: str | None, ca_file: str | None) -> dic
         raise SpecError([Problem(recipe.id, "runtime.image", f"{runtime.image}: the registry {where} has no "
                                  f"{path}:{tag}", "push the site's image there, or fix the tag")])
     repository = f"{mirror}/{path}" if mirror and registry != DOCKER_HUB else None
-    return site_entry(runtime.image, digest, runtime.digest, repository)
+    return site_entry(digest, runtime.digest, repository)
 
 
 class _Links(html.parser.HTMLParser):

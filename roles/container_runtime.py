@@ -410,8 +410,9 @@ def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[
              "-f", path]
     if pip_index_url:
         build += ["--build-arg", f"PIP_INDEX_URL={pip_index_url}", "--build-arg", f"UV_INDEX_URL={pip_index_url}"]
-        if http_index_host(pip_index_url):
-            build += ["--build-arg", f"PIP_TRUSTED_HOST={http_index_host(pip_index_url)}"]
+        trusted = http_index_host(pip_index_url)
+        if trusted:
+            build += ["--build-arg", f"PIP_TRUSTED_HOST={trusted}"]
     yield LongCommand(" ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]]), f"building {tag}")
 
 

@@ -198,7 +198,7 @@ def test_a_site_lock_pins_the_sites_digest_in_place_of_the_upstream_one(tmp_path
     recipe = catalogue.get_recipe("glm5-nvfp4-mtp-rtx6000-tp8")
     upstream, site = recipe.runtime.digest, "sha256:" + "5" * 64
     lock = tmp_path / "site-lock.json"
-    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(recipe.runtime.image, site,
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(site,
                                                                                  upstream)}})
     ctx = _gpu_ctx(recipe.id, docker_image_lock=str(lock))
     assert ctx.recipe.runtime.digest == site and ctx.recipe.runtime.image == recipe.runtime.image
@@ -207,7 +207,7 @@ def test_a_site_lock_pins_the_sites_digest_in_place_of_the_upstream_one(tmp_path
     # without the site lock: the recipe's own pin
     assert _gpu_ctx(recipe.id).recipe.runtime.digest == upstream
     # the recipe moved on to another upstream digest: the site's entry is stale, the deploy stops and says why
-    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(recipe.runtime.image, site,
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(site,
                                                                                  "sha256:" + "7" * 64)}})
     with pytest.raises(SpecError) as err:
         _gpu_ctx(recipe.id, docker_image_lock=str(lock))
@@ -224,7 +224,7 @@ def test_a_site_lock_pins_a_tag_and_names_the_sites_repository(tmp_path):
     site = "sha256:" + "6" * 64
     lock = tmp_path / "site-lock.json"
     imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(
-        recipe.runtime.image, site, None, "registry.site:5000/nvidia/ai-dynamo/sglang-runtime")}})
+        site, None, "registry.site:5000/nvidia/ai-dynamo/sglang-runtime")}})
     hosts = [(f"h{i}", {"hardware": "gb200", "recipe": recipe.id, "nic": "eth0",
                            "docker_image_lock": str(lock)})
              for i in range(1, 6)]
@@ -232,6 +232,11 @@ def test_a_site_lock_pins_a_tag_and_names_the_sites_repository(tmp_path):
     require_pinned_image(ctx)
     assert ctx.recipe.runtime.image == "registry.site:5000/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
     assert ctx.recipe.runtime.pinned_ref == f"registry.site:5000/nvidia/ai-dynamo/sglang-runtime@{site}"
+    # a site lock's values are data checked like the recipe's: a repository that is no image name is refused
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(
+        site, None, "registry.site:5000/x;touch /tmp/pwned")}})
+    with pytest.raises(SpecError, match="repository"):
+        build_context("glm5", "h1", hosts)
 
 
 def test_lock_site_resolves_every_docker_image_in_the_sites_registry(tmp_path, registry, monkeypatch, capsys):
