@@ -24,6 +24,8 @@ TEMPLATES = files_dir() / "templates"
 ETC_DIR = "/etc/ironserve"
 UNIT_DIR = "/etc/systemd/system"
 VENV_ROOT = "/opt/ironserve/venvs"
+# the recipe runtimes' venvs: runtime-<12 hex of the runtime> (venv_path); the router's own is sglang-router-<version>
+RUNTIME_VENV_PREFIX = "runtime-"
 ROUTER_DIST = "sglang-router"
 JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
 # files/bin/ironserve-exec on the host (and mounted read-only at the same path in containers): it appends
@@ -85,11 +87,12 @@ def sourcing_script(scripts: list[str]) -> str:
 
 
 def venv_path(recipe: Recipe) -> str:
-    """Versioned by what is installed in it (Python, pinned packages, indexes): a new set of packages is a new venv
-    beside the one the live unit runs, never an upgrade in place, and a unit's ExecStart names its venv, so a
-    rollback of the unit is a rollback of its runtime too."""
+    """Versioned by what is installed in it (Python, pinned packages, indexes) and named by that alone: a new set of
+    packages is a new venv beside the one the live unit runs, never an upgrade in place, and a unit's ExecStart names
+    its venv, so a rollback of the unit is a rollback of its runtime too. Recipes with one runtime share one venv
+    (the nine GLM-5.1 Atlas variants: switching between them installs and byte-compiles nothing again)."""
     digest = hashlib.sha256(json.dumps(recipe.runtime.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-    return f"{VENV_ROOT}/{recipe.id}-{digest[:12]}"
+    return f"{VENV_ROOT}/{RUNTIME_VENV_PREFIX}{digest[:12]}"
 
 
 def router_venv(recipe: Recipe) -> str | None:

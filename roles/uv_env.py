@@ -1,9 +1,10 @@
 """uv runtime (uv recipes): a pinned uv, and a venv with the recipe's Python and packages.
 
-The venv is versioned by what goes into it (ironserve.units.venv_path: /opt/ironserve/venvs/<recipe>-<digest of
-the runtime>): a changed package set is installed into a new venv beside the one the live unit runs, never into
-it, and the staged unit names the new one, so nothing that runs changes before the launch stage makes it live.
-Venvs of the recipe that no live, staged or last good unit names any more are removed (``unused_venvs_removed``).
+The venv is versioned by what goes into it (ironserve.units.venv_path: /opt/ironserve/venvs/runtime-<digest of
+the runtime>, shared by the recipes of one runtime): a changed package set is installed into a new venv beside the
+one the live unit runs, never into it, and the staged unit names the new one, so nothing that runs changes before
+the launch stage makes it live. Runtime venvs that no live, staged or last good unit of any recipe names any more
+are removed (``unused_venvs_removed``), and the recipe's venvs of earlier releases (<recipe>-<digest>, <recipe>).
 
 Host data (defaults in brackets):
 
@@ -49,7 +50,8 @@ from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import HOME_DIRS, ROUTER_DIST, STAGED_DIR, UNIT_DIR, router_venv, venv_path
+from ironserve.units import (HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv,
+                             venv_path)
 from roles.common import LongCommand, run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
@@ -119,8 +121,10 @@ def install_args(runtime: UvRuntime, idx: list[str]) -> list[str]:
     return [*idx, *(["--prerelease", "allow"] if runtime.prerelease else [])]
 
 
-def requirements_text(recipe_id: str, runtime: UvRuntime, idx: list[str]) -> str:
-    lines = [f"# managed by ironserve: recipe {recipe_id}, Python {runtime.python} (installed with uv pip install)"]
+def requirements_text(runtime: UvRuntime, idx: list[str]) -> str:
+    """The venv's record: the runtime's alone (no recipe id: recipes of one runtime share the venv, and the record's
+    mtime tells the launch stage that the runtime changed under a running unit)."""
+    lines = [f"# managed by ironserve: Python {runtime.python} (installed with uv pip install)"]
     lines += [f"# {' '.join(idx[i:i + 2])}" for i in range(0, len(idx), 2)]
     if runtime.prerelease:
         lines.append("# --prerelease allow")
@@ -239,15 +243,17 @@ class VenvPackages(FactBase):
 
 
 class VenvsInUse(FactBase):
-    """The versioned venvs of a recipe on this host: {path: in use}, where in use = named by a live, staged or last
-    good unit file (any of them may run again: a restart, a launch, a rollback)."""
+    """The runtime venvs on this host, and the recipe's venvs of earlier releases: {path: in use}, where in use =
+    named by a live, staged or last good unit file of any recipe (any of them may run again: a restart, a launch, a
+    rollback; recipes of one runtime share its venv)."""
 
     def command(self, root, recipe_id):
-        # the recipe's own venvs only (another recipe's id may start with this one's): <id>-<12 hex>, and the
-        # unversioned <id> of earlier releases
-        pattern = shlex.quote(f"{root}/{recipe_id}") + " " + shlex.quote(f"{root}/{recipe_id}-") + "[0-9a-f]" * 12
+        # runtime-<12 hex>; and the recipe's own venvs of earlier releases (another recipe's id may start with this
+        # one's): <id>-<12 hex>, and the unversioned <id>
+        patterns = [shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + "[0-9a-f]" * 12, shlex.quote(f"{root}/{recipe_id}"),
+                    shlex.quote(f"{root}/{recipe_id}-") + "[0-9a-f]" * 12]
         refs = " ".join(shlex.quote(d) for d in REFERRING_DIRS)
-        return (f"for d in {pattern}; do [ -d \"$d\" ] || continue; "
+        return (f"for d in {' '.join(patterns)}; do [ -d \"$d\" ] || continue; "
                 f"if grep -rqsF --include='*.service' \"$d/\" {refs}; then echo \"used $d\"; "
                 f"else echo \"unused $d\"; fi; done; true")
 
@@ -330,12 +336,13 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
 
 @operation()
 def unused_venvs_removed(root: str, recipe_id: str, keep: str):
-    """Versioned venvs of the recipe that no live, staged or last good unit names are removed (never ``keep``,
-    the one this run prepares): a few GiB each, and a rollback only ever needs the last good one."""
+    """Runtime venvs (and the recipe's venvs of earlier releases) that no live, staged or last good unit names are
+    removed (never ``keep``, the one this run prepares): a few GiB each, and a rollback only ever needs the last
+    good one."""
     unused = sorted(p for p, used in (host.get_fact(VenvsInUse, root=root, recipe_id=recipe_id) or {}).items()
                     if not used and p != keep)
     if not unused:
-        host.noop(f"no unused venvs of {recipe_id}")
+        host.noop("no unused venvs")
         return
     yield "rm -rf " + " ".join(shlex.quote(p) for p in unused)
 
@@ -377,12 +384,12 @@ def apply(ctx: DeploymentContext) -> None:
         files.put(name=f"venv {dest.rsplit('/', 1)[1]}", src=StringIO(text), dest=dest, mode="644")
     installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
                               args=install_args(runtime, idx) + resolution_args(path, runtime), env=env)
-    files.put(name="venv requirements record", src=StringIO(requirements_text(ctx.recipe.id, runtime, idx)),
+    files.put(name="venv requirements record", src=StringIO(requirements_text(runtime, idx)),
                        dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
     ctx.changes.record_runtime_change(created, installed)
     ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")
     root, _, _ = path.rpartition("/")
-    unused_venvs_removed(name=f"unused venvs of {ctx.recipe.id} removed", root=root, recipe_id=ctx.recipe.id, keep=path)
+    unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 
 @deploy("router runtime")

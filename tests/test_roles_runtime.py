@@ -103,7 +103,7 @@ def test_a_new_package_set_is_a_new_venv_beside_the_live_one():
     recipe = catalogue.get_recipe("tiny-cpu")
     bumped = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(
         update={"packages": [p if not p.startswith("numpy==") else "numpy==2.3.4" for p in recipe.runtime.packages]})})
-    assert venv_path(recipe).startswith("/opt/ironserve/venvs/tiny-cpu-") and venv_path(recipe) == venv_path(recipe)
+    assert venv_path(recipe).startswith("/opt/ironserve/venvs/runtime-") and venv_path(recipe) == venv_path(recipe)
     assert venv_path(bumped) != venv_path(recipe)  # never an upgrade in place under a running unit
     hosts = [InventoryHost(n, {"hardware": "cpu-lab"}) for n in ("r0", "n0", "n1")]
     hosts[0].data["ironserve_role"] = "router"
@@ -132,9 +132,21 @@ def test_index_args_mirror_overrides_everything():
 
 def test_requirements_text_records_indexes():
     runtime = _recipe("tiny-cpu").runtime
-    text = uv.requirements_text("tiny-cpu", runtime, ["--index-url", "http://m/simple"])
+    text = uv.requirements_text(runtime, ["--index-url", "http://m/simple"])
+    assert "tiny-cpu" not in text  # the runtime's record, whichever recipe of that runtime wrote it
     assert text.splitlines()[1] == "# --index-url http://m/simple"
     assert text.splitlines()[2:] == runtime.packages
+
+
+def test_recipes_of_one_runtime_share_its_venv():
+    """The nine GLM-5.1 Atlas variants differ in topology and flags, not in packages: one venv per host, which a
+    switch between them neither reinstalls nor byte-compiles again; another runtime gets its own."""
+    atlas = [r for r in catalogue.catalogue().values() if r.id.startswith("glm5.1-w4a8-a3-")]
+    assert len(atlas) == 9 and len({venv_path(r) for r in atlas}) == 1
+    assert len({venv_path(catalogue.get_recipe(r)) for r in ("tiny-cpu", "tiny-cpu-tp2")}) == 1
+    others = {venv_path(catalogue.get_recipe(r)) for r in ("tiny-cpu", "llama3-8b-multinode-tp4",
+                                                            "minimax-m2.5-nvfp4-rtx6000-tp2", atlas[0].id)}
+    assert len(others) == 4
 
 
 # --------------------------------------------------------------------------- model weights

@@ -25,6 +25,7 @@ from ironserve import catalogue
 from ironserve.lab import cuda_runtime
 from ironserve.render import render
 from ironserve.spec import UvRuntime
+from ironserve.units import venv_path
 
 from ..recipe_matrix import NOT_IN_LAB, matrix
 from . import labcli
@@ -93,7 +94,7 @@ def interpreter_data(recipe_id: str) -> list[str]:
 def venv_report(host: dict, recipe_id: str) -> dict:
     """What the recipe's venv on ``host`` runs: its Python, sglang and torch (imported: the CUDA build over the lab's
     stub libraries), and whether torch sees a GPU."""
-    venv = labcli.ssh(host, f"ls -d /opt/ironserve/venvs/{recipe_id}-* | head -1").stdout.strip()
+    venv = venv_path(catalogue.get_recipe(recipe_id))
     probe = ("import json, sys, importlib.metadata as m, torch; print(json.dumps({'python': '%d.%d' % "
              "sys.version_info[:2], 'sglang': m.version('sglang'), 'torch': torch.__version__, "
              "'cuda': torch.cuda.is_available()}))")
@@ -116,7 +117,7 @@ def gloo_group_from_the_venvs(hosts: list[dict], recipe_id: str) -> list[dict]:
     addr, port = ranks[0]["address"], recipe.topology.groups[0].dist_init_port
 
     def rank(i: int, host: dict) -> dict:
-        venv = labcli.ssh(host, f"ls -d /opt/ironserve/venvs/{recipe_id}-* | head -1").stdout.strip()
+        venv = venv_path(catalogue.get_recipe(recipe_id))
         out = labcli.ssh(host, f"GLOO_SOCKET_IFNAME=host0 {venv}/bin/python3 {RENDEZVOUS} --addr {addr} "
                                f"--port {port} --rank {i} --world {world} --timeout 60", check=False,
                          timeout=180).stdout
