@@ -264,6 +264,7 @@ def wait_running(root: Path, name: str, timeout: float = 120) -> None:
 
 def stop(root: Path, name: str, timeout: float = 20) -> None:
     """Orderly poweroff (SIGTERM makes nspawn halt the container), then force, then clean up."""
+    t0 = time.monotonic()
     pid = pid_of(root, name)
     if pid:
         os.kill(pid, signal.SIGTERM)
@@ -273,6 +274,7 @@ def stop(root: Path, name: str, timeout: float = 20) -> None:
         if pid_of(root, name):
             say(f"{name}: did not halt in {timeout:.0f}s, killing")
             os.kill(pid, signal.SIGKILL)
+    halted = time.monotonic()
     cgroups.kill_all(name)
     wait_for(lambda: not any(cgroups.pids(p) for p in cgroups.host_cgroups(name)), 10,
              what=f"{name} processes to exit")
@@ -285,4 +287,6 @@ def stop(root: Path, name: str, timeout: float = 20) -> None:
     network.remove_netns(name)
     # nspawn's per-machine propagation directory (left behind when it is killed).
     shutil.rmtree(f"/run/systemd/nspawn/propagate/{name}", ignore_errors=True)
-    shutil.rmtree(hdir, ignore_errors=True)
+    shutil.rmtree(hdir, ignore_errors=True)  # most of a down: the kernel unlinks every file of the host's venvs
+    say(f"{name}: stopped in {time.monotonic() - t0:.1f}s (halt {halted - t0:.1f}s, clean-up "
+        f"{time.monotonic() - halted:.1f}s)")
