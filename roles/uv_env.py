@@ -250,8 +250,9 @@ class VenvsInUse(FactBase):
     def command(self, root, recipe_id):
         # runtime-<12 hex>; and the recipe's own venvs of earlier releases (another recipe's id may start with this
         # one's): <id>-<12 hex>, and the unversioned <id>
-        patterns = [shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + "[0-9a-f]" * 12, shlex.quote(f"{root}/{recipe_id}"),
-                    shlex.quote(f"{root}/{recipe_id}-") + "[0-9a-f]" * 12]
+        digest = "[0-9a-f]" * 12  # a glob: venv_path's 12 hex digits
+        patterns = [shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + digest, shlex.quote(f"{root}/{recipe_id}"),
+                    shlex.quote(f"{root}/{recipe_id}-") + digest]
         refs = " ".join(shlex.quote(d) for d in REFERRING_DIRS)
         return (f"for d in {' '.join(patterns)}; do [ -d \"$d\" ] || continue; "
                 f"if grep -rqsF --include='*.service' \"$d/\" {refs}; then echo \"used $d\"; "

@@ -133,7 +133,8 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
             publish_runtime_image(root, base)
         lab.image_lock = publish_gpu_images(root, base, hardware) if PROFILES[hardware]["kind"] == "nvidia" else ""
         if cuda_built:
-            publish_cuda_runtime(root, cuda_built.result())
+            cuda_built.result()
+            publish_cuda_runtime(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     binds = _images(root, lab, hardware)
 
@@ -322,11 +323,10 @@ def cuda_wheelhouse_dir() -> Path:
     return lab_cache_dir() / "lab-cuda-wheelhouse" / f"py{cuda_runtime.PYTHON.replace('.', '')}"
 
 
-def build_cuda_wheelhouse() -> float:
+def build_cuda_wheelhouse() -> None:
     """The CUDA runtimes' wheelhouse, built when missing or incomplete (once per machine; the cold build's time is
-    printed and recorded in its build.json); the seconds it took."""
+    printed and recorded in its build.json)."""
     cache = cuda_wheelhouse_dir()
-    t0 = time.monotonic()
     if not cache.is_dir() or cuda_runtime.check_wheelhouse(cache):
         say(f"CUDA runtime wheelhouse (Python {cuda_runtime.PYTHON}): {', '.join(cuda_runtime.RUNTIMES)} into {cache} "
             "(once per machine: ~3 GB of wheels)")
@@ -337,17 +337,16 @@ def build_cuda_wheelhouse() -> float:
         (cache / "build.json").write_text(json.dumps(summary, indent=1) + "\n")
         say(f"CUDA runtime wheelhouse built: {summary['wheels']} wheels, {summary['bytes'] / 2**30:.1f} GiB, "
             f"{summary['downloaded']} downloaded in {summary['download_s']} s, {summary['total_s']} s in all")
-    return time.monotonic() - t0
 
 
-def publish_cuda_runtime(root: Path, built_s: float) -> None:
+def publish_cuda_runtime(root: Path) -> None:
     """RTX profiles: what the Python 3.12 CUDA runtimes of the uv recipes resolve to (cuda_runtime: real wheels,
     torch's CUDA build among them, and stand-ins of the NVIDIA libraries with stub libraries) into the lab index,
-    from the wheelhouse ``build_cuda_wheelhouse`` made (in ``built_s`` seconds)."""
+    from the wheelhouse ``build_cuda_wheelhouse`` made."""
     t0 = time.monotonic()
     added = supply.add_wheels(root, sorted(cuda_wheelhouse_dir().glob("*.whl")))
     say(f"CUDA runtimes: {', '.join(cuda_runtime.RUNTIMES)} in the lab index"
-        f"{f', {added} new' if added else ', unchanged'} ({built_s + time.monotonic() - t0:.1f}s)")
+        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
 
 
 def publish_interpreters(root: Path) -> str:

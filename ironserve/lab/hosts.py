@@ -288,5 +288,5 @@ def stop(root: Path, name: str, timeout: float = 20) -> None:
     # nspawn's per-machine propagation directory (left behind when it is killed).
     shutil.rmtree(f"/run/systemd/nspawn/propagate/{name}", ignore_errors=True)
     shutil.rmtree(hdir, ignore_errors=True)  # most of a down: the kernel unlinks every file of the host's venvs
-    say(f"{name}: stopped in {time.monotonic() - t0:.1f}s (halt {halted - t0:.1f}s, clean-up "
-        f"{time.monotonic() - halted:.1f}s)")
+    done = time.monotonic()
+    say(f"{name}: stopped in {done - t0:.1f}s (halt {halted - t0:.1f}s, clean-up {done - halted:.1f}s)")
