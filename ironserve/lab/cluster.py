@@ -403,7 +403,7 @@ def _down() -> None:
     names = {h.name for h in lab.hosts} if lab else set()
     hosts_dir = root / "hosts"
     if hosts_dir.exists():
-        names |= {p.name for p in hosts_dir.iterdir() if p.is_dir()}
+        names |= {p.name for p in hosts_dir.iterdir() if p.is_dir()} | {p.stem for p in hosts_dir.glob("*.ext4")}
     names |= {ns.removeprefix("ironlab-") for ns in network.lab_netns()}
     if names:
         say(f"stopping {len(names)} host(s): {' '.join(sorted(names))}")

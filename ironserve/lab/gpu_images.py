@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 import tempfile
 import time
 import zipfile
@@ -43,7 +44,7 @@ from .system import LabError, say
 
 ASSETS = Path(__file__).parent / "assets"
 WORKSPACE = "/sgl-workspace/sglang/python"
-BUILD_VERSION = "1"  # bump when the layer below changes: the cached images are rebuilt
+BUILD_VERSION = "2"  # bump when the layer below changes: the cached images are rebuilt
 SITE_LOCK = "site-lock.json"
 
 
@@ -106,6 +107,11 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
     dest = stage / WORKSPACE.lstrip("/")
     dest.mkdir(parents=True)
     shutil.copytree(src / "sglang", dest / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    # bytecode for the image's Python 3.11, hash-checked (the layer clamps mtimes to 0; a patch's `sed -i` makes
+    # just that module stale): each `docker run` of the image imports SGLang without compiling it first
+    subprocess.run([str(venv / "bin/python"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode",
+                    "checked-hash", "-d", f"{WORKSPACE}/sglang", str(dest / "sglang")], check=True,
+                   capture_output=True)
     for info in src.glob("sglang-*.dist-info"):
         shutil.copytree(info, dest / info.name)
     if extras:

@@ -8,7 +8,8 @@ Docker engine, and cached in ~/.cache/ironserve/lab-images (IRONSERVE_CACHE) lik
 - layer 2, the runtime: an overlay over that rootfs, in which the rootfs's own Python 3.11 gets a venv at
   /opt/sglang filled by ``uv pip install --no-index`` from the CPU wheelhouse (cpu_runtime.REQUIREMENTS with the
   wheelhouse's uv.toml: the same pins, exclusions and torch override as the uv runtime of recipes/tiny-cpu.yaml);
-  the layer is the overlay's upper directory, checked to hold no whiteouts, with mtimes clamped.
+  the layer is the overlay's upper directory, checked to hold no whiteouts, with mtimes clamped. Triton's GPU
+  toolchain binaries (GPU_TOOLCHAIN, half a GB that compiles only GPU kernels) are left out of it.
 
 The image puts /opt/sglang/bin first on PATH, so the units' ``python3 -m sglang.launch_server`` is the venv's.
 ``lab up`` pushes it to the lab registry (registry.py); the base layer's digest depends on this machine's
@@ -31,7 +32,13 @@ from .system import LabError, run, say
 REPO = "ironserve-lab/sglang-cpu"
 TAG = cpu_runtime.SGLANG_VERSION
 VENV = "/opt/sglang"
-BUILD_VERSION = "1"  # bump when the build below changes: the cached image is rebuilt
+BUILD_VERSION = "3"  # bump when the build below changes: the cached image is rebuilt
+# The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
+# 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
+# stand-ins built FROM it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
+GPU_TOOLCHAIN = ("triton/backends/nvidia/bin", "triton/backends/nvidia/lib/cupti",
+                 "triton/backends/nvidia/lib/cupti-blackwell", "triton/backends/amd/lib/libtriton_amd_codegen.so",
+                 "triton/instrumentation/libGPUInstrumentationTestLib.so")
 BASE_EXCLUDES = ("./dev/*", "./proc/*", "./sys/*", "./run/*", "./tmp/*", "./var/cache/apt/*",
                  "./var/lib/apt/lists/*", "./etc/ssh/ssh_host_*")
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -96,6 +103,32 @@ def _whiteouts(upper: Path) -> list[str]:
     return found
 
 
+def _drop_gpu_toolchain(merged: Path) -> None:
+    site = merged / VENV.lstrip("/") / "lib/python3.11/site-packages"
+    missing = [rel for rel in GPU_TOOLCHAIN if not (site / rel).exists()]
+    if missing:  # a triton release that moved them: the image would silently grow by half a GB again
+        raise LabError(f"runtime image: triton's GPU toolchain is not where the build expects it: {missing} "
+                       "(update runtime_image.GPU_TOOLCHAIN)")
+    for rel in GPU_TOOLCHAIN:
+        path = site / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _check_bytecode(merged: Path) -> None:
+    """The venv's bytecode is hash-checked (flags word of the pyc header, PEP 552), so it survives the clamped mtimes."""
+    pyc = merged / VENV.lstrip("/") / "lib/python3.11/site-packages/sglang/__pycache__/__init__.cpython-311.pyc"
+    try:
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+    except OSError as exc:
+        raise LabError(f"runtime image: no bytecode compiled for sglang ({exc})") from exc
+    if not flags & 1:
+        raise LabError(f"runtime image: {pyc.name} is timestamp-checked: in the layer (mtimes clamped to 0) every "
+                       "pyc would be stale; the install needs SOURCE_DATE_EPOCH")
+
+
 def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
     """Overlay over the rootfs, venv + pinned install inside it (chroot); returns the upper directory."""
     upper, ovl, merged = work / "upper", work / "ovl", work / "merged"
@@ -114,15 +147,19 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
             run(["mount", *opts, str(src), str(dst)])
             mounts.append(dst)
         shutil.copy2(uv, merged / "tmp/ironlab-uv")
+        # SOURCE_DATE_EPOCH: the bytecode is compiled hash-checked (PEP 552), not against source mtimes, which the
+        # layer clamps to 0: timestamp pycs would all be stale, and every container start would recompile
         env = {"HOME": "/tmp/ironlab-home", "UV_NO_CACHE": "1", "UV_PYTHON_DOWNLOADS": "never",
-               "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml", "PATH": PATH}
+               "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml", "PATH": PATH, "SOURCE_DATE_EPOCH": "0"}
         chroot = ["chroot", str(merged), "env", "-i", *(f"{k}={v}" for k, v in env.items())]
         run([*chroot, "/tmp/ironlab-uv", "venv", "--python", "/usr/bin/python3.11", VENV])
         run([*chroot, "/tmp/ironlab-uv", "pip", "install", "--python", f"{VENV}/bin/python", "--no-index",
              "--find-links", "/tmp/ironlab-wheels", "--link-mode", "copy", "--compile-bytecode",
              "-r", "/tmp/ironlab-wheels/requirements.txt"], timeout=3600)
-        check = run([*chroot, f"{VENV}/bin/python", "-c",
-                     "import sglang, torch; print(sglang.__version__, torch.__version__)"], timeout=600)
+        _check_bytecode(merged)
+        _drop_gpu_toolchain(merged)
+        check = run([*chroot, f"{VENV}/bin/python", "-c", "import sglang, torch, triton; "
+                     "print(sglang.__version__, torch.__version__)"], timeout=600)
         say(f"runtime image: the venv imports sglang/torch {check.stdout.strip()}")
     finally:
         for m in reversed(mounts):
@@ -172,7 +209,8 @@ def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
     }
     found = oci.write_image(cache_dir(), ref, [layer0, layer1], config, [
         "lab rootfs (Debian bookworm, ironserve/lab/rootfs.py)",
-        f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (ironserve/lab/cpu_runtime.py pins)"])
+        f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (ironserve/lab/cpu_runtime.py pins), "
+        "less triton's GPU toolchain binaries"])
     say(f"runtime image {REPO}:{TAG} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
         f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB compressed)")
     return ref, found

@@ -197,6 +197,15 @@ def test_up_is_idempotent_and_grows_and_shrinks(lab):
     assert [h["name"] for h in lab.hosts] == ["lab1", "lab2"]
 
 
+def test_each_host_has_a_disk_of_its_own(lab):
+    """A host's directory is its own loop-mounted ext4 image (hosts.disk_image): a down unmounts and unlinks it."""
+    state_dir = Path(lab.hosts[0]["ssh_key"]).parents[1]
+    fstype = {line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()}
+    for h in lab.hosts:
+        assert fstype.get(str(state_dir / "hosts" / h["name"])) == "ext4", h["name"]
+        assert (state_dir / "hosts" / f"{h['name']}.ext4").is_file()
+
+
 def test_pyinfra_inventory(lab):
     pytest.importorskip("pyinfra")
     import shutil
@@ -221,6 +230,8 @@ def test_down_leaves_nothing(lab):
     assert "ironlab0" not in links and "ilab-" not in links
     mounts = Path("/proc/mounts").read_text()
     assert str(state_dir) + "/" not in mounts and "/run/netns/ironlab" not in mounts
+    assert not list(state_dir.glob("hosts/*.ext4"))
+    assert str(state_dir) not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     assert not [p for p in Path("/sys/fs/cgroup").glob("*/ironlab")] and not Path("/sys/fs/cgroup/ironlab").exists()
     live = []
     for proc_dir in Path("/proc").iterdir():

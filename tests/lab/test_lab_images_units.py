@@ -13,9 +13,12 @@ import json
 import runpy
 import subprocess
 
+import pytest
+
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
-from ironserve.lab import cluster, gpu_images, images
+from ironserve.lab import cluster, gpu_images, images, runtime_image
+from ironserve.lab.system import LabError
 from ironserve.render import model_path_on
 from ironserve.spec import DockerRuntime
 from roles import gpu_clocks, model_weights as mw, uv_env
@@ -112,3 +115,42 @@ def test_cuda_builds_the_patches_install_are_stand_ins_with_their_metadata(tmp_p
     assert "Requires-Dist: nvidia-cublas" in meta and "Version: 9.19.1.2" in meta
     pins = {r for recipe in _gpu_docker_recipes() for r in cluster.patch_requirements(recipe.runtime.patches)}
     assert "nvidia-cudnn-cu13==9.19.1.2" in pins
+
+
+def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
+    """The binaries of GPU_TOOLCHAIN go; triton's Python (its backends' drivers included) stays; a triton that moved
+    them is an error, not an image half a GB larger again."""
+    site = tmp_path / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages"
+    for rel in runtime_image.GPU_TOOLCHAIN:
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".so"):
+            (site / rel).write_bytes(b"\x7fELF")
+        else:
+            (site / rel).mkdir()
+            (site / rel / "ptxas").write_bytes(b"\x7fELF")
+    kept = [site / "triton/backends/nvidia/driver.py", site / "triton/backends/amd/compiler.py",
+            site / "triton/_C/libtriton.so"]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("kept\n")
+    runtime_image._drop_gpu_toolchain(tmp_path)
+    assert not [rel for rel in runtime_image.GPU_TOOLCHAIN if (site / rel).exists()]
+    assert all(path.is_file() for path in kept)
+    with pytest.raises(LabError, match="GPU_TOOLCHAIN"):
+        runtime_image._drop_gpu_toolchain(tmp_path)
+
+
+def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):
+    """The layer clamps every mtime to 0: timestamp pycs would all be stale, so the build refuses them."""
+    import py_compile
+    pkg = tmp_path / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages/sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("version = 1\n")
+    pyc = pkg / "__pycache__/__init__.cpython-311.pyc"
+    py_compile.compile(str(pkg / "__init__.py"), cfile=str(pyc),
+                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    with pytest.raises(LabError, match="SOURCE_DATE_EPOCH"):
+        runtime_image._check_bytecode(tmp_path)
+    py_compile.compile(str(pkg / "__init__.py"), cfile=str(pyc),
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    runtime_image._check_bytecode(tmp_path)
