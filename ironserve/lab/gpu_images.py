@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 import zipfile
@@ -40,7 +39,7 @@ from ironserve import engine_parser, imagelock
 from ironserve.registry import Registry
 
 from . import oci, runtime_image, wheels
-from .system import LabError, say
+from .system import LabError, run, say
 
 ASSETS = Path(__file__).parent / "assets"
 WORKSPACE = "/sgl-workspace/sglang/python"
@@ -109,9 +108,8 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
     shutil.copytree(src / "sglang", dest / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
     # bytecode for the image's Python 3.11, hash-checked (the layer clamps mtimes to 0; a patch's `sed -i` makes
     # just that module stale): each `docker run` of the image imports SGLang without compiling it first
-    subprocess.run([str(venv / "bin/python"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode",
-                    "checked-hash", "-d", f"{WORKSPACE}/sglang", str(dest / "sglang")], check=True,
-                   capture_output=True)
+    run([str(venv / "bin/python"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "checked-hash",
+         "-d", f"{WORKSPACE}/sglang", str(dest / "sglang")])
     for info in src.glob("sglang-*.dist-info"):
         shutil.copytree(info, dest / info.name)
     if extras:
@@ -122,7 +120,7 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
     if not pip_wheels:
         raise LabError(f"no pip wheel in the lab rootfs ({base_rootfs}/usr/share/python-wheels): the images' "
                        "`RUN pip install` patches need pip")
-    site = stage / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages"
+    site = runtime_image.site_packages(stage)
     site.mkdir(parents=True)
     with zipfile.ZipFile(pip_wheels[-1]) as whl:
         whl.extractall(site)

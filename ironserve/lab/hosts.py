@@ -107,21 +107,26 @@ def _ids(merged: Path, user: str) -> tuple[int, int]:
     raise LabError(f"user {user} missing from the base rootfs")
 
 
+def _new_disk(image: Path) -> bool:
+    image.unlink(missing_ok=True)
+    with open(image, "wb") as disk:
+        disk.truncate(min(HOST_DISK_MAX, shutil.disk_usage(image.parent).total))
+    return run([*HOST_DISK_MKFS, str(image)], check=False).returncode == 0
+
+
 def _mount_disk(root: Path, name: str) -> None:
-    """<host dir> on the host's own loop-mounted ext4 image (made when missing; a stale one is remade)."""
+    """<host dir> on the host's own loop-mounted ext4 image: the one it has (a host kept over a reboot of this
+    machine), else a new one; where neither mounts, a plain directory."""
     hdir, image = host_dir(root, name), disk_image(root, name)
     hdir.mkdir(parents=True, exist_ok=True)
     if _mounted(hdir) or any(hdir.iterdir()):  # mounted, or a plain host directory in use: kept as it is
         return
-    for fresh in (False, True):
-        if fresh or not image.exists():
-            image.unlink(missing_ok=True)
-            with open(image, "wb") as disk:
-                disk.truncate(min(HOST_DISK_MAX, shutil.disk_usage(image.parent).total))
-            if run([*HOST_DISK_MKFS, str(image)], check=False).returncode != 0:
-                break
-        if run(["mount", "-o", HOST_DISK_MOUNT, str(image), str(hdir)], check=False).returncode == 0:
-            return
+
+    def mounted() -> bool:
+        return run(["mount", "-o", HOST_DISK_MOUNT, str(image), str(hdir)], check=False).returncode == 0
+
+    if (image.exists() and mounted()) or (_new_disk(image) and mounted()):
+        return
     image.unlink(missing_ok=True)
     say(f"warning: no loop device for {name}'s disk: its files live in {hdir} (a down unlinks them one by one)")
 

@@ -103,8 +103,13 @@ def _whiteouts(upper: Path) -> list[str]:
     return found
 
 
+def site_packages(root: Path) -> Path:
+    """The image venv's site-packages under ``root`` (a rootfs, an overlay, a layer's staging directory)."""
+    return root / VENV.lstrip("/") / "lib/python3.11/site-packages"
+
+
 def _drop_gpu_toolchain(merged: Path) -> None:
-    site = merged / VENV.lstrip("/") / "lib/python3.11/site-packages"
+    site = site_packages(merged)
     missing = [rel for rel in GPU_TOOLCHAIN if not (site / rel).exists()]
     if missing:  # a triton release that moved them: the image would silently grow by half a GB again
         raise LabError(f"runtime image: triton's GPU toolchain is not where the build expects it: {missing} "
@@ -119,7 +124,7 @@ def _drop_gpu_toolchain(merged: Path) -> None:
 
 def _check_bytecode(merged: Path) -> None:
     """The venv's bytecode is hash-checked (flags word of the pyc header, PEP 552), so it survives the clamped mtimes."""
-    pyc = merged / VENV.lstrip("/") / "lib/python3.11/site-packages/sglang/__pycache__/__init__.cpython-311.pyc"
+    pyc = site_packages(merged) / "sglang/__pycache__/__init__.cpython-311.pyc"
     try:
         flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
     except OSError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import py_compile
 import runpy
 import subprocess
 
@@ -120,7 +121,7 @@ def test_cuda_builds_the_patches_install_are_stand_ins_with_their_metadata(tmp_p
 def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
     """The binaries of GPU_TOOLCHAIN go; triton's Python (its backends' drivers included) stays; a triton that moved
     them is an error, not an image half a GB larger again."""
-    site = tmp_path / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages"
+    site = runtime_image.site_packages(tmp_path)
     for rel in runtime_image.GPU_TOOLCHAIN:
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel.endswith(".so"):
@@ -142,8 +143,7 @@ def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
 
 def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):
     """The layer clamps every mtime to 0: timestamp pycs would all be stale, so the build refuses them."""
-    import py_compile
-    pkg = tmp_path / runtime_image.VENV.lstrip("/") / "lib/python3.11/site-packages/sglang"
+    pkg = runtime_image.site_packages(tmp_path) / "sglang"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("version = 1\n")
     pyc = pkg / "__pycache__/__init__.cpython-311.pyc"
