@@ -1,5 +1,5 @@
 """ironserve.bench and roles/bench.py, offline: the bench_serving command from a recipe's seed shape and the
-expected-vs-measured ratios (bench_serving itself runs in the lab: tests/e2e/test_serve_tiny_lab.py)."""
+expected-vs-measured ratios (bench_serving itself runs in the lab: tests/e2e/cpu3/test_1_serve_tiny_lab.py)."""
 
 from __future__ import annotations
 

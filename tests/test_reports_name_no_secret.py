@@ -2,7 +2,7 @@
 
 With an API key file and a hub token file in the inventory's host data, and the hosts' probes answering, neither
 secret's value appears anywhere in `ironserve status` (text and JSON), nor in the bench stage's command, nor in its
-report. The lab end-to-end test (tests/e2e/test_serve_tiny_lab.py) checks the same against a real keyed deployment.
+report. The lab end-to-end test (tests/e2e/cpu3/test_1_serve_tiny_lab.py) checks the same against a real keyed deployment.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from ironserve.catalogue import get_recipe
 from ironserve.units import RANK_GUARD_PORT_OFFSET, jit_dir
 
 from .labcli import BIN, ROOT, ironserve, lab_down, pyinfra, ssh
-from .test_serve_tiny_lab import changes, chat
+from .cpu3.fleet import changes, chat
 
 pytestmark = pytest.mark.lab
 

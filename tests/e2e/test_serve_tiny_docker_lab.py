@@ -21,7 +21,7 @@ import pytest
 from ironserve.registry import Registry
 
 from .labcli import ROOT, ironserve, lab_down, pyinfra, ssh
-from .test_serve_tiny_lab import changes, chat
+from .cpu3.fleet import changes, chat
 
 pytestmark = pytest.mark.lab
 

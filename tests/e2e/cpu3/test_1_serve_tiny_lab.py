@@ -12,69 +12,14 @@ retries and timeouts.
 from __future__ import annotations
 
 import json
-import os
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from .labcli import ironserve, lab_down, pyinfra, run, ssh  # noqa: F401
+from ..labcli import ironserve, pyinfra, ssh
+from .fleet import ROUTER_UNIT, SERVER_UNIT, changes, chat, router_base
 
 pytestmark = pytest.mark.lab
-
-RECIPE = "tiny-cpu"
-ROUTER_UNIT = f"sglang-{RECIPE}-router"
-SERVER_UNIT = f"sglang-{RECIPE}-server"  # + -<instance>
-
-
-def chat(base: str, timeout: float = 60.0, key: str | None = None) -> tuple[int, str]:
-    """(HTTP status, answer text) of one short chat completion; (0, error) when nothing answered."""
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello, how are you?"}],
-                       "max_tokens": 8, "temperature": 0}).encode()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST", headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            data = json.loads(resp.read())
-            return resp.status, data["choices"][0]["message"]["content"] or ""
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")[:300]
-    except (OSError, ValueError, KeyError) as exc:
-        return 0, f"{type(exc).__name__}: {exc}"
-
-
-@pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    started = time.monotonic()
-    ironserve("lab", "up", "--nodes", "3", "--hardware", "cpu-lab", timeout=3600)
-    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
-    try:
-        yield {"hosts": status["hosts"], "up_s": time.monotonic() - started}
-    finally:
-        lab_down()
-
-
-@pytest.fixture(scope="module")
-def deployed(lab):
-    started = time.monotonic()
-    first = pyinfra("-y", "deploys/tiny.py")
-    lab["deploy_s"] = time.monotonic() - started
-    lab["deploy_output"] = first.stdout + first.stderr
-    print(f"\nlab up {lab['up_s']:.0f}s, first deploy {lab['deploy_s']:.0f}s")
-    return lab
-
-
-def changes(plan: list[dict]) -> list[str]:
-    return [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
-            for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
-
-
-def router_base(lab) -> str:
-    router = lab["hosts"][0]
-    return f"http://{router['address']}:30000"
 
 
 def test_deploy_starts_every_unit(deployed):

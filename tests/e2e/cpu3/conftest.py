@@ -1,0 +1,40 @@
+"""The shared 3-host cpu-lab of tests/e2e/cpu3: one bring-up and one first deploy for every module here.
+
+`ironserve lab up --nodes 3 --hardware cpu-lab` (lab1 the router host, lab2 and lab3 the two replicas of
+recipes/tiny-cpu.yaml), then the production deploy. The fixtures are package-scoped, so the serving, metrics,
+security and day-two modules of this package share them; modules run in file-name order, and a module that changes
+the deployment leaves it serving for the next (the day-two module, which switches recipes, runs last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from ..labcli import ironserve, lab_down, pyinfra
+
+
+@pytest.fixture(scope="package")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    started = time.monotonic()
+    ironserve("lab", "up", "--nodes", "3", "--hardware", "cpu-lab", timeout=3600)
+    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    try:
+        yield {"hosts": status["hosts"], "up_s": time.monotonic() - started}
+    finally:
+        lab_down()
+
+
+@pytest.fixture(scope="package")
+def deployed(lab):
+    started = time.monotonic()
+    first = pyinfra("-y", "deploys/tiny.py")
+    lab["deploy_s"] = time.monotonic() - started
+    lab["deploy_output"] = first.stdout + first.stderr
+    print(f"\nlab up {lab['up_s']:.0f}s, first deploy {lab['deploy_s']:.0f}s")
+    return lab
