@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -211,6 +212,14 @@ def cmd_lint(args) -> int:
 # --------------------------------------------------------------------------- import / schema
 
 
+def _read_script(name: str) -> str:
+    try:
+        with open(name) as fh:
+            return fh.read()
+    except OSError as exc:
+        raise SpecError([catalogue.Problem(name, "", f"cannot read ({exc.strerror})", "check the path")]) from exc
+
+
 def cmd_import(args) -> int:
     from .commandline import CommandError, parse_command
     from .importer import import_commands, import_script, to_yaml
@@ -226,17 +235,14 @@ def cmd_import(args) -> int:
     arch = profiles[args.hardware].accelerator.arch
     engine = _engine_version(args.engine)
     try:
-        if args.file:
-            try:
-                text = open(args.file).read()
-            except OSError as exc:
-                raise SpecError([catalogue.Problem(args.file, "", f"cannot read ({exc.strerror})", "check the path")])
-            result = import_script(text, args.hardware, args.id, engine, arch, detect=not args.offline)
+        if args.file:  # --file repeated: the halves and the router of one deployment, one script each
+            texts = [_read_script(name) for name in args.file] + ([shlex.join(words)] if words else [])
+            result = import_script("\n".join(texts), args.hardware, args.id, engine, arch, detect=not args.offline)
         else:
             result = import_commands([parse_command(words)], args.hardware, args.id, engine, arch,
                                      detect=not args.offline)
     except CommandError as exc:
-        source = args.file or "command"
+        source = ", ".join(args.file or ["command"])
         raise SpecError([catalogue.Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
     text = to_yaml(result.data)
     for f in result.findings:
@@ -379,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True)
     p.add_argument("--id", help="recipe id (default: derived)")
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
-    p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
+    p.add_argument("--file", action="append", help="a launch script: its engine commands and router become one "
+                   "recipe; repeat it for scripts of one deployment (prefill, decode, router)")
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
     p.add_argument("--output", "-o", help="write to this file instead of stdout")

@@ -18,11 +18,11 @@ import yaml
 from pydantic import ValidationError
 
 from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions,
-                          parse_command, parse_script)
+                          parse_command, parse_script, shell_vars, var_name)
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
-from .spec import Recipe, ServerOptions, Speculative
+from .spec import DERIVED_FLAGS, UNSET_VALUE, Recipe, ServerOptions, Speculative
 
 _SPECULATIVE = {
     "--speculative-algorithm": "algorithm",
@@ -75,14 +75,14 @@ class _Values:
 
     def unset(self, text: str, where: str, placeholder: str | None = None) -> str:
         """A value with $var / ${var} / <VAR> in it: the inventory placeholder when one fits, else <var>."""
-        names = [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(text)]
+        names = shell_vars(text)
         if not names:
             return text
         if placeholder:
             self.findings.append(_note("import-placeholder", f"{where} was {text!r}: rendered per host as "
                                        f"{placeholder}", "", where, Severity.info))
             return SHELL_VAR.sub(placeholder, text)
-        out = SHELL_VAR.sub(lambda m: f"<{m.group(1) or m.group(3) or m.group(4)}>", text)
+        out = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", text)
         self.findings.append(_note("import-set-value", f"{where} is the shell variable {', '.join(names)} "
                                    f"(no value in the command); imported as {out!r}",
                                    f"set this value in the recipe ({where})", where))
@@ -184,78 +184,109 @@ def _int(flag: str, values: list[str], where: str) -> int:
 
 
 def _server_of(command: Command, values: _Values, where: str) -> _Server:
+    """One engine command's flags, step by step: topology flags, secrets, the node's address, typed fields,
+    speculative decoding, the rest in order (extra_args)."""
     typed = _typed_fields()
-    server: dict[str, Any] = {}
+    out = _Server({}, "")
     speculative: dict[str, Any] = {}
     spec_words: list[str] = []
     extra: list[str] = []
-    out = _Server({}, "")
     for name, vals in split_flags(command.flags):
-        if not name:
-            raise CommandError(f"{' '.join(vals)!r} before any flag", "start with a flag (--model-path ...)", where)
-        if "_" in name.split("=")[0]:
-            raise CommandError(f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
-                               f"write {name.replace('_', '-')} (check the name with --help)", where)
-        flag = canonical(name)
+        flag = _flag_name(name, vals, where)
         if flag == "--model-path":
             out.model_path = vals[0] if vals else ""
-            continue
-        if flag in SECRET_FLAGS:
-            values.api_key = True
-            values.findings.append(_note("import-secret", f"{flag} on the command line: the key is not written into "
-                                         "the recipe", f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
-                                         "(0600) on each host: server.api_key_file points there", flag))
-            continue
-        if flag in _TOPOLOGY_FLAGS:
-            value = vals[0] if vals else ""
-            if flag == "--nnodes":
-                out.nnodes = _int(flag, vals, where)
-                out.explicit_nnodes = True
-            elif flag == "--node-rank":
-                out.node_rank = _int(flag, vals, where) if not SHELL_VAR.search(value) else 0
-            elif flag == "--dist-init-addr":
-                out.dist_init = value
-            elif flag == "--disaggregation-mode":
-                out.mode = value
-            else:
-                out.bootstrap_port = _int(flag, vals, where)
-            continue
-        if flag == "--host" and vals and _is_node_address(vals[0]):
-            out.address = vals[0]
-            values.findings.append(_note("import-placeholder", f"--host {vals[0]} is this node's address: rendered "
-                                         "per host as {node_address} (list the host in the inventory)", "", flag,
-                                         Severity.info))
-            server["host"] = "{node_address}"
-            continue
-        vals = [values.unset(v, flag, _placeholder_for(flag)) for v in vals]
-        if flag in _SPECULATIVE:
-            key = _SPECULATIVE[flag]
-            speculative[key] = int(vals[0]) if vals and vals[0].isdigit() else (vals[0] if vals else None)
-            spec_words += [flag, *vals]
-            continue
-        if flag in typed:
-            field_name, annotation = typed[flag]
-            converted = _convert(annotation, vals)
-            if converted is ValueError or (converted is not None and not _valid(field_name, converted)):
-                if any(v.startswith("<") for v in vals):  # a variable in a typed field: SGLang's default
-                    continue
-                raise CommandError(f"{flag} {' '.join(vals)}: {_expected(field_name)}",
-                                   f"write {flag} {_example(field_name)}", where)
-            if converted is not None:
-                server[field_name] = converted
-                continue
-        extra += [flag, *vals]
+        elif flag in SECRET_FLAGS:
+            _secret_flag(flag, values)
+        elif flag in _TOPOLOGY_FLAGS:
+            _topology_flag(out, flag, vals, where, values)
+        elif flag == "--host" and vals and _is_node_address(vals[0]):
+            _node_address(out, vals[0], values)
+        else:
+            vals = [values.unset(v, flag, _placeholder_for(flag)) for v in vals]
+            if flag in _SPECULATIVE:
+                key = _SPECULATIVE[flag]
+                speculative[key] = int(vals[0]) if vals and vals[0].isdigit() else (vals[0] if vals else None)
+                spec_words += [flag, *vals]
+            elif not (flag in typed and _typed_value(out.server, flag, vals, typed[flag], where)):
+                extra += [flag, *vals]
     if speculative:
         try:
             Speculative.model_validate(speculative)
-            server["speculative"] = speculative
+            out.server["speculative"] = speculative
         except ValidationError:
             extra += spec_words  # an algorithm the recipe schema does not type: kept as written
     if extra:
-        server["extra_args"] = extra
-    out.server = server
+        out.server["extra_args"] = extra
     out.env = _env({**(command.docker.env if command.docker else {}), **command.env}, values, where)
     return out
+
+
+def _flag_name(name: str, vals: list[str], where: str) -> str:
+    if not name:
+        raise CommandError(f"{' '.join(vals)!r} before any flag", "start with a flag (--model-path ...)", where)
+    if "_" in name.split("=")[0]:
+        raise CommandError(f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
+                           f"write {name.replace('_', '-')} (check the name with --help)", where)
+    return canonical(name)
+
+
+def _secret_flag(flag: str, values: _Values) -> None:
+    values.api_key = True
+    values.findings.append(_note("import-secret", f"{flag} on the command line: the key is not written into "
+                                 "the recipe", f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
+                                 "(0600) on each host: server.api_key_file points there", flag))
+
+
+def _topology_flag(out: _Server, flag: str, vals: list[str], where: str, values: _Values) -> None:
+    value = vals[0] if vals else ""
+    if flag == "--nnodes":
+        out.nnodes = _int(flag, vals, where)
+        out.explicit_nnodes = True
+    elif flag == "--node-rank":  # a variable rank: the inventory's order says which host is which
+        out.node_rank = _int(flag, vals, where) if not SHELL_VAR.search(value) else 0
+    elif flag == "--dist-init-addr":
+        out.dist_init = value
+        port = value.rsplit(":", 1)[-1] if ":" in value else ""
+        if SHELL_VAR.fullmatch(port):
+            values.findings.append(_note("import-set-value", f"--dist-init-addr {value}: the port is the shell "
+                                         f"variable {shell_vars(port)[0]}; imported as dist_init_port "
+                                         f"'<{shell_vars(port)[0]}>' (the address is rank 0's, from the inventory)",
+                                         "set topology.groups[].dist_init_port in the recipe", flag))
+    elif flag == "--disaggregation-mode":
+        out.mode = value
+    else:
+        out.bootstrap_port = _int(flag, vals, where)
+
+
+def _node_address(out: _Server, address: str, values: _Values) -> None:
+    out.address = address
+    values.findings.append(_note("import-placeholder", f"--host {address} is this node's address: rendered "
+                                 "per host as {node_address} (list the host in the inventory)", "", "--host",
+                                 Severity.info))
+    out.server["host"] = "{node_address}"
+
+
+def _typed_value(server: dict, flag: str, vals: list[str], typed: tuple[str, Any], where: str) -> bool:
+    """The value into its typed field; False when it stays in extra_args as written. A value import cannot know
+    (<PORT>) is kept: in the field where the schema takes it (ports), else as written in extra_args; never SGLang's
+    default in its place."""
+    field_name, annotation = typed
+    if vals and all(UNSET_VALUE.fullmatch(v) for v in vals):
+        if _valid(field_name, vals[0]):
+            server[field_name] = vals[0]
+            return True
+        if flag in DERIVED_FLAGS:  # sizes: they decide the devices per node, so the recipe needs the number
+            raise CommandError(f"{flag} {vals[0]}: the recipe needs the number (it decides how many accelerators "
+                               "each node drives)", f"write {flag} N, the value the shell variable holds", where)
+        return False
+    converted = _convert(annotation, vals)
+    if converted is ValueError or (converted is not None and not _valid(field_name, converted)):
+        raise CommandError(f"{flag} {' '.join(vals)}: {_expected(field_name)}",
+                           f"write {flag} {_example(field_name)}", where)
+    if converted is None:
+        return False
+    server[field_name] = converted
+    return True
 
 
 def _is_node_address(value: str) -> bool:
@@ -384,8 +415,8 @@ def _router_of(command: Command, values: _Values) -> _Router:
             workers += vals
         elif name in ("--host", "--policy"):
             router[name[2:]] = vals[0] if vals else ""
-        elif name == "--port":
-            router["port"] = _int(name, vals, "router")
+        elif name == "--port":  # a shell variable stays an input to set (<PORT>)
+            router["port"] = vals[0] if vals and UNSET_VALUE.fullmatch(vals[0]) else _int(name, vals, "router")
         elif name in SECRET_FLAGS:
             values.api_key = True
             values.findings.append(_note("import-secret", f"router {name}: the key is not written into the recipe",
@@ -394,17 +425,21 @@ def _router_of(command: Command, values: _Values) -> _Router:
             extra += [name, *vals] if name else vals
     if extra:
         router["extra_args"] = extra
+    env = _env({**(command.docker.env if command.docker else {}), **command.env}, values, "router")
+    if env:  # the router's own (SGLANG_DP_ROUND_ROBIN=1 ...): kept as the engines' env is
+        router["env"] = env
     return _Router(pd, prefill, decode, workers, router)
 
 
-def _url(url: str, where: str) -> tuple[str | None, int]:
+def _url(url: str, where: str) -> tuple[str | None, int | str]:
     """(host, port) of a worker URL; host None when it is a shell variable (the inventory says which host)."""
-    m = re.match(r"^(?:[a-z]+://)?(\[[^\]]+\]|[^/:]+):(\d+)/?$", url)
+    m = re.match(r"^(?:[a-z]+://)?(\[[^\]]+\]|[^/:]+):(\d+|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)/?$", url)
     if not m:
         raise CommandError(f"{where} {url!r}: expected http://HOST:PORT", f"write {where} http://10.0.0.1:30000",
                            "router")
-    host = m.group(1)
-    return (None if SHELL_VAR.search(host) else host), int(m.group(2))
+    host, port = m.group(1), m.group(2)
+    # a variable port is the worker's port, still to set (<PORT>)
+    return (None if SHELL_VAR.search(host) else host), (int(port) if port.isdigit() else f"<{shell_vars(port)[0]}>")
 
 
 # --------------------------------------------------------------------------- assembling
@@ -427,10 +462,9 @@ def _groups_from_servers(servers: list[_Server], role: str,
         nodes = max(head.nnodes, 1)
         if nodes > 1:
             group["nodes"] = nodes
-            if head.dist_init and ":" in head.dist_init:
-                port = head.dist_init.rsplit(":", 1)[1]
-                if port.isdigit():
-                    group["dist_init_port"] = int(port)
+            port = _dist_init_port(members)
+            if port is not None:
+                group["dist_init_port"] = port
         else:
             if head.explicit_nnodes and role != "server":
                 group["explicit_single_node_rank"] = True
@@ -455,6 +489,19 @@ def _groups_from_servers(servers: list[_Server], role: str,
         heads.append(len(hosts))
         hosts += [ranks.get(r) for r in range(nodes)]
     return groups, hosts, heads
+
+
+def _dist_init_port(members: list[_Server]) -> int | str | None:
+    """The port of the group's --dist-init-addr, from whichever rank's command names it (a rank-1 command alone
+    says it too); a shell variable there is an input to set (<DIST_PORT>), never SGLang's 5000 in its place."""
+    for s in members:
+        if s.dist_init and ":" in s.dist_init:
+            port = s.dist_init.rsplit(":", 1)[1]
+            if port.isdigit():
+                return int(port)
+            if SHELL_VAR.fullmatch(port):
+                return f"<{var_name(SHELL_VAR.fullmatch(port))}>"
+    return None
 
 
 def _check_bootstrap(groups: list[dict], entries: list[tuple[str, int | None]], notes: list[Finding]) -> None:
@@ -489,62 +536,18 @@ def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple
 
 def _topology(servers: list[_Server], router: _Router | None, notes: list[Finding]) -> tuple[dict, list[str | None]]:
     if router and router.pd:
-        groups, hosts = [], []
-        for role in ("prefill", "decode"):
-            mine = [s for s in servers if s.mode == role]
-            entries = router.prefill if role == "prefill" else [(u, None) for u in router.decode]
-            if mine:
-                g, h, heads = _groups_from_servers(mine, role, notes)
-                urls = [_url(u, f"--{role}")[0] for u, _ in entries]
-                if len(urls) == len(heads):
-                    for index, address in zip(heads, urls):
-                        h[index] = address
-                    if role == "prefill":
-                        _check_bootstrap(g, entries, notes)
-                elif entries:
-                    notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
-                                       f"commands give {len(heads)} {role} instance(s): the recipe follows the "
-                                       "commands",
-                                       "check the router's --prefill/--decode list", "router"))
-            else:
-                g, h = _groups_from_urls(entries, role)
-            groups += g
-            hosts += h
-        if not any(g["role"] == "prefill" for g in groups) or not any(g["role"] == "decode" for g in groups):
-            raise CommandError("--pd-disaggregation without both --prefill and --decode",
-                               "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
-                               "router")
-        return {"kind": "pd-disaggregation", "groups": groups, "router": router.router}, hosts
-    modes = {s.mode for s in servers}
-    if modes - {None}:
-        if not {"prefill", "decode"} <= modes:
-            missing = ({"prefill", "decode"} - modes).pop()
-            raise CommandError(f"{(modes - {None}).pop()} commands without {missing} commands",
-                               f"import the {missing} commands too (a launch script with --file)")
+        return _pd_topology(servers, router, notes)
+    modes = {s.mode for s in servers} - {None}
+    if modes == {"prefill", "decode"}:
         notes.append(_note("import-router-added", "PD commands without a router: the recipe adds sglang-router "
                            f"(--pd-disaggregation, policy {ROUTER_DEFAULTS['policy']}, port "
                            f"{ROUTER_DEFAULTS['port']}) in front of them", "set topology.router to your router's "
                            "address, port and policy", "topology.router"))
-        return _topology(servers, _Router(True, [], [], [], dict(ROUTER_DEFAULTS)), notes)
+        return _pd_topology(servers, _Router(True, [], [], [], dict(ROUTER_DEFAULTS)), notes)
+    if modes:
+        return _pd_half(servers, modes.pop(), notes)
     if router:
-        if servers:
-            groups, _, _ = _groups_from_servers(servers[:1], "server")
-        else:
-            groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
-            groups[0].pop("role")
-        hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
-        ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers})
-        if len(ports) > 1:
-            notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
-                               f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
-                               f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
-                               "(each on its own host)", "router"))
-        count = max(len(router.workers), 1)
-        groups[0]["instances"] = count
-        if count == 1:
-            groups[0].pop("instances")
-        kind = "replicas" if count > 1 else "single"
-        return {"kind": kind, "groups": groups, "router": router.router}, hosts
+        return _router_topology(servers, router, notes)
     groups, hosts, _ = _groups_from_servers(servers, "server", notes)
     if len(groups) != 1:
         raise CommandError(f"{len(groups)} different engine commands and no router",
@@ -557,6 +560,73 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
     if g.get("nodes", 1) > 1:
         return {"kind": "multinode-tp", "groups": [g]}, hosts
     return {"kind": "single", "groups": [g]}, hosts[:1]
+
+
+def _pd_half(servers: list[_Server], role: str, notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    """Only prefill (or only decode) commands: operators run the halves on different machines and paste one at a
+    time. The recipe is that half, without a router (it runs with the other half), and says how to get the whole."""
+    other = "decode" if role == "prefill" else "prefill"
+    if any(s.mode is None for s in servers):
+        raise CommandError(f"{role} commands beside plain server commands", f"import the {role} and {other} "
+                           "commands of one PD deployment (and its router), or one plain server")
+    groups, hosts, _ = _groups_from_servers(servers, role, notes)
+    notes.append(_note("import-pd-half", f"only {role} commands: imported as the {role} half of a PD deployment; "
+                       f"its {other} half and the router are not in this recipe (deployed alone, nothing routes "
+                       f"requests to it)", f"import the whole deployment at once (--file repeated: the {role} and "
+                       f"{other} commands and the router, or one launch script with all of them); or add a {other} "
+                       "group and topology.router to this recipe", "topology", Severity.warning))
+    return {"kind": "pd-disaggregation", "groups": groups}, hosts
+
+
+def _pd_topology(servers: list[_Server], router: _Router, notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    groups, hosts = [], []
+    for role in ("prefill", "decode"):
+        mine = [s for s in servers if s.mode == role]
+        entries = router.prefill if role == "prefill" else [(u, None) for u in router.decode]
+        if mine:
+            g, h, heads = _groups_from_servers(mine, role, notes)
+            urls = [_url(u, f"--{role}")[0] for u, _ in entries]
+            if len(urls) == len(heads):
+                for index, address in zip(heads, urls):
+                    h[index] = address
+                if role == "prefill":
+                    _check_bootstrap(g, entries, notes)
+            elif entries:
+                notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
+                                   f"commands give {len(heads)} {role} instance(s): the recipe follows the commands",
+                                   "check the router's --prefill/--decode list", "router"))
+        else:
+            g, h = _groups_from_urls(entries, role)
+        groups += g
+        hosts += h
+    if not any(g["role"] == "prefill" for g in groups) or not any(g["role"] == "decode" for g in groups):
+        raise CommandError("--pd-disaggregation without both --prefill and --decode",
+                           "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
+                           "router")
+    return {"kind": "pd-disaggregation", "groups": groups, "router": router.router}, hosts
+
+
+def _router_topology(servers: list[_Server], router: _Router,
+                     notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    """A router over plain workers: replicas of one engine command (or of the router's worker URLs)."""
+    if servers:
+        groups, _, _ = _groups_from_servers(servers[:1], "server")
+    else:
+        groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
+        groups[0].pop("role")
+    hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
+    ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers}, key=str)
+    if len(ports) > 1:
+        notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
+                           f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
+                           f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
+                           "(each on its own host)", "router"))
+    count = max(len(router.workers), 1)
+    groups[0]["instances"] = count
+    if count == 1:
+        groups[0].pop("instances")
+    kind = "replicas" if count > 1 else "single"
+    return {"kind": kind, "groups": groups, "router": router.router}, hosts
 
 
 def _flat_single(topology: dict) -> tuple[dict, dict, dict]:
@@ -658,12 +728,13 @@ def _model(model_path: str, family: str, values: _Values) -> dict:
         values.findings.append(_note("import-set-value", "no --model-path in the commands (a router alone names no "
                                      "model)", "set model.hub_id or model.path in the recipe", "model"))
         return {"family": family, "path": "/models/set-me"}
-    if SHELL_VAR.search(model_path):
-        names = [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(model_path)]
-        values.findings.append(_note("import-set-value", f"--model-path is the shell variable {', '.join(names)}",
+    if SHELL_VAR.search(model_path):  # carried as <NAME> (lint's unset-value), never a path made up here
+        path = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", model_path)
+        values.findings.append(_note("import-set-value", f"--model-path is the shell variable "
+                                     f"{', '.join(shell_vars(model_path))}: imported as model.path {path!r}",
                                      "set model.hub_id or model.path in the recipe, or host data model_path in the "
                                      "inventory", "model"))
-        return {"family": family, "path": "/models/" + "-".join(n.lower() for n in names)}
+        return {"family": family, "path": path}
     if model_path.startswith("/") or model_path.startswith("~") or model_path.startswith("."):
         return {"family": family, "path": model_path}
     return {"family": family, "hub_id": model_path}
