@@ -130,13 +130,11 @@ def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> lis
     seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
     if engine:
         return _parser_findings(engine, [argv])
-    from .engine_parser import release_for_era
-    from .importer import DEFAULT_ENGINE
-    from .lint import SEED_ERA
+    from .commandline import parse_command
+    from .importer import choose_engine
 
-    era = SEED_ERA.get(profile.accelerator.arch, "")
-    version = release_for_era(era) or DEFAULT_ENGINE
-    why = f"the PyPI release of the {era} era" if release_for_era(era) else "the newest release ironserve knows"
+    command = parse_command(argv)  # the release import would choose: image tag, the flags' releases, seed era
+    version, why, _ = choose_engine(profile.accelerator.arch, None, command.docker, [command], detect=False)
     return [Finding(f.rule, Severity.warning if f.severity is Severity.error else f.severity,
                     f"{f.message} (parser of sglang {version}, {why}; name --engine to judge for your version)",
                     f.fix, f.where) for f in _parser_findings(version, [argv])]

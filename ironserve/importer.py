@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions,
                           parse_command, parse_script, shell_vars, var_name)
+from . import flag_releases
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
@@ -648,6 +649,50 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
 
         profile = hardware_profiles().get(hardware)
         hardware_arch = profile.accelerator.arch if profile else "none"
+    engines, router_command, launch = _deployment_commands(commands)
+    # the engines' container, else the router's (a router pasted alone)
+    dockers = [c.docker for c in [*engines, *([router_command] if router_command else [])] if c.docker]
+    notes: list[Finding] = []
+    first_model = next((s for s in (_first_model(c) for c in engines) if s), "")
+    family = model_family(first_model) or "unknown"
+    rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
+    values = _Values(rid)
+    servers = [_server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command")
+               for n, c in enumerate(engines)]
+    router = _router_of(router_command, values) if router_command else None
+    topology, hosts = _topology(servers, router, notes)
+    server: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    if topology["kind"] in ("single", "multinode-tp"):
+        topology, server, env = _flat_single(topology)
+    if values.api_key:
+        server["api_key_file"] = API_KEY_FILE.format(id=rid)
+    model = _model(next((s.model_path for s in servers if s.model_path), ""), family, values)
+    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
+                                                        dockers[0] if dockers else None, values, notes,
+                                                        commands, detect)
+    if router:
+        from .engine_parser import DEFAULT_ROUTER_VERSION
+
+        engine_data["router"] = DEFAULT_ROUTER_VERSION
+    data: dict[str, Any] = {
+        "id": rid, "description": f"Imported from a pasted command ({family} on {hardware})",
+        "source": {"seed": "pasted", "section": "ironserve import"}, "hardware": [hardware], "model": model,
+        "engine": engine_data, "runtime": runtime, "topology": topology, "server": server,
+    }
+    _process_env(data, env, commands, notes)
+    _memlock(data, hardware, notes)
+    try:
+        Recipe.model_validate(data)  # what import writes must load
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise CommandError(f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: "
+                           f"{err['msg']}", "report this command: import should have refused it earlier") from exc
+    return Imported(data, values.findings + notes, hosts, engine_note)
+
+
+def _deployment_commands(commands: list[Command]) -> tuple[list[Command], Command | None, str]:
+    """(engine commands, the router command, the engines' launcher) of one deployment, or why they are not one."""
     if not commands:
         raise CommandError("no SGLang launch command found", "paste 'python3 -m sglang.launch_server ...'")
     routers = [c for c in commands if c.kind == "router"]
@@ -658,45 +703,11 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     if len(launchers) > 1:
         raise CommandError(f"engine commands with different launchers ({', '.join(sorted(launchers))})",
                            "use one launcher for every engine of a deployment")
-    dockers = [c.docker for c in engines if c.docker] or [c.docker for c in routers if c.docker]
-    notes: list[Finding] = []
-    model_path = ""
-    first_model = next((s for s in (_first_model(c) for c in engines) if s), "")
-    family = model_family(first_model) or "unknown"
-    rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
-    values = _Values(rid)
-    servers = [_server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command")
-               for n, c in enumerate(engines)]
-    router = _router_of(routers[0], values) if routers else None
-    for s in servers:
-        model_path = model_path or s.model_path
-    topology, hosts = _topology(servers, router, notes)
-    server: dict[str, Any] = {}
-    env: dict[str, str] = {}
-    if topology["kind"] in ("single", "multinode-tp"):
-        topology, server, env = _flat_single(topology)
-    if values.api_key:
-        server["api_key_file"] = API_KEY_FILE.format(id=rid)
-    model = _model(model_path, family, values)
-    launch = next(iter(launchers), "launch_server")
-    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
-                                                        dockers[0] if dockers else None, values, notes,
-                                                        [c.argv for c in commands], detect)
-    if router:
-        from .engine_parser import DEFAULT_ROUTER_VERSION
+    return engines, (routers[0] if routers else None), next(iter(launchers), "launch_server")
 
-        engine_data["router"] = DEFAULT_ROUTER_VERSION
-    data: dict[str, Any] = {
-        "id": rid,
-        "description": f"Imported from a pasted command ({family} on {hardware})",
-        "source": {"seed": "pasted", "section": "ironserve import"},
-        "hardware": [hardware],
-        "model": model,
-        "engine": engine_data,
-        "runtime": runtime,
-        "topology": topology,
-        "server": server,
-    }
+
+def _process_env(data: dict, env: dict[str, str], commands: list[Command], notes: list[Finding]) -> None:
+    """The env the engines share, what `env -u` removes, and the wrappers that are not kept (said)."""
     if env:
         data["env"] = env
     env_unset = list(dict.fromkeys(name for c in commands for name in c.env_unset))
@@ -706,14 +717,6 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     if wrappers:
         notes.append(_note("import-wrapper", f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "
                            "runs the engine; CPU/NUMA placement is host tuning)", "", "command", Severity.info))
-    _memlock(data, hardware, notes)
-    try:
-        Recipe.model_validate(data)  # what import writes must load
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise CommandError(f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: "
-                           f"{err['msg']}", "report this command: import should have refused it earlier") from exc
-    return Imported(data, values.findings + notes, hosts, engine_note)
 
 
 def _first_model(command: Command) -> str:
@@ -757,24 +760,13 @@ def _memlock(data: dict, hardware: str, notes: list[Finding]) -> None:
 
 
 def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOptions | None, values: _Values,
-                    notes: list[Finding], argvs: list[list[str]], detect: bool) -> tuple[dict, dict, str]:
-    from .engine_parser import release_for_era
-
-    version, how = engine, "named with --engine"
-    if docker and not engine and _image_version(docker.image):
-        version, how = _image_version(docker.image), f"the release in the image tag ({docker.image})"
-    if not version and detect:
-        version, how = detect_engine(argvs)
-    if not version:
-        era = SEED_ERA.get(arch, "")
-        if release_for_era(era):
-            version, how = release_for_era(era), f"the PyPI release of the seeds' {era} era for this hardware " \
-                                                 "(not checked: `ironserve lint` runs its parser)"
-        else:
-            version, how = DEFAULT_ENGINE, "the newest release ironserve knows (not checked: `ironserve lint` runs " \
-                                           "its parser)"
+                    notes: list[Finding], commands: list[Command], detect: bool) -> tuple[dict, dict, str]:
+    version, how, by_flags = choose_engine(arch, engine, docker, commands, detect)
+    if not how.startswith(("named with", "the newest cached")):
+        how += "; not checked: `ironserve lint` runs its parser"
     note = f"sglang {version} ({how})"
     notes.append(_note("import-engine", note, "name another with --engine sglang==X.Y.Z", "engine", Severity.info))
+    notes += _renamed_flags(commands, version)
     if docker:
         runtime = docker_runtime(docker, values, notes)
         tag_version = _image_version(docker.image)
@@ -797,29 +789,78 @@ def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOp
                            "line you use", "runtime", Severity.info))
         tag = npu.image.rsplit(":", 1)[1]
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
-    if arch in ERA_IMAGE and not engine:
+    if arch in ERA_IMAGE and not engine and not by_flags:  # flags of another release: that release, from PyPI
         return ({"kind": "docker", "image": ERA_IMAGE[arch]},
                 {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version}, note)
     return ({"kind": "uv", "python": "3.12", "packages": [f"sglang=={version}"]},
             {"sglang": version, "launcher": launch}, note)
 
 
-def detect_engine(argvs: list[list[str]]) -> tuple[str | None, str]:
-    """The newest cached SGLang parser that accepts every command, said how it was chosen."""
+def choose_engine(arch: str, engine: str | None, docker: DockerOptions | None, commands: list[Command],
+                  detect: bool) -> tuple[str, str, bool]:
+    """(release, why, chosen by the command's flags): --engine, else the image tag's release, else the newest cached
+    parser that accepts every command (online), else the release the command's flags belong to (the hardware's
+    seed-era release when its parser takes them, the newest one that does otherwise), else the seed era's."""
+    from .engine_parser import release_for_era
+
+    if engine:
+        return engine, "named with --engine", False
+    if docker and _image_version(docker.image):
+        return _image_version(docker.image), f"the release in the image tag ({docker.image})", False
+    releases = flag_releases.fit([c.flags for c in commands if c.kind != "router"])
+    cached_note = ""
+    if detect:
+        version, cached_note = detect_engine([c.argv for c in commands], releases)
+        if version:
+            return version, cached_note, False
+    era = SEED_ERA.get(arch, "")
+    unchecked = f" ({cached_note})" if cached_note else ""
+    if releases.deciding and release_for_era(era) not in releases.releases:
+        if not releases.releases:
+            return release_for_era(era) or DEFAULT_ENGINE, f"no release takes every flag ({releases.reason()})" \
+                                                           f"{unchecked}", False
+        return releases.newest(), f"the newest release whose parser takes every flag: {releases.reason()}" \
+                                  f"{unchecked}", True
+    if release_for_era(era):
+        fits = f", whose parser takes the command's flags ({releases.reason()})" if releases.deciding else ""
+        return release_for_era(era), f"the PyPI release of the seeds' {era} era for this hardware{fits}" \
+                                     f"{unchecked}", False
+    if releases.deciding:
+        return releases.newest(), f"the newest release whose parser takes every flag: {releases.reason()}" \
+                                  f"{unchecked}", True
+    return DEFAULT_ENGINE, f"the newest release ironserve knows{unchecked}", False
+
+
+def _renamed_flags(commands: list[Command], version: str) -> list[Finding]:
+    """Flags a release renamed or dropped, each named with its successor."""
+    out = []
+    for flag, span in flag_releases.renamed([c.flags for c in commands if c.kind != "router"], version):
+        later = f"later releases take {span.successor}" if span.successor else "later releases have no such flag"
+        severity = Severity.info if span.holds(version) else Severity.warning
+        out.append(_note("import-renamed-flag", f"{flag} is a flag of SGLang {span.text()}: {later}",
+                         f"write {span.successor} to run a newer release" if span.successor else
+                         f"remove {flag} to run a newer release", flag, severity))
+    return out
+
+
+def detect_engine(argvs: list[list[str]], releases: flag_releases.Fit | None = None) -> tuple[str | None, str]:
+    """The newest cached SGLang parser that accepts every command (of the releases the flags belong to, when they
+    say), said how it was chosen; (None, what was tried) when none does."""
     from . import engine_parser
 
     cached = engine_parser.cached_versions()
-    if not cached:
-        return None, ""
-    for version in cached:
+    fitting = [v for v in cached if releases is None or releases.takes(v)]
+    if not fitting:
+        return None, f"no cached parser of those releases ({', '.join(cached)} cached)" if cached else \
+            "no parser cached"
+    for version in fitting:
         try:
             results = engine_parser.check_many(version, argvs)
         except (engine_parser.ParserEnvError, engine_parser.EngineNotAvailable):
             continue
         if not any(f.severity is Severity.error for found in results for f in found):
             return version, f"the newest cached SGLang parser that accepts the command ({', '.join(cached)} cached)"
-    return DEFAULT_ENGINE, f"no cached parser ({', '.join(cached)}) accepts the command: `ironserve lint " \
-                           f"--engine sglang=={DEFAULT_ENGINE}` says what to change"
+    return None, f"no cached parser ({', '.join(fitting)}) accepts the command"
 
 
 # --------------------------------------------------------------------------- entry points
