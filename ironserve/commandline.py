@@ -38,7 +38,7 @@ SGLANG_BIN = re.compile(r"^(.*/)?sglang$")
 SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}"  # ${x}, ${x:-default}: groups 1, 2
                        r"|\$([A-Za-z_][A-Za-z0-9_]*)"  # $x: group 3
                        r"|<([A-Za-z_][A-Za-z0-9_]*)>"  # <PLACEHOLDER> of a guide: group 4
-                       r"|\$\{([A-Za-z_][A-Za-z0-9_]*)\[([0-9]+)\]\}")  # ${x[0]}, a bash array's element: 5, 6
+                       r"|\$\{([A-Za-z_][A-Za-z0-9_]*)\[(\d+|\$?[A-Za-z_][A-Za-z0-9_]*)\]\}")  # ${x[0]}, ${x[$i]}: 5, 6
 # NAME=(a b c): a bash array, whose elements launch lines name as ${NAME[0]}
 ARRAY_ASSIGNMENT = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)\)$", re.S)
 
@@ -46,7 +46,7 @@ ARRAY_ASSIGNMENT = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z
 def var_name(m: re.Match) -> str:
     """The variable a SHELL_VAR match names, as a recipe input: x, X, or x_0 for ${x[0]}."""
     if m.group(5):
-        return f"{m.group(5)}_{m.group(6)}"
+        return f"{m.group(5)}_{m.group(6).lstrip('$')}"
     return m.group(1) or m.group(3) or m.group(4)
 
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe

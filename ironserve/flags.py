@@ -21,6 +21,7 @@ CANONICAL = {
     "--speculative-algo": "--speculative-algorithm",
     "--moe-dense-tp": "--moe-dense-tp-size",
     "--trust-remote": "--trust-remote-code",
+    "--nccl-init-addr": "--dist-init-addr",  # the 2024 name, still a registered alias (docs/engine-flags.md)
 }
 
 # Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names); checked

@@ -155,6 +155,10 @@ def test_imports_and_round_trips(entry, tmp_path):
         _same_router(routers[0], router_proc)
     if recipe.topology.router and not routers:
         assert "import-router-added" in rules  # PD commands without their router: one is added, and said
+    for flag in expect.get("renamed", []):  # a flag of an older release: named with its successor
+        assert any(f.rule == "import-renamed-flag" and f.where == flag for f in result.findings), flag
+    if "dist_init_port" in expect:  # an explicit dist-init port is kept, whichever rank's command names it
+        assert {g.dist_init_port for g in recipe.topology.groups} == {expect["dist_init_port"]}
     if "pd_half" in expect:  # one half alone: that half, no router, and a finding saying how to import the rest
         assert [g.role for g in recipe.topology.groups] == [expect["pd_half"]] * len(recipe.topology.groups)
         assert recipe.topology.router is None and "import-pd-half" in rules
