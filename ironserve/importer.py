@@ -254,7 +254,10 @@ def _topology_flag(out: _Server, flag: str, vals: list[str], where: str, values:
                                          f"'<{shell_vars(port)[0]}>' (the address is rank 0's, from the inventory)",
                                          "set topology.groups[].dist_init_port in the recipe", flag))
     elif flag == "--disaggregation-mode":
-        out.mode = value
+        if value not in ("prefill", "decode", "null"):  # a variable role: the recipe's groups need to know it
+            raise CommandError(f"--disaggregation-mode {value}: expected prefill or decode",
+                               "write --disaggregation-mode prefill (or decode): one command per role", where)
+        out.mode = value if value != "null" else None
     else:
         out.bootstrap_port = _int(flag, vals, where)
 

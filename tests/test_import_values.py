@@ -60,6 +60,14 @@ def test_a_size_that_is_a_variable_is_refused_with_a_fix():
     assert "--tp-size" in str(err.value) and "write --tp-size N" in err.value.fix
 
 
+def test_a_role_that_is_a_variable_is_refused_with_a_fix():
+    from ironserve.commandline import CommandError
+
+    with pytest.raises(CommandError) as err:
+        _import("python3 -m sglang.launch_server --model-path /m --disaggregation-mode ${ROLE}")
+    assert "expected prefill or decode" in str(err.value) and "--disaggregation-mode prefill" in err.value.fix
+
+
 def test_bash_array_elements_are_filled_from_the_script_or_carried():
     script = ("D_IP=(10.0.0.5 10.0.0.6)\n"
               "python3 -m sglang.launch_server --model-path /m --tp-size 16 --host ${D_IP[1]} "
