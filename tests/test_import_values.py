@@ -147,3 +147,15 @@ def test_flags_of_no_single_release_are_said():
         "gb200", "t")
     (note,) = [f for f in result.findings if f.rule == "import-engine"]
     assert "no release takes every flag" in note.message and "--enable-deepep-moe" in note.message
+
+
+def test_a_deploy_stops_on_a_value_still_unset(tmp_path, monkeypatch):
+    from ironserve.catalogue import SpecError
+    from roles.context import build_context
+
+    result, _ = _import("python3 -m sglang.launch_server --model-path /models/Qwen3-8B --tp-size 2 --port ${PORT}")
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(result.data, sort_keys=False))
+    monkeypatch.chdir(tmp_path)  # host data names the recipe file relative to the deploy's directory
+    with pytest.raises(SpecError) as err:
+        build_context("t", "h1", [("h1", {"hardware": "rtx6000-pro", "recipe": "t.yaml"})])
+    assert "<PORT>" in str(err.value) and "set it in the recipe" in str(err.value)
