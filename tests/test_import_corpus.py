@@ -107,21 +107,21 @@ def _match(processes, command: Command, index_by_role: dict):
     return mine[min(n, len(mine) - 1)]
 
 
+def _expected_fields(recipe, expect: dict) -> None:
+    """The recipe fields an entry names in expect: topology, launcher, family, runtime, engine, env_unset."""
+    assert recipe.topology.kind == expect["topology"]
+    got = {"launcher": recipe.engine.launcher, "family": recipe.model.family, "runtime": recipe.runtime.kind,
+           "engine": recipe.engine.sglang, "env_unset": recipe.env_unset}
+    for key, value in got.items():
+        if key in expect:
+            assert value == expect[key], key
+
+
 @pytest.mark.parametrize("entry", ROUND_TRIP, ids=[c["id"] for c in ROUND_TRIP])
 def test_imports_and_round_trips(entry, tmp_path):
     result, recipe = _import(entry, tmp_path)
     expect = entry["expect"]
-    assert recipe.topology.kind == expect["topology"]
-    if "launcher" in expect:
-        assert recipe.engine.launcher == expect["launcher"]
-    if "family" in expect:
-        assert recipe.model.family == expect["family"]
-    if "runtime" in expect:
-        assert recipe.runtime.kind == expect["runtime"]
-    if "engine" in expect:
-        assert recipe.engine.sglang == expect["engine"]
-    if "env_unset" in expect:
-        assert recipe.env_unset == expect["env_unset"]
+    _expected_fields(recipe, expect)
     assert recipe.engine.check_version, "the real-parser check never silently skips an imported recipe"
     rules = {f.rule for f in result.findings}
     for name in expect.get("set_values", []):
