@@ -741,8 +741,12 @@ def _model(model_path: str, family: str, values: _Values) -> dict:
                                      "set model.hub_id or model.path in the recipe, or host data model_path in the "
                                      "inventory", "model"))
         return {"family": family, "path": path}
-    if model_path.startswith("/") or model_path.startswith("~") or model_path.startswith("."):
+    if model_path.startswith("/"):
         return {"family": family, "path": model_path}
+    if model_path.startswith(("~", ".")) or model_path.count("/") > 1:  # not org/name: relative to the shell's cwd
+        raise CommandError(f"--model-path {model_path}: a relative path (to the directory the command ran in), "
+                           "not a Hugging Face id (org/name)", "write the absolute path of the weights on the host "
+                           f"(e.g. /models/{model_path.rstrip('/').rsplit('/', 1)[-1]}) or the hub id", "--model-path")
     return {"family": family, "hub_id": model_path}
 
 

@@ -77,7 +77,7 @@ def _expected_value(values: list[str]) -> list[str]:
 def _flag_map(flags: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name, values in split_flags(flags):
-        flag = {"--trust-remote": "--trust-remote-code"}.get(canonical(name), canonical(name))
+        flag = canonical(name)  # argparse abbreviations (--trust-remote) and aliases: the full name import writes
         out[flag] = values
     return out
 
