@@ -23,7 +23,7 @@ from . import flag_releases
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
-from .spec import DERIVED_FLAGS, UNSET_VALUE, Recipe, ServerOptions, Speculative
+from .spec import DERIVED_FLAGS, UNSET_VALUE, ModelSource, Recipe, ServerOptions, Speculative
 
 _SPECULATIVE = {
     "--speculative-algorithm": "algorithm",
@@ -736,6 +736,12 @@ def _model(model_path: str, family: str, values: _Values) -> dict:
         return {"family": family, "path": "/models/set-me"}
     if SHELL_VAR.search(model_path):  # carried as <NAME> (lint's unset-value), never a path made up here
         path = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", model_path)
+        try:
+            ModelSource.model_validate({"family": family, "path": path})
+        except ValidationError as exc:
+            raise CommandError(f"--model-path {model_path}: a path import cannot carry as {path!r}",
+                               "write the absolute path of the weights (the value the variable holds)",
+                               "--model-path") from exc
         values.findings.append(_note("import-set-value", f"--model-path is the shell variable "
                                      f"{', '.join(shell_vars(model_path))}: imported as model.path {path!r}",
                                      "set model.hub_id or model.path in the recipe, or host data model_path in the "

@@ -122,6 +122,19 @@ Url = Annotated[str, AfterValidator(check_url)]
 UNSET_VALUE = re.compile(r"<[A-Za-z_][A-Za-z0-9_]*>")
 UNSET_PATTERN = f"^{UNSET_VALUE.pattern}$"
 Unset = Annotated[str, Field(pattern=UNSET_PATTERN)]
+
+
+def check_unset_path(value: str) -> str:
+    """<ROOT>/DeepSeek-V3: a path under a directory import could not know; the rest is an absolute path's grammar."""
+    m = re.fullmatch(rf"({UNSET_VALUE.pattern})(/.*)?", value)
+    if not m:
+        raise ValueError(f"{value!r} is neither an absolute path nor <NAME>/path (e.g. /mnt/models/GLM-5)")
+    if m.group(2):
+        check_abs_path(m.group(2))
+    return value
+
+
+UnsetPath = Annotated[str, AfterValidator(check_unset_path)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -665,7 +678,7 @@ class Benchmark(Strict):
 class ModelSource(Strict):
     hub_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$",
                                description="Hugging Face repository id")
-    path: AbsPath | Unset | None = Field(None, description="path of the weights on the host (as in the seed)")
+    path: AbsPath | UnsetPath | None = Field(None, description="path of the weights on the host (as in the seed)")
     revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
     family: str = Field(description="model family: glm5, glm5.1, qwen3.5, kimi-k2.5, minimax-m2.5, llama3, tiny")

@@ -52,6 +52,23 @@ def test_values_import_cannot_know_are_carried_never_invented_or_dropped():
     assert {w for _, w in unset_values(render(recipe))} >= {"<MODEL_PATH>", "<PORT>"}  # what a deploy stops on
 
 
+@pytest.mark.parametrize("written,carried", [("${ROOT}/DeepSeek-V3", "<ROOT>/DeepSeek-V3"),
+                                             ("/models/${NAME}", "/models/<NAME>"), ("$M", "<M>")])
+def test_a_model_path_under_a_variable_keeps_what_is_known(written, carried):
+    _, recipe = _import(f"python3 -m sglang.launch_server --model-path {written} --tp-size 2")
+    assert recipe.model.path == carried
+    assert _flags(render(recipe).processes[0].argv)["--model-path"] == [carried]
+
+
+@pytest.mark.parametrize("written", ["${ROOT}/../x", "${A}${B}", "models/org/name", "./weights"])
+def test_a_model_path_import_cannot_carry_is_refused_with_a_fix(written):
+    from ironserve.commandline import CommandError
+
+    with pytest.raises(CommandError) as err:
+        _import(f"python3 -m sglang.launch_server --model-path {written} --tp-size 2")
+    assert written in str(err.value) and "absolute path" in err.value.fix
+
+
 def test_a_size_that_is_a_variable_is_refused_with_a_fix():
     from ironserve.commandline import CommandError
 
