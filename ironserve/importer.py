@@ -199,7 +199,7 @@ def _server_of(command: Command, values: _Values, where: str) -> _Server:
         elif flag in SECRET_FLAGS:
             _secret_flag(flag, values)
         elif flag in _TOPOLOGY_FLAGS:
-            _topology_flag(out, flag, vals, where, values)
+            _topology_flag(out, flag, vals, where)
         elif flag == "--host" and vals and _is_node_address(vals[0]):
             _node_address(out, vals[0], values)
         else:
@@ -238,7 +238,7 @@ def _secret_flag(flag: str, values: _Values) -> None:
                                  "(0600) on each host: server.api_key_file points there", flag))
 
 
-def _topology_flag(out: _Server, flag: str, vals: list[str], where: str, values: _Values) -> None:
+def _topology_flag(out: _Server, flag: str, vals: list[str], where: str) -> None:
     value = vals[0] if vals else ""
     if flag == "--nnodes":
         out.nnodes = _int(flag, vals, where)
@@ -247,12 +247,6 @@ def _topology_flag(out: _Server, flag: str, vals: list[str], where: str, values:
         out.node_rank = _int(flag, vals, where) if not SHELL_VAR.search(value) else 0
     elif flag == "--dist-init-addr":
         out.dist_init = value
-        port = value.rsplit(":", 1)[-1] if ":" in value else ""
-        if SHELL_VAR.fullmatch(port):
-            values.findings.append(_note("import-set-value", f"--dist-init-addr {value}: the port is the shell "
-                                         f"variable {shell_vars(port)[0]}; imported as dist_init_port "
-                                         f"'<{shell_vars(port)[0]}>' (the address is rank 0's, from the inventory)",
-                                         "set topology.groups[].dist_init_port in the recipe", flag))
     elif flag == "--disaggregation-mode":
         if value not in ("prefill", "decode", "null"):  # a variable role: the recipe's groups need to know it
             raise CommandError(f"--disaggregation-mode {value}: expected prefill or decode",
@@ -469,6 +463,11 @@ def _groups_from_servers(servers: list[_Server], role: str,
             port = _dist_init_port(members)
             if port is not None:
                 group["dist_init_port"] = port
+            if isinstance(port, str) and notes is not None:
+                notes.append(_note("import-set-value", f"--dist-init-addr {head.dist_init}: the port is a shell "
+                                   f"variable; imported as dist_init_port '{port}' (the address is rank 0's, from "
+                                   "the inventory)", "set topology.groups[].dist_init_port in the recipe",
+                                   "--dist-init-addr"))
         else:
             if head.explicit_nnodes and role != "server":
                 group["explicit_single_node_rank"] = True
@@ -499,6 +498,9 @@ def _dist_init_port(members: list[_Server]) -> int | str | None:
     """The port of the group's --dist-init-addr, from whichever rank's command names it (a rank-1 command alone
     says it too); a shell variable there is an input to set (<DIST_PORT>), never SGLang's 5000 in its place."""
     for s in members:
+        whole = SHELL_VAR.fullmatch(s.dist_init or "")
+        if whole:  # --dist-init-addr $ADDR: host and port in one variable; the host is rank 0's anyway
+            return f"<{var_name(whole)}_PORT>"
         if s.dist_init and ":" in s.dist_init:
             port = s.dist_init.rsplit(":", 1)[1]
             if port.isdigit():

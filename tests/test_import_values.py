@@ -69,6 +69,13 @@ def test_a_model_path_import_cannot_carry_is_refused_with_a_fix(written):
     assert written in str(err.value) and "absolute path" in err.value.fix
 
 
+def test_a_dist_init_address_in_one_variable_carries_its_port_as_an_input():
+    result, recipe = _import("python3 -m sglang.launch_server --model-path /m --tp-size 16 --nnodes 2 --node-rank 0 "
+                             "--dist-init-addr ${DIST_INIT_ADDR}")
+    assert recipe.topology.groups[0].dist_init_port == "<DIST_INIT_ADDR_PORT>"  # not 5000
+    assert any(f.rule == "import-set-value" and "<DIST_INIT_ADDR_PORT>" in f.message for f in result.findings)
+
+
 def test_a_size_that_is_a_variable_is_refused_with_a_fix():
     from ironserve.commandline import CommandError
 
