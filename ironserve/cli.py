@@ -51,9 +51,11 @@ def cmd_render(args) -> int:
     elif args.format == "shell":
         print(shell_script(rendered), end="")
     else:
+        from .render import require_set
         from .spec import effective_tuning
         from .units import systemd_bundle
 
+        require_set(rendered)  # units need every value: <PORT> left by import is said, not rendered
         profile = catalogue.hardware_profiles()[recipe.hardware[0]]
         print(systemd_bundle(rendered, effective_tuning(recipe, profile)), end="")
     return 0

@@ -472,7 +472,16 @@ def unset_values(rendered: Rendered) -> list[tuple[str, str]]:
     for proc in rendered.processes:
         words = [*proc.argv, *(f"{k}={v}" for k, v in proc.env.items() if v != NIC_FROM_INVENTORY)]
         out += [(proc.unit, word) for word in words if UNSET_VALUE.search(word)]
-    return out
+    return list(dict.fromkeys(out))  # once per unit, whatever the number of its ranks
+
+
+def require_set(rendered: Rendered) -> None:
+    """Units and deploys need every value: SpecError naming each one import left unset (lint lists them too)."""
+    problems = [Problem(f"recipe {rendered.recipe.id}", unit, f"{word} was a shell variable when the command was "
+                        "imported and has no value yet", "set it in the recipe (ironserve lint lists each)")
+                for unit, word in unset_values(rendered)]
+    if problems:
+        raise SpecError(problems)
 
 
 def shell_script(rendered: Rendered) -> str:

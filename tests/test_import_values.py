@@ -183,3 +183,14 @@ def test_a_deploy_stops_on_a_value_still_unset(tmp_path, monkeypatch):
     with pytest.raises(SpecError) as err:
         build_context("t", "h1", [("h1", {"hardware": "rtx6000-pro", "recipe": "t.yaml"})])
     assert "<PORT>" in str(err.value) and "set it in the recipe" in str(err.value)
+
+
+def test_units_are_not_rendered_with_a_value_still_unset(tmp_path, capsys):
+    result, _ = _import(VARS)
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(result.data, sort_keys=False))
+    assert main(["render", str(path), "--format", "shell"]) == 0  # what runs where, inputs shown as <name>
+    capsys.readouterr()
+    assert main(["render", str(path), "--format", "systemd"]) == 1
+    err = capsys.readouterr().err
+    assert "<PORT>" in err and "<DIST_PORT>" in err and "set it in the recipe" in err
