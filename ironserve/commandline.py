@@ -49,6 +49,7 @@ def var_name(m: re.Match) -> str:
         return f"{m.group(5)}_{m.group(6).lstrip('$')}"
     return m.group(1) or m.group(3) or m.group(4)
 
+
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
 SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
                          r"(?:_|$)", re.I)

@@ -62,7 +62,7 @@ SPANS = {
     "--cuda-graph-bs": Span(None, "0.5.19", "--cuda-graph-bs-decode (and --cuda-graph-bs-prefill)"),
     "--cuda-graph-max-bs-decode": Span("0.5.14", None),
     "--cuda-graph-bs-decode": Span("0.5.14", None),
-    "--mamba-scheduler-strategy": Span("0.5.8", "0.5.19", "--mamba-radix-cache-strategy"),
+    "--mamba-scheduler-strategy": Span("0.5.7", "0.5.19", "--mamba-radix-cache-strategy"),
     "--mamba-radix-cache-strategy": Span("0.5.14", None),
     "--enable-nsa-prefill-context-parallel": Span(None, "0.5.19", "--enable-prefill-cp"),
     "--nsa-prefill-cp-mode": Span(None, "0.5.19", "--cp-strategy zigzag ('round-robin-split': interleave)"),
