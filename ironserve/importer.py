@@ -22,7 +22,7 @@ from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Co
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
-from .spec import Recipe, ServerOptions, Speculative
+from .spec import Recipe, ServerOptions, Speculative, binds_every_address
 
 _SPECULATIVE = {
     "--speculative-algorithm": "algorithm",
@@ -260,7 +260,7 @@ def _server_of(command: Command, values: _Values, where: str) -> _Server:
 
 def _is_node_address(value: str) -> bool:
     """A literal address of one machine (not a wildcard or loopback), which only fits one host of an inventory."""
-    return bool(value) and not SHELL_VAR.search(value) and value not in ("0.0.0.0", "::", "localhost") and \
+    return bool(value) and not SHELL_VAR.search(value) and not binds_every_address(value) and value != "localhost" and \
         not value.startswith("127.") and value != "::1"
 
 

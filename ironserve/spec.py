@@ -92,6 +92,34 @@ def check_address(value: str) -> str:
 
 Address = Annotated[str, AfterValidator(check_address)]
 
+# the classic inet_aton spellings the resolver (getaddrinfo) accepts for IPv4: 1 to 4 parts, each decimal, octal
+# (leading 0) or hex (0x): "0", "0.0", "00.0x0.0" all mean 0.0.0.0
+_INET_ATON_ZERO = re.compile(r"(?:0+|0[xX]0*)(?:\.(?:0+|0[xX]0*)){0,3}")
+
+
+def binds_every_address(host: str | None) -> bool:
+    """Whether a listener bound to ``host`` accepts connections on every interface (the unspecified address).
+
+    Judged as the engine's and the router's resolver reads a bind address (getaddrinfo with AI_PASSIVE): every
+    spelling of 0.0.0.0 and :: ("0", "0.0", "0x0", "::0", "0:0:0:0:0:0:0:0", "[::]", "0000::", "::ffff:0.0.0.0",
+    "::%eth0") and the empty string. None (no --host: the engine's default, 127.0.0.1) is not one; a hostname is
+    judged by its spelling only (no lookup: the core is offline)."""
+    if host is None:
+        return False
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    text = text.split("%", 1)[0]  # an IPv6 scope (::%eth0) still binds the unspecified address
+    if not text or _INET_ATON_ZERO.fullmatch(text):
+        return True
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:0.0.0.0 on a dual-stack socket is IPv4's any address
+    return address.is_unspecified
+
 
 def check_abs_path(value: str) -> str:
     """Absolute and normalised: no '.', '..' or empty components (a trailing '/' is tolerated), no ':' (docker

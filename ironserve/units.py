@@ -277,9 +277,6 @@ class RankGuardFiles:
     secret_path: str  # the group's shared secret, 0600 (written by roles/secret_file.py, never rendered)
 
 
-WILDCARD = ("0.0.0.0", "::", "[::]")  # a --host serving every network
-
-
 def runs_as_user(recipe: Recipe, proc: Process) -> bool:
     """Whether the unit of this process runs as ENGINE_USER: everything run from a venv on the host (a docker
     unit runs the docker client, which needs root)."""
