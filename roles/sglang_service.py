@@ -274,9 +274,9 @@ def argv_parses(unit: str, probe: list[str], digest: str):
         if result["rc"] != 0:
             raise OperationError(f"{host.name}: {unit}: the SGLang in this runtime rejects the command line "
                                  f"(probe exit {result['rc']}):\n{result['output']}")
-        yield f"mkdir -p {PARSE_OK_DIR} && echo {digest} > {shlex.quote(marker)}"
+        yield f"mkdir -p {PARSE_OK_DIR} && echo {shlex.quote(digest)} > {shlex.quote(marker)}"
         return
-    yield f"{command} && mkdir -p {PARSE_OK_DIR} && echo {digest} > {shlex.quote(marker)}"
+    yield f"{command} && mkdir -p {PARSE_OK_DIR} && echo {shlex.quote(digest)} > {shlex.quote(marker)}"
 
 
 # --------------------------------------------------------------------------- shared unit machinery

@@ -293,16 +293,17 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
     if have == version:
         host.noop(f"uv {version} is installed")
         return
-    target = f"{UV_ROOT}/{version}"
+    target = shlex.quote(f"{UV_ROOT}/{version}")
+    binary, uv_bin = shlex.quote(f"{UV_ROOT}/{version}/uv"), shlex.quote(UV_BIN)
     if url:
         yield (f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} | tar -xz -C {target} --strip-components=1 "
-               f"&& install -m 755 {target}/uv {UV_BIN}")
+               f"&& install -m 755 {binary} {uv_bin}")
         return
     index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
     # --target: no system site-packages touched (PEP 668 hosts refuse a plain pip install)
     yield (f"python3 -m pip install --disable-pip-version-check --no-cache-dir --upgrade --target {target}"
-           f"{index} uv=={version}")
-    yield f"ln -sfn {target}/bin/uv {UV_BIN}"
+           f"{index} {shlex.quote(f'uv=={version}')}")
+    yield f"ln -sfn {shlex.quote(f'{UV_ROOT}/{version}/bin/uv')} {uv_bin}"
 
 
 @operation()
