@@ -280,8 +280,26 @@ class NcclGraph(Strict):
     """NCCL topology graph XML (NCCL_GRAPH_FILE): measured +11% on Genoa with 2 NUMA nodes."""
 
     path: AbsPath = Field(description="Where the file lives on the host; NCCL_GRAPH_FILE points here")
-    source: str = Field(description="files/ path in this repo, or a URL on the cluster's mirror")
+    source: str = Field(description="files/ path in this repo, a file beside the recipe or in the recipe catalogue "
+                        "(a relative path, never outside them), or a URL on the cluster's mirror")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if "://" in value:
+            return check_url(value)
+        # a controller file uploaded to every host, world-readable: only from the directories ironserve owns
+        # (roles/nccl.graph_source_file confines it, symlinks resolved)
+        if value.startswith(("/", "~")) or ".." in value.split("/"):
+            raise ValueError(f"{value!r} names a file outside the recipe directories; write a path relative to the "
+                             "checkout's files/ or to the recipe's directory, without '..' (e.g. "
+                             "files/nccl/nccl_graph_opt.xml)")
+        bad = shell_syntax_problem(value, _PATH_CHARS)
+        if bad:
+            raise ValueError(f"{value!r} holds {bad}; write the path with letters, digits and . _ - + , @ = ~ only "
+                             "(e.g. files/nccl/nccl_graph_opt.xml)")
+        return value
 
 
 class Limits(Strict):
