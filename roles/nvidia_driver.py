@@ -380,7 +380,7 @@ def packages_held(packages: list[str]):
     if not missing:
         host.noop(f"held: {', '.join(packages)}")
         return
-    yield "apt-mark hold " + " ".join(missing)
+    yield "apt-mark hold " + shlex.join(missing)
 
 
 @operation()
