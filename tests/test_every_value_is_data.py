@@ -161,6 +161,19 @@ def test_host_data_paths_and_urls_refuse_shell_syntax(tmp_path, capsys, key, val
     assert problem.field == f"n0.{key}" and problem.fix.startswith("write the"), problem
 
 
+def test_the_deploy_refuses_shell_syntax_with_exit_2_and_no_traceback():
+    """pyinfra's own CLI (a dry run on @local: refused while the deploy file loads, before any fact or command)."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "--dry", "@local", "deploys/tiny.py",
+                          "--data", "hardware=cpu-lab", "--data", "sysctl_file=/etc/sysctl.d/$(id).conf"],
+                         capture_output=True, text=True, cwd=root, timeout=300)
+    log = out.stdout + out.stderr
+    assert out.returncode == 2, log[-2000:]
+    assert "Traceback" not in log and "@local.sysctl_file:" in log and "Fix: write the path" in log, log[-2000:]
+
+
 # --------------------------------------------------------------------------- contradictions
 
 
