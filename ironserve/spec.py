@@ -127,13 +127,16 @@ _PATH_CHARS = re.compile(r"[A-Za-z0-9._+,@=~/\-]")
 _URL_CHARS = re.compile(r"[A-Za-z0-9._+,@=~/\-:?#%\[\]]")
 
 
-def shell_syntax_problem(value: str, allowed: re.Pattern) -> str | None:
-    """The first character of ``value`` outside ``allowed``, named and placed, or None."""
+_WRITE_PATH = "write the path with letters, digits and . _ - + , @ = ~ only"
+
+
+def refuse_shell_syntax(value: str, allowed: re.Pattern, what: str, write: str) -> None:
+    """ValueError naming the first character of ``value`` outside ``allowed`` and where it is, and what to write."""
     for i, char in enumerate(value):
         if not allowed.fullmatch(char):
             shown = repr(char) if char.isprintable() and not char.isspace() else f"U+{ord(char):04X}"
-            return f"{shown} at position {i}"
-    return None
+            raise ValueError(f"{value!r} holds {shown} at position {i}, which is not {what} character here (shell "
+                             f"syntax, spaces and quotes are refused); {write}")
 
 
 def check_abs_path(value: str) -> str:
@@ -147,11 +150,7 @@ def check_abs_path(value: str) -> str:
     if ":" in value:
         raise ValueError(f"{value!r}: a path cannot hold ':' (docker volumes and search paths split on it); write "
                          "it without (e.g. /mnt/models/GLM-5)")
-    bad = shell_syntax_problem(value, _PATH_CHARS)
-    if bad:
-        raise ValueError(f"{value!r} holds {bad}, which is not a path character here (shell syntax, spaces and "
-                         "quotes are refused); write the path with letters, digits and . _ - + , @ = ~ only "
-                         "(e.g. /mnt/models/GLM-5)")
+    refuse_shell_syntax(value, _PATH_CHARS, "a path", f"{_WRITE_PATH} (e.g. /mnt/models/GLM-5)")
     return value
 
 
@@ -163,11 +162,8 @@ def check_url(value: str) -> str:
     if not _URL.fullmatch(value):
         raise ValueError(f"{value!r} is not a URL: write https://host/path or file:///path "
                          "(e.g. https://mirror.example/pypi/simple)")
-    bad = shell_syntax_problem(value, _URL_CHARS)
-    if bad:
-        raise ValueError(f"{value!r} holds {bad}, which is not a URL character here (shell syntax, spaces and "
-                         "quotes are refused); write the URL without it, or percent-encoded "
-                         "(e.g. https://mirror.example/pypi/simple)")
+    refuse_shell_syntax(value, _URL_CHARS, "a URL", "write the URL without it, or percent-encoded "
+                        "(e.g. https://mirror.example/pypi/simple)")
     return value
 
 
@@ -295,10 +291,7 @@ class NcclGraph(Strict):
             raise ValueError(f"{value!r} names a file outside the recipe directories; write a path relative to the "
                              "checkout's files/ or to the recipe's directory, without '..' (e.g. "
                              "files/nccl/nccl_graph_opt.xml)")
-        bad = shell_syntax_problem(value, _PATH_CHARS)
-        if bad:
-            raise ValueError(f"{value!r} holds {bad}; write the path with letters, digits and . _ - + , @ = ~ only "
-                             "(e.g. files/nccl/nccl_graph_opt.xml)")
+        refuse_shell_syntax(value, _PATH_CHARS, "a path", f"{_WRITE_PATH} (e.g. files/nccl/nccl_graph_opt.xml)")
         return value
 
 
