@@ -5,6 +5,9 @@ the runtime>, shared by the recipes of one runtime): a changed package set is in
 one the live unit runs, never into it, and the staged unit names the new one, so nothing that runs changes before
 the launch stage makes it live. Runtime venvs that no live, staged or last good unit of any recipe names any more
 are removed (``unused_venvs_removed``), and the recipe's venvs of earlier releases (<recipe>-<digest>, <recipe>).
+Every command that builds or removes a venv (or installs uv) runs under the host's deploy lock
+(roles/common.host_locked), and the removal decides again under it, keeping a venv another deploy prepared within
+PREPARED_MINUTES (its mark, touched by the same locked command): two deploys on one host never delete each other's.
 
 Host data (defaults in brackets):
 

@@ -1,4 +1,4 @@
-"""Every value is data: hostile or careless recipe and host data is refused with file, field and fix (exit 1, no
+"""Every value is data: hostile or careless recipe and host data is refused with file, field and fix (exit 2, no
 traceback), or reaches its sink inert and quoted. The property test at the end renders arbitrary strings for every
 string field and checks them with the sinks' own readers: systemd's unit parser (systemd-analyze verify), systemd's
 env-file reader (libsystemd-shared's load_env_file), docker's --env-file reader (the docker CLI against a stand-in
