@@ -16,7 +16,11 @@ from .commandline import SECRET_NAME, SECRET_VALUE
 from .spec import Benchmark, Expected, Recipe
 
 MIN_RATIO = 0.8
-RESULT_FILE = "/tmp/ironserve-bench.jsonl"
+# root runs the benchmark: its files live in a root-owned 0700 directory (roles/bench.py creates it), never in a
+# world-writable one such as /tmp, where another user could plant a link or read the log
+BENCH_DIR = "/var/lib/ironserve/bench"
+RESULT_FILE = f"{BENCH_DIR}/result.jsonl"
+LOG_FILE = f"{BENCH_DIR}/bench.log"
 
 
 def bench_argv(recipe: Recipe, base_url: str, tokenizer: str, overrides: dict | None = None,

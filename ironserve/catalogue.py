@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import imagelock
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
-from .problems import Problem, SpecError
+from .problems import Problem, SpecError, message_and_fix
 from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
                    effective_tuning, is_set)
 
@@ -72,9 +72,11 @@ def problems_from_validation(file: str, model: type[BaseModel], err: ValidationE
             elif e["type"] == "literal_error":
                 fix = f"got {given!r}; use one of the allowed values"
             elif e["type"] == "value_error":
-                # validators name the expected form in the message; lift its example into the fix
+                # validators say what to write ('; write ...'), or name the expected form with an example
+                msg, fix = message_and_fix(msg)
                 example = re.search(r"\(e\.g\. ([^)]*)\)", msg)
-                fix = f"write it in that form, e.g. {example.group(1)}" if example else "change the value as the message says"
+                fix = fix or (f"write it in that form, e.g. {example.group(1)}" if example else
+                              "change the value as the message says")
             out.append(Problem(file, field, msg, fix))
     return out
 

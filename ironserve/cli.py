@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         for problem in err.problems:
             print(f"error: {problem.line()}", file=sys.stderr)
-        return 2 if args.cmd in ("audit", "status") else 1
+        return 2  # bad input: never 1, which lint's error findings and audit's drift mean
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from .bench import MIN_RATIO
 from .nvidia import NVIDIA_CONTAINER_TOOLKIT_VERSION
-from .problems import Problem, SpecError
+from .problems import Problem, SpecError, message_and_fix
 from .spec import AbsPath, Address, Interface, Url, Version, _grammar, _walk_strings, check_url
 
 # pyinfra's connector and operation arguments: read by pyinfra, not by ironserve (beyond the typed ssh_* below)
@@ -240,12 +240,12 @@ def validate_host_data(data: dict, where: str, host: str) -> HostData:
             else:
                 given = e.get("input")
                 shown = given if isinstance(given, (int, float, bool)) or given is None else str(given)[:60]
-                msg = e["msg"].removeprefix("Value error, ")
+                msg, write = message_and_fix(e["msg"].removeprefix("Value error, "))
                 described = HostData.model_fields[str(e["loc"][0])].description if e["loc"] and \
                     str(e["loc"][0]) in HostData.model_fields else ""
+                what = f"{e['loc'][0]} is {described}" if described else "see `ironserve schema --host-data`"
                 problems.append(Problem(where, f"{host}.{key}", f"{msg} (got {shown!r})",
-                                        f"{e['loc'][0]} is {described}" if described else
-                                        "see `ironserve schema --host-data`"))
+                                        f"{write} ({what})" if write else what))
         raise SpecError(problems)
     if problems:
         raise SpecError(problems)

@@ -23,7 +23,7 @@ from . import flag_releases
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
-from .spec import DERIVED_FLAGS, UNSET_VALUE, ModelSource, Recipe, ServerOptions, Speculative
+from .spec import DERIVED_FLAGS, UNSET_VALUE, ModelSource, Recipe, ServerOptions, Speculative, binds_every_address
 
 _SPECULATIVE = {
     "--speculative-algorithm": "algorithm",
@@ -289,7 +289,7 @@ def _typed_value(server: dict, flag: str, vals: list[str], typed: tuple[str, Any
 
 def _is_node_address(value: str) -> bool:
     """A literal address of one machine (not a wildcard or loopback), which only fits one host of an inventory."""
-    return bool(value) and not SHELL_VAR.search(value) and value not in ("0.0.0.0", "::", "localhost") and \
+    return bool(value) and not SHELL_VAR.search(value) and not binds_every_address(value) and value != "localhost" and \
         not value.startswith("127.") and value != "::1"
 
 

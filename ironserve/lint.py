@@ -15,7 +15,7 @@ from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, CommandError, 
 from .findings import Finding, Severity
 from .pins import RULES as PIN_RULES
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
-from .spec import UNSET_VALUE, DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
+from .spec import UNSET_VALUE, DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime, binds_every_address
 
 # The engine era the seeds use per accelerator arch, for pasted commands linted without --engine.
 SEED_ERA = {"sm120": "dev-cu13-2026-03", "sm100": "dynamo-1.1.1", "ascend-a3": "ascend-2026-04", "none": "0.5.23"}
@@ -419,7 +419,8 @@ def bind_key(l: Launch) -> list[Finding]:
     host = l.value("--host") or "127.0.0.1"
     if host.startswith(LOOPBACK) or l.has("--api-key") or l.has_api_key:
         return []
-    shown = "the node's own address" if l.from_recipe and host not in ("0.0.0.0", "::") else host
+    every = binds_every_address(host)
+    shown = f"{host} (every address)" if every else "the node's own address" if l.from_recipe else host
     return [_f("bind-without-api-key", l, f"--host {shown} serves the API to the network without an API key",
                "set an API key (recipe server.api_key_file, kept in the unit's 0600 env file) or bind 127.0.0.1")]
 

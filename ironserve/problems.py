@@ -5,6 +5,7 @@ Its own module so that every part of the core can report one without importing t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -27,3 +28,13 @@ class SpecError(Exception):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("\n".join(p.line() for p in problems))
+
+
+_WRITE = re.compile(r"[;:] (write .*)$")
+
+
+def message_and_fix(message: str) -> tuple[str, str | None]:
+    """A validator's message split into what is wrong and what to write: the validators of ironserve.spec end a
+    message with '; write ...' (or ': write ...'), which becomes the fix; None when the message has none."""
+    found = _WRITE.search(message)
+    return (message[:found.start()], found.group(1)) if found else (message, None)

@@ -19,7 +19,7 @@ from .problems import Problem, SpecError
 from .inventory import InventoryHost
 from .nvidia import gpu_access
 from .spec import (DIST_INIT_DERIVED, ENV_NAME, RANK_GUARD_PORT_OFFSET, DockerRuntime, Group, Recipe, ServerOptions,
-                   UNSET_VALUE, devices_per_node, is_set)
+                   UNSET_VALUE, binds_every_address, devices_per_node, is_set)
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
@@ -39,8 +39,9 @@ _SPECULATIVE_FLAGS = {
 }
 
 
-# addresses a process that binds them is reached at, from its own host, on the loopback
-_ANY_ADDRESS = (None, "", "0.0.0.0", "::", "127.0.0.1", "localhost")
+# addresses (besides every spelling of the unspecified one) a process that binds them is reached at, from its own
+# host, on the loopback
+_LOOPBACK_BINDS = (None, "127.0.0.1", "localhost")
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Process:
     def local_url(self, path: str) -> str:
         """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
         Every rank has the port (ranks > 0 of a multi-node group answer /health there once they joined)."""
-        bind = "127.0.0.1" if self.bind in _ANY_ADDRESS else self.bind
+        bind = "127.0.0.1" if self.bind in _LOOPBACK_BINDS or binds_every_address(self.bind) else self.bind
         if ":" in bind:
             bind = f"[{bind}]"
         return f"http://{bind}:{self.port or 30000}{path}"
@@ -275,7 +276,9 @@ def _distinct_addresses(slots: list[_Slot], recipe: Recipe, where: str) -> None:
         raise SpecError(problems)
 
 
-_WILDCARD = (None, "", "0.0.0.0", "::")
+def _on_every_address(bind: str | None) -> bool:
+    """None: a port the engine binds itself (dist-init and its derived ports), on every address."""
+    return bind is None or binds_every_address(bind)
 
 
 def _listeners(recipe: Recipe, proc: Process) -> list[tuple[str | None, int, str]]:
@@ -304,7 +307,8 @@ def _port_clashes(recipe: Recipe, processes: list[Process], where: str) -> None:
         mine = by_address.setdefault(proc.address, [])
         for bind, port, what in _listeners(recipe, proc):
             for other_bind, other_port, other_what, other in mine:
-                if port == other_port and (bind == other_bind or bind in _WILDCARD or other_bind in _WILDCARD):
+                if port == other_port and (bind == other_bind or _on_every_address(bind)
+                                            or _on_every_address(other_bind)):
                     problems.append(Problem(where, f"{proc.host}", f"{what} and {other_what} both listen on "
                                             f"{proc.address}:{port}", "give one of them another port (recipe "
                                             "server.port, topology.router.port, dist_init_port, bootstrap_port) or "

@@ -11,7 +11,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 # --------------------------------------------------------------------------- strings at the edge
 # Every string of a recipe, a hardware profile or host data ends up in a unit file, an env file, a sysctl file or
@@ -92,27 +92,78 @@ def check_address(value: str) -> str:
 
 Address = Annotated[str, AfterValidator(check_address)]
 
+# the classic inet_aton spellings the resolver (getaddrinfo) accepts for IPv4: 1 to 4 parts, each decimal, octal
+# (leading 0) or hex (0x): "0", "0.0", "00.0x0.0" all mean 0.0.0.0
+_INET_ATON_ZERO = re.compile(r"(?:0+|0[xX]0*)(?:\.(?:0+|0[xX]0*)){0,3}")
+
+
+def binds_every_address(host: str | None) -> bool:
+    """Whether a listener bound to ``host`` accepts connections on every interface (the unspecified address).
+
+    Judged as the engine's and the router's resolver reads a bind address (getaddrinfo with AI_PASSIVE): every
+    spelling of 0.0.0.0 and :: ("0", "0.0", "0x0", "::0", "0:0:0:0:0:0:0:0", "[::]", "0000::", "::ffff:0.0.0.0",
+    "::%eth0") and the empty string. None (no --host: the engine's default, 127.0.0.1) is not one; a hostname is
+    judged by its spelling only (no lookup: the core is offline)."""
+    if host is None:
+        return False
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    text = text.split("%", 1)[0]  # an IPv6 scope (::%eth0) still binds the unspecified address
+    if not text or _INET_ATON_ZERO.fullmatch(text):
+        return True
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:0.0.0.0 on a dual-stack socket is IPv4's any address
+    return address.is_unspecified
+
+
+# what a path or URL may hold: a shell would read none of these characters as syntax ($, `, ;, |, &, quotes, <>,
+# parentheses, spaces, globs, ...), whether or not a sink forgets to quote (each sink quotes too)
+_PATH_CHARS = re.compile(r"[A-Za-z0-9._+,@=~/\-]")
+_URL_CHARS = re.compile(r"[A-Za-z0-9._+,@=~/\-:?#%\[\]]")
+
+
+_WRITE_PATH = "write the path with letters, digits and . _ - + , @ = ~ only"
+
+
+def refuse_shell_syntax(value: str, allowed: re.Pattern, what: str, write: str) -> None:
+    """ValueError naming the first character of ``value`` outside ``allowed`` and where it is, and what to write."""
+    for i, char in enumerate(value):
+        if not allowed.fullmatch(char):
+            shown = repr(char) if char.isprintable() and not char.isspace() else f"U+{ord(char):04X}"
+            raise ValueError(f"{value!r} holds {shown} at position {i}, which is not {what} character here (shell "
+                             f"syntax, spaces and quotes are refused); {write}")
+
 
 def check_abs_path(value: str) -> str:
     """Absolute and normalised: no '.', '..' or empty components (a trailing '/' is tolerated), no ':' (docker
-    volumes and PATH-like lists split on it)."""
+    volumes and PATH-like lists split on it), only characters no shell reads as syntax."""
     if not value.startswith("/"):
         raise ValueError(f"{value!r} is not an absolute path: write it from / (e.g. /mnt/models/GLM-5)")
     parts = value.rstrip("/").split("/")[1:]
     if value != "/" and any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"{value!r} is not a normalised path: no '.', '..' or '//' (e.g. /mnt/models/GLM-5)")
     if ":" in value:
-        raise ValueError(f"{value!r}: a path cannot hold ':' (docker volumes and search paths split on it)")
+        raise ValueError(f"{value!r}: a path cannot hold ':' (docker volumes and search paths split on it); write "
+                         "it without (e.g. /mnt/models/GLM-5)")
+    refuse_shell_syntax(value, _PATH_CHARS, "a path", f"{_WRITE_PATH} (e.g. /mnt/models/GLM-5)")
     return value
 
 
 AbsPath = Annotated[str, AfterValidator(check_abs_path)]
-_URL = re.compile(r"(https?|file)://[^\s\"'`\\<>{}|^]+")
+_URL = re.compile(r"(https?|file)://[^/?#]*(?:[/?#].*)?")
 
 
 def check_url(value: str) -> str:
     if not _URL.fullmatch(value):
-        raise ValueError(f"{value!r} is not a URL (https://host/path or file:///path, no spaces or quotes)")
+        raise ValueError(f"{value!r} is not a URL: write https://host/path or file:///path "
+                         "(e.g. https://mirror.example/pypi/simple)")
+    refuse_shell_syntax(value, _URL_CHARS, "a URL", "write the URL without it, or percent-encoded "
+                        "(e.g. https://mirror.example/pypi/simple)")
     return value
 
 
@@ -156,21 +207,25 @@ class Strict(BaseModel):
 Scalar = Union[str, int, float]
 
 
-def _env_value(key: str, value: Any) -> str:
+def _env_scalar(value: Any) -> Any:
+    """An env value as text: numbers become text; a YAML boolean is refused (each value on its own, so the error
+    names its key: env.NAME)."""
     if isinstance(value, bool):
         # YAML turns yes/no/on/off/true into booleans; an env var is text, and SGLang reads
         # "True" and "1" differently from "true" in places. Make the author write what they mean.
-        raise ValueError(f"env {key}: write the value as quoted text ('1' or 'True'), not a YAML boolean")
-    if not isinstance(value, (str, int, float)):
-        raise ValueError(f"env {key}: must be a scalar, got {type(value).__name__}")
-    return str(value)
+        raise ValueError("the value is a YAML boolean; write the value as quoted text ('1' or 'True')")
+    if isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"the value is a {type(value).__name__}; write a scalar (text or a number)")
+    return value
 
 
 def _coerce_env(value: Any) -> Any:
     if value is None:
         return {}
     if isinstance(value, dict):
-        return {str(k): _env_value(str(k), v) for k, v in value.items()}
+        return {str(k): v for k, v in value.items()}
     return value
 
 
@@ -191,14 +246,28 @@ def env_value_problem(value: str) -> str | None:
     return None
 
 
-def _check_env_names(env: dict[str, str]) -> dict[str, str]:
-    for key, value in env.items():
-        if not ENV_NAME.match(key):
-            raise ValueError(f"env name {key!r} is not a valid variable name (letters, digits, _; not first a digit)")
-        why = env_value_problem(value)
-        if why:
-            raise ValueError(f"env {key}: the value has {why}; write it without")
-    return env
+def env_value_fix(why: str) -> str:
+    """What to write instead of a value env_value_problem refuses."""
+    if why.startswith("control character"):
+        return "write it on one line, without tabs or other control characters"
+    if why.startswith("leading or trailing spaces"):
+        return "write it without leading or trailing spaces"
+    if why.startswith("a backslash"):
+        return "write it without backslashes"
+    return "write it without the leading quote (YAML's own quotes are not part of the value)"
+
+
+def _check_env_value(value: str) -> str:
+    why = env_value_problem(value)
+    if why:
+        raise ValueError(f"the value has {why}; {env_value_fix(why)}")
+    return value
+
+
+# env maps: each key and each value validated on its own, so an error names the exact key (env.NAME)
+EnvValue = Annotated[str, BeforeValidator(_env_scalar), AfterValidator(_check_env_value)]
+EnvKey = Annotated[str, AfterValidator(_grammar(ENV_NAME.pattern, "an environment variable name (letters, digits, "
+                                                "_; not first a digit)", "NCCL_DEBUG"))]
 
 
 # --------------------------------------------------------------------------- hardware
@@ -231,8 +300,23 @@ class NcclGraph(Strict):
     """NCCL topology graph XML (NCCL_GRAPH_FILE): measured +11% on Genoa with 2 NUMA nodes."""
 
     path: AbsPath = Field(description="Where the file lives on the host; NCCL_GRAPH_FILE points here")
-    source: str = Field(description="files/ path in this repo, or a URL on the cluster's mirror")
+    source: str = Field(description="files/ path in this repo, a file beside the recipe or in the recipe catalogue "
+                        "(a relative path, never outside them), or a URL on the cluster's mirror")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if "://" in value:
+            return check_url(value)
+        # a controller file uploaded to every host, world-readable: only from the directories ironserve owns
+        # (roles/nccl.graph_source_file confines it, symlinks resolved)
+        if value.startswith(("/", "~")) or ".." in value.split("/"):
+            raise ValueError(f"{value!r} names a file outside the recipe directories; write a path relative to the "
+                             "checkout's files/ or to the recipe's directory, without '..' (e.g. "
+                             "files/nccl/nccl_graph_opt.xml)")
+        refuse_shell_syntax(value, _PATH_CHARS, "a path", f"{_WRITE_PATH} (e.g. files/nccl/nccl_graph_opt.xml)")
+        return value
 
 
 class Limits(Strict):
@@ -571,10 +655,9 @@ class Group(Strict):
         False, description="emit --nnodes 1 --node-rank 0 even for one node (as some seeds do)"
     )
     server: ServerOptions = Field(default_factory=ServerOptions)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
 
     _coerce = field_validator("env", mode="before")(lambda cls, v: _coerce_env(v))
-    _names = field_validator("env")(lambda cls, v: _check_env_names(v))
 
 
 class Topology(Strict):
@@ -701,7 +784,7 @@ class Recipe(Strict):
     runtime: Runtime
     topology: Topology = Field(default_factory=Topology)
     server: ServerOptions = Field(default_factory=ServerOptions)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict)
     env_unset: list[EnvName] = Field(default_factory=list, description="variables removed from the service env")
     tuning: HostTuning | None = None
     expected: Expected = Field(default_factory=Expected)
@@ -710,7 +793,6 @@ class Recipe(Strict):
     notes: list[str] = Field(default_factory=list)
 
     _coerce = field_validator("env", mode="before")(lambda cls, v: _coerce_env(v))
-    _names = field_validator("env")(lambda cls, v: _check_env_names(v))
 
     def group_server(self, group: Group) -> ServerOptions:
         """The recipe-wide server options with the group's overrides on top."""

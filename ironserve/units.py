@@ -277,9 +277,6 @@ class RankGuardFiles:
     secret_path: str  # the group's shared secret, 0600 (written by roles/secret_file.py, never rendered)
 
 
-WILDCARD = ("0.0.0.0", "::", "[::]")  # a --host serving every network
-
-
 def runs_as_user(recipe: Recipe, proc: Process) -> bool:
     """Whether the unit of this process runs as ENGINE_USER: everything run from a venv on the host (a docker
     unit runs the docker client, which needs root)."""
@@ -381,7 +378,7 @@ def _one_line(value):
 def _jinja() -> Environment:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, finalize=_one_line,
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    env.filters["systemd_word"] = _systemd_quote  # one argument of a command line (ExecStart=...)
+    env.filters["systemd_word"] = systemd_quote  # one argument of a command line (ExecStart=...)
     return env
 
 
@@ -391,7 +388,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
     text = _jinja().get_template("sglang.service.j2").render(
         recipe=recipe,
         proc=proc,
-        exec_start=" ".join(_systemd_quote(a) for a in argv),
+        exec_start=" ".join(systemd_quote(a) for a in argv),
         env_file=env_path(proc),
         is_docker=in_container(recipe, proc),
         memlock=_limit(tuning.limits.memlock),
@@ -415,7 +412,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
 
 
-def _systemd_quote(arg: str) -> str:
+def systemd_quote(arg: str) -> str:
     # systemd splits ExecStart like a shell with its own rules: quote anything with spaces, quotes or specials,
     # and double every '%' and '$' so they are not expanded as specifiers or variables.
     arg = arg.replace("%", "%%").replace("$", "$$")

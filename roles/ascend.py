@@ -33,6 +33,7 @@ Host data (defaults in the constants below):
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from pyinfra import host
@@ -76,14 +77,14 @@ class AscendVersions(FactBase):
     the list of the ``set_env.sh`` scripts present."""
 
     def command(self, install_path: str = INSTALL_PATH) -> str:
-        p = install_path
+        p = shlex.quote(install_path)  # data: quoted, and never inside double quotes outside a $(...)
         return (
             "v() { [ -f \"$1\" ] && sed -n 's/^[[:space:]]*[Vv]ersion[[:space:]]*[=:][[:space:]]*//p' \"$1\" | head -n 1; }; "
             f'echo "driver=$(v {p}/driver/version.info)"; '
             f'echo "firmware=$(v {p}/firmware/version.info)"; '
             f'echo "toolkit=$(for f in {p}/ascend-toolkit/latest/*/ascend_toolkit_install.info; do v "$f"; done | head -n 1)"; '
             f'echo "nnal=$(v {p}/nnal/atb/latest/version.info)"; '
-            + "".join(f'[ -f {p}/{s} ] && echo "set_env={p}/{s}"; ' for s in SET_ENV)
+            + "".join(f'[ -f {p}/{s} ] && echo set_env={p}/{s}; ' for s in SET_ENV)
             + "true"
         )
 
@@ -121,6 +122,14 @@ def version_problems(installed: dict | None, wants: dict, install_path: str = IN
     return problems
 
 
+def run_command(component: str, dest: str, install_path: str = INSTALL_PATH) -> str:
+    """The installer's command line: every word quoted (the install path is host data)."""
+    argv = [dest, *RUN_FLAGS[component].split()]
+    if install_path != INSTALL_PATH:
+        argv.append(f"--install-path={install_path}")
+    return shlex.join(argv)
+
+
 def store_location(store: str, filename: str) -> str:
     return (store if store.endswith("/") else store + "/") + filename
 
@@ -148,10 +157,7 @@ def run_package(component: str, version: str, store: str | None = None, install_
         if not local.is_file():
             raise OperationError(f"{host.name}: {local} not found on the controller (ascend_package_store)")
         yield from files.put._inner(str(local), dest, mode="755", add_deploy_dir=False)
-    flags = RUN_FLAGS[component]
-    if install_path != INSTALL_PATH:
-        flags += f" --install-path={install_path}"
-    yield f"{dest} {flags}"
+    yield run_command(component, dest, install_path)
 
 
 @operation()

@@ -61,9 +61,12 @@ def command(ctx: DeploymentContext) -> str:
     argv = bench.bench_argv(recipe, endpoint, ctx.model_path, overrides)
     runtime = recipe.runtime
     if isinstance(runtime, DockerRuntime):
+        # the container sees the weights and a dataset file read-only, and only the bench's own directory
+        # writable (its result file): never the host's /tmp
+        mounts = [ctx.model_path] + ([ctx.host.bench_dataset_path] if ctx.host.bench_dataset_path else [])
         wrapper = ["docker", "run", "--rm", "--network", "host", "-e", "OPENAI_API_KEY",
-                   "-v", f"{ctx.model_path}:{ctx.model_path}:ro", "-v", "/tmp:/tmp", "--entrypoint", argv[0],
-                   image_ref(recipe), *argv[1:]]
+                   *[arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")],
+                   "-v", f"{bench.BENCH_DIR}:{bench.BENCH_DIR}", "--entrypoint", argv[0], image_ref(recipe), *argv[1:]]
     else:
         wrapper = [f"{venv_path(recipe)}/bin/{argv[0]}", *argv[1:]]
     if runtime.source_env:
@@ -71,10 +74,12 @@ def command(ctx: DeploymentContext) -> str:
     # the key from the engine's env file, read as data by python (never `.`/`source`: that would run $(...))
     key_env = f'export OPENAI_API_KEY="$(python3 -c {shlex.quote(READ_KEY)} {shlex.quote(env_path(engine))})"; '
 
-    run = " ".join(shlex.quote(a) for a in wrapper)
-    return (f"rm -f {bench.RESULT_FILE}; ( {key_env}{run} ) > /tmp/ironserve-bench.log 2>&1; rc=$?; "
-            f"tail -n 40 /tmp/ironserve-bench.log; echo ironserve-bench-rc=$rc; "
-            f"echo ironserve-bench-result; tail -n 1 {bench.RESULT_FILE} 2>/dev/null; true")
+    run = shlex.join(wrapper)
+    where, result, log = (shlex.quote(p) for p in (bench.BENCH_DIR, bench.RESULT_FILE, bench.LOG_FILE))
+    # the bench's directory: root's, 0700 (install -d sets owner and mode on an existing one too)
+    return (f"install -d -m 0700 -o root -g root {where} || exit 1; rm -f {result}; ( {key_env}{run} ) > {log} 2>&1; "
+            f"rc=$?; tail -n 40 {log}; echo ironserve-bench-rc=$rc; "
+            f"echo ironserve-bench-result; tail -n 1 {result} 2>/dev/null; true")
 
 
 def _run(ctx: DeploymentContext, cmd: str) -> None:

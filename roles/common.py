@@ -22,6 +22,26 @@ from pyinfra.api import FactBase, StringCommand, operation
 
 PROGRESS_EVERY_S = 30  # how often a long wait (pull, build, download, install) says it is still running
 
+# --------------------------------------------------------------------------- the per-host deploy lock
+# Two deploys on one host (two operators, two recipes) must not interleave the commands that build or remove what
+# they share (the runtime venvs, uv): each such command runs under flock(1) on one root-owned lock file in
+# /run/ironserve (root's own directory, never a world-writable one such as /run/lock). pyinfra runs one shell per
+# command, so the lock is held by that command's shell alone: a killed deploy never leaves a stale lock, since
+# flock releases it when its process exits, and there is no lock to clean up after a reboot (/run is a tmpfs).
+DEPLOY_LOCK = "/run/ironserve/deploy.lock"
+DEPLOY_LOCK_WAIT_S = 3600  # a venv install of another deploy can take this long
+DEPLOY_LOCK_TIMEOUT_RC = 75
+
+
+def host_locked(command: str) -> str:
+    """``command`` run under the host's deploy lock (waiting for another deploy's locked command to end), as one
+    quoted ``sh -c`` word; a wait past DEPLOY_LOCK_WAIT_S fails, saying so."""
+    lock = shlex.quote(DEPLOY_LOCK)
+    return (f"mkdir -p {shlex.quote(DEPLOY_LOCK.rsplit('/', 1)[0])} && flock -E {DEPLOY_LOCK_TIMEOUT_RC} "
+            f"-w {DEPLOY_LOCK_WAIT_S} {lock} sh -c {shlex.quote(command)}; rc=$?; "
+            f"if [ $rc -eq {DEPLOY_LOCK_TIMEOUT_RC} ]; then echo \"ironserve: another deploy held {DEPLOY_LOCK} for "
+            f"{DEPLOY_LOCK_WAIT_S}s\" >&2; fi; exit $rc")
+
 
 class LongCommand(StringCommand):
     """A shell command that can run for minutes (image pulls, derived builds, weight downloads, venv installs):

@@ -364,11 +364,12 @@ def image_pinned(image: str, digest: str | None = None, recipe_id: str | None = 
     yield LongCommand(f"docker pull {q_image}", f"pulling {image}")
     yield (
         f"d=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' {q_image}"
-        f" | grep -m1 '^{repo}@sha256:') && d=${{d#*@}} && mkdir -p {ETC_DIR} && "
+        f" | grep -m1 {shlex.quote(f'^{repo}@sha256:')}) && d=${{d#*@}} && mkdir -p {ETC_DIR} && "
         f"printf '{{\"digest\": \"%s\", \"image\": \"%s\", \"recipe\": \"%s\"}}\\n' \"$d\" {q_image} "
         f"{shlex.quote(recipe_id)} > {q_path} && "
-        f"echo \"ironserve: {recipe_id}: {image} resolved to $d (recorded in {path}); pin it in the recipe: "
-        f"runtime.digest: $d\""
+        # the names are data: through printf's %s, never inside an echo's double quotes
+        f"printf 'ironserve: %s: %s resolved to %s (recorded in %s); pin it in the recipe: runtime.digest: %s\\n' "
+        f"{shlex.quote(recipe_id)} {q_image} \"$d\" {q_path} \"$d\""
     )
     yield FunctionCommand(_print_lock, (path,), {})
 
@@ -561,12 +562,14 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     if runtime.digest:
         repo, _ = split_image(runtime.image)
         cmd = (f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
-               f"{repo}@{runtime.digest} 2>/dev/null | grep -c '@{runtime.digest}' || true")
+               f"{shlex.quote(f'{repo}@{runtime.digest}')} 2>/dev/null | grep -cF {shlex.quote('@' + runtime.digest)}"
+               " || true")
         out.append({"id": f"image:{repo}@{runtime.digest[:19]}", "kind": "command", "expected": "1",
                     "params": {"cmd": cmd}})
     else:
         out.append({"id": f"image-lock:{ctx.recipe.id}", "kind": "command", "expected": "present",
-                    "params": {"cmd": f"test -s {lock_path(ctx.recipe.id)} && echo present || echo missing"}})
+                    "params": {"cmd": f"test -s {shlex.quote(lock_path(ctx.recipe.id))} && echo present || echo "
+                                      "missing"}})
     if ctx.vendor == "nvidia" and runtime.run.gpus:
         if gpu_access(toolkit_version(ctx)) == "cdi":
             out.append({"id": "cdi:nvidia.com/gpu=all", "kind": "command", "expected": "1",
@@ -577,7 +580,7 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
                                           "grep -q nvidia && echo present || echo missing"}})
     if runtime.patches:
         ref = f"ironserve/{ctx.recipe.id}:derived"
-        cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {ref}"
+        cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {shlex.quote(ref)}"
         out.append({"id": f"derived-image:{ref}", "kind": "command", "expected": "present",
                     "params": {"cmd": f"{cmd} >/dev/null 2>&1 && echo present || echo missing"}})
     return out

@@ -8,6 +8,7 @@ the whole inventory when the first context is built, and read by the roles as ``
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from pyinfra import host, inventory
@@ -133,12 +134,11 @@ def current(model: str) -> DeploymentContext:
             ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
             require_pinned_image(ctx)
         except SpecError as err:
-            # raised while pyinfra collects operations, before any runs: a PyinfraError is reported as a
-            # one-line error (exit 1), not as a traceback of a "bug in the deploy file"
-            from pyinfra.api.exceptions import PyinfraError
-
-            raise PyinfraError("bad recipe or host data, nothing was changed:\n" +
-                               "\n".join(f"  {p.line()}" for p in err.problems)) from None
+            # raised while pyinfra collects operations, before any runs: said as `ironserve` says bad input
+            # (file: key: message. Fix: ...) and exit 2, which pyinfra passes on for SystemExit: no traceback
+            print("error: bad recipe or host data, nothing was changed:\n" +
+                  "\n".join(f"  {p.line()}" for p in err.problems), file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         if peer:
             ctx.ranks_running = peer.ranks_running
         _CACHE[key] = ctx

@@ -24,6 +24,7 @@ Host data (defaults in the constants below):
 
 from __future__ import annotations
 
+import shlex
 from io import StringIO
 
 from pyinfra import host
@@ -31,7 +32,7 @@ from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import apt, files, pip, systemd
 
 from ironserve.resources import files_dir
-from ironserve.units import UNIT_DIR, sha256_text
+from ironserve.units import UNIT_DIR, sha256_text, systemd_quote
 from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.preflight import plain
@@ -51,6 +52,7 @@ class MemClockOffsets(FactBase):
 
     def command(self, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT) -> str:
         # Never fail the fact: before the first deploy neither the venv nor the script exist.
+        python, script = shlex.quote(python), shlex.quote(script)
         return f"if [ -x {python} ] && [ -f {script} ]; then {python} {script} --read 2>/dev/null || true; fi"
 
     def process(self, output):
@@ -88,10 +90,15 @@ def unit_text(offset: int, python: str = f"{TOOLS_VENV}/bin/python", script: str
         "\n[Service]\n"
         "Type=oneshot\n"
         "RemainAfterExit=yes\n"
-        f"ExecStart={python} {script} --offset {offset}\n"
+        f"ExecStart={systemd_quote(python)} {systemd_quote(script)} --offset {int(offset)}\n"
         "\n[Install]\n"
         "WantedBy=multi-user.target\n"
     )
+
+
+def index_args(index: str | None) -> str | None:
+    """pip's --index-url for pyinfra's pip.packages, which puts it into its shell command as it is: quoted here."""
+    return f"--index-url {shlex.quote(index)}" if index else None
 
 
 def offsets_drift(live: dict | None, offset: int) -> bool:
@@ -131,8 +138,9 @@ def apply(ctx: DeploymentContext) -> None:
     pip.packages(
         name="nvidia-ml-py (pynvml) in the tools venv",
         packages=[f"nvidia-ml-py=={ctx.host.nvidia_ml_py_version}"],
-        pip=f"{venv}/bin/pip",
-        extra_install_args=f"--index-url {index}" if index else None,
+        # pyinfra joins both into its shell command as they are: quoted here
+        pip=shlex.quote(f"{venv}/bin/pip"),
+        extra_install_args=index_args(index),
     )
     clock_unit(name=f"GPU memory clock offset {offset} MHz at boot", offset=offset, python=f"{venv}/bin/python")
 

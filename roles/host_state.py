@@ -44,7 +44,11 @@ from pyinfra import host as current_host, logger
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.facts import _MISSING_COMMAND_MARKER, ShortFactBase, _handle_fact_kwargs
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Directory, File, FindInFile, Link, Md5File, Sha1File, Sha256File
+from pyinfra.facts.server import (Arch, Date, Groups, Hostname, KernelVersion, LinuxDistribution, LinuxName, Os,
+                                  Users, Which)
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from ironserve import batch
 
@@ -120,13 +124,24 @@ class Request:
 
     @classmethod
     def from_json(cls, item) -> Request | None:
-        try:
-            module, name, kwargs = item
-            fact_cls = _fact_class(module, name)
-        except (ValueError, TypeError, ImportError, AttributeError):
-            return None  # a fact class renamed since: forgotten
-        if not (isinstance(fact_cls, type) and issubclass(fact_cls, FactBase) and isinstance(kwargs, dict)):
-            return None
+        """A kept question, read back from the controller's cache; None: a fact class renamed since (forgotten).
+        Raises ValueError, saying why, for anything but one of the allowed fact classes (kept_fact) with plain
+        JSON arguments: the cache is a file, and what it names runs on the hosts."""
+        if not (isinstance(item, list) and len(item) == 3 and all(isinstance(x, str) for x in item[:2])):
+            raise ValueError("not [module, class, arguments]")
+        module, name, kwargs = item
+        fact_cls = _PYINFRA_READS.get((module, name))
+        if fact_cls is None:
+            if not _ROLE_MODULE.fullmatch(module):
+                raise ValueError(f"{module}.{name} is not one of ironserve's fact classes")
+            try:
+                fact_cls = _fact_class(module, name)
+            except (ImportError, AttributeError):
+                return None
+        if getattr(fact_cls, "__module__", None) != module or not kept_fact(fact_cls):
+            raise ValueError(f"{module}.{name} is not one of ironserve's batchable fact classes")
+        if not (isinstance(kwargs, dict) and json_plain(kwargs)):
+            raise ValueError(f"the arguments of {module}.{name} are not plain JSON")
         return cls(fact_cls, kwargs)
 
 
@@ -136,6 +151,36 @@ def batchable(cls) -> bool:
     return (isinstance(cls, type) and issubclass(cls, FactBase) and not issubclass(cls, ShortFactBase)
             and cls is not HostState and not cls.shell_executable and getattr(cls, "batched", True)
             and cls.check_preconditions is FactBase.check_preconditions)
+
+
+# pyinfra's own facts that the prepare stage's pyinfra operations read (files.put, systemd.service, apt.packages,
+# ...): read-only, their arguments quoted by pyinfra. With the batchable facts of ironserve's roles, the only
+# classes a kept question may name (a planted cache entry naming any other, pyinfra.facts.server.Command say, is
+# ignored with a warning, never run).
+_PYINFRA_READS = {(c.__module__, c.__qualname__): c for c in (
+    File, Sha1File, Sha256File, Md5File, Directory, Link, FindInFile, DebPackages, LinuxDistribution, LinuxName, Os,
+    Arch, KernelVersion, Hostname, Date, Which, Users, Groups, SystemdStatus, SystemdEnabled)}
+_ROLE_MODULE = re.compile(r"roles\.[a-z_]+")
+
+
+def kept_fact(cls) -> bool:
+    """Whether questions to this fact class may be batched and kept on the controller across runs."""
+    if not batchable(cls):
+        return False
+    return (cls.__module__, cls.__qualname__) in _PYINFRA_READS or bool(_ROLE_MODULE.fullmatch(cls.__module__))
+
+
+def json_plain(value, depth: int = 0) -> bool:
+    """Plain JSON data (text, numbers, booleans, null, lists, objects with text keys), not too deep."""
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(json_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and json_plain(v, depth + 1) for k, v in value.items())
+    return False
 
 
 # --------------------------------------------------------------------------- this host's facts for the run
@@ -181,7 +226,7 @@ class HostFacts:
     # ------------------------------------------------------------ what pyinfra calls
 
     def get_fact(self, cls, *args, **kwargs):
-        if not batchable(cls) or not (self.planning or self.host.current_op_hash in self.stage_ops):
+        if not kept_fact(cls) or not (self.planning or self.host.current_op_hash in self.stage_ops):
             return self._single(cls, args, kwargs)
         fact_kwargs, global_kwargs = _handle_fact_kwargs(self.host.state, self.host, cls, list(args), dict(kwargs))
         executor = {k: global_kwargs.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_kwargs}
@@ -295,7 +340,17 @@ class HostFacts:
             items = json.loads(self.cache_file.read_text())["facts"]
         except (OSError, ValueError, KeyError, TypeError):
             return []
-        return [r for r in (Request.from_json(item) for item in items) if r is not None]
+        out = []
+        for item in items if isinstance(items, list) else []:
+            try:
+                req = Request.from_json(item)
+            except ValueError as why:
+                logger.warning(f"{self.host.print_prefix}host state cache {self.cache_file}: entry "
+                               f"{json.dumps(item)[:120]} ignored ({why})")
+                continue
+            if req is not None:
+                out.append(req)
+        return out
 
     def _save_cache(self) -> None:
         if self.cache_file is None:

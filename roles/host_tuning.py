@@ -29,6 +29,7 @@ Host data (defaults in the constants below):
 from __future__ import annotations
 
 import re
+import shlex
 from io import StringIO
 
 from pyinfra import host, logger
@@ -78,7 +79,7 @@ class SysctlValues(FactBase):
     """
 
     def command(self, keys: list[str]) -> str:
-        names = " ".join(keys)
+        names = shlex.join(keys)
         return f'for k in {names}; do printf "%s=" "$k"; sysctl -n "$k" 2>/dev/null || echo; done'
 
     def process(self, output):
@@ -218,7 +219,7 @@ def sysctl_file(values: dict, path: str = SYSCTL_FILE):
     differ, unknown = sysctl_drift(values, live)
     if put or differ:
         # -e: a key this kernel lacks must not stop the others from being applied.
-        yield f"sysctl -e -p {path}"
+        yield f"sysctl -e -p {shlex.quote(path)}"
     else:
         host.noop(f"{len(values) - len(unknown)} sysctls set")
     if unknown:
@@ -235,9 +236,9 @@ def shm_size(size: str):
         host.noop(f"/dev/shm is {size}")
         return
     if have is None:
-        yield f"mkdir -p /dev/shm && mount -t tmpfs -o defaults,nosuid,nodev,size={size} tmpfs /dev/shm"
+        yield f"mkdir -p /dev/shm && mount -t tmpfs -o {shlex.quote(f'defaults,nosuid,nodev,size={size}')} tmpfs /dev/shm"
     else:
-        yield f"mount -o remount,size={size} /dev/shm"
+        yield f"mount -o {shlex.quote(f'remount,size={size}')} /dev/shm"
 
 
 # --------------------------------------------------------------------------- role

@@ -87,10 +87,18 @@ def download_command(repo_id: str, path: str, *, revision: str | None = None, ve
     assert venv, "a download needs the runtime: venv or image"
     if token:
         env["HF_TOKEN_PATH"] = HF_TOKEN_PATH
-    script = (f'if [ -x {venv}/bin/hf ]; then exec {venv}/bin/hf download "$@"; '
-              f'else exec {venv}/bin/huggingface-cli download "$@"; fi')
+    hf, legacy = (shlex.quote(f"{venv}/bin/{tool}") for tool in ("hf", "huggingface-cli"))
+    script = f'if [ -x {hf} ]; then exec {hf} download "$@"; else exec {legacy} download "$@"; fi'
     envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     return f"{mkdir}env {envs} sh -c {shlex.quote(script)} hf {q}"
+
+
+def manifest_check_command(path: str) -> str:
+    """Check the checkpoint against its manifest, failing with the host and the path. The path is data: quoted,
+    and printed through printf's %s, never inside an echo's double quotes (where $(...) would run as root)."""
+    q = shlex.quote(path)
+    return (f"if ! (cd {q} && sha256sum -c --quiet {MANIFEST}); then printf 'ironserve: %s: files in %s do not "
+            f"match %s (listed above)\\n' \"$(hostname)\" {q} {MANIFEST} >&2; exit 1; fi")
 
 
 # --------------------------------------------------------------------------- facts
@@ -173,10 +181,8 @@ def checkpoint_verified(path: str, strict: bool = True):
         host.noop(f"weights at {path}: config.json and {state['shards']} shard(s) present"
                   + ("; manifest verified" if stamp else ""))
         return
-    q = shlex.quote(path)
-    yield (f"if ! (cd {q} && sha256sum -c --quiet {MANIFEST}); then echo \"ironserve: $(hostname): files in {path} "
-           f"do not match {MANIFEST} (listed above)\" >&2; exit 1; fi")
-    yield f"mkdir -p {MANIFEST_OK_DIR} && echo {stamp} > {shlex.quote(marker_path(path))}"
+    yield manifest_check_command(path)
+    yield f"mkdir -p {MANIFEST_OK_DIR} && echo {shlex.quote(stamp)} > {shlex.quote(marker_path(path))}"
 
 
 # --------------------------------------------------------------------------- deploy

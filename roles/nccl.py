@@ -3,8 +3,10 @@
 Seed 000: an NCCL graph XML measured +11% throughput on AMD Genoa with 2 NUMA nodes. When the
 effective tuning has ``nccl_graph`` the file goes to ``nccl_graph.path`` on the host:
 
-- ``source`` a repository path (``files/nccl/nccl_graph_opt.xml``): uploaded; with a pinned
-  ``sha256`` the local file is checked against it before anything is uploaded.
+- ``source`` a repository path (``files/nccl/nccl_graph_opt.xml``), or a path relative to the recipe's own
+  directory or the recipe catalogue's: uploaded 0644; with a pinned ``sha256`` the local file is checked against
+  it before anything is uploaded. Only files inside those directories, symlinks resolved
+  (``graph_source_file``): a recipe never uploads another controller file to the hosts.
 - ``source`` a URL (the cluster's mirror): ``files.download`` with the pinned ``sha256``
   (downloaded again whenever the host's copy does not match it).
 
@@ -26,7 +28,8 @@ from pyinfra import host
 from pyinfra.api import OperationError, deploy, operation
 from pyinfra.operations import files
 
-from ironserve.resources import project_file
+from ironserve.catalogue import recipes_dir
+from ironserve.resources import files_dir, project_file
 from roles.context import DeploymentContext
 
 ENV_KEY = "NCCL_GRAPH_FILE"
@@ -36,10 +39,25 @@ def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
 
 
-def local_source(source: str) -> Path:
-    """A repository path (relative to the repository root: files/...) as an absolute path."""
-    path = Path(source)
-    return path if path.is_absolute() else project_file(source)
+def graph_source_file(source: str, recipe_ref: str | None = None) -> Path:
+    """The controller file a recipe's ``tuning.nccl_graph.source`` names: ``files/...`` of the checkout, else a
+    path relative to the recipe's own directory (``recipe_ref``, when the recipe is a YAML file) or the recipe
+    catalogue's. Resolved (symlinks followed) and kept only inside those directories; OperationError otherwise."""
+    recipe_dir = Path(recipe_ref).parent if recipe_ref and recipe_ref.endswith((".yaml", ".yml")) else None
+    roots = [files_dir(), recipes_dir()] + ([recipe_dir] if recipe_dir else [])
+    relative = Path(source)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise OperationError(f"NCCL graph {source}: not a path inside the recipe directories. Fix: write a path "
+                             "relative to files/ of the checkout or to the recipe's directory, without '..'")
+    candidates = [project_file(source)] if relative.parts[:1] == ("files",) else \
+        [root / relative for root in roots[1:][::-1]]
+    for candidate in candidates:
+        real = candidate.resolve()
+        if real.is_file() and any(real.is_relative_to(root.resolve()) for root in roots):
+            return real
+    raise OperationError(f"NCCL graph {source}: no such file inside {', '.join(str(r) for r in roots)} (symlinks "
+                         "leading out of them are not followed). Fix: put the graph XML in the recipe's directory "
+                         "or in files/nccl/ and name it relative to it")
 
 
 def graph_env_problems(path: str | None, envs: dict[str, dict]) -> list[str]:
@@ -91,10 +109,7 @@ def apply(ctx: DeploymentContext) -> None:
     if graph:
         content = None
         if not is_url(graph.source):
-            local = local_source(graph.source)
-            if not local.is_file():
-                raise OperationError(f"NCCL graph {graph.source}: no such file in the repository ({local})")
-            content = local.read_text()
+            content = graph_source_file(graph.source, ctx.host.recipe).read_text()
         graph_file(name=f"NCCL graph {graph.path}", source=graph.source, path=graph.path, sha256=graph.sha256,
                    content=content)
     if graph or any(ENV_KEY in env for env in envs.values()):
@@ -110,6 +125,9 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     if ctx.vendor != "nvidia" or not graph:
         return []
     sha = graph.sha256
-    if not sha and not is_url(graph.source) and local_source(graph.source).is_file():
-        sha = hashlib.sha256(local_source(graph.source).read_text().encode()).hexdigest()
+    if not sha and not is_url(graph.source):
+        try:
+            sha = hashlib.sha256(graph_source_file(graph.source, ctx.host.recipe).read_text().encode()).hexdigest()
+        except OperationError:
+            sha = None
     return [{"path": graph.path, "sha256": sha, "mode": 0o644, "gate": "driver"}] if sha else []

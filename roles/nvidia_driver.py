@@ -132,7 +132,7 @@ class AptVersions(FactBase):
     """Versions apt knows for each package (``apt-cache madison``): ``{package: [version, ...]}``."""
 
     def command(self, packages: list[str]) -> str:
-        names = " ".join(packages)
+        names = shlex.join(packages)
         return (f'for p in {names}; do apt-cache madison "$p" 2>/dev/null '
                 "| awk -v p=\"$p\" '{print p\" \"$3}'; done; true")
 
@@ -161,7 +161,7 @@ class NvidiaDriverState(FactBase):
         return (
             'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'echo "smi=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"; '
-            f"echo \"package=$(dpkg-query -W -f='${{db:Status-Abbrev}}|${{Version}}' {package} 2>/dev/null)\"; "
+            f"echo \"package=$(dpkg-query -W -f='${{db:Status-Abbrev}}|${{Version}}' {shlex.quote(package)} 2>/dev/null)\"; "
             'if [ -e /var/run/reboot-required ]; then echo reboot_required=yes; else echo reboot_required=no; fi'
         )
 
@@ -380,7 +380,7 @@ def packages_held(packages: list[str]):
     if not missing:
         host.noop(f"held: {', '.join(packages)}")
         return
-    yield "apt-mark hold " + " ".join(missing)
+    yield "apt-mark hold " + shlex.join(missing)
 
 
 @operation()

@@ -48,9 +48,9 @@ from pyinfra.operations import files, server
 
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.resources import files_dir
-from ironserve.spec import DockerRuntime, Recipe
+from ironserve.spec import DockerRuntime, Recipe, binds_every_address
 from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, DEVICE_GROUPS, ENGINE_USER, ETC_DIR,
-                             JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR, WILDCARD,
+                             JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR,
                              container_command, device_groups, exec_argv, image_ref, in_container, jit_dir,
                              rank_guard_files, router_venv, runs_as_user, sha256_text, sourcing_script, staged_path,
                              unit_files, venv_path)
@@ -150,10 +150,11 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
 
 
 def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> None:
-    """A server or router serving its API on every address (0.0.0.0, ::) without an API key is a deploy error,
+    """A server or router serving its API on every address (0.0.0.0, ::, 0, ::0, ...: ironserve.spec.binds_every_address)
+    without an API key is a deploy error,
     raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
     bind, port = proc.bind, proc.port
-    if (not proc.serves_http or bind not in WILDCARD or any(k in secrets for k in KEY_ENV)
+    if (not proc.serves_http or not binds_every_address(bind) or any(k in secrets for k in KEY_ENV)
             or ctx.host.allow_open_bind):
         return
     raise OperationError(
@@ -273,9 +274,9 @@ def argv_parses(unit: str, probe: list[str], digest: str):
         if result["rc"] != 0:
             raise OperationError(f"{host.name}: {unit}: the SGLang in this runtime rejects the command line "
                                  f"(probe exit {result['rc']}):\n{result['output']}")
-        yield f"mkdir -p {PARSE_OK_DIR} && echo {digest} > {shlex.quote(marker)}"
+        yield f"mkdir -p {PARSE_OK_DIR} && echo {shlex.quote(digest)} > {shlex.quote(marker)}"
         return
-    yield f"{command} && mkdir -p {PARSE_OK_DIR} && echo {digest} > {shlex.quote(marker)}"
+    yield f"{command} && mkdir -p {PARSE_OK_DIR} && echo {shlex.quote(digest)} > {shlex.quote(marker)}"
 
 
 # --------------------------------------------------------------------------- shared unit machinery

@@ -5,6 +5,9 @@ the runtime>, shared by the recipes of one runtime): a changed package set is in
 one the live unit runs, never into it, and the staged unit names the new one, so nothing that runs changes before
 the launch stage makes it live. Runtime venvs that no live, staged or last good unit of any recipe names any more
 are removed (``unused_venvs_removed``), and the recipe's venvs of earlier releases (<recipe>-<digest>, <recipe>).
+Every command that builds or removes a venv (or installs uv) runs under the host's deploy lock
+(roles/common.host_locked), and the removal decides again under it, keeping a venv another deploy prepared within
+PREPARED_MINUTES (its mark, touched by the same locked command): two deploys on one host never delete each other's.
 
 Host data (defaults in brackets):
 
@@ -52,13 +55,17 @@ from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
 from ironserve.units import (HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv,
                              venv_path)
-from roles.common import LongCommand, run_if_changed
+from roles.common import LongCommand, host_locked, run_if_changed
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext
 
 UV_VERSION = DEFAULTS.uv_version
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
 REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
+# a venv this host's deploy built or installed into is "being prepared" for a while (touched by the same locked
+# command): another deploy, running at the same time for another recipe, keeps it although no unit names it yet
+PREPARED_MARK = ".ironserve-prepared"
+PREPARED_MINUTES = 24 * 60
 UV_BIN = "/usr/local/bin/uv"
 UV_ROOT = "/opt/ironserve/uv"
 PYTHON_DIR = "/opt/ironserve/python"  # the Pythons uv installs for venvs (UV_PYTHON_INSTALL_DIR)
@@ -242,6 +249,27 @@ class VenvPackages(FactBase):
         return json.loads(text)
 
 
+def venv_in_use(var: str) -> str:
+    """The shell test (on the venv directory in shell variable ``var``, e.g. '$d') of a venv in use: named by a
+    live, staged or last good unit file, or prepared by a deploy within PREPARED_MINUTES."""
+    refs = " ".join(shlex.quote(d) for d in REFERRING_DIRS)
+    return (f"grep -rqsF --include='*.service' \"{var}/\" {refs} || "
+            f"[ -n \"$(find \"{var}/{PREPARED_MARK}\" -mmin -{PREPARED_MINUTES} 2>/dev/null)\" ]")
+
+
+def prepared(path: str) -> str:
+    """Marks the venv at ``path`` as being prepared by this deploy (see PREPARED_MARK)."""
+    return f"touch {shlex.quote(f'{path}/{PREPARED_MARK}')}"
+
+
+def removal_command(paths: list[str]) -> str:
+    """Remove the venvs the plan found unused, each decided again under the deploy lock: another deploy may have
+    named it in a unit, or prepared it for one, since."""
+    return host_locked(f"for d in {' '.join(shlex.quote(p) for p in paths)}; do if {venv_in_use('$d')}; then "
+                       "echo \"ironserve: $d kept: in use, or being prepared by another deploy\"; "
+                       "else rm -rf \"$d\"; fi; done")
+
+
 class VenvsInUse(FactBase):
     """The runtime venvs on this host, and the recipe's venvs of earlier releases: {path: in use}, where in use =
     named by a live, staged or last good unit file of any recipe (any of them may run again: a restart, a launch, a
@@ -253,10 +281,8 @@ class VenvsInUse(FactBase):
         digest = "[0-9a-f]" * 12  # a glob: venv_path's 12 hex digits
         patterns = [shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + digest, shlex.quote(f"{root}/{recipe_id}"),
                     shlex.quote(f"{root}/{recipe_id}-") + digest]
-        refs = " ".join(shlex.quote(d) for d in REFERRING_DIRS)
         return (f"for d in {' '.join(patterns)}; do [ -d \"$d\" ] || continue; "
-                f"if grep -rqsF --include='*.service' \"$d/\" {refs}; then echo \"used $d\"; "
-                f"else echo \"unused $d\"; fi; done; true")
+                f"if {venv_in_use('$d')}; then echo \"used $d\"; else echo \"unused $d\"; fi; done; true")
 
     def process(self, output):
         found = {}
@@ -293,16 +319,17 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
     if have == version:
         host.noop(f"uv {version} is installed")
         return
-    target = f"{UV_ROOT}/{version}"
+    target = shlex.quote(f"{UV_ROOT}/{version}")
+    binary, uv_bin = shlex.quote(f"{UV_ROOT}/{version}/uv"), shlex.quote(UV_BIN)
     if url:
-        yield (f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} | tar -xz -C {target} --strip-components=1 "
-               f"&& install -m 755 {target}/uv {UV_BIN}")
+        yield host_locked(f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} | tar -xz -C {target} "
+                          f"--strip-components=1 && install -m 755 {binary} {uv_bin}")
         return
     index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
     # --target: no system site-packages touched (PEP 668 hosts refuse a plain pip install)
-    yield (f"python3 -m pip install --disable-pip-version-check --no-cache-dir --upgrade --target {target}"
-           f"{index} uv=={version}")
-    yield f"ln -sfn {target}/bin/uv {UV_BIN}"
+    yield host_locked(f"python3 -m pip install --disable-pip-version-check --no-cache-dir --upgrade --target "
+                      f"{target}{index} {shlex.quote(f'uv=={version}')} && "
+                      f"ln -sfn {shlex.quote(f'{UV_ROOT}/{version}/bin/uv')} {uv_bin}")
 
 
 @operation()
@@ -315,10 +342,10 @@ def venv_present(path: str, python: str, env: dict[str, str] | None = None):
     if have and (python == OS_PYTHON or ".".join(have["python"].split(".")[:2]) == python) and not in_home:
         host.noop(f"venv {path} has Python {have['python']}")
         return
-    if have:
-        # another interpreter: every compiled wheel in it is for the wrong ABI, start over
-        yield f"rm -rf {shlex.quote(path)}"
-    yield f"{_env_prefix(env)}{UV_BIN} venv --python {shlex.quote(python)} {shlex.quote(path)}"
+    # another interpreter: every compiled wheel in it is for the wrong ABI, start over
+    start_over = f"rm -rf {shlex.quote(path)} && " if have else ""
+    yield host_locked(f"{start_over}{_env_prefix(env)}{UV_BIN} venv --python {shlex.quote(python)} "
+                      f"{shlex.quote(path)} && {prepared(path)}")
 
 
 @operation()
@@ -331,7 +358,7 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
     cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *todo]
-    yield LongCommand(_env_prefix(env) + " ".join(shlex.quote(a) for a in cmd),
+    yield LongCommand(host_locked(f"{_env_prefix(env)}{shlex.join(cmd)} && {prepared(path)}"),
                       f"installing {len(todo)} package(s) into {path}")
 
 
@@ -345,7 +372,7 @@ def unused_venvs_removed(root: str, recipe_id: str, keep: str):
     if not unused:
         host.noop("no unused venvs")
         return
-    yield "rm -rf " + " ".join(shlex.quote(p) for p in unused)
+    yield removal_command(unused)
 
 
 # --------------------------------------------------------------------------- deploy

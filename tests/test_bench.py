@@ -71,3 +71,22 @@ def test_bench_command_runs_in_the_runtime_with_the_key_from_the_env_file():
     assert ". /etc/ironserve" not in cmd and "source /etc" not in cmd  # the env file is read as data, never sourced
     assert "--dataset-name random-ids" in cmd
     shlex.split(cmd)  # well-formed shell
+
+
+@pytest.mark.parametrize("recipe", ["tiny-cpu", "tiny-cpu-docker"])
+def test_bench_files_live_in_a_private_root_directory(recipe):
+    """Root runs the benchmark: no fixed world-readable /tmp log, no /tmp mounted into its container."""
+    from roles import bench as role
+
+    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, "recipe": recipe, "bench_dataset_path": "/srv/data/s.json",
+                  **({"ironserve_role": "router"} if n == "r0" else {})})
+             for n, a in (("r0", "10.0.0.12"), ("n0", "10.0.0.10"), ("n1", "10.0.0.11"))]
+    cmd = role.command(build_context("tiny", "n0", hosts))
+    assert "/tmp" not in cmd, cmd
+    words = shlex.split(cmd)
+    assert words[:8] == ["install", "-d", "-m", "0700", "-o", "root", "-g", "root"] and words[8] == bench.BENCH_DIR
+    assert bench.LOG_FILE in words and bench.RESULT_FILE.startswith(bench.BENCH_DIR + "/")
+    if recipe == "tiny-cpu-docker":
+        mounts = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
+        assert f"{bench.BENCH_DIR}:{bench.BENCH_DIR}" in mounts and "/srv/data/s.json:/srv/data/s.json:ro" \
+            in mounts and all(not m.startswith("/tmp") for m in mounts), mounts

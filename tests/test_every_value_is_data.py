@@ -1,4 +1,4 @@
-"""Every value is data: hostile or careless recipe and host data is refused with file, field and fix (exit 1, no
+"""Every value is data: hostile or careless recipe and host data is refused with file, field and fix (exit 2, no
 traceback), or reaches its sink inert and quoted. The property test at the end renders arbitrary strings for every
 string field and checks them with the sinks' own readers: systemd's unit parser (systemd-analyze verify), systemd's
 env-file reader (libsystemd-shared's load_env_file), docker's --env-file reader (the docker CLI against a stand-in
@@ -57,9 +57,9 @@ def _cli(capsys, *argv) -> tuple[int, str]:
 
 
 def _refused(capsys, *argv, field: str = "", words: tuple = ()) -> str:
-    """Exit 1, a file: field: message. Fix: line on stderr, no traceback."""
+    """Exit 2, a file: field: message. Fix: line on stderr, no traceback."""
     rc, err = _cli(capsys, *argv)
-    assert rc == 1, err
+    assert rc == 2, err
     assert "Traceback" not in err and "Fix:" in err, err
     if field:
         assert f" {field}" in err, err
@@ -78,14 +78,14 @@ def _refused(capsys, *argv, field: str = "", words: tuple = ()) -> str:
     (lambda d: d["server"].__setitem__("served_model_name", "tiny\nExecStartPre=/bin/sh"), "server.served_model_name"),
     (lambda d: d.__setitem__("tuning", {"sysctls": {"vm.swappiness": "0\nkernel.core_pattern=|/tmp/x"}}),
      "tuning.sysctls"),
-    (lambda d: d["env"].__setitem__("A", "1\nLD_PRELOAD=/tmp/x.so"), "env"),
+    (lambda d: d["env"].__setitem__("A", "1\nLD_PRELOAD=/tmp/x.so"), "env.A"),
     (lambda d: d.__setitem__("env_unset", ["BAR; touch /tmp/x"]), "env_unset.0"),
     (lambda d: d["model"].__setitem__("path", "models/tiny"), "model.path"),
     (lambda d: d["model"].__setitem__("path", "/var/lib/../../etc"), "model.path"),
     (lambda d: d["runtime"].__setitem__("index_url", "http://mirror.example/simple"), "runtime.index_url"),
     (lambda d: d["server"].__setitem__("host", "0.0.0.0 --api-key x"), "server.host"),
-    (lambda d: d["env"].__setitem__("B", " padded "), "env"),
-    (lambda d: d["env"].__setitem__("C", "a\\b"), "env"),
+    (lambda d: d["env"].__setitem__("B", " padded "), "env.B"),
+    (lambda d: d["env"].__setitem__("C", "a\\b"), "env.C"),
 ])
 def test_hostile_recipe_strings_are_refused(tmp_path, capsys, mutate, field):
     path = _recipe_file(tmp_path, mutate)
@@ -102,6 +102,76 @@ def test_shell_metacharacters_are_legal_data_and_inert(tmp_path, capsys):
     assert main(["render", str(path), "--format", "systemd"]) == 0
     units = capsys.readouterr().out
     assert '"$$(touch /tmp/ironserve-pwned); `id` | & > /tmp/x"' in units  # systemd-quoted, $ doubled
+
+
+# --------------------------------------------------------------------------- shell syntax in paths and URLs
+
+SHELL_SYNTAX = ["$(touch /tmp/ironserve-pwned)", "`id`", ";id", "|id", "&id", "'x'", '"x"', "<x", ">x", "a b",
+                "a\tb", "${HOME}", "*", "x!"]
+
+
+@pytest.mark.parametrize("bad", SHELL_SYNTAX)
+def test_paths_and_urls_refuse_shell_syntax(bad):
+    from ironserve.spec import check_abs_path, check_url
+
+    with pytest.raises(ValueError, match="write the (path|URL)"):
+        check_abs_path(f"/srv/models/{bad}")
+    with pytest.raises(ValueError, match="write the (path|URL)"):
+        check_url(f"https://mirror.example/simple/{bad}")
+
+
+def test_ordinary_paths_and_urls_stay_legal():
+    from ironserve.spec import check_abs_path, check_url
+
+    for path in ("/mnt/models/GLM-5", "/srv/models/Qwen3.5-397B-A17B-NVFP4", "/opt/a_b/c+d@e,f=g~h", "/"):
+        assert check_abs_path(path) == path
+    for url in ("https://mirror.example/pypi/simple/", "http://10.213.7.1:8080/simple", "file:///srv/wheels",
+                "https://[fd00::1]:8443/a/b?x=1#y", "https://h.example/a%20b"):
+        assert check_url(url) == url
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d["model"].__setitem__("path", "/srv/$(touch /tmp/ironserve-pwned)"), "model.path"),
+    (lambda d: d["runtime"].__setitem__("source_env", ["/opt/env.sh;id"]), "runtime.source_env.0"),
+    (lambda d: d["runtime"].__setitem__("index_url", "https://mirror.example/`id`"), "runtime.index_url"),
+    (lambda d: d["env"].__setitem__("NCCL_DEBUG", "INFO\x07"), "env.NCCL_DEBUG"),
+    (lambda d: d["topology"]["groups"][0].setdefault("env", {}).__setitem__("X", "1\n"),
+     "topology.groups.0.env.X"),
+])
+def test_recipe_errors_name_the_exact_key_and_what_to_write(tmp_path, capsys, mutate, field):
+    err = _refused(capsys, "render", str(_recipe_file(tmp_path, mutate)), field=field + ":")
+    assert "Fix: write " in err and "change the value as the message says" not in err, err
+
+
+@pytest.mark.parametrize("key,value", [("sysctl_file", "/etc/sysctl.d/$(id).conf"),
+                                       ("pip_index_url", "https://mirror.example/`id`/simple"),
+                                       ("ascend_install_path", "/usr/local/Ascend;id"),
+                                       ("model_path", "/srv/m $(id)"), ("tools_venv", "/opt/t|id")])
+def test_host_data_paths_and_urls_refuse_shell_syntax(tmp_path, capsys, key, value):
+    from roles.context import build_context
+
+    hosts = [("n0", {**TP2_HOSTS[0][1], key: value}), TP2_HOSTS[1]]
+    inventory = _inventory_file(tmp_path, hosts)
+    err = _refused(capsys, "render", "tiny-cpu-tp2", "--inventory", str(inventory), field=f"n0.{key}:")
+    assert "Fix: write the" in err, err
+    # the deploy's path: the context refuses it before any operation, naming the key and what to write
+    with pytest.raises(SpecError) as refused:
+        build_context("tiny", "n0", [(n, {**d, "recipe": "tiny-cpu-tp2"}) for n, d in hosts], "inventories/x.py")
+    (problem,) = refused.value.problems
+    assert problem.field == f"n0.{key}" and problem.fix.startswith("write the"), problem
+
+
+def test_the_deploy_refuses_shell_syntax_with_exit_2_and_no_traceback():
+    """pyinfra's own CLI (a dry run on @local: refused while the deploy file loads, before any fact or command)."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "--dry", "@local", "deploys/tiny.py",
+                          "--data", "hardware=cpu-lab", "--data", "sysctl_file=/etc/sysctl.d/$(id).conf"],
+                         capture_output=True, text=True, cwd=root, timeout=300)
+    log = out.stdout + out.stderr
+    assert out.returncode == 2, log[-2000:]
+    assert "Traceback" not in log and "@local.sysctl_file:" in log and "Fix: write the path" in log, log[-2000:]
 
 
 # --------------------------------------------------------------------------- contradictions

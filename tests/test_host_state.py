@@ -271,3 +271,34 @@ def test_pyinfra_runs_no_op_in_one_command_and_still_repairs_drift(tmp_path):
     assert (base / "d/b.conf").read_text() == "b\n" and (base / "d/a.conf").stat().st_mode & 0o777 == 0o644
     sent, _ = pyinfra("-y")
     assert sent == 1
+
+
+def test_a_planted_cache_entry_never_runs(local, tmp_path, caplog):
+    """The kept questions are a file on the controller: only ironserve's batchable fact classes (its roles', and
+    pyinfra's read-only ones its operations ask) with plain JSON arguments are read back; anything else is
+    ignored with a warning, never run."""
+    import json
+
+    pwned = tmp_path / "pwned"
+    planted = [["pyinfra.facts.server", "Command", {"command": f"touch {pwned}1"}],
+               ["roles.sglang_service", "ParseCheck", {"probe": f"touch {pwned}2"}],  # a probe that acts
+               ["os", "system", {"command": f"touch {pwned}3"}],
+               ["roles.host_state", "File", {"path": "/etc/hostname"}],  # pyinfra's class under another module
+               ["roles.host_tuning", "SysctlValues", "keys"],
+               ["pyinfra.facts.server", "Arch", {}]]
+    cache = tmp_path / "cache" / "local.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"host": "@local", "facts": planted}))
+    with caplog.at_level("WARNING"):
+        facts = local["facts"]()
+    assert [r.key for r in facts.asked.values()] == ["pyinfra.facts.server.Arch({})"]
+    ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(ignored) == 5 and "pyinfra.facts.server.Command is not one of ironserve's fact classes" in ignored[0]
+    local["host"].get_fact(Arch)  # the batched read of what was kept
+    assert facts.counts["batch"] == 1 and not list(tmp_path.glob("pwned*"))
+    from pyinfra.facts.server import Command
+
+    from roles.sglang_service import ParseCheck
+
+    assert host_state.kept_fact(host_tuning.SysctlValues) and host_state.kept_fact(File)
+    assert not host_state.kept_fact(ParseCheck) and not host_state.kept_fact(Command)

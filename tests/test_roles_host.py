@@ -218,7 +218,7 @@ def test_graph_env_problems():
 def test_recipes_with_a_graph_point_nccl_at_it():
     ctx = build_context("glm5", "h1", [("h1", {"hardware": "rtx6000-pro-maxq"})])
     graph = ctx.tuning.nccl_graph
-    assert graph is not None and nccl.local_source(graph.source).is_file()
+    assert graph is not None and nccl.graph_source_file(graph.source).is_file()
     envs = {p.unit: p.env for p in ctx.processes if p.role != "router"}
     assert nccl.graph_env_problems(graph.path, envs) == []
 
@@ -271,3 +271,31 @@ def test_pinned_versions_follow_the_profile():
     hosts = [(f"a{i}", {"hardware": "atlas-800i-a3", "nic": "eth0"}) for i in range(2)]
     ctx = build_context("glm5.1", "a0", hosts)
     assert ascend.pinned_versions(ctx) == {"driver": "25.2.0", "toolkit": "8.3.RC1", "nnal": "8.3.RC1"}
+
+
+def test_nccl_graph_source_uploads_only_files_of_the_recipe_directories(tmp_path):
+    """tuning.nccl_graph.source is uploaded 0644 to every host: never a controller file outside files/, the recipe
+    catalogue or the recipe's own directory, whatever the spelling or a symlink says."""
+    from pyinfra.api import OperationError
+
+    recipe_dir = tmp_path / "site"
+    recipe_dir.mkdir()
+    (recipe_dir / "graph.xml").write_text("<graphs/>")
+    secret = tmp_path / "id_rsa"
+    secret.write_text("PRIVATE")
+    (recipe_dir / "escape.xml").symlink_to(secret)
+    recipe = str(recipe_dir / "mine.yaml")
+    assert nccl.graph_source_file("graph.xml", recipe) == (recipe_dir / "graph.xml").resolve()
+    for source in ("escape.xml", str(secret), "../id_rsa", "files/../../id_rsa", "graph.xml"):
+        with pytest.raises(OperationError, match="NCCL graph"):
+            nccl.graph_source_file(source, recipe if source != "graph.xml" else None)
+
+
+@pytest.mark.parametrize("source", ["/home/me/.ssh/id_rsa", "../secrets/key", "files/../../x", "~/.ssh/id_rsa",
+                                    "files/nccl/$(id).xml"])
+def test_nccl_graph_source_grammar_refuses_paths_outside(source):
+    from ironserve.spec import NcclGraph
+
+    with pytest.raises(ValueError, match="write"):
+        NcclGraph(path="/mnt/g.xml", source=source)
+    assert NcclGraph(path="/mnt/g.xml", source="https://mirror.example/g.xml").source.startswith("https")

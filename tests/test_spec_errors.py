@@ -1,4 +1,4 @@
-"""Bad input fails before any host is touched, naming the file, the field and the fix (exit 1)."""
+"""Bad input fails before any host is touched, naming the file, the field and the fix (exit 2)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_unknown_hardware_suggests(tmp_path):
 def test_env_boolean_must_be_quoted(tmp_path):
     path = write_variant(tmp_path, lambda d: d["env"].__setitem__("SGLANG_ENABLE_SPEC_V2", True))
     (p,) = problems(path)
-    assert p.field == "env" and "quoted" in p.message
+    assert p.field == "env.SGLANG_ENABLE_SPEC_V2" and "YAML boolean" in p.message and "quoted text" in p.fix
 
 
 def test_unpinned_uv_package(tmp_path):
@@ -106,16 +106,16 @@ def test_invalid_yaml_reports_line(tmp_path):
     assert p.field.startswith("line ") and "YAML" in p.message
 
 
-def test_cli_exit_1_with_file_field_fix(tmp_path, capsys):
+def test_cli_exit_2_with_file_field_fix(tmp_path, capsys):
     path = write_variant(tmp_path, lambda d: d["server"].__setitem__("tp_sise", 8))
-    assert main(["render", str(path)]) == 1
+    assert main(["render", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path.name) in err and "server.tp_sise" in err and "did you mean 'tp_size'" in err
-    assert main(["lint", "--offline", str(path)]) == 1
+    assert main(["lint", "--offline", str(path)]) == 2
 
 
 def test_unknown_recipe_id_suggests(capsys):
-    assert main(["render", "glm5-nvfp4-mtp-rtx6000"]) == 1
+    assert main(["render", "glm5-nvfp4-mtp-rtx6000"]) == 2
     assert "glm5-nvfp4-mtp-rtx6000-tp8" in capsys.readouterr().err
 
 
