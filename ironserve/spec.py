@@ -176,16 +176,24 @@ Unset = Annotated[str, Field(pattern=UNSET_PATTERN)]
 
 
 def check_unset_path(value: str) -> str:
-    """<ROOT>/DeepSeek-V3: a path under a directory import could not know; the rest is an absolute path's grammar."""
-    m = re.fullmatch(rf"({UNSET_VALUE.pattern})(/.*)?", value)
-    if not m:
-        raise ValueError(f"{value!r} is neither an absolute path nor <NAME>/path (e.g. /mnt/models/GLM-5)")
-    if m.group(2):
-        check_abs_path(m.group(2))
+    """<ROOT>/DeepSeek-V3 or /models/<NAME>: a path with whole components import could not know; with each <NAME>
+    read as a plain component (a leading one as under /), the rest is an absolute path's grammar."""
+    parts = value.split("/")
+    if any("<" in p or ">" in p for p in parts if not UNSET_VALUE.fullmatch(p)):
+        raise ValueError(f"{value!r}: a <NAME> stands for a whole path component (e.g. <MODEL_ROOT>/GLM-5); write "
+                         "the absolute path of the weights")
+    known = UNSET_VALUE.sub(lambda m: m.group(0)[1:-1], value)
+    check_abs_path(known if value.startswith("/") else f"/{known}")
     return value
 
 
+def check_model_path(value: str) -> str:
+    """An absolute path, or one with <NAME> components import could not know (lint reports them until set)."""
+    return check_unset_path(value) if UNSET_VALUE.search(value) else check_abs_path(value)
+
+
 UnsetPath = Annotated[str, AfterValidator(check_unset_path)]
+ModelPath = Annotated[str, AfterValidator(check_model_path)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -621,7 +629,7 @@ class Router(Strict):
     host: Address | Unset = "127.0.0.1"
     port: Port | Unset = 30000
     extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict, description="the router's own environment "
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="the router's own environment "
                                 "(SGLANG_DP_ROUND_ROBIN=1, RUST_LOG=...)")
     host_placement: Literal["deployment_head", "dedicated"] = Field(
         "deployment_head",
@@ -630,7 +638,6 @@ class Router(Strict):
     )
 
     _coerce = field_validator("env", mode="before")(lambda cls, v: _coerce_env(v))
-    _names = field_validator("env")(lambda cls, v: _check_env_names(v))
 
 
 # rank 0 of a multi-node group runs its rank guard (files/bin/ironserve-rank-guard) on the group's dist-init
@@ -761,7 +768,7 @@ class Benchmark(Strict):
 class ModelSource(Strict):
     hub_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$",
                                description="Hugging Face repository id")
-    path: AbsPath | UnsetPath | None = Field(None, description="path of the weights on the host (as in the seed)")
+    path: ModelPath | None = Field(None, description="path of the weights on the host (as in the seed)")
     revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
     family: str = Field(description="model family: glm5, glm5.1, qwen3.5, kimi-k2.5, minimax-m2.5, llama3, tiny")

@@ -191,6 +191,6 @@ def test_units_are_not_rendered_with_a_value_still_unset(tmp_path, capsys):
     path.write_text(yaml.safe_dump(result.data, sort_keys=False))
     assert main(["render", str(path), "--format", "shell"]) == 0  # what runs where, inputs shown as <name>
     capsys.readouterr()
-    assert main(["render", str(path), "--format", "systemd"]) == 1
+    assert main(["render", str(path), "--format", "systemd"]) == 2  # bad input: exit 2
     err = capsys.readouterr().err
     assert "<PORT>" in err and "<DIST_PORT>" in err and "set it in the recipe" in err
