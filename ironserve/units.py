@@ -7,6 +7,7 @@ all see byte-identical files.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import shlex
@@ -51,6 +52,8 @@ BACKOFF = "/usr/local/lib/ironserve/ironserve-backoff"
 BACKOFF_DIR = "/run/ironserve/backoff"  # its records (the script's STATE_DIR)
 BACKOFF_MAX_S = 600
 RANK_GUARD_POLL_S = 5
+# the guard's descriptors: a listener, a few workers' connections, its probes and systemctl's pipes
+RANK_GUARD_NOFILE = 256
 RANK_GUARD_FAILURES = 3
 # The deploy's health gate (recipe.health_timeout_s) and its rollback decide about a new group first: the leader's
 # guard gives up on a forming group only this much later, so its restart never races the gate or the rollback
@@ -334,6 +337,16 @@ def following_path(unit: str) -> str:
     return f"{RANK_GROUP_STATE_DIR}/{unit}.following"
 
 
+def guard_allowed(members: list[Process]) -> list[str]:
+    """IPAddressAllow= of a rank's guard unit: every member's address and localhost (its engine's /health); empty
+    when a member's address is a name, which IPAddressAllow= cannot take."""
+    try:
+        addresses = sorted({str(ipaddress.ip_address(m.address)) for m in members})
+    except ValueError:
+        return []
+    return [*addresses, "localhost"]
+
+
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
     """The guard unit and its JSON config for one rank of a multi-node group (members: Rendered.rank_group())."""
     head = members[0]
@@ -363,7 +376,8 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
         recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,
-        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR)
+        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR,
+        nofile=RANK_GUARD_NOFILE, allow=guard_allowed(members))
     return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
                           json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
