@@ -28,7 +28,8 @@ VENV_ROOT = "/opt/ironserve/venvs"
 # the recipe runtimes' venvs: runtime-<12 hex of the runtime> (venv_path); the router's own is sglang-router-<version>
 RUNTIME_VENV_PREFIX = "runtime-"
 ROUTER_DIST = "sglang-router"
-JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
+CACHE_ROOT = "/var/cache"  # systemd's CacheDirectory= root
+JIT_CACHE_ROOT = f"{CACHE_ROOT}/ironserve/jit"
 # files/bin/ironserve-exec on the host (and mounted read-only at the same path in containers): it appends
 # --api-key from the environment to the engine's argv in-process, so the key never shows in `ps`.
 KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
@@ -132,6 +133,15 @@ def jit_dir(recipe: Recipe) -> str:
     runtime = recipe.runtime
     key = runtime.digest[7:19] if isinstance(runtime, DockerRuntime) and runtime.digest else recipe.engine.sglang
     return f"{JIT_CACHE_ROOT}/{recipe.id}/{key}"
+
+
+def jit_cache_directory(recipe: Recipe) -> str:
+    """CacheDirectory= of a unit running as ENGINE_USER: its JIT directory relative to /var/cache. systemd creates
+    it (and its root-owned parents) and hands it to the user before the sandbox, so root never creates, chowns
+    or follows anything inside a directory the engine's user can write."""
+    path = jit_dir(recipe)
+    assert path.startswith(CACHE_ROOT + "/") and " " not in path, path
+    return path[len(CACHE_ROOT) + 1:]
 
 
 def _limit(value) -> str:
@@ -413,7 +423,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         nofile=_limit(tuning.limits.nofile),
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
-        jit_root=JIT_CACHE_ROOT,
+        cache_directory=jit_cache_directory(recipe),
         protect_home=protect_home(proc),
         backoff=BACKOFF,
         # the backoff's wait counts against TimeoutStartSec: keep it well inside
