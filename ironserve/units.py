@@ -36,6 +36,8 @@ KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
 API_KEY_ENV = "IRONSERVE_API_KEY"
 API_KEY_FILE_ENV = "IRONSERVE_API_KEY_FILE"
 KEY_ENV = (API_KEY_ENV, API_KEY_FILE_ENV)
+# ironserve-exec's exit status when the key its unit declares is missing or empty (its NO_KEY): fails closed
+NO_KEY_EXIT = 78
 HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
@@ -410,8 +412,9 @@ def _jinja() -> Environment:
 
 
 def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None) -> UnitFiles:
-    # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv)
-    argv = exec_argv(recipe, proc, api_key=any(k in (secrets or {}) for k in KEY_ENV))
+    # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv), which fails closed
+    keyed = any(k in (secrets or {}) for k in KEY_ENV)
+    argv = exec_argv(recipe, proc, api_key=keyed)
     text = _jinja().get_template("sglang.service.j2").render(
         recipe=recipe,
         proc=proc,
@@ -434,6 +437,8 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         groups=device_groups(recipe, proc),
         key_file=(secrets or {}).get(API_KEY_FILE_ENV, "").replace("%", "%%"),
         key_credential=API_KEY_CREDENTIAL,
+        keyed=keyed,
+        no_key_status=NO_KEY_EXIT,
         low_port=bool(proc.port and proc.port < 1024),
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
