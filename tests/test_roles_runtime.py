@@ -570,23 +570,32 @@ def test_rollback_restores_every_member_of_the_group_rank0_first():
                           for line in n0.logs), n0.logs
 
 
-def test_a_failed_restore_stops_the_rollback_before_any_restart():
+def _rollback_failing_on_n1(fails, error: str):
+    """A rollback of a group on n0 and n1 where n1 fails the commands ``fails(command)`` picks, saying ``error``:
+    (n0, n1, the gate waits that followed)."""
     from roles import rollback
 
     snapshot = ["current aaa  /p", "snapshot bbb  /p", "taken 2026-11-22T08:41:46Z"]
     n0, n1 = _ScriptedHost("n0", {"sha256sum": snapshot}), _ScriptedHost("n1", {"sha256sum": snapshot})
 
-    def broken(command, **kwargs):  # n1's disk refuses the restore
+    def answer(command, **kwargs):
         n1.commands.append(command)
-        if "MANIFEST" in command and "sha256sum" not in command:
-            return False, SimpleNamespace(stdout_lines=[], stderr_lines=["cp: No space left on device"])
+        if fails(command):
+            return False, SimpleNamespace(stdout_lines=[], stderr_lines=[error])
         return True, SimpleNamespace(stdout_lines=snapshot, stdout="\n".join(snapshot))
 
-    n1.run_shell_command = broken
+    n1.run_shell_command = answer
     state = SimpleNamespace(inventory=SimpleNamespace(get_host={"n0": n0, "n1": n1}.get), activated_hosts={n0, n1})
     waited = []
     rollback.roll_back(state, n0, "u", "url", 60, [("n0", "u", ["/p"]), ("n1", "u", ["/p"])], "why",
                        lambda *a: waited.append(a) or True)
+    return n0, n1, waited
+
+
+def test_a_failed_restore_stops_the_rollback_before_any_restart():
+    # n1's disk refuses the restore
+    n0, n1, waited = _rollback_failing_on_n1(lambda c: "MANIFEST" in c and "sha256sum" not in c,
+                                             "cp: No space left on device")
     assert not waited and not any("restart" in c for c in n0.commands + n1.commands)
     assert "ROLLBACK FAILED u" in n0.logs[-1] and "restore" in n0.logs[-1] and "No space left" in n0.logs[-1]
 
@@ -659,22 +668,8 @@ def test_a_restore_that_cannot_write_fails_and_leaves_the_live_files(tmp_path):
 
 
 def test_a_key_change_on_one_member_stops_the_rollback_of_the_whole_group():
-    from roles import rollback
-
-    snapshot = ["current aaa  /p", "snapshot bbb  /p", "taken 2026-11-22T08:41:46Z"]
-    n0, n1 = _ScriptedHost("n0", {"sha256sum": snapshot}), _ScriptedHost("n1", {"sha256sum": snapshot})
-
-    def keyless_snapshot(command, **kwargs):
-        n1.commands.append(command)
-        if "no rollback of" in command:
-            return False, SimpleNamespace(stdout_lines=[], stderr_lines=["no rollback of u: ... key/no-key change"])
-        return True, SimpleNamespace(stdout_lines=snapshot, stdout="\n".join(snapshot))
-
-    n1.run_shell_command = keyless_snapshot
-    state = SimpleNamespace(inventory=SimpleNamespace(get_host={"n0": n0, "n1": n1}.get), activated_hosts={n0, n1})
-    waited = []
-    rollback.roll_back(state, n0, "u", "url", 60, [("n0", "u", ["/p"]), ("n1", "u", ["/p"])], "why",
-                       lambda *a: waited.append(a) or True)
+    # n1's last good configuration is keyless: its key check refuses, before n0 restored anything
+    n0, n1, waited = _rollback_failing_on_n1(lambda c: "no rollback of" in c, "no rollback of u: ... key/no-key change")
     assert not waited and not any("daemon-reload" in c or "reset-failed" in c for c in n0.commands + n1.commands)
     assert "ROLLBACK FAILED u" in n0.logs[-1] and "key/no-key change" in n0.logs[-1]
 
