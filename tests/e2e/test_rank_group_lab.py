@@ -303,7 +303,7 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
     assert ssh(rank0, f"systemctl show -p InvocationID --value {GUARD}").stdout.strip() == guard_before
     assert wait_until(lambda: serving(lab), 60) is not None
     journal = guard_journal_since(rank0, started)
-    for said in ("restarting the group", "not answering", "silent", "Traceback"):
+    for said in ("restarting the group", "rank 0 not answering", "did not run", "Traceback"):
         assert said not in journal, journal[-3000:]
     print(f"\n{count} idle connections to rank 0's guard (LimitNOFILE={limit}) for 90 s: {established} got past "
           f"the network filter (each closed as accepted), the guard held {fds} descriptors; nothing restarted")
