@@ -7,6 +7,7 @@ all see byte-identical files.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import shlex
@@ -27,13 +28,16 @@ VENV_ROOT = "/opt/ironserve/venvs"
 # the recipe runtimes' venvs: runtime-<12 hex of the runtime> (venv_path); the router's own is sglang-router-<version>
 RUNTIME_VENV_PREFIX = "runtime-"
 ROUTER_DIST = "sglang-router"
-JIT_CACHE_ROOT = "/var/cache/ironserve/jit"
+CACHE_ROOT = "/var/cache"  # systemd's CacheDirectory= root
+JIT_CACHE_ROOT = f"{CACHE_ROOT}/ironserve/jit"
 # files/bin/ironserve-exec on the host (and mounted read-only at the same path in containers): it appends
 # --api-key from the environment to the engine's argv in-process, so the key never shows in `ps`.
 KEY_LAUNCHER = "/usr/local/lib/ironserve/ironserve-exec"
 API_KEY_ENV = "IRONSERVE_API_KEY"
 API_KEY_FILE_ENV = "IRONSERVE_API_KEY_FILE"
 KEY_ENV = (API_KEY_ENV, API_KEY_FILE_ENV)
+# ironserve-exec's exit status when the key its unit declares is missing or empty (its NO_KEY): fails closed
+NO_KEY_EXIT = 78
 HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
@@ -51,6 +55,8 @@ BACKOFF = "/usr/local/lib/ironserve/ironserve-backoff"
 BACKOFF_DIR = "/run/ironserve/backoff"  # its records (the script's STATE_DIR)
 BACKOFF_MAX_S = 600
 RANK_GUARD_POLL_S = 5
+# the guard's descriptors: a listener, a few workers' connections, its probes and systemctl's pipes
+RANK_GUARD_NOFILE = 256
 RANK_GUARD_FAILURES = 3
 # The deploy's health gate (recipe.health_timeout_s) and its rollback decide about a new group first: the leader's
 # guard gives up on a forming group only this much later, so its restart never races the gate or the rollback
@@ -129,6 +135,15 @@ def jit_dir(recipe: Recipe) -> str:
     runtime = recipe.runtime
     key = runtime.digest[7:19] if isinstance(runtime, DockerRuntime) and runtime.digest else recipe.engine.sglang
     return f"{JIT_CACHE_ROOT}/{recipe.id}/{key}"
+
+
+def jit_cache_directory(recipe: Recipe) -> str:
+    """CacheDirectory= of a unit running as ENGINE_USER: its JIT directory relative to /var/cache. systemd creates
+    it (and its root-owned parents) and hands it to the user before the sandbox, so root never creates, chowns
+    or follows anything inside a directory the engine's user can write."""
+    path = jit_dir(recipe)
+    assert path.startswith(CACHE_ROOT + "/") and " " not in path, path
+    return path[len(CACHE_ROOT) + 1:]
 
 
 def _limit(value) -> str:
@@ -331,6 +346,16 @@ def following_path(unit: str) -> str:
     return f"{RANK_GROUP_STATE_DIR}/{unit}.following"
 
 
+def guard_allowed(members: list[Process]) -> list[str]:
+    """IPAddressAllow= of a rank's guard unit: every member's address and localhost (its engine's /health); empty
+    when a member's address is a name, which IPAddressAllow= cannot take."""
+    try:
+        addresses = sorted({str(ipaddress.ip_address(m.address)) for m in members})
+    except ValueError:
+        return []
+    return [*addresses, "localhost"]
+
+
 def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> RankGuardFiles:
     """The guard unit and its JSON config for one rank of a multi-node group (members: Rendered.rank_group())."""
     head = members[0]
@@ -360,7 +385,8 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
         recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,
-        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR)
+        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR,
+        nofile=RANK_GUARD_NOFILE, allow=guard_allowed(members))
     return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
                           json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
 
@@ -383,8 +409,9 @@ def _jinja() -> Environment:
 
 
 def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[str, str] | None = None) -> UnitFiles:
-    # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv)
-    argv = exec_argv(recipe, proc, api_key=any(k in (secrets or {}) for k in KEY_ENV))
+    # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv), which fails closed
+    keyed = any(k in (secrets or {}) for k in KEY_ENV)
+    argv = exec_argv(recipe, proc, api_key=keyed)
     text = _jinja().get_template("sglang.service.j2").render(
         recipe=recipe,
         proc=proc,
@@ -396,7 +423,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         nofile=_limit(tuning.limits.nofile),
         unset=proc.env_unset,
         jit_dir=jit_dir(recipe),
-        jit_root=JIT_CACHE_ROOT,
+        cache_directory=jit_cache_directory(recipe),
         protect_home=protect_home(proc),
         backoff=BACKOFF,
         # the backoff's wait counts against TimeoutStartSec: keep it well inside
@@ -407,6 +434,8 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         groups=device_groups(recipe, proc),
         key_file=(secrets or {}).get(API_KEY_FILE_ENV, "").replace("%", "%%"),
         key_credential=API_KEY_CREDENTIAL,
+        keyed=keyed,
+        no_key_status=NO_KEY_EXIT,
         low_port=isinstance(proc.port, int) and proc.port < 1024,
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))

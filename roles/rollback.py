@@ -8,7 +8,8 @@ good configuration. A converged rerun copies nothing (the fact compares hashes).
 When a started or restarted unit then fails its gate (the unit dies, or no 200 within the recipe's
 ``health_timeout_s``) and a last good configuration differing from the current files exists on every host of
 its group, the gate rolls back: the last good files are restored on each of those hosts (each restore checked;
-env files keep the CURRENT values of their secrets, so a rotated key never comes back), systemd reloaded, the
+env files keep the CURRENT values of their secrets, so a rotated key never comes back; never across a change
+between a keyed and a keyless configuration, checked on every host before any restore), systemd reloaded, the
 units restarted (rank 0 first, each restart checked) and the gate waited for again. A rank > 0 saves its files
 only when rank 0's gate positively passed in this run (a gate that did not run vouches for nothing). The deploy
 still fails, and says what happened:
@@ -31,7 +32,7 @@ import time
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
-from ironserve.units import SECRET_ENV, deliberate
+from ironserve.units import KEY_ENV, SECRET_ENV, deliberate
 from roles.context import host_data
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
@@ -51,20 +52,41 @@ def save_command(unit: str, paths: list[str]) -> str:
             f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}")
 
 
+def key_check_command(unit: str) -> str:
+    """Exits non-zero, saying why, when restoring the snapshot would cross a key/no-key change: an env file of the
+    snapshot declares another set of API key variables (ironserve.units.KEY_ENV) than the live one. A keyless
+    unit restored while the live env file holds a key would serve without it (its ExecStart does not run
+    ironserve-exec); a keyed one restored beside a keyless env file would not start. Names only, no values."""
+    d = shlex.quote(snapshot_dir(unit))
+    keys = shlex.quote(f"^({'|'.join(KEY_ENV)})=")
+    return (f"while read -r sum path; do case \"$path\" in *.env) src={d}/\"$(basename \"$path\")\"; "
+            f"was=$(grep -Eo {keys} \"$src\") || [ $? -eq 1 ] || exit 1; now=; "
+            f"if [ -e \"$path\" ]; then now=$(grep -Eo {keys} \"$path\") || [ $? -eq 1 ] || exit 1; fi; "
+            f"if [ \"$was\" != \"$now\" ]; then echo \"no rollback of {unit}: its last good configuration declares "
+            f"API key variables [$(echo $was)] and the current one [$(echo $now)] ($path): a rollback never crosses a "
+            f"key/no-key change\" >&2; exit 3; fi;; esac; done < {d}/MANIFEST")
+
+
 def restore_command(unit: str) -> str:
     """Put every file of the snapshot back where its MANIFEST says, then reload systemd.
 
     Secrets stay current: an env file is restored with the snapshot's settings but the secret lines
-    (ironserve.units.SECRET_ENV) of the live file, so a rotated key or token never comes back. Each file is
-    replaced by an atomic rename of a 0600-born copy; any failure exits non-zero (the rollback checks it)."""
+    (ironserve.units.SECRET_ENV) of the live file, so a rotated key or token never comes back; never across a
+    key/no-key change (key_check_command). Every file is first written beside its live path from a 0600-born
+    copy, each write checked (grep's "no line" is its status 1, an error is 2: a full disk fails the restore);
+    only when all are written are they renamed over the live files. Any failure exits non-zero with the live
+    files as they were and no copy left behind (the rollback checks it)."""
     d = shlex.quote(snapshot_dir(unit))
-    secret = "|".join(SECRET_ENV)
-    return (f"set -e; umask 077; while read -r sum path; do src={d}/\"$(basename \"$path\")\"; "
-            f"tmp=\"$path.ironserve-restore\"; rm -f \"$tmp\"; "
-            f"case \"$path\" in *.env) {{ grep -Ev '^({secret})=' \"$src\" || true; "
-            f"grep -E '^({secret})=' \"$path\" 2>/dev/null || true; }} > \"$tmp\";; *) cp \"$src\" \"$tmp\";; esac; "
-            f"chmod --reference=\"$src\" \"$tmp\"; mv -f \"$tmp\" \"$path\"; "
-            f"done < {d}/MANIFEST; systemctl daemon-reload")
+    secret = shlex.quote(f"^({'|'.join(SECRET_ENV)})=")
+    staged = "\"$path.ironserve-restore\""
+    each = f"while read -r sum path; do src={d}/\"$(basename \"$path\")\"; tmp={staged}; "
+    return (f"set -e; umask 077; {key_check_command(unit)}; "
+            f"cleanup() {{ while read -r sum path; do rm -f {staged}; done < {d}/MANIFEST; }}; trap cleanup EXIT; "
+            f"{each}rm -f \"$tmp\"; case \"$path\" in *.env) "
+            f"grep -Ev {secret} \"$src\" > \"$tmp\" || [ $? -eq 1 ]; if [ -e \"$path\" ]; then "
+            f"grep -E {secret} \"$path\" >> \"$tmp\" || [ $? -eq 1 ]; fi;; *) cp \"$src\" \"$tmp\";; esac; "
+            f"chmod --reference=\"$src\" \"$tmp\"; done < {d}/MANIFEST; "
+            f"{each}mv -f \"$tmp\" \"$path\"; done < {d}/MANIFEST; trap - EXIT; systemctl daemon-reload")
 
 
 class LastGood(FactBase):
@@ -153,7 +175,9 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
     gate_host.log_styled(f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}",
                          fg="yellow")
     where = ", ".join(sorted({h.name for h, _, _ in hosts}))
-    for step, command in (("restore", restore_command), ("restart", _restart_command)):
+    # the key check on every member before anything is restored anywhere: never half a group across a key change
+    steps = (("restore (key check)", key_check_command), ("restore", restore_command), ("restart", _restart_command))
+    for step, command in steps:
         # each restore and restart checked: a member left on the failed configuration is said, not assumed away
         failed = []
         for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order

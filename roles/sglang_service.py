@@ -16,8 +16,8 @@ machinery), staged:
   /proc/PID/cmdline) and filters the key out of the engine's output (never in the journal);
 - /etc/systemd/system/<unit>.service from ironserve.units.unit_files (and a rank's guard unit and config, and the
   group's shared secret: 0600, generated once on the controller, the same on every rank's host, with which the
-  guards sign their reports); the JIT cache directory (ironserve.units.jit_dir, kept across restarts) is created
-  directly;
+  guards sign their reports); the JIT cache directory (ironserve.units.jit_dir, kept across restarts) is the
+  unit's CacheDirectory= (systemd creates it for the engine's user);
 - BEFORE enabling: the argv is parsed by the SGLang of this host's runtime (files/bin/ironserve-parse-check run
   by the venv's python3, or ``docker run --rm --entrypoint python3`` in the image). A rejected argv stops the
   deploy with the parser's message. The probe runs only when the unit or the runtime changed: a marker holding
@@ -207,37 +207,6 @@ class EngineUserReads(FactBase):
         return lines[0] if lines else None
 
 
-class TreeOwner(FactBase):
-    """Whether everything under a directory belongs to a user and its group: owned, foreign (something does not),
-    absent (no such directory) or no-user. The whole tree, not its top: a recursive chown cut short (it changes the
-    top first) leaves the rest to the next run."""
-
-    def command(self, user, path):
-        who, where = shlex.quote(user), shlex.quote(path)
-        return (f"if ! id -u {who} >/dev/null 2>&1; then echo no-user; elif ! test -d {where}; then echo absent; "
-                f"elif stray=$(find {where} \\( ! -user {who} -o ! -group {who} \\) -print -quit) && "
-                "test -z \"$stray\"; then echo owned; else echo foreign; fi")  # find failing: foreign, not owned
-
-    def process(self, output):
-        lines = [line.strip() for line in output if line.strip()]
-        return lines[0] if lines else None
-
-
-@operation()
-def tree_owned(user: str, path: str):
-    """A directory and everything in it owned by ``user`` (and its group of the same name): created if absent,
-    handed over when anything in it belongs to someone else (caches an earlier root-run engine left)."""
-    state = host.get_fact(TreeOwner, user=user, path=path)
-    if state == "owned":
-        host.noop(f"{path} is {user}'s")
-        return
-    where, who = shlex.quote(path), shlex.quote(f"{user}:{user}")
-    if state != "foreign":  # absent, or the user comes with this run
-        yield f"mkdir -p {where}"
-    # -h: a link the engine's user planted in its cache is changed itself, never what it points to
-    yield f"chown -R -h {who} {where}"
-
-
 @operation()
 def weights_readable(user: str, path: str):
     """The engine's user (not root) can read the weights: said before any unit starts, with the fix, instead of an
@@ -379,11 +348,11 @@ def apply(ctx: DeploymentContext) -> None:
 
 
 def jit_cache_dirs(ctx: DeploymentContext) -> None:
-    """The engine user and the JIT cache directories every unit of this engine build names: they persist across
-    restarts, are keyed by engine build (ironserve.units.jit_dir), and must exist before a start: a unit's
-    ReadWritePaths= naming a missing path fails its start (226/NAMESPACE), the router's on a host without engines
-    too. A uv runtime's units run as ironserve.units.ENGINE_USER, which owns its build's directory (the unit's
-    ExecStartPre keeps it so); a docker unit's client runs as root."""
+    """The engine user and the JIT cache root. A uv runtime's units run as ironserve.units.ENGINE_USER, whose
+    JIT directory (keyed by engine build: ironserve.units.jit_dir) systemd creates and hands over at each start
+    (the unit's CacheDirectory=; it changes the owner of what an earlier root-run engine left there): the deploy
+    never creates, chowns or follows anything inside a directory the engine's user can write. A docker unit's
+    client runs as root."""
     files.directory(name="JIT cache root", path=JIT_CACHE_ROOT, mode="755")
     if not any(runs_as_user(ctx.recipe, p) for p in ctx.processes):
         files.directory(name="JIT cache of this engine build", path=jit_dir(ctx.recipe), mode="755")
@@ -392,10 +361,6 @@ def jit_cache_dirs(ctx: DeploymentContext) -> None:
     for path in sorted({p.model_path for p in ctx.processes if p.role != "router" and (p.model_path or "")
                         .startswith("/")}):
         weights_readable(name=f"{ENGINE_USER} reads the weights in {path}", user=ENGINE_USER, path=path)
-    # the whole tree: caches an earlier root-run engine left there become the engine user's; its mode (0750) is
-    # set by the unit's ExecStartPre, which creates its HOME there too
-    tree_owned(name=f"JIT cache of this engine build, owned by {ENGINE_USER}", user=ENGINE_USER,
-               path=jit_dir(ctx.recipe))
 
 
 def engine_user(ctx: DeploymentContext) -> None:

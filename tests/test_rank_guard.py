@@ -6,9 +6,11 @@ count: forged, replayed and foreign reports change nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
+import resource
 import secrets
 import socket
 import subprocess
@@ -25,7 +27,7 @@ from ironserve.units import RANK_GUARD_PORT_OFFSET, rank_guard_files
 
 GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rank-guard"
 SECRET = "ab" * 32
-RANK0, RANK1, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
+RANK0, RANK1, STRANGER, RANK2 = "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
 
 def guard_module():
@@ -78,7 +80,8 @@ def guard_env(tmp_path):
     (bin_dir / "systemctl").chmod(0o755)
     procs: list[subprocess.Popen] = []
 
-    def start(config: dict, invocation: str) -> tuple[subprocess.Popen, Path]:
+    def start(config: dict, invocation: str, nofile: int | None = None) -> tuple[subprocess.Popen, Path]:
+        """Run a guard; ``nofile``: its descriptor limit (the unit's LimitNOFILE=)."""
         name = f"rank{config['rank']}"
         inv = tmp_path / f"{name}.invocation"
         inv.write_text(invocation + "\n")
@@ -87,7 +90,9 @@ def guard_env(tmp_path):
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "INVOCATION_FILE": str(inv),
                "PYTHONUNBUFFERED": "1"}
         log = open(tmp_path / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, str(GUARD), str(path)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+        proc = subprocess.Popen([sys.executable, str(GUARD), str(path)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=limit)
         procs.append(proc)
         return proc, inv
 
@@ -97,16 +102,17 @@ def guard_env(tmp_path):
         proc.wait()
 
 
-def base_config(rank: int, port: int, health_url: str, state_dir: Path) -> dict:
+def base_config(rank: int, port: int, health_url: str, state_dir: Path, world: int = 2) -> dict:
     secret = state_dir / "group.key"
     if not secret.exists():
         secret.write_text(SECRET + "\n")
         secret.chmod(0o600)
-    config = {"unit": f"engine{rank}", "rank": rank, "world": 2, "guard_port": port, "leader": RANK0,
-              "members": [RANK0, RANK1], "secret_file": str(secret), "health_url": health_url, "poll_s": 0.2,
+    members = [RANK0, RANK1, RANK2][:world]
+    config = {"unit": f"engine{rank}", "rank": rank, "world": world, "guard_port": port, "leader": RANK0,
+              "members": members, "secret_file": str(secret), "health_url": health_url, "poll_s": 0.2,
               "failure_threshold": 3, "formation_timeout_s": 30, "backoff_base_s": 0, "backoff_max_s": 0,
               "backoff_window_s": 60, "state_dir": str(state_dir / "state")}
-    return config | ({"bind": RANK0} if rank == 0 else {"source": RANK1})
+    return config | ({"bind": RANK0} if rank == 0 else {"source": members[rank]})
 
 
 def wait_for(predicate, timeout: float = 20.0) -> bool:
@@ -209,6 +215,13 @@ def test_guard_config_from_the_render():
     assert files.unit_name == "sglang-r-decode-rank-guard.service"
     assert "BindsTo=sglang-r-decode.service" in files.unit_text
     assert "PartOf=sglang-r-decode.service" in files.unit_text
+    # a flood neither takes its descriptors nor reaches it from outside the group (where systemd can filter)
+    lines = files.unit_text.splitlines()
+    assert "LimitNOFILE=256" in lines and "IPAddressDeny=any" in lines
+    assert "IPAddressAllow=10.0.0.1 10.0.0.2 localhost" in lines
+    named = [dataclasses.replace(p, address=f"n{p.node_rank}.cluster") for p in procs]
+    text = rank_guard_files(recipe, named[0], named).unit_text  # names: IPAddressAllow= takes addresses only
+    assert not [x for x in text.splitlines() if x.startswith("IPAddress")] and "LimitNOFILE=256" in text
 
 
 def test_group_restarts_back_off_exponentially_within_the_window(tmp_path):
@@ -228,12 +241,15 @@ def test_group_restarts_back_off_exponentially_within_the_window(tmp_path):
 
 
 def post(port: int, payload: bytes, signature: str, source: str, path: str = "/report"):
-    """One raw POST to the leader's guard from ``source``: (status, headers, body)."""
+    """One raw POST to the leader's guard from ``source``: (status, headers, body); (None, {}, b"") when the guard
+    closed the connection without a word (a stranger's)."""
     conn = http.client.HTTPConnection(RANK0, port, timeout=5, source_address=(source, 0))
     try:
         conn.request("POST", path, body=payload, headers={"X-Ironserve-Mac": signature})
         resp = conn.getresponse()
         return resp.status, dict(resp.getheaders()), resp.read()
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        return None, {}, b""
     finally:
         conn.close()
 
@@ -270,15 +286,17 @@ def test_forged_and_foreign_reports_change_nothing(guard_env):
     forged = signed(guard, report_body(False), secret="cd" * 32)
     unsigned = (json.dumps(report_body(False)).encode(), "")
     foreign = signed(guard, report_body(False))
-    statuses = flood(port, [(*forged, RANK1), (*unsigned, RANK1), (*foreign, STRANGER)], seconds=3)
+    statuses = flood(port, [(*forged, RANK1), (*unsigned, RANK1)], seconds=3)
     assert set(statuses) == {403}
+    # from an address that is no rank's: closed as accepted, nothing read, nothing answered
+    assert set(flood(port, [(*foreign, STRANGER)], seconds=1)) == {None}
     # replays of a signed "unhealthy" report (its challenge long used) from rank 1's own address: refused, and
     # the real follower's reports keep being accepted meanwhile (no restart for silence either)
     replayed = signed(guard, report_body(False, "a-used-challenge"))
     assert set(flood(port, [(*replayed, RANK1)], seconds=2)) == {200}
     assert not [c for c in calls_of(calls) if "restart" in c or "kill" in c], calls_of(calls)
     log = (tmp / "rank0.log").read_text()
-    assert f"refused a report from {STRANGER}: not the address of a rank of this group" in log
+    assert f"refused a connection from {STRANGER}: not the address of a rank of this group" in log
     assert f"refused a report from {RANK1}: bad MAC" in log
     # the real follower's signed reports still count: its hang is still noticed
     h1.code = 503
@@ -320,13 +338,15 @@ def test_replies_carry_nothing_a_stranger_can_use(guard_env):
     port = free_port()
     start(base_config(0, port, Health().url, tmp), "inv-secret-invocation")
     assert wait_for(lambda: "waiting for the group to form" in (tmp / "rank0.log").read_text())
-    conn = http.client.HTTPConnection(RANK0, port, timeout=5, source_address=(STRANGER, 0))
-    conn.request("GET", "/group?rank=1&healthy=0")
-    resp = conn.getresponse()
-    answers = [(resp.status, dict(resp.getheaders()), resp.read())]
-    conn.close()
-    answers.append(post(port, *signed(guard, report_body(False)), STRANGER))
-    answers.append(post(port, *signed(guard, report_body(False), secret="cd" * 32), RANK1))
+    with socket.create_connection((RANK0, port), timeout=5, source_address=(STRANGER, 0)) as conn:
+        try:
+            conn.sendall(b"GET /group?rank=1&healthy=0 HTTP/1.0\r\n\r\n")
+            answer = conn.recv(4096)
+        except (ConnectionResetError, BrokenPipeError):
+            answer = b""
+        assert answer == b""  # a stranger: closed, not a byte of an answer
+    assert post(port, *signed(guard, report_body(False)), STRANGER) == (None, {}, b"")
+    answers = [post(port, *signed(guard, report_body(False), secret="cd" * 32), RANK1)]
     answers.append(post(port, b"x" * 10, "", RANK1, path="/group"))
     for status, headers, body in answers:
         assert status in (403, 404) and body == b"", (status, body)
@@ -380,3 +400,110 @@ def test_a_follower_believes_only_its_leaders_answer_to_its_own_report(guard_env
     finally:
         control.server.shutdown()
         control.server.server_close()
+
+
+# --------------------------------------------------------------------------- floods and the guard's own faults
+
+GUARD_NOFILE = 64  # the leader's descriptor limit in the flood test (the unit's LimitNOFILE=, scaled down)
+
+
+def idle_connections(port: int, source: str, count: int) -> list[socket.socket]:
+    """``count`` connections to the leader's guard from ``source`` that send nothing and stay open."""
+    held = []
+    for _ in range(count):
+        conn = socket.socket()
+        conn.setblocking(False)
+        conn.bind((source, 0))
+        conn.connect_ex((RANK0, port))
+        held.append(conn)
+    return held
+
+
+def test_a_flood_of_idle_connections_restarts_nothing_in_a_group_of_three(guard_env):
+    """A stranger holds more idle connections to rank 0's guard than the guard has descriptors (RLIMIT_NOFILE
+    set small for the guard's process): the guard closes each as it accepts it, its own health probes keep
+    running, both followers' reports keep counting; no group restart is decided. After the flood it still
+    notices a rank that stops answering."""
+    start, calls, tmp = guard_env
+    port = free_port()
+    health = [Health(), Health(), Health()]
+    start(base_config(0, port, health[0].url, tmp, world=3), "inv-a", nofile=GUARD_NOFILE)
+    for rank in (1, 2):
+        start(base_config(rank, port, health[rank].url, tmp, world=3), f"inv-f{rank}")
+    assert wait_for(lambda: "group formed" in (tmp / "rank0.log").read_text())
+    held = idle_connections(port, STRANGER, 5 * GUARD_NOFILE)
+    try:
+        time.sleep(5)  # 25 polls of 0.2 s: eight times the failure threshold
+        more = idle_connections(port, STRANGER, GUARD_NOFILE)  # still accepting (and closing) while flooded
+        held += more
+        time.sleep(1)
+    finally:
+        for conn in held:
+            conn.close()
+    log = (tmp / "rank0.log").read_text()
+    assert not [c for c in calls_of(calls) if "restart" in c or "kill" in c], (calls_of(calls), log[-2000:])
+    # its own probe of rank 0 kept running and answering (a follower late once on this busy machine is no matter:
+    # three polls in a row make a decision, and none was made)
+    assert "rank 0 not answering" not in log and "did not run" not in log, log[-2000:]
+    assert f"refused a connection from {STRANGER}: not the address of a rank of this group" in log
+    assert "Traceback" not in log
+    # the guard is still the group's: rank 2 stops answering, the group restarts
+    health[2].code = 503
+    assert restart_asked(calls, "engine0")
+    assert "rank 2 not answering /health" in (tmp / "rank0.log").read_text()
+
+
+def test_a_bad_content_length_gets_a_400_and_no_traceback(guard_env):
+    start, calls, tmp = guard_env
+    port = free_port()
+    start(base_config(0, port, Health().url, tmp), "inv-a")
+    assert wait_for(lambda: "waiting for the group to form" in (tmp / "rank0.log").read_text())
+    for length in (b"abc", b"-5", b"99999999", b""):
+        with socket.create_connection((RANK0, port), timeout=5, source_address=(RANK1, 0)) as conn:
+            conn.sendall(b"POST /report HTTP/1.0\r\nContent-Length: " + length + b"\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.0 400 "), length
+    # a member that sends nothing is dropped after the read timeout, not waited for
+    guard = guard_module()
+    with socket.create_connection((RANK0, port), timeout=guard.READ_TIMEOUT_S + 5, source_address=(RANK1, 0)) as c:
+        started = time.monotonic()
+        assert c.recv(4096) == b"" and time.monotonic() - started < guard.READ_TIMEOUT_S + 3
+    time.sleep(0.3)
+    assert "Traceback" not in (tmp / "rank0.log").read_text()
+
+
+def test_the_guards_own_probe_failure_is_no_verdict_on_rank0(monkeypatch):
+    """No descriptor left for the guard's health probe (EMFILE): neither healthy nor unhealthy, and said."""
+    import errno
+
+    guard = guard_module()
+    lines = []
+    monkeypatch.setattr(guard, "log", lines.append)
+
+    def no_descriptor(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    health = Health()
+    config = {"health_url": health.url}
+    refused = guard.Refusals()
+    assert guard.rank0_verdict(config, refused) == "healthy"
+    health.code = 503
+    assert guard.rank0_verdict(config, refused) == "not answering /health"
+    monkeypatch.setattr(guard.socket, "socket", no_descriptor)
+    assert guard.rank0_verdict(config, refused) is None
+    assert "did not run" in lines[-1] and "Too many open files" in lines[-1]
+    # an engine that does not answer is still a verdict
+    monkeypatch.undo()
+    monkeypatch.setattr(guard, "log", lines.append)
+    assert guard.rank0_verdict({"health_url": f"http://127.0.0.1:{free_port()}/health"}, refused) == \
+        "not answering /health"
+
+
+def test_the_refusals_table_stays_bounded():
+    guard = guard_module()
+    refusals = guard.Refusals()
+    said = []
+    guard.log = said.append
+    for i in range(10 * guard.MAX_REFUSED):
+        refusals.say(f"10.1.{i // 250}.{i % 250}", f"refused {i}", "stranger")
+    assert len(refusals.seen) <= guard.MAX_REFUSED + 1
+    assert len(said) <= guard.MAX_REFUSED + 1 and any("more than" in line for line in said)

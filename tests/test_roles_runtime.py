@@ -259,7 +259,9 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
         import json, os, sys
         cmdline = open("/proc/self/cmdline", "rb").read().split(b"\\0")
         out = {"cmdline": [c.decode() for c in cmdline if c], "argv": sys.argv[1:],
-               "env": os.environ.get("IRONSERVE_API_KEY"), "name": __name__}
+               "env": os.environ.get("IRONSERVE_API_KEY"), "name": __name__,
+               "environ": open("/proc/self/environ", "rb").read().decode(errors="replace"),
+               "fds": sorted(os.listdir("/proc/self/fd"))}
         open(os.environ["OUT"], "w").write(json.dumps(out))
         """))
     out = tmp_path / "out.json"
@@ -270,6 +272,9 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
     assert seen["argv"] == ["--port", "30000", "--api-key", "s3cret-key"]
     assert not any("s3cret" in c for c in seen["cmdline"])
     assert seen["env"] is None and seen["name"] == "__main__"
+    # not in the kernel's copy of the engine's environment either (/proc/PID/environ), nor an open pipe left over
+    assert "s3cret" not in seen["environ"] and "IRONSERVE_API_KEY" not in seen["environ"]
+    assert "OUT=" in seen["environ"] and len(seen["fds"]) <= 5, seen["fds"]
     # key from a root-only file on the host, and no key at all
     keyfile = tmp_path / "key"
     keyfile.write_text("filekey\n")
@@ -277,8 +282,43 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
     subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine"], check=True,
                    env={**env2, "IRONSERVE_API_KEY_FILE": str(keyfile)})
     assert json.loads(out.read_text())["argv"] == ["--api-key", "filekey"]
-    subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"], check=True, env=env2)
-    assert json.loads(out.read_text())["argv"] == ["--x"]
+    assert "filekey" not in json.loads(out.read_text())["environ"]
+
+
+@pytest.mark.parametrize("env, names", [
+    ({}, "neither IRONSERVE_API_KEY nor IRONSERVE_API_KEY_FILE is set"),
+    ({"IRONSERVE_API_KEY": "  "}, "IRONSERVE_API_KEY is empty"),
+    ({"IRONSERVE_API_KEY_FILE": "MISSING"}, "the key file named by IRONSERVE_API_KEY_FILE (MISSING) cannot be read"),
+    ({"IRONSERVE_API_KEY_FILE": "EMPTY"}, "the key file named by IRONSERVE_API_KEY_FILE (EMPTY) is empty"),
+])
+def test_ironserve_exec_fails_closed_without_its_key(tmp_path, env, names):
+    """A unit runs ironserve-exec only when it declares a key: a missing or empty key never starts the engine
+    keyless. One line names the variable or file, no value; exit 78, which the keyed unit does not restart."""
+    (tmp_path / "fakeengine.py").write_text("open(__import__('os').environ['OUT'], 'w').write('started')\n")
+    (tmp_path / "EMPTY").write_text("\n")
+    env = {k: str(tmp_path / v) if k.endswith("_FILE") else v for k, v in env.items()}
+    names = names.replace("MISSING", str(tmp_path / "MISSING")).replace("EMPTY", str(tmp_path / "EMPTY"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IRONSERVE_API_KEY")}
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"], text=True,
+                          env={**base, "PYTHONPATH": str(tmp_path), "OUT": str(out), **env}, capture_output=True)
+    assert proc.returncode == 78 and not out.exists(), (proc.returncode, proc.stderr)
+    assert names in proc.stderr and "not starting the engine without its API key" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_keyed_units_do_not_restart_a_launcher_that_found_no_key():
+    from ironserve.catalogue import get_recipe
+    from ironserve.render import render
+    from ironserve.spec import HostTuning
+    from ironserve.units import NO_KEY_EXIT
+
+    recipe = get_recipe("tiny-cpu-tp2")
+    proc = render(recipe).processes[0]
+    keyed = unit_files(recipe, proc, HostTuning(), {"IRONSERVE_API_KEY": "k"}).unit_text.splitlines()
+    keyless = unit_files(recipe, proc, HostTuning(), {}).unit_text
+    assert f"RestartPreventExitStatus={NO_KEY_EXIT}" in keyed and "RestartPreventExitStatus" not in keyless
+    assert "ironserve-exec" in " ".join(keyed) and "ironserve-exec" not in keyless
 
 
 def test_ironserve_exec_keeps_the_key_out_of_the_engines_output(tmp_path):
@@ -524,29 +564,38 @@ def test_rollback_restores_every_member_of_the_group_rank0_first():
     rollback.roll_back(state, n0, "u", "http://127.0.0.1:30000/health", 60, members, "the unit died",
                        lambda *a: waited.append(a) or True)
     for h in (n0, n1):
-        assert any("MANIFEST; systemctl daemon-reload" in c for c in h.commands), h.commands
+        assert any(c.endswith("MANIFEST; trap - EXIT; systemctl daemon-reload") for c in h.commands), h.commands
         assert deliberate("restart", "u") in h.commands
     assert waited and any(line.startswith("ROLLED BACK u on n0, n1") and "from 2026-11-22T08:41:46Z" in line
                           for line in n0.logs), n0.logs
 
 
-def test_a_failed_restore_stops_the_rollback_before_any_restart():
+def _rollback_failing_on_n1(fails, error: str):
+    """A rollback of a group on n0 and n1 where n1 fails the commands ``fails(command)`` picks, saying ``error``:
+    (n0, n1, the gate waits that followed)."""
     from roles import rollback
 
     snapshot = ["current aaa  /p", "snapshot bbb  /p", "taken 2026-11-22T08:41:46Z"]
     n0, n1 = _ScriptedHost("n0", {"sha256sum": snapshot}), _ScriptedHost("n1", {"sha256sum": snapshot})
 
-    def broken(command, **kwargs):  # n1's disk refuses the restore
+    def answer(command, **kwargs):
         n1.commands.append(command)
-        if "MANIFEST" in command and "sha256sum" not in command:
-            return False, SimpleNamespace(stdout_lines=[], stderr_lines=["cp: No space left on device"])
+        if fails(command):
+            return False, SimpleNamespace(stdout_lines=[], stderr_lines=[error])
         return True, SimpleNamespace(stdout_lines=snapshot, stdout="\n".join(snapshot))
 
-    n1.run_shell_command = broken
+    n1.run_shell_command = answer
     state = SimpleNamespace(inventory=SimpleNamespace(get_host={"n0": n0, "n1": n1}.get), activated_hosts={n0, n1})
     waited = []
     rollback.roll_back(state, n0, "u", "url", 60, [("n0", "u", ["/p"]), ("n1", "u", ["/p"])], "why",
                        lambda *a: waited.append(a) or True)
+    return n0, n1, waited
+
+
+def test_a_failed_restore_stops_the_rollback_before_any_restart():
+    # n1's disk refuses the restore
+    n0, n1, waited = _rollback_failing_on_n1(lambda c: "MANIFEST" in c and "sha256sum" not in c,
+                                             "cp: No space left on device")
     assert not waited and not any("restart" in c for c in n0.commands + n1.commands)
     assert "ROLLBACK FAILED u" in n0.logs[-1] and "restore" in n0.logs[-1] and "No space left" in n0.logs[-1]
 
@@ -568,6 +617,61 @@ def test_a_restore_keeps_the_current_secrets(tmp_path):
     assert (live / "u.env").read_text() == "# m\nSGLANG_X=old\nIRONSERVE_API_KEY=rotated\n"
     assert (live / "u.env").stat().st_mode & 0o777 == 0o600
     assert (live / "u.service").read_text() == "old unit\n"
+
+
+def _snapshot(tmp_path, snap_env: str, live_env: str):
+    """A last good snapshot (unit + env) and the live files, in tmp_path; the restore command aimed at them."""
+    from roles import rollback
+
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    snap.mkdir(), live.mkdir()
+    (live / "u.env").write_text(live_env)
+    (live / "u.service").write_text("new unit\n")
+    (snap / "u.env").write_text(snap_env)
+    (snap / "u.service").write_text("old unit\n")
+    (snap / "MANIFEST").write_text(f"x  {live / 'u.service'}\nx  {live / 'u.env'}\n")
+    command = rollback.restore_command("u").replace(rollback.snapshot_dir("u"), str(snap))
+    return live, command.replace("systemctl daemon-reload", "true")
+
+
+@pytest.mark.parametrize("snap_env, live_env", [
+    ("# m\nSGLANG_X=old\n", "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k-live\n"),  # a keyless unit under a key
+    ("# m\nIRONSERVE_API_KEY=k-old\n", "# m\nSGLANG_X=new\n"),  # a keyed unit, the key since removed
+    ("# m\nIRONSERVE_API_KEY=k-old\n", "# m\nIRONSERVE_API_KEY_FILE=/etc/k\n"),  # another kind of key
+])
+def test_a_rollback_never_crosses_a_key_change(tmp_path, snap_env, live_env):
+    live, command = _snapshot(tmp_path, snap_env, live_env)
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert proc.returncode == 3 and "no rollback of u" in proc.stderr and "key/no-key change" in proc.stderr
+    assert "k-old" not in proc.stderr and "k-live" not in proc.stderr and "/etc/k" not in proc.stderr.split("(")[0]
+    assert (live / "u.env").read_text() == live_env and (live / "u.service").read_text() == "new unit\n"
+
+
+def test_a_restore_that_cannot_write_fails_and_leaves_the_live_files(tmp_path):
+    """grep failing mid-write (a full disk: status 2) fails the restore; nothing live changed, no copy left."""
+    live, command = _snapshot(tmp_path, "# m\nSGLANG_X=old\nIRONSERVE_API_KEY=x\n",
+                              "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k\n")
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "grep").write_text('#!/bin/sh\ncase "$1" in -Ev) echo "# m"; echo "grep: write error: No space left on '
+                               'device" >&2; exit 2;; esac\nexec /bin/grep "$@"\n')
+    (stub / "grep").chmod(0o755)
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"})
+    assert proc.returncode != 0 and "No space left" in proc.stderr
+    assert (live / "u.env").read_text() == "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k\n"
+    assert (live / "u.service").read_text() == "new unit\n"  # staged first, renamed only when all were written
+    assert sorted(p.name for p in live.iterdir()) == ["u.env", "u.service"]
+    # the same restore on a disk with room: done
+    assert subprocess.run(["sh", "-c", command]).returncode == 0
+    assert (live / "u.env").read_text() == "# m\nSGLANG_X=old\nIRONSERVE_API_KEY=k\n"
+
+
+def test_a_key_change_on_one_member_stops_the_rollback_of_the_whole_group():
+    # n1's last good configuration is keyless: its key check refuses, before n0 restored anything
+    n0, n1, waited = _rollback_failing_on_n1(lambda c: "no rollback of" in c, "no rollback of u: ... key/no-key change")
+    assert not waited and not any("daemon-reload" in c or "reset-failed" in c for c in n0.commands + n1.commands)
+    assert "ROLLBACK FAILED u" in n0.logs[-1] and "key/no-key change" in n0.logs[-1]
 
 
 def test_no_rollback_without_a_differing_snapshot_or_with_a_member_outside_the_run():

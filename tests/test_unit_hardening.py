@@ -23,15 +23,16 @@ from roles import sglang_service as ss
 from roles.context import build_context
 
 BACKOFF = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-backoff"
-MAX_EXPOSURE = 6.5
+# systemd-analyze security's overall exposure of each unit, as the README claims them (offline, systemd 252)
+EXPOSURE = {"engine": 2.8, "docker": 2.8, "guard": 3.1}
 
 
 def tp2_units() -> tuple[str, str]:
-    recipe = get_recipe("tiny-cpu-tp2")
-    rendered = render(recipe)
-    proc = rendered.processes[0]
+    """Rank 0's engine and guard units of tiny-cpu-tp2 on two hosts with IP addresses (as an inventory has them)."""
+    ctx = _ctx("n0", recipe="tiny-cpu-tp2")
+    recipe, proc = ctx.recipe, ctx.processes[0]
     engine = unit_files(recipe, proc, recipe.tuning or _tuning(), {"IRONSERVE_API_KEY": "x"}).unit_text
-    guard = rank_guard_files(recipe, proc, rendered.rank_group(proc)).unit_text
+    guard = rank_guard_files(recipe, proc, ctx.rendered.rank_group(proc)).unit_text
     return engine, guard
 
 
@@ -60,31 +61,42 @@ def _offline_analyze() -> bool:
 
 @pytest.mark.skipif(not _offline_analyze(), reason="systemd-analyze security --offline needs systemd >= 250")
 def test_engine_and_guard_units_score_within_the_exposure_budget(tmp_path):
+    """The figures the README claims are the test's thresholds (README.md, Secrets)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    claimed = f"rates them {EXPOSURE['engine']}, {EXPOSURE['docker']} and {EXPOSURE['guard']}"
+    assert claimed in " ".join(readme.split()), claimed
     engine, guard = tp2_units()
     engine_score = exposure(tmp_path, "sglang-tiny-cpu-tp2-server.service", engine)
     guard_score = exposure(tmp_path, "sglang-tiny-cpu-tp2-server-rank-guard.service", guard)
     print(f"\nsystemd-analyze security --offline: engine unit {engine_score}, rank guard unit {guard_score}")
-    assert engine_score <= MAX_EXPOSURE and guard_score <= MAX_EXPOSURE
+    assert engine_score <= EXPOSURE["engine"] and guard_score <= EXPOSURE["guard"]
+    assert "IPAddressDeny=any" in guard.splitlines()  # scored with its network filter, as the lab's addresses give
 
 
 def test_hardening_leaves_what_gpu_serving_needs():
     engine, guard = tp2_units()
-    assert "ReadWritePaths=/var/cache/ironserve/jit" in engine.splitlines()
+    # the JIT cache: systemd's CacheDirectory= (created and handed to the engine's user before the sandbox, and
+    # writable in it), no ReadWritePaths= root would have to create
+    assert "CacheDirectory=ironserve/jit/tiny-cpu-tp2/0.5.23" in engine.splitlines()
+    assert "CacheDirectoryMode=0750" in engine.splitlines()
     # the guard's records: a runtime directory systemd creates before the sandbox (a ReadWritePaths= path that
     # does not exist yet fails every start with 226/NAMESPACE, its ExecStartPre=+ included)
     assert "RuntimeDirectory=ironserve/rank-groups ironserve/backoff" in guard.splitlines()
     # the engine's backoff record is written by its ExecStartPre=+/ExecStopPost=+ (outside the sandbox): no
     # RuntimeDirectory=, which systemd would chown to the engine's user
-    assert "ReadWritePaths" not in guard and not [x for x in engine.splitlines() if x.startswith("RuntimeDirectory")]
+    assert "ReadWritePaths" not in guard + engine
+    assert not [x for x in engine.splitlines() if x.startswith("RuntimeDirectory")]
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
                  "RestrictSUIDSGID=yes"):
         assert line in engine.splitlines() and line in guard.splitlines(), line
     # GPUs are devices: nothing that closes the device policy (ProtectClock= and PrivateDevices= do)
     assert "PrivateDevices" not in engine and "ProtectClock" not in engine and "DeviceAllow" not in engine
-    # caches under HOME land in the writable JIT directory, created before the sandbox is set up
-    assert "HOME=/var/cache/ironserve/jit/tiny-cpu-tp2/" in engine
-    assert ("ExecStartPre=+/usr/bin/install -d -o ironserve-engine -g ironserve-engine -m 0750 /var/cache/ironserve/jit/"
-            "tiny-cpu-tp2/0.5.23 /var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home") in engine
+    # caches under HOME land in the JIT directory; the engine's user creates HOME there itself: root never
+    # creates, chowns or follows a path inside a directory the engine's user can write (a link planted there)
+    assert "HOME=/var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home" in engine
+    assert "ExecStartPre=/usr/bin/mkdir -p /var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home" in engine.splitlines()
+    root_steps = [x for x in engine.splitlines() if x.startswith(("ExecStartPre=+", "ExecStopPost=+", "ExecStart=+"))]
+    assert root_steps and not [x for x in root_steps if "/var/cache" in x or "install" in x or "chown" in x]
 
 
 def test_uv_engines_run_as_the_engine_user_with_their_device_groups():
@@ -161,7 +173,7 @@ def test_docker_units_confine_the_client_as_far_as_it_allows():
 def test_docker_unit_scores_within_the_exposure_budget(tmp_path):
     score = exposure(tmp_path, "sglang-docker.service", _docker_unit())
     print(f"\nsystemd-analyze security --offline: docker engine unit {score}")
-    assert score <= MAX_EXPOSURE
+    assert score <= EXPOSURE["docker"]
 
 
 def test_restart_storms_are_bounded_without_restart_steps():
