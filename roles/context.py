@@ -17,7 +17,8 @@ from ironserve.catalogue import Problem, SpecError
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, model_path_on, render
-from ironserve.spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
+from ironserve.spec import (DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime, check_address,
+                            effective_tuning)
 from roles.common import ChangeRecords
 
 
@@ -118,6 +119,32 @@ def require_pinned_image(ctx: DeploymentContext) -> None:
                              "the inventory")])
 
 
+def runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
+    """A uv recipe's lock, {machine: {"name==version": hashes}}, or (None, why there is none); (None, "") for a
+    runtime that is not uv."""
+    if not isinstance(ctx.recipe.runtime, UvRuntime):
+        return None, ""
+    return imagelock.uv_lock(ctx.recipe, catalogue.recipe_file(ctx.host.recipe or ctx.recipe.id))
+
+
+def unlocked_runtime(ctx: DeploymentContext, why: str) -> Problem:
+    """What the deploy says of a uv recipe it cannot install hash-checked (a warning, or under require_locks an error)."""
+    ref = ctx.host.recipe or ctx.recipe.id
+    return Problem(f"recipe {ctx.recipe.id}", "runtime", f"{why}: its uv runtime would install without hash checks",
+                   f"run `ironserve lock {ref} --inventory INVENTORY` (writes the lock with every distribution's "
+                   "sha256 beside the recipe)" + ("" if ctx.host.require_locks else
+                                                   ", or set require_locks=true to refuse such a deploy"))
+
+
+def require_locked_runtime(ctx: DeploymentContext) -> None:
+    """Under require_locks a uv recipe has a current lock file, else the deploy stops before any host is touched."""
+    if not ctx.host.require_locks:
+        return
+    platforms, why = runtime_lock(ctx)
+    if platforms is None and why:
+        raise SpecError([unlocked_runtime(ctx, why)])
+
+
 _CACHE: dict[tuple[str, str], DeploymentContext] = {}
 
 
@@ -131,6 +158,7 @@ def current(model: str) -> DeploymentContext:
         try:
             ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
             require_pinned_image(ctx)
+            require_locked_runtime(ctx)
         except SpecError as err:
             # raised while pyinfra collects operations, before any runs: a PyinfraError is reported as a
             # one-line error (exit 1), not as a traceback of a "bug in the deploy file"
