@@ -35,6 +35,14 @@ recorded digest, so a tag that moved upstream does not change a deployed host. `
 lines), only when the Dockerfile changed or the image is missing: the image carries the Dockerfile's sha256
 in the label ``ironserve.dockerfile.sha256``.
 
+Patch lines are not hash-checked. A ``RUN pip install name==version`` patch runs pip inside the base image, which
+installs whatever of that pin's dependencies the image does not already satisfy; pip's hash-checking mode needs
+every distribution it installs pinned and hashed, and which ones those are depends on the image's own environment,
+which the controller cannot resolve without pulling and running the image (``ironserve lock`` talks to registries
+and indexes only). The pins are exact and come from the inventory's index (``pip_index_url``); the base is pinned by
+digest. Hashing them means resolving the patches inside the pinned base at lock time (``pip install --dry-run
+--report`` in a container of it) and writing a hashed requirements file into the build context: not done yet.
+
 GPU access (NVIDIA, see ironserve.nvidia): the toolkit is pinned (``nvidia_container_toolkit_version``
 [1.18.0-1]). From 1.14 on the role enables CDI in Docker (``nvidia-ctk runtime configure --cdi.enabled``) and
 generates the CDI spec /etc/cdi/nvidia.yaml (``nvidia-ctk cdi generate``; again whenever it does not name the
