@@ -108,6 +108,12 @@ def run_if_changed(command: str, triggers: list):
         host.noop(f"nothing changed: not running {command}")
 
 
+def plain(value):
+    """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
+    operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
+    return getattr(value, "data", value)
+
+
 def sha256_checked(path: str, sha256: str, what: str, host_name: str) -> str:
     """A shell step that stops the command (and removes ``path``) unless the file's sha256 is ``sha256``: what root
     runs or unpacks is checked on the host, right before, against a value from the inventory, never one the

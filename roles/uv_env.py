@@ -64,7 +64,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.units import (HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv,
                              venv_path)
 from ironserve.imagelock import hashed_requirements_text
-from roles.common import LongCommand, run_if_changed, sha256_checked
+from roles.common import LongCommand, plain, run_if_changed, sha256_checked
 from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 
@@ -316,10 +316,11 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
             raise OperationError(f"{host.name}: uv_url {url} has no checksum. Fix: set host data uv_sha256 to the "
                                  "tarball's sha256")
         tarball = f"{target}.tar.gz"
-        yield (f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} -o {tarball} && "
+        q_target, q_tarball = shlex.quote(target), shlex.quote(tarball)
+        yield (f"mkdir -p {q_target} && curl -fsSL {shlex.quote(url)} -o {q_tarball} && "
                f"{sha256_checked(tarball, sha256, 'uv_url', host.name)} && "
-               f"tar -xz -f {tarball} -C {target} --strip-components=1 && rm -f {tarball} && "
-               f"install -m 755 {target}/uv {UV_BIN}")
+               f"tar -xz -f {q_tarball} -C {q_target} --strip-components=1 && rm -f {q_tarball} && "
+               f"install -m 755 {q_target}/uv {UV_BIN}")
         return
     index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
     # --target: no system site-packages touched (PEP 668 hosts refuse a plain pip install)
@@ -400,7 +401,7 @@ def locked_resolution(ctx: DeploymentContext) -> dict[str, list[str]] | None:
     """The lock's {"name==version": hashes} for this host's machine; None (with the warning, or the error under
     require_locks) when there is none."""
     platforms, why = runtime_lock(ctx)
-    arch = host.get_fact(Arch)
+    arch = plain(host.get_fact(Arch))
     if platforms is not None and arch not in platforms:
         why = f"its lock file resolves {', '.join(sorted(platforms))}, not {arch} (`ironserve lock --arch {arch}`)"
     elif platforms is not None:

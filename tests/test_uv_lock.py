@@ -150,3 +150,42 @@ def test_no_lock_warns_and_require_locks_refuses_before_any_host(tmp_path, monke
         assert "ironserve lock tiny-cpu --inventory INVENTORY" in text
     finally:
         catalogue._catalogue_cached.cache_clear()
+
+
+def test_the_uv_role_takes_the_locks_resolution_for_the_hosts_machine(tmp_path, monkeypatch):
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.context import ctx_host, ctx_state
+    from pyinfra_testing.util import FakeState, create_host
+
+    from roles.uv_env import locked_resolution
+
+    recipes = _recipes(tmp_path, ["alpha==1.0"])
+    monkeypatch.setenv("IRONSERVE_RECIPES", str(recipes))
+    catalogue._catalogue_cached.cache_clear()
+    try:
+        recipe = catalogue.get_recipe("tiny-cpu")
+        x86 = {"alpha==1.0": ["sha256:" + "a" * 64], "beta==2.0": ["sha256:" + "b" * 64]}
+        imagelock.write(recipes / "tiny-cpu.lock.json", {"recipe": "tiny-cpu", "uv": {
+            "index": "http://10.213.7.1:8780/simple/", "runtime": imagelock.runtime_digest(recipe.runtime),
+            "platforms": {"x86_64": x86}}})
+
+        logged = []
+
+        def resolution(arch: str, **data):
+            state = FakeState()
+            fake = create_host(state, facts={"server.Arch": arch})
+            fake.name = "h1"
+            fake.log_styled = lambda text, **style: logged.append(text)
+            with ctx_state.use(state), ctx_host.use(fake):
+                return locked_resolution(_ctx(**data))
+
+        assert resolution("x86_64") == x86 and not logged
+        assert resolution("aarch64") is None  # installed unchecked, and the deploy says so
+        assert logged == ["warning: h1: its lock file resolves x86_64, not aarch64 (`ironserve lock --arch aarch64`): "
+                          "its uv runtime would install without hash checks. Fix: run `ironserve lock tiny-cpu "
+                          "--inventory INVENTORY` (writes the lock with every distribution's sha256 beside the "
+                          "recipe), or set require_locks=true to refuse such a deploy"]
+        with pytest.raises(PyinfraError, match=r"resolves x86_64, not aarch64 \(`ironserve lock --arch aarch64`\)"):
+            resolution("aarch64", require_locks=True)
+    finally:
+        catalogue._catalogue_cached.cache_clear()
