@@ -56,6 +56,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
@@ -146,6 +147,11 @@ def requirements_text(runtime: UvRuntime, idx: list[str], locked: int = 0) -> st
     lines += [f"# --overrides: {' '.join(runtime.overrides)}"] if runtime.overrides else []
     lines += [f"# --excludes: {' '.join(runtime.excludes)}"] if runtime.excludes else []
     return "\n".join(lines + list(runtime.packages)) + "\n"
+
+
+def hashes_recorded(record: list[str] | None) -> bool:
+    """Does the venv's record (requirements_text) say its packages were installed hash-checked from the lock?"""
+    return any(line.startswith("# --require-hashes:") for line in record or [])
 
 
 def _env_prefix(env: dict[str, str] | None) -> str:
@@ -353,10 +359,14 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
     installed as it is, hash-checked (``--require-hashes --no-deps``)."""
     have = host.get_fact(VenvPackages, path=path)
     todo = requirements_diff(packages, (have or {}).get("packages"))
-    if not todo:
+    # a venv installed before it had a lock: its files were never checked, so the lock's set goes in again
+    unchecked = bool(hashed and have and not hashes_recorded(plain(host.get_fact(
+        FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))))
+    if not todo and not unchecked:
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
-    what = ["--require-hashes", "--no-deps", "-r", hashed] if hashed else todo
+    reinstall = ["--reinstall"] if unchecked else []
+    what = ["--require-hashes", "--no-deps", *reinstall, "-r", hashed] if hashed else todo
     cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *what]
     yield LongCommand(_env_prefix(env) + " ".join(shlex.quote(a) for a in cmd),
                       f"installing {len(todo)} package(s) into {path}")
