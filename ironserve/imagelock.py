@@ -208,7 +208,11 @@ def _compile_hashed(uv: str, runtime: UvRuntime, platform: str, idx: list[str], 
         raise SpecError([Problem(recipe_id, "runtime.packages", f"uv pip compile for {platform} failed: "
                                  f"{' '.join(proc.stderr.split())[:600]}",
                                  "make the pins resolve against the index (ironserve lint says why)")])
-    return parse_hashed_requirements(proc.stdout)
+    try:
+        return parse_hashed_requirements(proc.stdout)
+    except ValueError as exc:  # a direct URL or a file without a sha256 in the index: nothing to check it by
+        raise SpecError([Problem(recipe_id, "runtime.packages", f"{exc} (resolved for {platform})",
+                                 "serve every distribution from a PEP 503 index that publishes sha256 hashes")])
 
 
 def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.run) -> dict:
