@@ -40,8 +40,7 @@ Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] 
   datacenter-gpu-manager-4-cuda13 1:4.4.1-1    /usr/bin/dcgmi, nv-hostengine, nvidia-dcgm.service
 Files (http://10.213.7.1:8780/ascend/), self-extracting .run installers accepting the real flags
 (--install/--full/--run/--upgrade, --uninstall, --check, --version, --quiet, --install-for-all,
---install-path=DIR, default /usr/local/Ascend; root required); their sha256 sums go to the lab's state and from
-there to the inventory's ascend_package_sha256, as a site writes its vendor's published sums:
+--install-path=DIR, default /usr/local/Ascend; root required):
   Ascend-hdk-910c-npu-driver_25.2.0_linux-x86-64.run  driver/version.info, driver/tools/npu-smi,
                                                       /usr/local/sbin/npu-smi, /etc/ascend_install.info
   Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run        ascend-toolkit/set_env.sh, ascend-toolkit/latest
