@@ -234,7 +234,10 @@ def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.
 
 
 def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:
-    """(the lock's {arch: {"name==version": hashes}} for the recipe's uv runtime, "") or (None, why there is none)."""
+    """(the lock's {arch: {"name==version": hashes}} for the recipe's uv runtime, "") or (None, why there is none);
+    (None, "") for a runtime that is not uv."""
+    if not isinstance(recipe.runtime, UvRuntime):
+        return None, ""
     path = lock_file(recipe_file)
     entry = (read(path) or {}).get("uv")
     if not isinstance(entry, dict):

@@ -17,8 +17,7 @@ from ironserve.catalogue import Problem, SpecError
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, model_path_on, render
-from ironserve.spec import (DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime, check_address,
-                            effective_tuning)
+from ironserve.spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
 from roles.common import ChangeRecords
 
 
@@ -122,8 +121,6 @@ def require_pinned_image(ctx: DeploymentContext) -> None:
 def runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
     """A uv recipe's lock, {machine: {"name==version": hashes}}, or (None, why there is none); (None, "") for a
     runtime that is not uv."""
-    if not isinstance(ctx.recipe.runtime, UvRuntime):
-        return None, ""
     return imagelock.uv_lock(ctx.recipe, catalogue.recipe_file(ctx.host.recipe or ctx.recipe.id))
 
 
