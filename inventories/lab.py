@@ -39,6 +39,8 @@ _common = {
     "pip_index_url": _state["pip_index"],
     "allow_http_index": True,  # the lab's index is served over http on the lab's own bridge
     "ascend_package_store": _state["ascend_files"],
+    # the sums of the lab's installers, as a site writes its vendor's published ones (installed only on a match)
+    "ascend_package_sha256": _state.get("ascend_sha256") or {},
     "docker_apt_mirror": _state["apt_mirror"],
     "docker_apt_suite": "/",
     # weights: the lab publishes small checkpoints on every host (no hub in an air-gapped lab)
@@ -48,6 +50,8 @@ _common = {
     # next to the index for roles that fetch the mirror's key. Unsigned (no gpg on the lab machine): trusted.
     **({"apt_signed_by": _state["apt_signed_by"], "nvidia_apt_key_name": "ironlab-archive-key.asc"}
        if _state.get("apt_signed_by") else {"apt_trusted": True}),
+    # the key a role that fetches the mirror's key must find there: the lab's own, not NVIDIA's
+    **({"nvidia_apt_key_fingerprint": _state["apt_key_fingerprint"]} if _state.get("apt_key_fingerprint") else {}),
 }
 
 # Stand-in accelerators answer nvidia-smi/npu-smi but cannot run an engine: prepare and validate only.

@@ -382,6 +382,12 @@ def hardware_profiles() -> dict[str, HardwareProfile]:
     return _catalogue_cached(str(recipes_dir()))[1]
 
 
+def recipe_file(ref: str) -> Path:
+    """The YAML file of a recipe named by id (in the catalogue) or by path (outside it)."""
+    path = Path(ref)
+    return path if ref.endswith((".yaml", ".yml")) or path.exists() else recipes_dir() / f"{ref}.yaml"
+
+
 def get_recipe(ref: str) -> Recipe:
     """A recipe by id, or by path to a YAML file outside the catalogue."""
     path = Path(ref)

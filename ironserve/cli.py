@@ -288,11 +288,8 @@ def _recipe_files(args) -> list[Path]:
         return [catalogue.recipes_dir() / f"{i}.yaml" for i in ids]
     if not args.recipe:
         raise SpecError([catalogue.Problem("lock", "RECIPE", "no recipe given", "name a recipe id or file, or --all")])
-    path = Path(args.recipe)
-    if args.recipe.endswith((".yaml", ".yml")) or path.exists():
-        return [path]
     catalogue.get_recipe(args.recipe)  # an unknown id fails here, with the nearest ids
-    return [catalogue.recipes_dir() / f"{args.recipe}.yaml"]
+    return [catalogue.recipe_file(args.recipe)]
 
 
 def cmd_lock(args) -> int:
@@ -322,8 +319,11 @@ def cmd_lock(args) -> int:
             if not index:
                 raise SpecError([catalogue.Problem(str(path), "runtime", "no package index to lock against",
                                                    "give --index URL or an inventory with pip_index_url")])
-            data["uv"] = imagelock.resolve_uv(raw, index)
-            what = f"{len(data['uv']['packages'])} pins with their sha256 in {index}"
+            profiles = catalogue.hardware_profiles()
+            arches = args.arch or sorted({profiles[h].cpu_arch for h in raw.hardware if h in profiles})
+            data["uv"] = imagelock.resolve_uv(raw, index, arches)
+            what = ", ".join(f"{len(locked)} distributions for {arch}" for arch, locked in
+                             data["uv"]["platforms"].items()) + f", with their sha256 in {index}"
         else:
             continue
         if imagelock.read(lock_path) != data:
@@ -407,6 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--registry", help="host[:port] to resolve Docker Hub names at (default: the inventory's)")
     p.add_argument("--registry-ca", help="CA file of that registry")
     p.add_argument("--index", help="PEP 503 index URL for uv runtimes (default: the inventory's pip_index_url)")
+    p.add_argument("--arch", action="append", choices=["x86_64", "aarch64"], help="machines to resolve a uv "
+                   "runtime for (repeatable; default: those of the recipe's hardware profiles)")
     p.add_argument("--site", metavar="FILE", help="write a site lock instead: the digests the registry holds for "
                    "the recipes' images, in place of theirs (host data docker_image_lock)")
     p.set_defaults(func=cmd_lock)

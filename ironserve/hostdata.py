@@ -34,6 +34,16 @@ DebPackage = Annotated[str, AfterValidator(_grammar(r"[a-z0-9][a-z0-9+.\-]*(=[A-
                                                     "a Debian package (name or name=version)", "docker-ce"))]
 
 
+Sha256 = Annotated[str, AfterValidator(_grammar(r"[0-9a-f]{64}", "a sha256 (64 lowercase hex digits)",
+                                                "the first field of `sha256sum FILE`"))]
+Fingerprint = Annotated[str, AfterValidator(_grammar(r"[0-9A-F]{40}", "an OpenPGP v4 fingerprint (40 uppercase hex "
+                                                     "digits, no spaces)", "EB693B3035CD5710E231E123A4B469963BF863CC"))]
+# the keys these repositories are signed with (their vendors' published fingerprints)
+NVIDIA_CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"  # 3bf863cc.pub, cudatools@nvidia.com
+DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"  # download.docker.com/linux/*/gpg
+NVIDIA_CONTAINER_KEY_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"  # libnvidia-container gpgkey
+
+
 def _field(default: Any, role: str, description: str, **kw) -> Any:
     return Field(default, description=description, json_schema_extra={"role": role}, **kw)
 
@@ -122,9 +132,13 @@ class HostData(BaseModel):
                                              "controller")
     nvidia_apt_key_name: str = _field("3bf863cc.pub", "roles/nvidia_driver.py", "file name of the key next to the "
                                       "repository index", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    nvidia_apt_key_fingerprint: Fingerprint = _field(NVIDIA_CUDA_KEY_FINGERPRINT, "roles/apt_keys.py", "the only key "
+                                                     "a fetched NVIDIA apt key may be (NVIDIA's CUDA repository key)")
     docker_apt_mirror: Url | None = _field(None, "roles/container_runtime.py", "mirror of Docker's apt repository")
     docker_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "Docker's apt key URL "
                                             "(default: Docker's for the distro)")
+    docker_apt_key_fingerprint: Fingerprint = _field(DOCKER_KEY_FINGERPRINT, "roles/apt_keys.py", "the only key "
+                                                     "the downloaded Docker apt key may be (Docker's release key)")
     docker_apt_suite: str | None = _field(None, "roles/container_runtime.py", "suite (default: the distro codename; "
                                           "ending in / = flat repository)", pattern=r"^[A-Za-z0-9_.\-/]+$")
     docker_apt_components: str = _field("stable", "roles/container_runtime.py", "components of the suite",
@@ -143,6 +157,8 @@ class HostData(BaseModel):
     docker_allow_unpinned: bool = _field(False, "roles/container_runtime.py", "deploy a docker recipe with neither "
                                          "runtime.digest nor a lock file (each host resolves the tag itself)")
     nvidia_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "NVIDIA container toolkit key URL")
+    nvidia_container_key_fingerprint: Fingerprint = _field(NVIDIA_CONTAINER_KEY_FINGERPRINT, "roles/apt_keys.py",
+                                                           "the only key the downloaded container toolkit key may be")
     nvidia_apt_suite: str = _field("/", "roles/container_runtime.py", "suite of the container toolkit repository",
                                    pattern=r"^[A-Za-z0-9_.\-/]+$")
     nvidia_container_packages: list[DebPackage] = _field(["nvidia-container-toolkit"], "roles/container_runtime.py",
@@ -153,6 +169,10 @@ class HostData(BaseModel):
                                     "mirror on a trusted network); https otherwise")
     ascend_package_store: str | None = _field(None, "roles/ascend.py", "URL, or directory on the controller, "
                                               "holding the Ascend .run packages")
+    ascend_package_sha256: dict[str, Sha256] = _field({}, "roles/ascend.py", ".run file name -> its sha256: an "
+                                                      "installer runs as root only when its file matches")
+    require_locks: bool = _field(False, "roles/uv_env.py", "refuse a uv recipe without a current lock file "
+                                 "(`ironserve lock`): its packages would install without hash checks")
 
     # ---------------------------------------------------------------- pinned versions and paths
     nvidia_driver_version: Version = _field("580.95.05-1", "roles/nvidia_driver.py", "NVIDIA driver package version")
@@ -177,6 +197,7 @@ class HostData(BaseModel):
     nvidia_ml_py_version: Version = _field("13.580.82", "roles/gpu_clocks.py", "nvidia-ml-py in the tools venv")
     uv_version: Version = _field("0.13.9", "roles/uv_env.py", "uv on the hosts")
     uv_url: Url | None = _field(None, "roles/uv_env.py", "where to fetch uv from (default: the package index)")
+    uv_sha256: Sha256 | None = _field(None, "roles/uv_env.py", "sha256 of the uv_url tarball (required with it)")
     uv_python_install_mirror: Url | None = _field(None, "roles/uv_env.py", "UV_PYTHON_INSTALL_MIRROR")
     uv_python_downloads_json_url: Url | None = _field(None, "roles/uv_env.py", "UV_PYTHON_DOWNLOADS_JSON_URL: "
                                                       "uv's list of Python downloads (your own builds)")
@@ -254,6 +275,10 @@ def validate_host_data(data: dict, where: str, host: str) -> HostData:
         raise SpecError([Problem(where, f"{host}.pip_index_url", f"plain-http package index {bad[0]} (pip verifies "
                                  "nothing fetched over http)", "use https, or set allow_http_index=true for a mirror "
                                  "on a trusted network")])
+    if model.uv_url and not model.uv_sha256:
+        raise SpecError([Problem(where, f"{host}.uv_sha256", f"uv_url {model.uv_url} has no checksum: root would "
+                                 "unpack whatever the URL serves", "set uv_sha256 to the tarball's sha256 (the first "
+                                 "field of `sha256sum uv-<arch>-unknown-linux-gnu.tar.gz`)")])
     return model
 
 

@@ -6,10 +6,16 @@
   digest the tag had in the registry the inventory names (``docker_registry_mirror``, else the image's own
   registry). Loading a recipe without ``runtime.digest`` applies it (catalogue.load_recipe_file), so every host
   pulls REPO@DIGEST, the units run it, and the audit checks that digest: all ranks of a group run one image;
-- uv recipes: ``{"uv": {"index": URL, "packages": {"name==version": ["sha256:...", ...]}}}``: every pin with
-  the hashes of its files in the index the inventory names (a pin that is not ``name==version`` is refused).
+- uv recipes: ``{"uv": {"index": URL, "runtime": DIGEST, "platforms": {ARCH: {"name==version": ["sha256:...",
+  ...]}}}}``: the full resolution of the runtime (its pins, every transitive dependency, with the recipe's
+  overrides and excludes) for each machine of its hardware profiles, each distribution with the sha256 of its
+  files in the index the inventory names (``uv pip compile --generate-hashes``; a pin that is not
+  ``name==version`` is refused). ``runtime`` is the digest of the recipe's runtime section (units.runtime_digest):
+  a lock of other pins is stale. The uv role installs from it with ``--require-hashes`` (roles/uv_env.py); a uv
+  recipe without a lock installs unchecked, with a warning, or not at all under host data ``require_locks``.
 
-A lock whose image differs from the recipe's (the tag was edited) is stale: it is ignored and the deploy says so.
+A lock whose image (or uv runtime) differs from the recipe's (the tag or the pins were edited) is stale: it is
+ignored and the deploy says so.
 
 Site locks (host data ``docker_image_lock``, a file on the controller; ``ironserve lock --all --site FILE``):
 ``{"docker": {IMAGE: {"digest": "sha256:...", "replaces": "sha256:..."|null, "repository": REPO|null}}}``, the
@@ -24,18 +30,20 @@ site's digest (roles/context.build_context).
 
 from __future__ import annotations
 
-import html.parser
 import json
+import os
 import re
-import urllib.parse
-import urllib.request
+import subprocess
+import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from .problems import Problem, SpecError
+from . import pins
 from .registry import DOCKER_HUB, Registry, repository_path
 from .spec import DockerRuntime, Recipe, UvRuntime
+from .units import runtime_digest
 
 SUFFIX = ".lock.json"
 
@@ -163,54 +171,87 @@ def resolve_site(recipe: Recipe, mirror: str | None, ca_file: str | None) -> dic
     return site_entry(digest, runtime.digest, repository)
 
 
-class _Links(html.parser.HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.links: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "a":
-            self.links += [v for k, v in attrs if k == "href" and v]
-
-
-def _file_version(filename: str) -> str | None:
-    if filename.endswith(".whl"):
-        parts = filename.split("-")
-        return parts[1] if len(parts) >= 5 else None
-    match = re.match(r"^(.+)-([^-]+)\.(tar\.gz|zip)$", filename)
-    return match.group(2) if match else None
-
-
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def resolve_uv(recipe: Recipe, index: str, opener=urllib.request.urlopen) -> dict:
-    """Every pin of a uv runtime with the sha256 of each of its files in the PEP 503 index ``index``."""
+_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)(\[[A-Za-z0-9_.,\- ]*\])?==([A-Za-z0-9_.+!\-]+)")
+
+
+def parse_hashed_requirements(text: str) -> dict[str, list[str]]:
+    """`uv pip compile --generate-hashes --no-annotate` output -> {"name==version": ["sha256:...", ...]}."""
+    out: dict[str, list[str]] = {}
+    for entry in re.sub(r"\\\n", " ", text).splitlines():
+        tokens = entry.split("#", 1)[0].split() if not entry.lstrip().startswith("#") else []
+        if not tokens:
+            continue
+        match = _PIN.fullmatch(tokens[0])
+        hashes = sorted(t.split("=", 1)[1] for t in tokens[1:] if t.startswith("--hash=sha256:"))
+        if not match or not hashes:
+            raise ValueError(f"not a hashed pin: {entry.strip()[:200]}")
+        out[f"{_norm(match.group(1))}=={match.group(3)}"] = hashes
+    return out
+
+
+def hashed_requirements_text(locked: dict[str, list[str]]) -> str:
+    """The lock's distributions as a requirements file for `uv pip install --require-hashes`."""
+    return "".join(f"{req} {' '.join('--hash=' + h for h in hashes)}\n" for req, hashes in sorted(locked.items()))
+
+
+def _compile_hashed(uv: str, runtime: UvRuntime, platform: str, idx: list[str], recipe_id: str, runner) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ironserve-lock-") as tmp:
+        cmd = pins.compile_command(uv, runtime, platform, idx, Path(tmp))
+        cmd += ["--generate-hashes", "--no-annotate"]
+        env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+        proc = runner(cmd, capture_output=True, text=True, timeout=pins.TIMEOUT_S, env=env)
+    if proc.returncode != 0:
+        raise SpecError([Problem(recipe_id, "runtime.packages", f"uv pip compile for {platform} failed: "
+                                 f"{' '.join(proc.stderr.split())[:600]}",
+                                 "make the pins resolve against the index (ironserve lint says why)")])
+    try:
+        return parse_hashed_requirements(proc.stdout)
+    except ValueError as exc:  # a direct URL or a file without a sha256 in the index: nothing to check it by
+        raise SpecError([Problem(recipe_id, "runtime.packages", f"{exc} (resolved for {platform})",
+                                 "serve every distribution from a PEP 503 index that publishes sha256 hashes")])
+
+
+def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.run) -> dict:
+    """The full resolution of a uv runtime with the sha256 of every distribution's files in the PEP 503 index
+    ``index``, for each machine of ``arches`` (x86_64, aarch64)."""
     runtime = recipe.runtime
     assert isinstance(runtime, UvRuntime)
-    packages: dict[str, list[str]] = {}
-    problems = []
-    for i, requirement in enumerate(runtime.packages):
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([A-Za-z0-9_.+!\-]+)", requirement.strip())
-        if not match:
-            problems.append(Problem(recipe.id, f"runtime.packages[{i}]", f"{requirement!r} is not pinned",
-                                    "write name==version"))
-            continue
-        name, version = match.groups()
-        page_url = urllib.parse.urljoin(index.rstrip("/") + "/", _norm(name) + "/")
-        with opener(page_url, timeout=60) as resp:
-            parser = _Links()
-            parser.feed(resp.read().decode("utf-8", "replace"))
-        hashes = sorted({f"sha256:{frag.split('=', 1)[1]}" for href in parser.links
-                         for path, _, frag in [href.partition("#")]
-                         if frag.startswith("sha256=")
-                         and _file_version(urllib.parse.unquote(path.rsplit("/", 1)[-1])) == version})
-        if not hashes:
-            problems.append(Problem(recipe.id, f"runtime.packages[{i}]", f"{requirement}: no file of that version "
-                                    f"in {index}", "publish it to the index, or fix the pin"))
-            continue
-        packages[f"{_norm(name)}=={version}"] = hashes
+    problems = [Problem(recipe.id, f"runtime.packages[{i}]", f"{requirement!r} is not pinned", "write name==version")
+                for i, requirement in enumerate(runtime.packages) if not _PIN.fullmatch(requirement.strip())]
     if problems:
         raise SpecError(problems)
-    return {"index": index, "packages": packages}
+    uv = pins.uv_binary()
+    if not uv:
+        raise SpecError([Problem(recipe.id, "runtime", "no uv on this machine to resolve the pins",
+                                 "install uv (scripts/env.sh does)")])
+    idx = ["--index-url", index, *(["--prerelease", "allow"] if runtime.prerelease else [])]  # as the role installs
+    platforms = {arch: _compile_hashed(uv, runtime, pins.PLATFORMS[arch], idx, recipe.id, runner) for arch in arches}
+    return {"index": index, "runtime": runtime_digest(runtime), "platforms": platforms}
+
+
+def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:
+    """(the lock's {arch: {"name==version": hashes}} for the recipe's uv runtime, "") or (None, why there is none);
+    (None, "") for a runtime that is not uv."""
+    if not isinstance(recipe.runtime, UvRuntime):
+        return None, ""
+    path = lock_file(recipe_file)
+    entry = (read(path) or {}).get("uv")
+    if not isinstance(entry, dict):
+        return None, f"no lock file with hashes ({path.name})"
+    if entry.get("runtime") != runtime_digest(recipe.runtime):
+        return None, f"the lock file {path.name} is stale (made for other pins)"
+    platforms = entry.get("platforms")
+    if not isinstance(platforms, dict) or not platforms:
+        return None, f"the lock file {path.name} records no resolution"
+    for arch, locked in platforms.items():
+        if not isinstance(locked, dict) or not all(
+                _PIN.fullmatch(req) and isinstance(hashes, list) and hashes
+                and all(isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes)
+                for req, hashes in locked.items()):
+            raise SpecError([Problem(str(path), f"uv.platforms.{arch}", "not a list of name==version with sha256 "
+                                     "hashes", "run `ironserve lock` again")])
+    return platforms, ""

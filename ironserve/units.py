@@ -97,8 +97,12 @@ def venv_path(recipe: Recipe) -> str:
     packages is a new venv beside the one the live unit runs, never an upgrade in place, and a unit's ExecStart names
     its venv, so a rollback of the unit is a rollback of its runtime too. Recipes with one runtime share one venv
     (the nine GLM-5.1 Atlas variants: switching between them installs and byte-compiles nothing again)."""
-    digest = hashlib.sha256(json.dumps(recipe.runtime.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-    return f"{VENV_ROOT}/{RUNTIME_VENV_PREFIX}{digest[:12]}"
+    return f"{VENV_ROOT}/{RUNTIME_VENV_PREFIX}{runtime_digest(recipe.runtime)[:12]}"
+
+
+def runtime_digest(runtime) -> str:
+    """sha256 of a runtime section: names its venv, and tells a uv lock made for other pins (ironserve/imagelock.py)."""
+    return hashlib.sha256(json.dumps(runtime.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
 def router_venv(recipe: Recipe) -> str | None:

@@ -24,6 +24,11 @@ Host data (defaults in the constants below):
 
 - ``ascend_package_store``: URL or controller directory holding the ``.run`` files (required
   whenever something must be installed)
+- ``ascend_package_sha256``: ``{file name: sha256}`` of the ``.run`` files. An installer runs as root
+  only after its file on the host has that sha256 (checked right before it runs, the file removed on a
+  mismatch); a ``.run`` that must be installed and has no sha256 there is refused before any change, the
+  fix naming the file. The sums come from the vendor's download page (or ``sha256sum`` of the files the
+  site vetted), never from the store that serves the files.
 - ``ascend_driver_version`` (profile ``driver_branch``, 25.2.0), ``ascend_toolkit_version`` and
   ``ascend_nnal_version`` (profile ``toolkit``, 8.3.RC1)
 - ``ascend_firmware_version`` (unset: firmware is left as it is; set it to install
@@ -43,6 +48,7 @@ from pyinfra.operations import files, server
 
 from roles import preflight
 from ironserve.hostdata import DEFAULTS
+from roles.common import sha256_checked
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -138,8 +144,10 @@ def store_location(store: str, filename: str) -> str:
 
 
 @operation()
-def run_package(component: str, version: str, store: str | None = None, install_path: str = INSTALL_PATH):
-    """Install one ``.run`` package from the store unless ``version`` is already installed."""
+def run_package(component: str, version: str, store: str | None = None, install_path: str = INSTALL_PATH,
+                sha256: dict[str, str] | None = None):
+    """Install one ``.run`` package from the store unless ``version`` is already installed; it runs as root only
+    when its file's sha256 is the one ``sha256`` ({file name: sha256}, host data ascend_package_sha256) gives."""
     installed = (plain(host.get_fact(AscendVersions, install_path=install_path)) or {}).get(component)
     if same_version(installed, version):
         host.noop(f"{component} {version} installed")
@@ -148,6 +156,12 @@ def run_package(component: str, version: str, store: str | None = None, install_
     if not store:
         raise OperationError(f"{host.name}: {component} {version} must be installed ({filename}) but no "
                              "ascend_package_store is set. Fix: --data ascend_package_store=<URL or directory>")
+    want = (sha256 or {}).get(filename)
+    if not want:
+        raise OperationError(f"{host.name}: {component} {version} must be installed ({filename}) but no sha256 is "
+                             "known for it, and an installer runs as root only when its file is the one vetted. "
+                             f"Fix: add \"{filename}\": \"<its sha256>\" to host data ascend_package_sha256 (the sum "
+                             "from the vendor's download page, or `sha256sum` of the file you vetted)")
     dest = f"{CACHE_DIR}/{filename}"
     if store.startswith(("http://", "https://")):
         yield from files.directory._inner(CACHE_DIR)
@@ -157,7 +171,8 @@ def run_package(component: str, version: str, store: str | None = None, install_
         if not local.is_file():
             raise OperationError(f"{host.name}: {local} not found on the controller (ascend_package_store)")
         yield from files.put._inner(str(local), dest, mode="755", add_deploy_dir=False)
-    yield run_command(component, dest, install_path)
+    yield f"{sha256_checked(dest, want, f'Ascend {component} installer', host.name)} && " \
+          f"{run_command(component, dest, install_path)}"
 
 
 @operation()
@@ -198,7 +213,8 @@ def apply(ctx: DeploymentContext) -> None:
     for component in COMPONENTS:
         if component in wants:
             run_package(name=f"Ascend {component} {wants[component]}", component=component,
-                        version=wants[component], store=store, install_path=install_path)
+                        version=wants[component], store=store, install_path=install_path,
+                        sha256=dict(ctx.host.ascend_package_sha256))
     check_versions(name="Ascend versions and set_env.sh", wants=wants, install_path=install_path)
     # On a fresh host preflight could not see the NPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)

@@ -128,6 +128,22 @@ def run_if_changed(command: str, triggers: list):
         host.noop(f"nothing changed: not running {command}")
 
 
+def plain(value):
+    """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
+    operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
+    return getattr(value, "data", value)
+
+
+def sha256_checked(path: str, sha256: str, what: str, host_name: str) -> str:
+    """A shell step that stops the command (and removes ``path``) unless the file's sha256 is ``sha256``: what root
+    runs or unpacks is checked on the host, right before, against a value from the inventory, never one the
+    download's own server supplies. The failure names host, file, expected and found sums."""
+    q = shlex.quote
+    message = f"{host_name}: {what} {path}: sha256 expected {sha256}, found "
+    return (f"{{ found=$(sha256sum {q(path)} | cut -d' ' -f1); [ \"$found\" = {q(sha256)} ] || "
+            f"{{ echo {q(message)}\"$found\" >&2; rm -f {q(path)}; exit 1; }}; }}")
+
+
 def deb822_source(uris: str, suite: str, components: str | None = None, signed_by: str | None = None,
                   trusted: bool = False, comment: str = "# managed by ironserve") -> str:
     """An apt source in deb822 form. A flat repository (suite ending in "/") has no components; ``trusted`` (a

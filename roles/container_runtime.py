@@ -11,7 +11,9 @@ Host data (defaults in brackets):
   ``nvidia_apt_suite`` ["/", flat])
 - keyrings, as for the other apt roles: ``apt_trusted`` [false] marks the sources ``Trusted: yes`` (the lab's own
   unsigned repository); else ``apt_signed_by`` [none] names a keyring already on the host (mirrors); else the
-  vendor's public key is downloaded to /etc/apt/keyrings/ (``docker_apt_key_url`` / ``nvidia_apt_key_url``)
+  vendor's public key is downloaded to /etc/apt/keyrings/ (``docker_apt_key_url`` / ``nvidia_apt_key_url``) and kept
+  only when it is exactly the pinned key (``docker_apt_key_fingerprint`` / ``nvidia_container_key_fingerprint``,
+  the vendors' published ones by default; roles/apt_keys.py)
 - ``docker_packages`` [docker-ce, docker-ce-cli, containerd.io], ``nvidia_container_packages``
   [nvidia-container-toolkit, pinned at ``nvidia_container_toolkit_version``] (NVIDIA hosts only)
 - ``pip_index_url`` [none]: passed to the derived image build as PIP_INDEX_URL (air-gapped builds)
@@ -32,6 +34,14 @@ recorded digest, so a tag that moved upstream does not change a deployed host. `
 ``ironserve/<recipe>:derived`` from /etc/ironserve/images/<recipe>/Dockerfile (FROM repo@digest + the patch
 lines), only when the Dockerfile changed or the image is missing: the image carries the Dockerfile's sha256
 in the label ``ironserve.dockerfile.sha256``.
+
+Patch lines are not hash-checked. A ``RUN pip install name==version`` patch runs pip inside the base image, which
+installs whatever of that pin's dependencies the image does not already satisfy; pip's hash-checking mode needs
+every distribution it installs pinned and hashed, and which ones those are depends on the image's own environment,
+which the controller cannot resolve without pulling and running the image (``ironserve lock`` talks to registries
+and indexes only). The pins are exact and come from the inventory's index (``pip_index_url``); the base is pinned by
+digest. Hashing them means resolving the patches inside the pinned base at lock time (``pip install --dry-run
+--report`` in a container of it) and writing a hashed requirements file into the build context: not done yet.
 
 GPU access (NVIDIA, see ironserve.nvidia): the toolkit is pinned (``nvidia_container_toolkit_version``
 [1.18.0-1]). From 1.14 on the role enables CDI in Docker (``nvidia-ctk runtime configure --cdi.enabled``) and
@@ -63,6 +73,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.nvidia import gpu_access
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, deliberate, image_ref, sha256_text
+from roles.apt_keys import pinned_key
 from roles.common import LongCommand, deb822_source, run_if_changed
 from roles.context import DeploymentContext
 from roles.nvidia_driver import upstream
@@ -470,15 +481,18 @@ def gpu_devices(ctx: DeploymentContext) -> None:
                    command="nvidia-ctk system create-dev-char-symlinks --create-all")
 
 
-def _keyring(ctx: DeploymentContext, name: str, url: str) -> tuple[str | None, bool]:
-    """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says."""
+def _keyring(ctx: DeploymentContext, name: str, url: str, fingerprint: str) -> tuple[str | None, bool]:
+    """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says, and
+    keeps it only when it is exactly the key ``fingerprint`` (roles/apt_keys.py)."""
     if ctx.host.apt_trusted:
         return None, True
     if ctx.host.apt_signed_by:
         return ctx.host.apt_signed_by, False
     path = f"{KEYRING_DIR}/{name}.asc"  # armored keys are fine for Signed-By when named *.asc
     files.directory(name="Keyring directory", path=KEYRING_DIR, mode="755")
-    files.download(name=f"{name} apt key", src=url, dest=path, mode="644")
+    apt.packages(name="Tools to fetch and check apt keys", packages=["ca-certificates", "curl", "gpg"],
+                 no_recommends=True)
+    pinned_key(name=f"{name} apt key (pinned by fingerprint)", url=url, dest=path, fingerprint=fingerprint)
     return path, False
 
 
@@ -503,7 +517,8 @@ def apply(ctx: DeploymentContext) -> None:
     distro_id = (meta.get("ID") or "ubuntu").lower()
     codename = meta.get("VERSION_CODENAME") or meta.get("UBUNTU_CODENAME") or "noble"
 
-    signed_by, trusted = _keyring(ctx, "docker", ctx.host.docker_apt_key_url or DOCKER_APT_KEY_URL.format(distro=distro_id))
+    signed_by, trusted = _keyring(ctx, "docker", ctx.host.docker_apt_key_url or DOCKER_APT_KEY_URL.format(distro=distro_id),
+                                  ctx.host.docker_apt_key_fingerprint)
     sources = [files.put(
         name="Docker apt source",
         src=StringIO(deb822_source(ctx.host.docker_apt_mirror or DOCKER_APT_URL.format(distro=distro_id),
@@ -515,7 +530,8 @@ def apply(ctx: DeploymentContext) -> None:
         # public libnvidia-container repository; with nvidia_apt_mirror the toolkit comes from the repository
         # roles/nvidia_driver.py already configured (NVIDIA's CUDA repository and its mirrors carry it), and a
         # second source for the same URI with another Signed-By would make apt refuse both
-        signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.host.nvidia_apt_key_url or NVIDIA_APT_KEY_URL)
+        signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.host.nvidia_apt_key_url or NVIDIA_APT_KEY_URL,
+                                      ctx.host.nvidia_container_key_fingerprint)
         sources.append(files.put(
             name="NVIDIA container toolkit apt source",
             src=StringIO(deb822_source(NVIDIA_APT_URL, ctx.host.nvidia_apt_suite, None,

@@ -120,6 +120,30 @@ def require_pinned_image(ctx: DeploymentContext) -> None:
                              "the inventory")])
 
 
+def runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
+    """A uv recipe's lock, {machine: {"name==version": hashes}}, or (None, why there is none); (None, "") for a
+    runtime that is not uv."""
+    return imagelock.uv_lock(ctx.recipe, catalogue.recipe_file(ctx.host.recipe or ctx.recipe.id))
+
+
+def unlocked_runtime(ctx: DeploymentContext, why: str) -> Problem:
+    """What the deploy says of a uv recipe it cannot install hash-checked (a warning, or under require_locks an error)."""
+    ref = ctx.host.recipe or ctx.recipe.id
+    return Problem(f"recipe {ctx.recipe.id}", "runtime", f"{why}: its uv runtime would install without hash checks",
+                   f"run `ironserve lock {ref} --inventory INVENTORY` (writes the lock with every distribution's "
+                   "sha256 beside the recipe)" + ("" if ctx.host.require_locks else
+                                                   ", or set require_locks=true to refuse such a deploy"))
+
+
+def require_locked_runtime(ctx: DeploymentContext) -> None:
+    """Under require_locks a uv recipe has a current lock file, else the deploy stops before any host is touched."""
+    if not ctx.host.require_locks:
+        return
+    platforms, why = runtime_lock(ctx)
+    if platforms is None and why:
+        raise SpecError([unlocked_runtime(ctx, why)])
+
+
 _CACHE: dict[tuple[str, str], DeploymentContext] = {}
 
 
@@ -133,6 +157,7 @@ def current(model: str) -> DeploymentContext:
         try:
             ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
             require_pinned_image(ctx)
+            require_locked_runtime(ctx)
         except SpecError as err:
             # raised while pyinfra collects operations, before any runs: said as `ironserve` says bad input
             # (file: key: message. Fix: ...) and exit 2, which pyinfra passes on for SystemExit: no traceback

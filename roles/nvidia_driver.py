@@ -9,7 +9,8 @@ Steps:
 1. Repository: a deb822 source ``/etc/apt/sources.list.d/nvidia-cuda.sources`` (a flat repo,
    ``Suites: /``) signed by ``/usr/share/keyrings/ironserve-nvidia.gpg``. The keyring is uploaded
    from the controller (``nvidia_apt_key_file``, a binary or ASCII-armored key) or fetched from
-   ``<mirror>/<nvidia_apt_key_name>`` and dearmored on the host. With ``apt_trusted=true`` (the
+   ``<mirror>/<nvidia_apt_key_name>`` and dearmored on the host, only when it is exactly the key
+   ``nvidia_apt_key_fingerprint`` (NVIDIA's CUDA key by default; roles/apt_keys.py). With ``apt_trusted=true`` (the
    lab's own repository) there is no key: the source says ``Trusted: yes``.
 2. ``apt-get update`` only when a pinned version is neither installed nor known to apt (fact
    ``AptVersions``), so a converged host plans no change.
@@ -49,6 +50,7 @@ Host data (defaults in the constants below):
   arch, e.g. ``.../ubuntu2404/x86_64/``, ``.../debian12/sbsa/`` on aarch64)
 - ``nvidia_apt_key_file``: keyring on the controller to upload (default: fetch from the mirror)
 - ``nvidia_apt_key_name`` (``3bf863cc.pub``): the key's file name in the repository
+- ``nvidia_apt_key_fingerprint`` (NVIDIA's, EB693B30...3BF863CC): the only key a fetched one may be
 - ``apt_signed_by``: a keyring already on the hosts for the cluster's mirrors; with
   ``nvidia_apt_mirror`` set it is the Signed-By as it is (nothing uploaded or fetched)
 - ``apt_trusted`` (``false``): trust the mirror without a key (lab)
@@ -70,12 +72,12 @@ from pathlib import Path
 from pyinfra import host, logger
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from ironserve.units import sha256_text
 from roles import preflight
+from roles.apt_keys import pinned_key
 from ironserve.hostdata import DEFAULTS
 from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
@@ -84,6 +86,7 @@ from roles.preflight import plain
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
 NVIDIA_CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
 NVIDIA_APT_KEY_NAME = DEFAULTS.nvidia_apt_key_name
+NVIDIA_APT_KEY_FINGERPRINT = DEFAULTS.nvidia_apt_key_fingerprint
 SOURCE_FILE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEYRING = "/usr/share/keyrings/ironserve-nvidia.gpg"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-nvidia-driver.pref"
@@ -316,16 +319,12 @@ def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool
 
 
 @operation()
-def fetched_keyring(key_name: str = NVIDIA_APT_KEY_NAME, mirror: str | None = None, dest: str = KEYRING):
-    """Fetch the repository key on the host, dearmored into ``dest`` (once: the file is the state)."""
-    if plain(host.get_fact(File, path=dest)):
-        host.noop(f"{dest} exists")
-        return
+def fetched_keyring(key_name: str = NVIDIA_APT_KEY_NAME, mirror: str | None = None, dest: str = KEYRING,
+                    fingerprint: str = NVIDIA_APT_KEY_FINGERPRINT):
+    """Fetch the repository key on the host, dearmored into ``dest`` only when it is exactly the key
+    ``fingerprint`` (roles/apt_keys.py): a key fetched from the mirror it verifies proves nothing by itself."""
     uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
-    url, out, tmp = (shlex.quote(x) for x in (with_slash(uri) + key_name, dest, dest + ".tmp"))
-    yield (f"curl -fsSL {url} -o {tmp} && "
-           f"if grep -q 'BEGIN PGP' {tmp}; then gpg --dearmor < {tmp} > {out}; else mv {tmp} {out}; fi"
-           f" && rm -f {tmp} && chmod 644 {out}")
+    yield from pinned_key._inner(with_slash(uri) + key_name, dest, fingerprint, dearmor=True)
 
 
 @operation()
@@ -452,8 +451,9 @@ def repository(ctx: DeploymentContext) -> None:
             files.put(name="NVIDIA apt keyring (from the controller)", src=BytesIO(data), dest=KEYRING, mode="644")
         else:
             apt.packages(name="Tools to fetch the NVIDIA apt key", packages=["ca-certificates", "curl", "gpg"])
-            fetched_keyring(name="NVIDIA apt keyring (from the repository)",
-                            key_name=ctx.host.nvidia_apt_key_name, mirror=mirror)
+            fetched_keyring(name="NVIDIA apt keyring (from the repository, pinned by fingerprint)",
+                            key_name=ctx.host.nvidia_apt_key_name, mirror=mirror,
+                            fingerprint=ctx.host.nvidia_apt_key_fingerprint)
     repo_source(name="NVIDIA apt repository", mirror=mirror, keyring=keyring or KEYRING, trusted=trusted)
 
 

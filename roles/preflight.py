@@ -41,6 +41,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ironserve import catalogue
 from roles import uv_env
+from roles.common import plain  # noqa: F401  (the roles import it from here)
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -177,12 +178,6 @@ class FabricInfo(FactBase):
 
 
 # --------------------------------------------------------------------------- pure helpers
-
-
-def plain(value):
-    """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
-    operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
-    return getattr(value, "data", value)
 
 
 def devices_needed(processes) -> int:

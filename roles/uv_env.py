@@ -12,8 +12,10 @@ PREPARED_MINUTES (its mark, touched by the same locked command): two deploys on 
 Host data (defaults in brackets):
 
 - ``uv_version`` [UV_VERSION]: the uv installed at /usr/local/bin/uv
-- ``uv_url`` [none]: a uv release tarball (uv-<arch>-unknown-linux-gnu.tar.gz) on the cluster's file mirror;
-  without it uv comes from the package index: ``python3 -m pip install --target /opt/ironserve/uv/<version>``
+- ``uv_url`` [none]: a uv release tarball (uv-<arch>-unknown-linux-gnu.tar.gz) on the cluster's file mirror,
+  with ``uv_sha256``, its sha256 (required: checked on the host before root unpacks it); without it uv comes from
+  the package index: ``python3 -m pip install --target /opt/ironserve/uv/<version>``
+- ``require_locks`` [false]: refuse a uv recipe that has no current lock file (below) instead of warning
 - ``pip_index_url`` [none]: the air-gapped mirror. When set it is the ONLY index used, for uv itself and for
   the venv (the recipe's index_url / extra_index_urls / index_strategy are ignored: a mirror cannot reach them)
 - ``package_indexes`` [{}]: index:NAME -> URL for the recipe's named indexes (ironserve.spec.resolve_index)
@@ -32,6 +34,13 @@ there without a source).
 Overrides and excludes (``runtime.overrides``, ``runtime.excludes``) go to ``uv pip install --overrides/--excludes``
 from files in the venv, exactly what lint's resolution check passes (ironserve/pins.py).
 
+Hashes: with a lock file beside the recipe (``ironserve lock RECIPE``: ironserve/imagelock.py) the venv gets exactly
+the lock's resolution for the host's machine, every distribution (transitive ones included) with the sha256 of its
+files: ``uv pip install --require-hashes --no-deps -r <venv>/ironserve-requirements.lock.txt``, so a file the index
+serves that is not the one locked is refused. Without a lock (none, a stale one, none for this machine) the deploy
+prints a warning naming the recipe and the fix, and installs the pins as before, unchecked; host data
+``require_locks`` makes that an error before any host is touched (roles/context.require_locked_runtime).
+
 Idempotent where pyinfra's uv.venv is not: the venv is created only when missing or of another Python
 (major.minor), and ``uv pip install`` runs only for the pinned packages whose installed version differs (an
 install a killed run left unfinished, in a venv no unit runs yet).
@@ -48,16 +57,20 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
+from pyinfra.api.exceptions import PyinfraError
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import FileContents
+from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
 from ironserve.units import (HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv,
                              venv_path)
-from roles.common import LongCommand, host_locked, run_if_changed
+from ironserve.imagelock import hashed_requirements_text
+from roles.common import LongCommand, host_locked, plain, run_if_changed, sha256_checked
 from roles.rollback import LAST_GOOD_DIR
-from roles.context import DeploymentContext
+from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 
 UV_VERSION = DEFAULTS.uv_version
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
@@ -71,6 +84,7 @@ UV_ROOT = "/opt/ironserve/uv"
 PYTHON_DIR = "/opt/ironserve/python"  # the Pythons uv installs for venvs (UV_PYTHON_INSTALL_DIR)
 PYPI_SIMPLE = "https://pypi.org/simple"
 REQUIREMENTS_NAME = "ironserve-requirements.txt"
+LOCKED_REQUIREMENTS_NAME = "ironserve-requirements.lock.txt"  # the lock's resolution, with hashes
 OS_PYTHON = "/usr/bin/python3"  # the OS's interpreter, whatever its version (the router's venv)
 OVERRIDES_NAME = "ironserve-overrides.txt"
 EXCLUDES_NAME = "ironserve-excludes.txt"
@@ -128,16 +142,23 @@ def install_args(runtime: UvRuntime, idx: list[str]) -> list[str]:
     return [*idx, *(["--prerelease", "allow"] if runtime.prerelease else [])]
 
 
-def requirements_text(runtime: UvRuntime, idx: list[str]) -> str:
+def requirements_text(runtime: UvRuntime, idx: list[str], locked: int = 0) -> str:
     """The venv's record: the runtime's alone (no recipe id: recipes of one runtime share the venv, and the record's
     mtime tells the launch stage that the runtime changed under a running unit)."""
     lines = [f"# managed by ironserve: Python {runtime.python} (installed with uv pip install)"]
+    if locked:
+        lines.append(f"# --require-hashes: the lock's {locked} distributions ({LOCKED_REQUIREMENTS_NAME})")
     lines += [f"# {' '.join(idx[i:i + 2])}" for i in range(0, len(idx), 2)]
     if runtime.prerelease:
         lines.append("# --prerelease allow")
     lines += [f"# --overrides: {' '.join(runtime.overrides)}"] if runtime.overrides else []
     lines += [f"# --excludes: {' '.join(runtime.excludes)}"] if runtime.excludes else []
     return "\n".join(lines + list(runtime.packages)) + "\n"
+
+
+def hashes_recorded(record: list[str] | None) -> bool:
+    """Does the venv's record (requirements_text) say its packages were installed hash-checked from the lock?"""
+    return any(line.startswith("# --require-hashes:") for line in record or [])
 
 
 def _env_prefix(env: dict[str, str] | None) -> str:
@@ -313,8 +334,10 @@ def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, m
 
 
 @operation()
-def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: str | None = None):
-    """/usr/local/bin/uv at the pinned version, from a tarball on the mirror or from the package index."""
+def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: str | None = None,
+                 sha256: str | None = None):
+    """/usr/local/bin/uv at the pinned version, from a tarball on the mirror (unpacked only when its sha256 is
+    ``sha256``) or from the package index."""
     have = host.get_fact(UvVersion)
     if have == version:
         host.noop(f"uv {version} is installed")
@@ -322,8 +345,15 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
     target = shlex.quote(f"{UV_ROOT}/{version}")
     binary, uv_bin = shlex.quote(f"{UV_ROOT}/{version}/uv"), shlex.quote(UV_BIN)
     if url:
-        yield host_locked(f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} | tar -xz -C {target} "
-                          f"--strip-components=1 && install -m 755 {binary} {uv_bin}")
+        if not sha256:
+            raise OperationError(f"{host.name}: uv_url {url} has no checksum. Fix: set host data uv_sha256 to the "
+                                 "tarball's sha256")
+        tarball = f"{UV_ROOT}/{version}.tar.gz"
+        q_tarball = shlex.quote(tarball)
+        yield host_locked(f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} -o {q_tarball} && "
+                          f"{sha256_checked(tarball, sha256, 'uv_url', host.name)} && "
+                          f"tar -xz -f {q_tarball} -C {target} --strip-components=1 && rm -f {q_tarball} && "
+                          f"install -m 755 {binary} {uv_bin}")
         return
     index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
     # --target: no system site-packages touched (PEP 668 hosts refuse a plain pip install)
@@ -350,14 +380,21 @@ def venv_present(path: str, python: str, env: dict[str, str] | None = None):
 
 @operation()
 def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
-                  env: dict[str, str] | None = None):
-    """``uv pip install`` the pinned packages whose installed version differs (none: no-op)."""
+                  env: dict[str, str] | None = None, hashed: str | None = None):
+    """``uv pip install`` the pinned packages whose installed version differs (none: no-op). ``hashed``: a
+    requirements file on the host with every one of ``packages`` and its hashes (the lock's full resolution),
+    installed as it is, hash-checked (``--require-hashes --no-deps``)."""
     have = host.get_fact(VenvPackages, path=path)
     todo = requirements_diff(packages, (have or {}).get("packages"))
-    if not todo:
+    # a venv installed before it had a lock: its files were never checked, so the lock's set goes in again
+    unchecked = bool(hashed and have and not hashes_recorded(plain(host.get_fact(
+        FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))))
+    if not todo and not unchecked:
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
-    cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *todo]
+    reinstall = ["--reinstall"] if unchecked else []
+    what = ["--require-hashes", "--no-deps", *reinstall, "-r", hashed] if hashed else todo
+    cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *what]
     yield LongCommand(host_locked(f"{_env_prefix(env)}{shlex.join(cmd)} && {prepared(path)}"),
                       f"installing {len(todo)} package(s) into {path}")
 
@@ -394,7 +431,23 @@ def uv_present(ctx: DeploymentContext, env: dict[str, str]) -> None:
         run_if_changed(name="apt update (python3-pip missing)", command="apt-get update", triggers=[missing])
         apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
     uv_installed(name=f"uv {ctx.host.uv_version}", version=ctx.host.uv_version,
-                 index_url=mirror, url=ctx.host.uv_url)
+                 index_url=mirror, url=ctx.host.uv_url, sha256=ctx.host.uv_sha256)
+
+
+def locked_resolution(ctx: DeploymentContext) -> dict[str, list[str]] | None:
+    """The lock's {"name==version": hashes} for this host's machine; None (with the warning, or the error under
+    require_locks) when there is none."""
+    platforms, why = runtime_lock(ctx)
+    arch = plain(host.get_fact(Arch))
+    if platforms is not None and arch not in platforms:
+        why = f"its lock file resolves {', '.join(sorted(platforms))}, not {arch} (`ironserve lock --arch {arch}`)"
+    elif platforms is not None:
+        return platforms[arch]
+    problem = unlocked_runtime(ctx, why)
+    if ctx.host.require_locks:
+        raise PyinfraError(f"bad recipe or host data, nothing was changed:\n  {problem.line()}")
+    host.log_styled(f"warning: {host.name}: {problem.message}. Fix: {problem.fix}", fg="yellow")
+    return None
 
 
 @deploy("uv runtime")
@@ -410,9 +463,17 @@ def apply(ctx: DeploymentContext) -> None:
     created = venv_present(name=f"venv {path} (Python {runtime.python})", path=path, python=runtime.python, env=env)
     for dest, text in resolution_files(path, runtime).items():
         files.put(name=f"venv {dest.rsplit('/', 1)[1]}", src=StringIO(text), dest=dest, mode="644")
-    installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
-                              args=install_args(runtime, idx) + resolution_args(path, runtime), env=env)
-    files.put(name="venv requirements record", src=StringIO(requirements_text(runtime, idx)),
+    locked = locked_resolution(ctx)
+    if locked:
+        hashed = f"{path}/{LOCKED_REQUIREMENTS_NAME}"
+        files.put(name="venv requirements with hashes (lock)", src=StringIO(hashed_requirements_text(locked)),
+                  dest=hashed, mode="644")
+        installed = venv_packages(name=f"venv {path} packages (hash-checked)", path=path, packages=sorted(locked),
+                                  args=install_args(runtime, idx), env=env, hashed=hashed)
+    else:
+        installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
+                                  args=install_args(runtime, idx) + resolution_args(path, runtime), env=env)
+    files.put(name="venv requirements record", src=StringIO(requirements_text(runtime, idx, len(locked or {}))),
                        dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
     ctx.changes.record_runtime_change(created, installed)
     ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")

@@ -313,7 +313,7 @@ def test_every_key_the_code_reads_is_in_the_model():
 
     root = Path(__file__).resolve().parents[1]
     pattern = re.compile(r"(?:ctx\.get|host\.data\.get)\(\s*f?[\"']([a-z_]+)(\{key\})?[\"']")
-    typed = re.compile(r"(?:ctx\.host|host_data\(\w+\)|DEFAULTS)\.([a-z_]+)")
+    typed = re.compile(r"(?:ctx\.host|host_data\(\w+\)|DEFAULTS)\.([a-z_][a-z0-9_]*)")
     read = set()
     for path in [*root.glob("roles/*.py"), *root.glob("deploys/*.py"), *root.glob("ironserve/*.py")]:
         text = path.read_text()

@@ -1,12 +1,11 @@
 """`ironserve lock` and the lock files: tag -> digest against a registry speaking the v2 API (a small in-process
-one on loopback here; the lab test uses Debian's docker-registry), uv pins -> hashes from a PEP 503 page, the lock
+one on loopback here; the lab test uses Debian's docker-registry), the lock
 applied when a recipe loads, and the deploy's refusal of a docker recipe that nothing pins."""
 
 from __future__ import annotations
 
 import hashlib
 import http.server
-import io
 import json
 import shutil
 import threading
@@ -137,30 +136,6 @@ def test_lock_of_a_tag_the_registry_lacks_names_the_fix(tmp_path, registry, monk
     assert cli.main(["lock", "tiny-cpu-docker", "--registry", registry]) != 0
     err = capsys.readouterr().err
     assert "has no tag 0.5.23" in err and "push the image there" in err
-
-
-def test_uv_pins_get_the_hashes_of_their_files(tmp_path):
-    recipe = catalogue.get_recipe("tiny-cpu")
-    pages = {}
-
-    def opener(url, timeout):
-        name = url.rstrip("/").rsplit("/", 1)[-1]
-        links = "".join(f'<a href="../../wheels/{name.replace("-", "_")}-{v}-py3-none-any.whl#sha256={hashlib.sha256(v.encode()).hexdigest()}">x</a>'
-                        for v in ("0.0.1", pages.setdefault(name, _pinned(recipe, name))))
-        return io.BytesIO(f"<html><body>{links}</body></html>".encode())
-
-    lock = imagelock.resolve_uv(recipe, "http://10.0.0.5/simple/", opener=opener)
-    assert len(lock["packages"]) == len(recipe.runtime.packages)
-    version = _pinned(recipe, "sglang")
-    assert lock["packages"][f"sglang=={version}"] == [f"sha256:{hashlib.sha256(version.encode()).hexdigest()}"]
-
-
-def _pinned(recipe, name: str) -> str:
-    for p in recipe.runtime.packages:
-        n, _, v = p.partition("==")
-        if imagelock._norm(n) == name:
-            return v
-    return "0"
 
 
 def _ctx(recipe: str, **data):

@@ -136,6 +136,8 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
             cuda_built.result()
             publish_cuda_runtime(root)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
+    lab.apt_key_fingerprint = supply.key_fingerprint(root)
+    lab.ascend_sha256 = supply.file_sums(root, "ascend")
     binds = _images(root, lab, hardware)
 
     # Shrink: stop hosts beyond N (highest index first).

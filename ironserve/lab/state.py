@@ -71,6 +71,10 @@ class LabState:
     # uv's download list of the interpreters the lab packages (interpreters.py); empty when none was published
     python_downloads: str = ""
     apt_signed_by: str = ""  # keyring path inside hosts; empty when the repo is unsigned (trusted=yes)
+    # the fingerprint of the lab's archive key (the key a role that fetches the mirror's key must find there)
+    apt_key_fingerprint: str = ""
+    # {file: sha256} of the Ascend .run installers the lab publishes (host data ascend_package_sha256)
+    ascend_sha256: dict = field(default_factory=dict)
     # stand-in checkpoints (images.py): the directory in every host, and {name: {path, recipes}}
     model_root: str = ""
     models: dict = field(default_factory=dict)
@@ -100,6 +104,8 @@ class LabState:
             "ascend_files": self.ascend_files,
             "python_downloads": self.python_downloads,
             "apt_signed_by": self.apt_signed_by,
+            "apt_key_fingerprint": self.apt_key_fingerprint,
+            "ascend_sha256": self.ascend_sha256,
             "model_root": self.model_root,
             "models": self.models,
             "registry": self.registry,

@@ -147,6 +147,24 @@ def sign_release(root: Path) -> None:
         subprocess.run(["gpgconf", "--homedir", str(root / "gpg"), "--kill", "all"], capture_output=True)
 
 
+def key_fingerprint(root: Path) -> str:
+    """The fingerprint of the lab's archive key ("" when the repo is unsigned): what the inventory pins for roles
+    that fetch the mirror's key (host data nvidia_apt_key_fingerprint)."""
+    armored = supply_dir(root) / "apt" / ARMORED_KEY_NAME
+    if not armored.exists() or not shutil.which("gpg"):
+        return ""
+    with tempfile.TemporaryDirectory(prefix="ironlab-gpg-") as home:
+        out = run(["gpg", "--homedir", home, "--batch", "--with-colons", "--show-keys", str(armored)]).stdout
+    lines = [line.split(":") for line in out.splitlines()]
+    return next((f[9] for prev, f in zip(lines, lines[1:]) if prev[0] == "pub" and f[0] == "fpr"), "")
+
+
+def file_sums(root: Path, subdir: str) -> dict[str, str]:
+    """{file: sha256} of the files published under ``subdir`` (the Ascend installers' checksums for the inventory)."""
+    folder = supply_dir(root) / subdir
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.glob("*")) if f.is_file()}
+
+
 def keyring(root: Path) -> Path | None:
     path = supply_dir(root) / "apt" / KEYRING_NAME
     return path if path.exists() else None
