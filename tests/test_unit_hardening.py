@@ -23,7 +23,8 @@ from roles import sglang_service as ss
 from roles.context import build_context
 
 BACKOFF = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-backoff"
-MAX_EXPOSURE = 6.5
+# what the README claims: `systemd-analyze security` rates the engine, docker and guard units 2.8, 2.8 and 3.2
+ENGINE_EXPOSURE, DOCKER_EXPOSURE, GUARD_EXPOSURE = 2.8, 2.8, 3.2
 
 
 def tp2_units() -> tuple[str, str]:
@@ -64,7 +65,7 @@ def test_engine_and_guard_units_score_within_the_exposure_budget(tmp_path):
     engine_score = exposure(tmp_path, "sglang-tiny-cpu-tp2-server.service", engine)
     guard_score = exposure(tmp_path, "sglang-tiny-cpu-tp2-server-rank-guard.service", guard)
     print(f"\nsystemd-analyze security --offline: engine unit {engine_score}, rank guard unit {guard_score}")
-    assert engine_score <= MAX_EXPOSURE and guard_score <= MAX_EXPOSURE
+    assert engine_score <= ENGINE_EXPOSURE and guard_score <= GUARD_EXPOSURE
 
 
 def test_hardening_leaves_what_gpu_serving_needs():
@@ -161,7 +162,7 @@ def test_docker_units_confine_the_client_as_far_as_it_allows():
 def test_docker_unit_scores_within_the_exposure_budget(tmp_path):
     score = exposure(tmp_path, "sglang-docker.service", _docker_unit())
     print(f"\nsystemd-analyze security --offline: docker engine unit {score}")
-    assert score <= MAX_EXPOSURE
+    assert score <= DOCKER_EXPOSURE
 
 
 def test_restart_storms_are_bounded_without_restart_steps():
