@@ -87,3 +87,84 @@ def test_the_temporary_file_is_born_private_before_any_content(tmp_path):
     temporaries = [(mode, held) for moment in moments for name, mode, held in moment if name.startswith(".api.env.")]
     assert temporaries and temporaries[0] == (0o600, False)  # created empty and 0600, then filled
     assert all(mode == 0o600 for mode, _ in temporaries)
+
+
+class _Scripted(LocalHost):
+    """LocalHost that records each command with the sudo it was run with, and can fail one step: "mktemp",
+    "upload" or "install"."""
+
+    def __init__(self, watch: Path, sudo: bool, fail: str = ""):
+        super().__init__(watch, sudo)
+        self.fail, self.sudo_of, self.logged = fail, [], []
+
+    def run_shell_command(self, command, _sudo=False, **kwargs):
+        self.sudo_of.append((str(command).split()[0:2], _sudo))
+        if self.fail == "mktemp" and "mktemp -d" in str(command):
+            return False, SimpleNamespace(stdout_lines=[], stderr="mktemp: no space", stdout="")
+        if self.fail == "install" and str(command).startswith("sh -c"):
+            return False, SimpleNamespace(stdout_lines=[], stderr="mv: read-only file system", stdout="")
+        return super().run_shell_command(command, _sudo=_sudo, **kwargs)
+
+    def put_file(self, src, dest, **kwargs):
+        return False if self.fail == "upload" else super().put_file(src, dest, **kwargs)
+
+    def log_styled(self, message, **kwargs):
+        self.logged.append(message)
+
+
+def _me():
+    user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    return user, subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.parametrize("sudo", [False, True])
+def test_the_install_and_the_cleanup_run_with_the_hosts_sudo_the_upload_as_the_user(tmp_path, sudo):
+    host = _Scripted(tmp_path, sudo)
+    assert Secret(VALUE).write_secret(None, host, str(tmp_path / "new" / "api.env"), "600", *_me())
+    assert [s for _, s in host.sudo_of] == [False, sudo, sudo]  # mktemp -d, the install, the clean-up
+    assert host.sudo_of[1][0] == ["sh", "-c"] and host.sudo_of[2][0] == ["rm", "-rf"]
+    # a destination directory that did not exist is made (755: it is a directory like /etc/ironserve)
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
+    assert f"chown {shlex.quote(':'.join(_me()))} " in shlex.split(host.commands[1])[2]
+
+
+@pytest.mark.parametrize("fail, said", [("mktemp", "cannot make a private upload directory: mktemp: no space"),
+                                        ("upload", None),
+                                        ("install", "could not put the secret in place: mv: read-only file system")])
+def test_a_failed_step_fails_the_write_and_leaves_no_upload_behind(tmp_path, fail, said):
+    dest = tmp_path / "api.env"
+    host = _Scripted(tmp_path, False, fail)
+    assert Secret(VALUE).write_secret(None, host, str(dest), "600", *_me()) is False
+    assert not dest.exists()
+    if said:
+        assert host.logged == [f"{dest}: {said}"]
+    for upload, _ in host.uploads:
+        assert not Path(upload).parent.exists()
+    if fail != "mktemp":
+        assert host.sudo_of[-1][0] == ["rm", "-rf"]  # the upload directory removed whatever happened
+
+
+def test_a_secret_prints_as_hidden_exactly():
+    assert repr(Secret(VALUE)) == str(Secret(VALUE)) == "Secret(<hidden>)"
+
+
+@pytest.mark.parametrize("text", ["", "\n", "first\nsecond\n"])
+def test_a_controller_secret_file_holds_exactly_one_line(tmp_path, text):
+    from pyinfra.api import OperationError
+
+    from roles.secret_file import read_secret
+
+    path = tmp_path / "key"
+    path.write_text(text)
+    with pytest.raises(OperationError, match=f"^api key: {path} must hold exactly one non-empty line$"):
+        read_secret(str(path), "api key")
+    with pytest.raises(OperationError, match=f"^api key: {tmp_path / 'absent'} does not exist on this machine"):
+        read_secret(str(tmp_path / "absent"), "api key")
+
+
+def test_generated_secrets_live_in_a_directory_made_with_its_parents(tmp_path):
+    from roles.secret_file import generated_secret
+
+    where = tmp_path / "home" / ".config" / "ironserve" / "secrets"
+    assert len(generated_secret("g", str(where)).reveal()) == 64
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
