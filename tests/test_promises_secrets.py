@@ -99,8 +99,8 @@ class _Scripted(LocalHost):
 
     def run_shell_command(self, command, _sudo=False, **kwargs):
         self.sudo_of.append((str(command).split()[0:2], _sudo))
-        if self.fail == "mktemp" and "mktemp -d" in str(command):
-            return False, SimpleNamespace(stdout_lines=[], stderr="mktemp: no space", stdout="")
+        if self.fail == "mktemp" and "mktemp -d" in str(command):  # a failed mktemp's stdout is no directory
+            return False, SimpleNamespace(stdout_lines=[str(self.watch)], stderr="mktemp: no space", stdout="")
         if self.fail == "install" and str(command).startswith("sh -c"):
             return False, SimpleNamespace(stdout_lines=[], stderr="mv: read-only file system", stdout="")
         return super().run_shell_command(command, _sudo=_sudo, **kwargs)
@@ -158,8 +158,11 @@ def test_a_controller_secret_file_holds_exactly_one_line(tmp_path, text):
     path.write_text(text)
     with pytest.raises(OperationError, match=f"^api key: {path} must hold exactly one non-empty line$"):
         read_secret(str(path), "api key")
-    with pytest.raises(OperationError, match=f"^api key: {tmp_path / 'absent'} does not exist on this machine"):
-        read_secret(str(tmp_path / "absent"), "api key")
+    absent = tmp_path / "absent"
+    with pytest.raises(OperationError) as raised:
+        read_secret(str(absent), "api key")
+    assert str(raised.value) == (f"api key: {absent} does not exist on this machine (host data points at a file on "
+                                 "the controller, not on the host)")
 
 
 def test_generated_secrets_live_in_a_directory_made_with_its_parents(tmp_path):
@@ -168,3 +171,8 @@ def test_generated_secrets_live_in_a_directory_made_with_its_parents(tmp_path):
     where = tmp_path / "home" / ".config" / "ironserve" / "secrets"
     assert len(generated_secret("g", str(where)).reveal()) == 64
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    (where / "g").write_text("")  # a generated secret emptied by hand: the error names it
+    from pyinfra.api import OperationError
+
+    with pytest.raises(OperationError, match=f"^generated secret g: {where / 'g'} must hold exactly one"):
+        generated_secret("g", str(where))
