@@ -21,13 +21,15 @@ class _Host:
     """A host of the group: answers the LastGood read with a differing snapshot, records every command (and what
     it logs) into one list shared by the whole group, so the order across hosts is what is checked."""
 
-    def __init__(self, name: str, journal: list, ok=lambda command: True, rollback_enabled=True):
+    def __init__(self, name: str, journal: list, ok=lambda command: True, rollback_enabled=True, sudo=False):
         self.name, self.journal, self.ok = name, journal, ok
-        self.data = {} if rollback_enabled else {"rollback": False}
+        self.data = ({} if rollback_enabled else {"rollback": False}) | ({"_sudo": True} if sudo else {})
         self.logs: list[str] = []
+        self.sudo_of: list[bool] = []
 
-    def run_shell_command(self, command, **kwargs):
+    def run_shell_command(self, command, _sudo=None, **kwargs):
         self.journal.append((self.name, command))
+        self.sudo_of.append(_sudo)
         lines = SNAPSHOT if command.startswith("sha256sum") else []
         return self.ok(command), SimpleNamespace(stdout_lines=lines, stdout="\n".join(lines),
                                                  stderr_lines=["refused"])
@@ -138,3 +140,34 @@ def test_the_save_command_snapshots_the_files_with_their_digests(tmp_path):
                                          f"snapshot {manifest[0]}  {live / 'u.service'}"])
     assert not rollback.differs(state)
     assert rollback.differs({**state, "current": {str(live / "u.service"): "0" * 64}})
+
+
+@pytest.mark.parametrize("sudo", [False, True])
+def test_every_rollback_command_runs_with_the_members_sudo_and_reads_its_own_unit(sudo):
+    journal, waited = [], []
+    hosts, state, members = _group(journal, sudo=sudo)
+    rollback.roll_back(state, hosts["r0"], "u-r0", "http://127.0.0.1:30000/health", 60, members, "why",
+                       lambda *a: waited.append(a) or True)
+    for name, h in hosts.items():
+        assert h.sudo_of == [sudo, sudo, sudo], name  # the read, the restore, the restart
+        read = next(c for n, c in journal if n == name and c.startswith("sha256sum"))
+        assert read == rollback.LastGood().command(f"u-{name}", [f"/etc/systemd/system/u-{name}.service"])
+    assert waited == [(state, hosts["r0"], "u-r0", "http://127.0.0.1:30000/health", 60)]
+    assert "(healthy after 0s)" in hosts["r0"].logs[-1]
+    rank1 = _Host("r1", journal, sudo=sudo)
+    rollback._save_if_gate_passed(None, rank1, "u-r1", ["/p"], ["r0", "u-r0"], {("r0", "u-r0"): True})
+    assert rank1.sudo_of == [sudo]
+
+
+def test_a_run_without_an_activated_hosts_record_rolls_back_all_members():
+    journal = []
+    hosts, state, members = _group(journal)
+    del state.activated_hosts
+    rollback.roll_back(state, hosts["r0"], "u-r0", "url", 60, members, "why", lambda *a: True)
+    assert hosts["r0"].logs[-1].startswith("ROLLED BACK u-r0 on r0, r1, r2")
+
+
+def test_differs_reads_a_facts_data_as_well_as_a_dict():
+    state = {"current": {"/p": "a"}, "snapshot": {"/p": "b"}, "taken": None}
+    assert rollback.differs(SimpleNamespace(data=state)) and rollback.differs(state)
+    assert not rollback.differs(SimpleNamespace(data={**state, "snapshot": None})) and not rollback.differs(None)
