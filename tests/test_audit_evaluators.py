@@ -6,6 +6,7 @@ clocks and systemd's unit states through a stand-in host that answers what those
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
 from types import SimpleNamespace
@@ -14,7 +15,7 @@ import pytest
 import testinfra
 
 from ironserve.audit.checks import Check
-from ironserve.audit.evaluate import EVALUATORS, evaluate
+from ironserve.audit.evaluate import EVALUATORS, digest, evaluate
 
 CLOCKS = "/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --read"
 
@@ -161,3 +162,52 @@ def test_json_command(local):
 def test_an_evaluator_that_raises_is_drift_not_a_crash():
     ok, found = evaluate(_Tools(), check("listening", True, port=1))  # the stand-in has no sockets to read
     assert not ok and found.startswith("error: AttributeError")
+
+
+# --------------------------------------------------------------------------- what each says, exactly
+
+
+def test_gpu_names_counts_and_an_empty_bus():
+    query = "nvidia-smi --query-gpu=name --format=csv,noheader"
+    mixed = _Tools({query: (0, "NVIDIA H100\nNVIDIA H200\n")})
+    assert evaluate(mixed, check("gpus", {"count": 2, "name": "NVIDIA H100"})) == (True, "2x NVIDIA H100")
+    assert evaluate(_Tools({query: (0, "")}), check("gpus", {"count": 0, "name": ""})) == (True, "0x ")
+
+
+def test_http_without_any_answer_and_json_from_a_failed_command():
+    assert evaluate(_Tools(), check("http_ok", 200, url="http://x/health")) == (False, "no answer")
+    fails = _Tools({"probe": (1, '{"a": 1}')})  # a failed command's output is not its answer
+    assert evaluate(fails, check("json_command", {"a": 1}, cmd="probe")) == (False, "null")
+    long = {"k": "v" * 100}
+    ok, found = evaluate(_Tools({"probe": (0, json.dumps(long))}), check("json_command", long, cmd="probe"))
+    assert ok and found == json.dumps(long)[:60]
+
+
+def test_an_evaluator_error_names_the_exception_and_its_message_cut_at_80():
+    class Broken(_Tools):
+        def run(self, command):
+            raise OSError("x" * 200)
+
+    assert evaluate(Broken(), check("command", "a", cmd="a")) == (False, "error: OSError: " + "x" * 80)
+
+
+def test_file_content_mode_and_owner_are_said_exactly(tmp_path, local):
+    path = tmp_path / "unit.service"
+    path.write_text("edited\n")
+    path.chmod(0o600)
+    want = digest("[Unit]\n")
+    have = digest("edited\n")
+    ok, found = evaluate(local, check("file", want, path=str(path), mode=0o644, owner="ironserve-nobody"))
+    owner = local.file(str(path)).user
+    assert not ok and found == f"content {have[:12]} != {want[:12]}; mode 0o600 != 0o644; owner {owner}"
+    assert evaluate(local, check("file", have, path=str(path), mode=0o600, owner=owner)) == (True, have[:12])
+
+
+def test_env_files_split_at_the_first_equals_and_skip_comments(tmp_path, local):
+    path = tmp_path / "x.env"
+    path.write_text("# edited=by hand\nOPTS=a=c\n")
+    path.chmod(0o600)
+    ok, found = evaluate(local, check("env_file", "OPTS=a=b\n", path=str(path), mode=0o600))
+    assert (ok, found) == (False, "value differs: OPTS")
+    path.write_text("# edited=by hand\nOPTS=a=b\n")
+    assert evaluate(local, check("env_file", "OPTS=a=b\n", path=str(path), mode=0o600)) == (True, "same")
