@@ -211,3 +211,35 @@ def test_env_files_split_at_the_first_equals_and_skip_comments(tmp_path, local):
     assert (ok, found) == (False, "value differs: OPTS")
     path.write_text("# edited=by hand\nOPTS=a=b\n")
     assert evaluate(local, check("env_file", "OPTS=a=b\n", path=str(path), mode=0o600)) == (True, "same")
+
+
+def test_sysctl_value_drift_and_an_unreadable_key():
+    key = "vm.swappiness"
+    proc = "test -e /proc/sys/vm/swappiness"
+    host = _Tools({proc: (0, ""), f"sysctl -n {key}": (0, "60\n")})
+    assert evaluate(host, check("sysctl", 10, key=key)) == (False, "60")
+    assert evaluate(host, check("sysctl", 60, key=key)) == (True, "60")
+    unreadable = _Tools({proc: (0, ""), f"sysctl -n {key}": (1, "60\n")})
+    assert evaluate(unreadable, check("sysctl", 60, key=key)) == (False, "unreadable")
+
+
+@pytest.mark.parametrize("running, expected, result", [
+    (True, True, (True, "active")), (False, True, (False, "inactive")), (False, False, (True, "inactive"))])
+def test_service_active(running, expected, result):
+    host = _Tools(units={"u.service": (True, running)})
+    assert evaluate(host, check("service_active", expected, name="u.service")) == result
+
+
+def test_env_file_missing_group_readable_and_many_keys(tmp_path, local):
+    path = tmp_path / "x.env"
+    assert evaluate(local, check("env_file", "A=1\n", path=str(path), mode=0o600)) == (False, "missing")
+    path.write_text("A=1\n")
+    path.chmod(0o400)  # not the declared mode, but no one else can read it
+    assert evaluate(local, check("env_file", "A=1\n", path=str(path), mode=0o600)) == (False, "mode 0o400")
+    path.chmod(0o600)
+    want = "".join(f"K{i}={i}\n" for i in range(8))
+    assert evaluate(local, check("env_file", want, path=str(path), mode=0o600)) == (
+        False, "missing: K0, K1, K2, K3, K4, K5 (+2); not declared: A")
+    want = "".join(f"K{i}={i}\n" for i in range(6))
+    assert evaluate(local, check("env_file", want, path=str(path), mode=0o600)) == (
+        False, "missing: K0, K1, K2, K3, K4, K5; not declared: A")
