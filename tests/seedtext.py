@@ -6,6 +6,7 @@ The seeds are web pages flattened to text: commands are sometimes glued to the p
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ _ALT_SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds"
 
 
 def seed_path(name: str) -> Path:
-    for base in (SEEDS, _ALT_SEEDS, Path("../shared/seeds").resolve()):
+    # IRONSERVE_SEEDS: the seeds' folder for a checkout that does not sit next to shared/ (a git worktree)
+    override = [Path(os.environ["IRONSERVE_SEEDS"])] if os.environ.get("IRONSERVE_SEEDS") else []
+    for base in (*override, SEEDS, _ALT_SEEDS, Path("../shared/seeds").resolve()):
         if (base / name).exists():
             return base / name
     raise FileNotFoundError(f"seed {name} not found next to the repository (../shared/seeds)")

@@ -8,14 +8,12 @@ commands a test module needs for a version are parsed in one batch (``check_many
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
 
 from ironserve import engine_parser as ep
 from ironserve.findings import Severity, has_errors
+
+from .ci import need_parser_prerequisites
 
 pytestmark = pytest.mark.parser
 
@@ -141,11 +139,7 @@ def _by_where(findings):
 
 @pytest.fixture(scope="session", autouse=True)
 def _need_uv_and_torch():
-    if not shutil.which("uv"):
-        pytest.skip("uv is needed to build parser venvs")
-    wheels = Path(os.environ.get("IRONSERVE_TORCH_WHEELS", "/opt/wheels"))
-    if not list(wheels.glob(f"torch-{ep.TORCH_VERSION}+cpu-*.whl")):
-        pytest.skip(f"no CPU torch {ep.TORCH_VERSION} wheel in {wheels}")
+    need_parser_prerequisites()
 
 
 @pytest.fixture(scope="session")

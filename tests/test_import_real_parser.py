@@ -13,6 +13,8 @@ from ironserve.commandline import parse_command
 from ironserve.findings import Severity
 from ironserve.importer import import_commands
 
+from .ci import need_parser_prerequisites
+
 pytestmark = pytest.mark.parser
 
 # seed-era spelling: 0.5.9 takes --cuda-graph-max-bs, 0.5.23 made it an ambiguous prefix
@@ -22,6 +24,7 @@ OLD_SPELLING = ("nohup numactl --cpunodebind=0 python3 -m sglang.launch_server -
 
 @pytest.fixture
 def two_cached(monkeypatch):
+    need_parser_prerequisites()
     for version in ("0.5.9", "0.5.23"):
         engine_parser.parser_env(version)  # built once, shared with the rest of the suite
     monkeypatch.setattr(engine_parser, "cached_versions", lambda: ["0.5.23", "0.5.9"])

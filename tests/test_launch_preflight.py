@@ -164,6 +164,8 @@ def test_rendezvous_script_reports_a_missing_torch_as_a_result(tmp_path):
 def test_shell_quoting_of_the_rendezvous_command():
     rendered = render(catalogue.get_recipe("tiny-cpu-tp2"), hosts(2))
     group = rank_groups(rendered)["server-g0-i0"]
-    command = " ".join(shlex.quote(a) for a in rendezvous_argv(rendered.recipe, group.members[0], group, 30))
-    assert shlex.split(command)[-2:] == ["--timeout", "30"]
-    assert json.dumps(command)  # plain text for the operation's arguments
+    argv = rendezvous_argv(rendered.recipe, group.members[0], group, 30)
+    command = " ".join(shlex.quote(a) for a in argv)
+    assert shlex.split(command) == argv and argv[-2:] == ["--timeout", "30"]
+    # plain text for the operation's arguments: strings only, each one word for the shell
+    assert all(isinstance(a, str) for a in argv) and json.loads(json.dumps(argv)) == argv

@@ -9,7 +9,14 @@ import pytest
 
 from ironserve.cli import main
 
+from .ci import need_parser_prerequisites
+
 pytestmark = pytest.mark.parser
+
+
+@pytest.fixture(autouse=True)
+def _parser_prerequisites():
+    need_parser_prerequisites()
 
 
 def lint_json(capsys, *args) -> tuple[int, dict]:

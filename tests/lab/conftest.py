@@ -1,6 +1,7 @@
 """Lab end-to-end fixtures: one lab (2 hosts, stand-in rtx6000-pro-maxq) per test session.
 
-Needs root and systemd-nspawn (installed on first use when apt can); skipped with the reason otherwise.
+Needs root and systemd-nspawn (installed on first use when apt can); skipped with the reason otherwise. A lab left
+up by an interrupted run is torn down first (the lab tests hold the lab lock, so no one else's lab is up).
 The first run on a machine builds the base rootfs (~2 min); later runs boot in seconds.
 
 Coordination: every tests/lab file shares the one session lab (`lab` fixture). test_lab.py's
@@ -77,8 +78,9 @@ def lab():
         pytest.skip("lab tests need systemd-nspawn (package systemd-container), and apt-get is not there to install it")
     state_dir = Path(os.environ.get("IRONSERVE_LAB_DIR") or "/var/lib/ironserve-lab")
     if (state_dir / "state.json").exists():
-        pytest.skip(f"a lab is already up in {state_dir}; the tests would tear it down: run "
-                    "`python -m ironserve.lab down` first")
+        # a lab left up (an interrupted run) is torn down, never a reason to skip: a skip here hid every lab test
+        if lab_cli("down", check=False).returncode != 0:
+            lab_cli("down")
     proc = lab_cli("up", "--nodes", str(NODES), "--hardware", HARDWARE, check=False)
     if proc.returncode != 0:
         lab_cli("down", check=False)
