@@ -67,6 +67,10 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         add(item["id"], item["kind"], item["expected"], "runtime", **item.get("params", {}))
 
     from roles.sglang_service import process_secrets
+    from roles.undeclared import declared_units
+
+    # a stray engine or router unit (another recipe's, one started by hand) is drift, named by unit
+    add("units:undeclared", "undeclared_units", [f"{u}.service" for u in declared_units(ctx.processes)], "service")
 
     for proc in ctx.processes:
         # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values

@@ -147,6 +147,18 @@ def http_ok(host, check: Check):
     return code == str(check.expected), code
 
 
+# unit files and loaded units of ironserve's naming (roles/undeclared.py removes the ones a deploy wrote)
+UNITS_OF_OUR_NAMING = ("{ ls -1 /etc/systemd/system; systemctl list-units --all --plain --no-legend 'sglang-*' "
+                       "| awk '{print $1}'; } | grep -E '^sglang-.*[.]service$' | sort -u")
+
+
+def undeclared_units(host, check: Check):
+    """Drift: a unit of ironserve's naming the deployment does not declare on this host, named by unit."""
+    out = host.run(UNITS_OF_OUR_NAMING)
+    stray = sorted(set(out.stdout.split()) - set(check.expected))
+    return not stray, f"undeclared: {', '.join(stray)}" if stray else "none"
+
+
 def command(host, check: Check):
     out = host.run(check.params["cmd"])
     found = out.stdout.strip() if out.rc == 0 else f"rc={out.rc}"
