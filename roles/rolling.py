@@ -40,7 +40,7 @@ from pyinfra.api import FactBase, FunctionCommand, operation
 
 from ironserve.render import Process, Rendered
 from ironserve.resources import files_dir
-from ironserve.units import deliberate, env_path, rank_guard_unit, staged_path
+from ironserve.units import deliberate, env_path, in_container, rank_guard_unit, staged_path
 from roles.common import UnitState, in_run
 from roles.context import DeploymentContext, host_data
 from roles.health import _sleep, await_health
@@ -100,6 +100,8 @@ def roll_plan(ctx: DeploymentContext, group: list[Process], live_files, config_p
                      "paths": config_paths(p), "guard": rank_guard_unit(p) if p.in_rank_group else None}
                     for p in group],
         "router": {"host": router.host, "base": router.local_url(""), "env": env_path(router)},
+        # a container's processes are in docker's cgroup, not the unit's: the listener check needs the unit's own
+        "own_listener": not in_container(ctx.recipe, head),
         "timeout_s": ctx.recipe.health_timeout_s, "drain_timeout_s": ctx.host.drain_timeout_s,
     }
 
@@ -306,25 +308,16 @@ def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
                                 restarts_allowed=allowed)
     if not healthy:
         return False, why
-    ok, out = _sh(host, own_listener_command(plan["unit"], plan["port"]))
+    # the 200 came from the unit it started: every listener on the port is in the unit's cgroup
+    ok, answer = run_roll(host, "owns-port", plan["port"], plan["unit"]) if plan["own_listener"] else (True, {})
     if not ok:
-        return False, f"port {plan['port']} is not held by {plan['unit']}'s own process: {out.strip()[-300:]}"
+        return False, f"healthy, but not the unit it started that answers: {answer['error']}"
     ok, answer = run_roll(host, "generate", plan["base"], plan["env"])
     if not ok:
         return False, f"healthy, but no generation through the engine ({answer['error']})"
     host.log_styled(f"{plan['unit']}: healthy, its own process on port {plan['port']}, one generation "
                     f"answered", fg="green")
     return True, ""
-
-
-def own_listener_command(unit: str, port: int) -> str:
-    """Exit 0 when every process listening on the port runs in the unit's cgroup (its MainPID or a child), so the
-    gate's 200 came from the unit it started, not from a leftover or a foreign process on the port."""
-    service = shlex.quote(f"/{unit}.service")
-    return (f"pids=$(ss -Htlnp {shlex.quote(f'sport = :{port}')} | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); "
-            f"[ -n \"$pids\" ] || {{ echo 'nothing listens'; exit 1; }}; "
-            f"for p in $pids; do grep -qF -- {service} /proc/$p/cgroup || "
-            f"{{ echo \"pid $p ($(cat /proc/$p/comm)) is not in the unit's cgroup\"; exit 1; }}; done")
 
 
 def _fail(state, host, plan: dict, why: str, canary: bool) -> None:
