@@ -1,0 +1,213 @@
+"""The rolling change (roles/rolling.py, files/bin/ironserve-roll) and what the audit sees of stray units.
+
+The plan is pure (render -> groups in order, the canary, the worker URLs the router knows); the host side of each
+HTTP step is the shipped script, run here with the host's python3 against a loopback stand-in of sglang-router's
+worker API (GET/DELETE/POST /workers, as sglang-router 0.3.2 answers them) and of SGLang's /v1/loads and /generate.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from ironserve import catalogue
+from ironserve.audit.checks import Check
+from ironserve.audit.evaluate import evaluate
+from ironserve.inventory import InventoryHost
+from ironserve.render import render
+from roles import rolling
+
+KEY = "roll-test-key"
+
+
+def _hosts(recipe, n: int, **data) -> list[InventoryHost]:
+    return [InventoryHost(f"h{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": "enp1s0", "hardware": recipe.hardware[0],
+                                    **data}) for i in range(n)]
+
+
+def test_replicas_roll_in_instance_order_and_the_first_is_the_canary():
+    recipe = catalogue.get_recipe("tiny-cpu")
+    hosts = [InventoryHost("r", {"ssh_hostname": "10.0.0.9", "ironserve_role": "router", "hardware": "cpu-lab"}),
+             *_hosts(recipe, 2)]
+    rendered = render(recipe, hosts)
+    groups = rolling.roll_groups(rendered)
+    assert [[p.unit for p in g] for g in groups] == [["sglang-tiny-cpu-server-0"], ["sglang-tiny-cpu-server-1"]]
+    # the URL the router was started with (--worker-urls) is the one the roll removes and adds back
+    router = next(p for p in rendered.processes if p.role == "router")
+    assert [rolling.worker_url(g[0]) for g in groups] == router.argv[router.argv.index("--worker-urls") + 1:][:2]
+    assert rolling.plan_line(rendered)[0].endswith(": the canary") and "canary" not in rolling.plan_line(rendered)[1]
+
+
+def test_pd_groups_move_whole_prefill_before_decode():
+    recipe = catalogue.get_recipe("glm5.1-w4a8-a3-1p1d-32-16k")
+    groups = rolling.roll_groups(render(recipe, _hosts(recipe, 4)))
+    assert [[(p.role, p.node_rank, p.host) for p in g] for g in groups] == [
+        [("prefill", 0, "h0"), ("prefill", 1, "h1")], [("decode", 0, "h2"), ("decode", 1, "h3")]]
+
+
+@pytest.mark.parametrize("recipe_id, nodes", [("tiny-cpu-tp2", 2), ("glm5-nvfp4-rtx6000-tp8", 1)])
+def test_a_single_group_does_not_roll_and_the_plan_says_outage(recipe_id, nodes):
+    recipe = catalogue.get_recipe(recipe_id)
+    rendered = render(recipe, _hosts(recipe, nodes))
+    assert rolling.roll_groups(rendered) == []
+    assert "outage" in rolling.plan_line(rendered)[0]
+
+
+class _Fleet:
+    """A loopback sglang-router worker API and an SGLang engine's /v1/loads and /generate, keyed."""
+
+    def __init__(self):
+        self.workers = [{"id": str(uuid.uuid4()), "url": u, "is_healthy": True}
+                        for u in ("http://10.0.0.1:30000", "http://10.0.0.2:30000")]
+        self.loads = [2, 1, 0]  # what /v1/loads answers, poll after poll
+        self.posted = []
+        fleet = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, code, obj):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorized(self):
+                if self.headers.get("Authorization") != f"Bearer {KEY}":
+                    self._send(401, {"error": "unauthorized"})
+                    return False
+                return True
+
+            def do_GET(self):
+                if not self._authorized():
+                    return
+                if self.path == "/workers":
+                    self._send(200, {"workers": fleet.workers, "total": len(fleet.workers)})
+                elif self.path == "/v1/loads":
+                    n = fleet.loads.pop(0) if len(fleet.loads) > 1 else fleet.loads[0]
+                    self._send(200, {"loads": [{"dp_rank": 0, "num_running_reqs": n, "num_waiting_reqs": 0}]})
+                else:
+                    self._send(404, {})
+
+            def do_DELETE(self):
+                if self._authorized():
+                    fleet.workers = [w for w in fleet.workers if f"/workers/{w['id']}" != self.path]
+                    self._send(202, {"status": "accepted"})
+
+            def do_POST(self):
+                if not self._authorized():
+                    return
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/workers":
+                    fleet.posted.append(body)
+                    fleet.workers.append({"id": str(uuid.uuid4()), "url": body["url"], "is_healthy": True})
+                    self._send(202, {"status": "accepted"})
+                elif self.path == "/generate":
+                    self._send(200, {"text": " there", "meta_info": {"completion_tokens": 4}})
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = _Fleet()
+    env = tmp_path / "unit.env"
+    env.write_text(f"A=1\nIRONSERVE_API_KEY={KEY}\n")
+    f.env = str(env)
+    yield f
+    f.server.shutdown()
+
+
+def _roll(*args) -> tuple[int, dict]:
+    # the command the roles run on a host, argument for argument (python3 -c, every value one quoted argument)
+    argv = ["python3", "-c", rolling.ROLL_SCRIPT, *map(str, args)]
+    assert rolling.roll_script(*map(str, args)) == " ".join(__import__("shlex").quote(a) for a in argv)
+    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip(), out.stderr
+    return out.returncode, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_remove_then_add_through_the_worker_api_with_the_key_from_the_env_file(fleet):
+    url = "http://10.0.0.1:30000"
+    assert _roll("remove", fleet.base, fleet.env, url) == (0, {"removed": 1})
+    assert [w["url"] for w in fleet.workers] == ["http://10.0.0.2:30000"]
+    assert _roll("add", fleet.base, fleet.env, url, json.dumps({"worker_type": "prefill", "bootstrap_port": 8998})) \
+        == (0, {"added": url})
+    assert fleet.posted == [{"worker_type": "prefill", "bootstrap_port": 8998, "url": url, "api_key": KEY}]
+    # adding one that is listed already posts nothing (a rerun after a killed roll)
+    assert _roll("add", fleet.base, fleet.env, url)[0] == 0 and len(fleet.posted) == 1
+
+
+def test_drain_waits_for_in_flight_requests_and_says_what_was_cut(fleet):
+    rc, drained = _roll("drain", fleet.base, fleet.env, 30)
+    assert rc == 0 and drained["in_flight"] == 2 and drained["cut"] == 0
+    fleet.loads = [3]  # never drains: cut at the timeout, and said
+    rc, drained = _roll("drain", fleet.base, fleet.env, 0.5)
+    assert rc == 0 and drained["cut"] == 3 and drained["drain_s"] >= 0.5
+
+
+def test_generation_and_an_unreachable_router_are_said(fleet, tmp_path):
+    assert _roll("generate", fleet.base, fleet.env) == (0, {"generated_tokens": 4})
+    rc, answer = _roll("workers", "http://127.0.0.1:9", fleet.env)
+    assert rc == 1 and "Connection refused" in answer["error"]
+    keyless = tmp_path / "keyless.env"
+    keyless.write_text("A=1\n")
+    rc, answer = _roll("workers", fleet.base, str(keyless))
+    assert rc == 1 and answer["error"].startswith("HTTP 401")
+
+
+def test_own_listener_check_names_a_foreign_process_on_the_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    try:
+        rc, answer = _roll("owns-port", sock.getsockname()[1], "sglang-x-server")
+        assert rc == 1 and "not in sglang-x-server.service" in answer["error"]
+        port = sock.getsockname()[1]
+    finally:
+        sock.close()
+    rc, answer = _roll("owns-port", port, "sglang-x-server")
+    assert rc == 1 and "nothing listens" in answer["error"]
+
+
+def test_audit_names_an_undeclared_unit_of_our_naming():
+    listing = "sglang-r-server-0.service\nsglang-stray-server.service\n"
+    host = SimpleNamespace(run=lambda cmd: SimpleNamespace(stdout=listing, rc=0))
+    check = Check("h", "units:undeclared", "undeclared_units", ["sglang-r-server-0.service"], {})
+    assert evaluate(host, check) == (False, "undeclared: sglang-stray-server.service")
+    check = Check("h", "units:undeclared", "undeclared_units",
+                  ["sglang-r-server-0.service", "sglang-stray-server.service"], {})
+    assert evaluate(host, check) == (True, "none")
+
+
+def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_path, capsys):
+    from ironserve.audit import runner
+
+    checks = [Check(h, "sysctl:vm.swappiness", "sysctl", "nope", {"key": "vm.swappiness"}, "host", "fix")
+              for h in ("here", "gone")]
+    monkeypatch.setattr(runner, "plan_checks", lambda *a, **k: (checks, {"here": {"address": "127.0.0.1"},
+                                                                          "gone": {"address": "127.0.0.1"}}))
+    specs = {"here": "local://", "gone": "paramiko://nobody@127.0.0.1:9?timeout=2"}
+    monkeypatch.setattr(runner, "hostspec", lambda name, data: specs[name])
+    out = tmp_path / "out.json"
+    with out.open("w") as fh:
+        assert runner.audit("inv.py", "deploys/tiny.py", fmt="json", out=fh) == 2
+    report = json.loads(out.read_text())
+    assert [r["host"] for r in report["results"]] == ["here"] and list(report["unreachable"]) == ["gone"]
+    junit = tmp_path / "audit.xml"
+    assert runner.audit("inv.py", "deploys/tiny.py", fmt="junit", junit=str(junit)) == 2
+    xml = junit.read_text()
+    assert "here::sysctl:vm.swappiness" in xml and "gone::" in xml and "unreachable" in xml
+    assert "unreachable: gone" in capsys.readouterr().err
