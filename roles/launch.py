@@ -343,7 +343,7 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
     if url is None and proc.node_rank and wait:
         url = proc.local_url("/health")  # a rank > 0 answers /health on its own host once it joined its group
     unit_started(
-        name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
+        name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else "") + _in_place(ctx, proc),
         unit=proc.unit,
         url=url,
         timeout_s=ctx.recipe.health_timeout_s,
@@ -355,6 +355,13 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
         members=rollback_members(ctx, proc),
         rank0=[proc.head, proc.unit] if proc.in_rank_group and proc.node_rank and in_run(proc.head) else None,
     )
+
+
+def _in_place(ctx: DeploymentContext, proc: Process) -> str:
+    """What the plan says of an engine that cannot roll: the deployment's only group restarts in place."""
+    if proc.role == "router" or rolling.roll_groups(ctx.rendered):
+        return ""
+    return " (a change restarts it in place: the deployment's only engine group, an outage for its length)"
 
 
 def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) -> None:
