@@ -154,12 +154,14 @@ def group_rolled(plan: dict, pending=False, rolls: dict | None = None, workers: 
     since = state.get("since")
     stale = [p for p, t in (state.get("mtimes") or {}).items() if since and t > since]
     out = "urls" in (workers or {}) and plan["worker"] not in workers["urls"]
-    if not (differs or stale or out or (pending() if callable(pending) else pending)):
+    down = state.get("active") not in ("active", "activating", "reloading")  # a run killed after its stop
+    if not (differs or stale or out or down or (pending() if callable(pending) else pending)):
         host.noop(f"{plan['unit']}: runs its staged configuration; stays in the router")
         return
     if rolls is not None:
         rolls.setdefault("planned", []).append(plan["group"])
-    yield FunctionCommand(roll_group, (plan, rolls if rolls is not None else {}, bool(differs or stale) or pending),
+    yield FunctionCommand(roll_group, (plan, rolls if rolls is not None else {},
+                                       bool(differs or stale or down) or pending),
                           {})
 
 
@@ -339,14 +341,22 @@ def _fail(state, host, plan: dict, why: str, canary: bool) -> None:
 def rolling_procs(ctx: DeploymentContext, paths) -> list[Process]:
     """This host's engine processes that roll: in a group of a rolling deployment and running now (a stopped
     one has nothing to take out of the router: the launch's wave starts it)."""
-    rolling = {p.unit for g in roll_groups(ctx.rendered) for p in g}
+    groups = {p.unit: g[0] for g in roll_groups(ctx.rendered) for p in g}
     procs = []
     for proc in ctx.processes:
-        if proc.unit in rolling:
+        if proc.unit in groups:
             state = host.get_fact(UnitState, unit=proc.unit, paths=paths(proc))
-            if state["active"] in ("active", "activating", "reloading"):
+            if state["active"] in ("active", "activating", "reloading") or _left_out(ctx, groups[proc.unit]):
                 procs.append(proc)
     return procs
+
+
+def _left_out(ctx: DeploymentContext, head: Process) -> bool:
+    """A stopped group that a reachable router does not list: a roll killed between its stop and its return (the
+    rerun finishes the roll, back into the router); a first deploy's router is not up yet, so it starts."""
+    router = next(p for p in ctx.rendered.processes if p.role == "router")
+    workers = router_workers({"host": router.host, "base": router.local_url(""), "env": env_path(router)})
+    return "urls" in (workers or {}) and worker_url(head) not in workers["urls"]
 
 
 def apply(ctx: DeploymentContext, procs: list[Process], live_files, config_paths, pending) -> dict:
@@ -359,18 +369,17 @@ def apply(ctx: DeploymentContext, procs: list[Process], live_files, config_paths
             continue
         plan = roll_plan(ctx, group, live_files, config_paths)
         op = group_rolled(name=step_name(plan), plan=plan, rolls=ctx.rolls, pending=pending(head),
-                          workers=router_workers(plan))
+                          workers=router_workers(plan["router"]))
         for proc in group:
             ops[proc.unit] = op
     return ops
 
 
-def router_workers(plan: dict) -> dict | None:
+def router_workers(router: dict) -> dict | None:
     """The router's workers, read on the router host while planning (None: that host is not in this run)."""
-    if not in_run(plan["router"]["host"]):
+    if not in_run(router["host"]):
         return None
-    router = context.inventory.get_host(plan["router"]["host"])
-    return router.get_fact(RouterWorkers, base=plan["router"]["base"], env=plan["router"]["env"])
+    return context.inventory.get_host(router["host"]).get_fact(RouterWorkers, base=router["base"], env=router["env"])
 
 
 def plan_line(rendered: Rendered) -> list[str]:
