@@ -430,8 +430,7 @@ def apply(ctx: DeploymentContext) -> None:
     # host from one line each, are operations every host shares: no host passes one before all reached it.
     wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
     # a unit of another recipe (or group) leaves the host first: the new one takes its port and devices
-    undeclared.undeclared_removed(name="Units of ironserve's naming this deployment does not declare: stopped, "
-                                  "disabled, removed (an outage of what they served)",
+    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id),
                                   declared=undeclared.declared_units(ctx.processes))
     # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
     # from here on starts the new configuration on every rank, never a mix

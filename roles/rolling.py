@@ -15,7 +15,7 @@ group and instance, the ``roll_order`` of every host of the run), through the ro
    whatever holds the port, and one real generation through the engine (``POST /generate``);
 5. the group goes back into the router, then the next group's turn.
 
-The first group that rolls is the canary: a group rolls only once every group before it passed, so a canary that
+The first group that restarts is the canary: a group rolls only once every group before it passed, so a canary that
 fails its gate is rolled back to its last good configuration (roles/rollback.py), put back into the router, and
 the deploy stops non-zero saying ``CANARY FAILED`` with the journal lines; no other group restarted. A group left
 out of the router by a killed run is put back by the rerun (its configuration is then the live one: the rerun
@@ -145,8 +145,8 @@ def group_rolled(plan: dict, pending=False, rolls: dict | None = None, workers: 
     live file newer than the unit's start (a run killed between making it live and restarting), ``pending``
     (bool or callable: this run rewrites a staged file or the runtime, the facts predate it), and ``workers``
     (the router's list, RouterWorkers: a group a killed run left out of the router is put back). Nothing to do:
-    a no-op. Else the roll runs when the operation executes, in its turn (``rolls``: the run's shared record;
-    the groups planned to roll are listed there so that each waits only for those)."""
+    a no-op. Else the roll runs when the operation executes, in its turn (``rolls``: the run's shared record, see
+    roll_group; a group with nothing to do says so there while the run executes, so the groups after it go on)."""
     files = plan["members"][0]["files"]
     sums = host.get_fact(StagedFiles, pairs=[[s, live] for s, live, _ in files])
     differs = [live for s, live, _ in files if sums.get(s) != sums.get(live) or not sums.get(live)]
@@ -157,9 +157,9 @@ def group_rolled(plan: dict, pending=False, rolls: dict | None = None, workers: 
     down = state.get("active") not in ("active", "activating", "reloading")  # a run killed after its stop
     if not (differs or stale or out or down or (pending() if callable(pending) else pending)):
         host.noop(f"{plan['unit']}: runs its staged configuration; stays in the router")
+        if rolls is not None and getattr(context.state, "is_executing", False):
+            rolls[plan["group"]] = "unchanged"
         return
-    if rolls is not None:
-        rolls.setdefault("planned", []).append(plan["group"])
     yield FunctionCommand(roll_group, (plan, rolls if rolls is not None else {},
                                        bool(differs or stale or down) or pending),
                           {})
@@ -186,39 +186,38 @@ def run_roll(on_host, action: str, *args: str) -> tuple[bool, dict]:
     return ok and "error" not in answer, answer
 
 
-def await_turn(state, host, plan: dict, rolls: dict) -> str | None:
-    """Wait until every group before this one that was planned to roll has an outcome; the one that failed, if
-    any (a failed host's group counts as failed)."""
+def await_turn(state, host, plan: dict, rolls: dict) -> tuple[str | None, bool]:
+    """Wait until every group before this one in the roll order that has a roll in this run (``rolls["groups"]``,
+    listed while planning) has an outcome. Returns (the group that failed or None, whether one before rolled).
+    A group whose host failed counts as failed; the wait is bounded by the longest the groups before could take."""
     before = plan["order"][:plan["order"].index(plan["group"])]
-    planned = set(rolls.get("planned", ()))
-    failed_hosts = {h.name for h in getattr(state, "failed_hosts", ())}
-    for group in (g for g in before if g in planned):
+    groups = [g for g in before if g in rolls.get("groups", ())]
+    deadline = time.monotonic() + len(groups) * (plan["timeout_s"] + plan["drain_timeout_s"] + 600)
+    for group in groups:
         while group not in rolls:
-            owner = rolls.get(f"host:{group}")
-            if owner in failed_hosts:
-                rolls[group] = False
+            failed_hosts = {h.name for h in getattr(state, "failed_hosts", ())}
+            if rolls.get(f"host:{group}") in failed_hosts or time.monotonic() > deadline:
+                rolls[group] = "failed"
                 break
             _sleep(1)
-            failed_hosts = {h.name for h in getattr(state, "failed_hosts", ())}
-        if rolls[group] is not True:
-            return group
-    return None
+        if rolls[group] == "failed":
+            return group, False
+    return None, any(rolls.get(g) == "rolled" for g in groups)
 
 
 def roll_group(state, host, plan: dict, rolls: dict, restart=True) -> bool:
-    """Execution of group_rolled: the turn, the roll, the outcome recorded for the groups after it."""
+    """Execution of group_rolled: its turn, the roll, the outcome for the groups after it (rolls[group]: rolled,
+    readded, unchanged or failed). The canary is the first group that restarts an engine."""
     group = plan["group"]
-    rolls[f"host:{group}"] = host.name
-    failed = await_turn(state, host, plan, rolls)
+    failed, rolled_before = await_turn(state, host, plan, rolls)
     if failed:
         host.log_styled(f"{plan['unit']}: NOT ROLLED: {failed} before it failed its roll; this group was not "
                         f"touched and keeps serving its previous configuration", fg="red")
-        rolls[group] = False
+        rolls[group] = "failed"
         return False
-    canary = plan["order"].index(group) == min(plan["order"].index(g) for g in rolls.get("planned", [group]))
-    ok = _roll(state, host, plan, canary, restart=bool(restart() if callable(restart) else restart)
-               or _changed_now(state, plan))
-    rolls[group] = ok
+    restart = bool(restart() if callable(restart) else restart) or _changed_now(state, plan)
+    ok = _roll(state, host, plan, canary=restart and not rolled_before, restart=restart)
+    rolls[group] = ("rolled" if restart else "readded") if ok else "failed"
     return ok
 
 
@@ -368,6 +367,9 @@ def apply(ctx: DeploymentContext, procs: list[Process], live_files, config_paths
         if head not in procs:
             continue
         plan = roll_plan(ctx, group, live_files, config_paths)
+        # while planning (every host of the run, before any executes): the groups that take turns, and whose
+        ctx.rolls.setdefault("groups", []).append(plan["group"])
+        ctx.rolls[f"host:{plan['group']}"] = head.host
         op = group_rolled(name=step_name(plan), plan=plan, rolls=ctx.rolls, pending=pending(head),
                           workers=router_workers(plan["router"]))
         for proc in group:

@@ -71,3 +71,12 @@ def undeclared_removed(declared: list[str]):
 def declared_units(processes) -> list[str]:
     """The units the render places on a host: each process's, and a multi-node rank's guard."""
     return sorted({p.unit for p in processes} | {rank_guard_unit(p) for p in processes if p.in_rank_group})
+
+
+def removal_name(processes, recipe_id: str) -> str:
+    """The operation's name names what goes (what `--dry` shows): the units this host has that are not declared."""
+    stray = sorted(set(host.get_fact(IronserveUnits) or {}) - set(declared_units(processes)))
+    if not stray:
+        return "Units of ironserve's naming this deployment does not declare: none"
+    return (f"Remove {', '.join(stray)}: not declared by {recipe_id} (stopped, disabled, files removed; an outage "
+            f"of what they served)")
