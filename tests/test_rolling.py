@@ -211,3 +211,45 @@ def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_pa
     xml = junit.read_text()
     assert "here::sysctl:vm.swappiness" in xml and "gone::" in xml and "unreachable" in xml
     assert "unreachable: gone" in capsys.readouterr().err
+
+
+def _turns(monkeypatch, outcomes: dict[str, bool]) -> tuple[list, dict, list]:
+    """Two groups' rolls executing at once (as pyinfra runs one operation on every host: gevent greenlets), each
+    host's roll given by ``outcomes``; returns (the groups whose engines were touched, in order, the record, the
+    canary flags)."""
+    import gevent
+
+    touched, canaries = [], []
+
+    def fake_roll(state, host, plan, canary, restart=True):
+        touched.append(plan["group"])
+        canaries.append((plan["group"], canary))
+        gevent.sleep(0.05)
+        return outcomes[plan["group"]]
+
+    monkeypatch.setattr(rolling, "_roll", fake_roll)
+    monkeypatch.setattr(rolling, "_changed_now", lambda state, plan: True)
+    monkeypatch.setattr(rolling, "_sleep", lambda s: gevent.sleep(0.01))
+    order = ["server-g0-i0", "server-g0-i1"]
+    rolls = {"groups": list(order), "host:server-g0-i0": "h2", "host:server-g0-i1": "h3"}
+    state = SimpleNamespace(failed_hosts=set())
+    hosts = {g: SimpleNamespace(name=f"h{i + 2}", log_styled=lambda *a, **k: None) for i, g in enumerate(order)}
+    plans = {g: {"group": g, "order": order, "unit": f"u-{i}", "timeout_s": 5, "drain_timeout_s": 1}
+             for i, g in enumerate(order)}
+    # the second group's greenlet starts first: the turn, not the start order, decides
+    jobs = [gevent.spawn(rolling.roll_group, state, hosts[g], plans[g], rolls, True) for g in reversed(order)]
+    gevent.joinall(jobs, timeout=10)
+    return touched, rolls, canaries
+
+
+def test_a_failed_canary_leaves_every_later_group_untouched(monkeypatch):
+    touched, rolls, canaries = _turns(monkeypatch, {"server-g0-i0": False, "server-g0-i1": True})
+    assert touched == ["server-g0-i0"] and canaries == [("server-g0-i0", True)]
+    assert rolls["server-g0-i0"] == rolls["server-g0-i1"] == "failed"
+
+
+def test_groups_roll_one_after_the_other_in_order(monkeypatch):
+    touched, rolls, canaries = _turns(monkeypatch, {"server-g0-i0": True, "server-g0-i1": True})
+    assert touched == ["server-g0-i0", "server-g0-i1"]
+    assert canaries == [("server-g0-i0", True), ("server-g0-i1", False)]
+    assert rolls["server-g0-i0"] == rolls["server-g0-i1"] == "rolled"
