@@ -253,3 +253,26 @@ def test_groups_roll_one_after_the_other_in_order(monkeypatch):
     assert touched == ["server-g0-i0", "server-g0-i1"]
     assert canaries == [("server-g0-i0", True), ("server-g0-i1", False)]
     assert rolls["server-g0-i0"] == rolls["server-g0-i1"] == "rolled"
+
+
+def test_audit_compares_the_engines_effective_arguments():
+    from ironserve.audit.checks import rendered_args
+
+    recipe = catalogue.get_recipe("tiny-cpu")
+    hosts = [InventoryHost("r", {"ssh_hostname": "10.0.0.9", "ironserve_role": "router", "hardware": "cpu-lab"}),
+             *_hosts(recipe, 2)]
+    engine = next(p for p in render(recipe, hosts).processes if p.role == "server")
+    expected = rendered_args(engine)
+    assert expected["max_running_requests"] == "4" and expected["disable_cuda_graph"] is True
+    info = {"max_running_requests": 4, "mem_fraction_static": 0.1, "disable_cuda_graph": True, "other": "x",
+            "model_path": "/var/lib/ironserve/models/tiny-llama", "context_length": 512}
+    check = Check("h", "server-args:u", "server_args", expected, {"cmd": "x"})
+
+    def host(answer):
+        return SimpleNamespace(run=lambda cmd: SimpleNamespace(stdout=json.dumps(answer) + "\n", rc=0))
+
+    assert evaluate(host(info), check) == (True, "same")
+    # started by hand with another flag, or a live configuration never restarted into
+    ok, found = evaluate(host({**info, "max_running_requests": 3}), check)
+    assert not ok and found == "differs: max_running_requests=3 (rendered 4)"
+    assert evaluate(host({"error": "HTTP 401"}), check) == (False, "no server info: HTTP 401")
