@@ -430,8 +430,10 @@ def apply(ctx: DeploymentContext) -> None:
     # host from one line each, are operations every host shares: no host passes one before all reached it.
     wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
     # a unit of another recipe (or group) leaves the host first: the new one takes its port and devices
-    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id),
-                                  declared=undeclared.declared_units(ctx.processes))
+    # (not an old router, nor an engine a rolling switch replaces: they go when their successor takes over)
+    keep = undeclared.routers_kept(ctx.processes) + [u for p in rolls for u in rolling.replaces(ctx, p)]
+    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id, keep),
+                                  declared=undeclared.declared_units(ctx.processes) + keep)
     # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
     # from here on starts the new configuration on every rank, never a mix
     live = make_live(ctx, ranks0 + others)
@@ -455,6 +457,9 @@ def apply(ctx: DeploymentContext) -> None:
     wave_barrier(name="Launch: the rolling change, one group at a time behind the router (the wave is healthy)")
     rolling.apply(ctx, rolls, live_files, config_paths, lambda proc: ctx.changes.unit_change_flag(proc.unit))
     wave_barrier(name="Launch: the routers (every engine group healthy)")
+    # an old recipe's router leaves right before the new one starts on its port (the switch's only gap)
+    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id),
+                                  declared=undeclared.declared_units(ctx.processes))
     live = make_live(ctx, routers)
     for proc in routers:
         _start(ctx, proc, wait=True, live=live)

@@ -45,7 +45,7 @@ from roles.common import UnitState, in_run
 from roles.context import DeploymentContext, host_data
 from roles.health import _sleep, await_health
 from roles.live_config import StagedFiles, install_command, reload_command
-from roles import rollback
+from roles import rollback, undeclared
 
 ROLL_SCRIPT = (files_dir() / "bin" / "ironserve-roll").read_text()
 ROLE_ORDER = {"prefill": 0, "decode": 1, "server": 2}
@@ -87,7 +87,8 @@ def group_files(ctx: DeploymentContext, proc: Process, live_files) -> list[list[
     return [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
 
 
-def roll_plan(ctx: DeploymentContext, group: list[Process], live_files, config_paths) -> dict:
+def roll_plan(ctx: DeploymentContext, group: list[Process], live_files, config_paths,
+              replaces: list[str] | None = None) -> dict:
     """Everything the roll of one group needs while it runs, as plain data (fixtures, --dry)."""
     router = next(p for p in ctx.rendered.processes if p.role == "router")
     order = [g[0].group_key for g in roll_groups(ctx.rendered)]
@@ -103,6 +104,8 @@ def roll_plan(ctx: DeploymentContext, group: list[Process], live_files, config_p
         # a container's processes are in docker's cgroup, not the unit's: the listener check needs the unit's own
         "own_listener": not in_container(ctx.recipe, head),
         "timeout_s": ctx.recipe.health_timeout_s, "drain_timeout_s": ctx.host.drain_timeout_s,
+        # a recipe switch: the other recipe's engine on this host that the group takes the place of (port, devices)
+        "replaces": list(replaces or []),
     }
 
 
@@ -273,8 +276,11 @@ def _roll(state, host, plan: dict, canary: bool, restart: bool = True) -> bool:
     if passed:
         for member_host, m in _members(state, plan):
             _sh(member_host, rollback.save_command(m["unit"], m["paths"]))  # its last good configuration now
+        for unit in plan.get("replaces", []):
+            _sh(host, undeclared.purge_command(unit))
     else:
         _fail(state, host, plan, why, canary)
+        _restore_replaced(state, host, plan)
     ok, answer = run_roll(router, "add", rbase, renv, plan["worker"], json.dumps(plan["worker_fields"]))
     away = time.monotonic() - out_at
     if not ok:
@@ -289,6 +295,11 @@ def _roll(state, host, plan: dict, canary: bool, restart: bool = True) -> bool:
 def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
     """Stop every rank, make its staged files live, start every rank (rank 0 first), gate rank 0."""
     members = _members(state, plan)
+    for unit in plan.get("replaces", []):
+        ok, out = _sh(host, undeclared.retire_command(unit))
+        if not ok:
+            return False, f"retiring {unit} (the unit this group replaces) failed: {out[-300:]}"
+        host.log(f"{plan['unit']}: {unit} stopped, disabled and set aside (it is put back if this group fails)")
     for member_host, m in reversed(members):
         units = [m["unit"]] + ([m["guard"]] if m["guard"] else [])
         steps = [f"systemctl stop {' '.join(shlex.quote(u + '.service') for u in units)}",
@@ -334,6 +345,18 @@ def _fail(state, host, plan: dict, why: str, canary: bool) -> None:
                        lambda st, h, u, url, t: await_health(st, h, u, url, t, restarts_allowed=allowed)[0])
 
 
+def _restore_replaced(state, host, plan: dict) -> None:
+    """A switch whose new group failed: the new unit stops, the one it replaced comes back on its port."""
+    if not plan.get("replaces"):
+        return
+    _sh(host, f"systemctl disable --now {shlex.quote(plan['unit'] + '.service')}")
+    for unit in plan["replaces"]:
+        ok, out = _sh(host, undeclared.restore_command(unit))
+        healthy = ok and await_health(state, host, unit, plan["health"], plan["timeout_s"])[0]
+        host.log_styled(f"{plan['unit']}: RESTORED {unit}, the unit it was to replace" + (" (healthy)" if healthy
+                        else f": NOT healthy ({out[-200:]})"), fg="yellow" if healthy else "red")
+
+
 # --------------------------------------------------------------------------- launch
 
 
@@ -345,9 +368,22 @@ def rolling_procs(ctx: DeploymentContext, paths) -> list[Process]:
     for proc in ctx.processes:
         if proc.unit in groups:
             state = host.get_fact(UnitState, unit=proc.unit, paths=paths(proc))
-            if state["active"] in ("active", "activating", "reloading") or _left_out(ctx, groups[proc.unit]):
+            if (state["active"] in ("active", "activating", "reloading") or _left_out(ctx, groups[proc.unit])
+                    or replaces(ctx, proc)):
                 procs.append(proc)
     return procs
+
+
+def replaces(ctx: DeploymentContext, proc: Process) -> list[str]:
+    """A recipe switch that rolls: a single-node group whose unit does not run yet, on a host where another
+    recipe's engine runs, behind a router that lists the group's URL (the old engine answers there): the group
+    takes the old engine's place through that router. Else [] (the launch's wave removes the old, starts the new)."""
+    if proc.nnodes > 1 or proc.node_rank:
+        return []
+    old = undeclared.replaced_units(ctx.processes)
+    router = next(p for p in ctx.rendered.processes if p.role == "router")
+    workers = router_workers({"host": router.host, "base": router.local_url(""), "env": env_path(router)})
+    return old if old and worker_url(proc) in (workers or {}).get("urls", []) else []
 
 
 def _left_out(ctx: DeploymentContext, head: Process) -> bool:
@@ -366,7 +402,8 @@ def apply(ctx: DeploymentContext, procs: list[Process], live_files, config_paths
         head = group[0]
         if head not in procs:
             continue
-        plan = roll_plan(ctx, group, live_files, config_paths)
+        running = host.get_fact(UnitState, unit=head.unit, paths=[])["active"] in ("active", "activating")
+        plan = roll_plan(ctx, group, live_files, config_paths, [] if running else replaces(ctx, head))
         # while planning (every host of the run, before any executes): the groups that take turns, and whose
         ctx.rolls.setdefault("groups", []).append(plan["group"])
         ctx.rolls[f"host:{plan['group']}"] = head.host

@@ -55,6 +55,48 @@ def remove_command(unit: str) -> str:
             f"rm -f {files} && rm -rf {shlex.quote(snapshot_dir(unit))}")
 
 
+RETIRED_DIR = "/var/lib/ironserve/retired"
+
+
+def retire_command(unit: str) -> str:
+    """Stop and disable a unit a rolling switch replaces, and move its files aside (RETIRED_DIR/<unit>, a PATHS
+    list of where each came from): restore_command brings it back if its successor fails its gate."""
+    service = shlex.quote(f"{unit}.service")
+    d = shlex.quote(f"{RETIRED_DIR}/{unit}")
+    files = " ".join(shlex.quote(p) for p in unit_file_paths(unit))
+    return (f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
+            f"rm -rf {d} && mkdir -p {d} && i=0 && for f in {files}; do i=$((i+1)); if [ -e \"$f\" ]; then "
+            f"printf '%s %s\\n' \"$i\" \"$f\" >> {d}/PATHS && mv \"$f\" {d}/$i || exit 1; fi; done; "
+            f"systemctl daemon-reload")
+
+
+def restore_command(unit: str) -> str:
+    """Put a retired unit's files back, then enable and start it."""
+    service = shlex.quote(f"{unit}.service")
+    d = shlex.quote(f"{RETIRED_DIR}/{unit}")
+    return (f"while read -r i f; do mv {d}/$i \"$f\" || exit 1; done < {d}/PATHS && rm -rf {d} && "
+            f"systemctl daemon-reload && systemctl enable {service} && systemctl start {service}")
+
+
+def purge_command(unit: str) -> str:
+    """The successor passed its gate: the retired unit's files and last good configuration go for good."""
+    return f"rm -rf {shlex.quote(f'{RETIRED_DIR}/{unit}')} {shlex.quote(snapshot_dir(unit))}"
+
+
+def replaced_units(processes) -> list[str]:
+    """The undeclared engine units on this host (not routers, not rank guards): what a rolling switch replaces."""
+    declared = set(declared_units(processes))
+    return sorted(u for u in (host.get_fact(IronserveUnits) or {}) if u not in declared
+                  and not u.endswith(("-router", "-rank-guard")))
+
+
+def routers_kept(processes) -> list[str]:
+    """Undeclared routers: removed at the router stage, right before the new router starts (the rolling switch
+    moves the engine groups through the old router first)."""
+    declared = set(declared_units(processes))
+    return sorted(u for u in (host.get_fact(IronserveUnits) or {}) if u not in declared and u.endswith("-router"))
+
+
 @operation()
 def undeclared_removed(declared: list[str]):
     """No unit of ironserve's naming other than ``declared`` exists on the host (see the module doc)."""
@@ -73,9 +115,9 @@ def declared_units(processes) -> list[str]:
     return sorted({p.unit for p in processes} | {rank_guard_unit(p) for p in processes if p.in_rank_group})
 
 
-def removal_name(processes, recipe_id: str) -> str:
+def removal_name(processes, recipe_id: str, keep: list[str] | None = None) -> str:
     """The operation's name names what goes (what `--dry` shows): the units this host has that are not declared."""
-    stray = sorted(set(host.get_fact(IronserveUnits) or {}) - set(declared_units(processes)))
+    stray = sorted(set(host.get_fact(IronserveUnits) or {}) - set(declared_units(processes)) - set(keep or ()))
     if not stray:
         return "Units of ironserve's naming this deployment does not declare: none"
     return (f"Remove {', '.join(stray)}: not declared by {recipe_id} (stopped, disabled, files removed; an outage "

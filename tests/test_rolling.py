@@ -276,3 +276,13 @@ def test_audit_compares_the_engines_effective_arguments():
     ok, found = evaluate(host({**info, "max_running_requests": 3}), check)
     assert not ok and found == "differs: max_running_requests=3 (rendered 4)"
     assert evaluate(host({"error": "HTTP 401"}), check) == (False, "no server info: HTTP 401")
+
+
+def test_the_staged_env_file_gives_the_key_of_a_unit_not_yet_live(fleet, tmp_path):
+    """A recipe switch moves its groups through the old router before the new router's env file is live: the key
+    comes from the staged one (ironserve.units.STAGED_DIR + the live path)."""
+    from ironserve.units import STAGED_DIR
+
+    assert f'STAGED = "{STAGED_DIR}"' in rolling.ROLL_SCRIPT
+    rc, answer = _roll("workers", fleet.base, str(tmp_path / "not-live.env"))
+    assert rc == 1 and answer["error"].startswith("HTTP 401")  # neither file: no key, and the router says so
