@@ -286,3 +286,30 @@ def test_the_staged_env_file_gives_the_key_of_a_unit_not_yet_live(fleet, tmp_pat
     assert f'STAGED = "{STAGED_DIR}"' in rolling.ROLL_SCRIPT
     rc, answer = _roll("workers", fleet.base, str(tmp_path / "not-live.env"))
     assert rc == 1 and answer["error"].startswith("HTTP 401")  # neither file: no key, and the router says so
+
+
+def _sandboxed(command: str, root) -> str:
+    """The host command with its absolute paths under ``root`` and systemctl recorded instead of run."""
+    import re
+
+    # each path once: the staged copies' inner /etc/... follows a word character and stays as it is
+    command = re.sub(r"(?<![\w/])(/etc/systemd/system|/etc/ironserve|/var/lib/ironserve)", rf"{root}\1", command)
+    return f'systemctl() {{ echo "systemctl $*" >> {root}/systemctl.log; }}; {command}'
+
+
+def test_a_switch_sets_the_old_unit_aside_and_restores_it_whole(tmp_path):
+    from roles import undeclared
+
+    unit = "sglang-old-server-0"
+    files = {f"/etc/systemd/system/{unit}.service": "[Unit]\n", f"/etc/ironserve/{unit}.env": "A=1\n",
+             f"/etc/ironserve/staged/etc/ironserve/{unit}.env": "A=2\n"}
+    for path, text in files.items():
+        (tmp_path / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path.lstrip("/")).write_text(text)
+    subprocess.run(["bash", "-c", _sandboxed(undeclared.retire_command(unit), tmp_path)], check=True)
+    assert not any((tmp_path / p.lstrip("/")).exists() for p in files)
+    assert f"systemctl disable --now {unit}.service" in (tmp_path / "systemctl.log").read_text()
+    subprocess.run(["bash", "-c", _sandboxed(undeclared.restore_command(unit), tmp_path)], check=True)
+    assert {p: (tmp_path / p.lstrip("/")).read_text() for p in files} == files
+    assert not (tmp_path / "var/lib/ironserve/retired" / unit).exists()
+    assert (tmp_path / "systemctl.log").read_text().splitlines()[-1] == f"systemctl start {unit}.service"
