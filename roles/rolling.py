@@ -302,10 +302,12 @@ def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
         host.log(f"{plan['unit']}: {unit} stopped, disabled and set aside (it is put back if this group fails)")
     for member_host, m in reversed(members):
         units = [m["unit"]] + ([m["guard"]] if m["guard"] else [])
-        steps = [f"systemctl stop {' '.join(shlex.quote(u + '.service') for u in units)}",
+        names = " ".join(shlex.quote(u + ".service") for u in units)
+        # a unit a switch starts for the first time is not loaded yet: nothing to stop is fine, one left running not
+        steps = [f"systemctl stop {names} 2>/dev/null || ! systemctl is-active -q {names}",
                  *(install_command(s, live, mode) for s, live, mode in m["files"]),
                  reload_command([f"{u}.service" for u in units]),
-                 f"systemctl enable {' '.join(shlex.quote(u + '.service') for u in units)}"]
+                 f"systemctl enable {names}"]
         ok, out = _sh(member_host, " && ".join(f"{{ {s}; }}" for s in steps))
         if not ok:
             return False, f"making the staged configuration live on {member_host.name} failed: {out[-300:]}"
@@ -404,7 +406,7 @@ def apply(ctx: DeploymentContext, procs: list[Process], live_files, config_paths
             continue
         running = host.get_fact(UnitState, unit=head.unit, paths=[])["active"] in ("active", "activating")
         plan = roll_plan(ctx, group, live_files, config_paths, [] if running else replaces(ctx, head))
-        # while planning (every host of the run, before any executes): the groups that take turns, and whose
+        # while planning (every host of the run, before any executes): the groups that take turns, and their hosts
         ctx.rolls.setdefault("groups", []).append(plan["group"])
         ctx.rolls[f"host:{plan['group']}"] = head.host
         op = group_rolled(name=step_name(plan), plan=plan, rolls=ctx.rolls, pending=pending(head),
