@@ -100,6 +100,10 @@ class HostData(BaseModel):
     rollback: bool = _field(True, "roles/rollback.py", "restore the last good configuration when a new one fails "
                             "its health gate")
     health_poll_s: float = _field(10, "roles/launch.py", "seconds between health probes", gt=0)
+    roll_max_groups: int = _field(1, "roles/rolling.py", "engine groups a rolling change moves out of the router at "
+                                  "once (only 1 is implemented)", ge=1, le=1)
+    drain_timeout_s: float = _field(120, "roles/rolling.py", "seconds a group out of the router waits for its "
+                                    "in-flight requests before it stops (the rest are cut, and said)", gt=0)
     health_progress_s: float = _field(60, "roles/launch.py", "seconds between progress lines while waiting (0: "
                                       "every probe)", ge=0)
     health_journal_lines: int = _field(40, "roles/launch.py", "journal lines shown when a unit fails its gate", ge=0)

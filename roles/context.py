@@ -43,6 +43,9 @@ class DeploymentContext:
     # {rank group key: {rank: its unit running?}}, shared like gate_results: filled while planning the launch
     # preflight, read by its rendezvous while executing (a running rank keeps its group from a rendezvous)
     ranks_running: dict[str, dict[int, bool]] = field(default_factory=dict)
+    # the rolling change's record (roles/rolling.py), shared like gate_results: the groups planned to roll, then
+    # each one's outcome while the run executes (a group waits for the ones before it, the canary first)
+    rolls: dict = field(default_factory=dict)
 
     @property
     def is_router_only(self) -> bool:
@@ -166,6 +169,7 @@ def current(model: str) -> DeploymentContext:
             raise SystemExit(2) from None
         if peer:
             ctx.ranks_running = peer.ranks_running
+            ctx.rolls = peer.rolls
         _CACHE[key] = ctx
     return _CACHE[key]
 

@@ -59,7 +59,9 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
 from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit,
                              staged_path)
-from roles import launch_preflight, rollback
+from roles import launch_preflight, live_config, rollback, rolling, undeclared
+from roles.live_config import install_command, reload_command
+from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
 from roles.context import DeploymentContext, host_data
@@ -85,21 +87,6 @@ def start_order(processes: list[Process]) -> list[list[Process]]:
 
 
 # --------------------------------------------------------------------------- facts
-
-
-class ConfigFiles(FactBase):
-    """sha256 of each staged file and of its live counterpart: {live path: {"staged": sha|None, "live": sha|None}}."""
-
-    def command(self, pairs):
-        quoted = " ".join(shlex.quote(p) for pair in pairs for p in pair)
-        return f"sha256sum {quoted} 2>/dev/null; true"
-
-    def process(self, output):
-        sums = {}
-        for line in output:
-            digest, _, path = line.strip().partition(" ")
-            sums[path.lstrip(" *")] = digest
-        return sums
 
 
 class NeedDaemonReload(FactBase):
@@ -140,16 +127,6 @@ def launch_gate(hosts: list[str]):
     yield  # noqa: unreachable - an operation is a generator
 
 
-def install_command(staged: str, live: str, mode: str) -> str:
-    """Make a staged file live: a fresh temporary copy (created under umask 077: a secret is never readable by
-    others, not even a leftover of a killed run), its mode, then an atomic rename. Its mtime is the moment it
-    became live, which tells unit_started that a running unit started before it is stale."""
-    s, dst = shlex.quote(staged), shlex.quote(live)
-    tmp = shlex.quote(f"{live}.ironserve-new")
-    return (f"cmp -s {s} {dst} || {{ rm -f {tmp} && (umask 077 && cp {s} {tmp}) && chmod {mode} {tmp} "
-            f"&& chown root:root {tmp} && mv -f {tmp} {dst}; }}")
-
-
 @operation()
 def config_live(unit: str, files: list, changing=False):
     """The staged files of ``unit`` (``files``: [staged, live, mode]) are its live files (the launch stage only).
@@ -157,20 +134,13 @@ def config_live(unit: str, files: list, changing=False):
     While planning, the facts say which differ; ``changing`` (bool or callable) says that the prepare stage of
     this run rewrites a staged file (the facts predate it). Each copy is skipped when the files are already equal.
     """
-    sums = host.get_fact(ConfigFiles, pairs=[[staged, live] for staged, live, _ in files])
+    sums = host.get_fact(live_config.StagedFiles, pairs=[[staged, live] for staged, live, _ in files])
     pending = [live for staged, live, _ in files if sums.get(staged) != sums.get(live) or not sums.get(live)]
     if not pending and not _wants_restart(changing):
         host.noop(f"{unit}: the staged configuration is the live one")
         return
     for staged, live, mode in files:
         yield install_command(staged, live, mode)
-
-
-def reload_command(units: list[str]) -> str:
-    """daemon-reload only when systemd itself says a unit file changed under it (decided when it runs)."""
-    names = " ".join(shlex.quote(u) for u in units)
-    return (f"if systemctl show -p NeedDaemonReload -p LoadState --value {names} | grep -qx -e yes -e not-found; "
-            f"then systemctl daemon-reload; fi")
 
 
 @operation()
@@ -325,91 +295,6 @@ def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members:
     return ok
 
 
-def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None,
-                 restarts_allowed: int = 0) -> bool:
-    return await_health(state, host, unit, url, timeout_s, poll_s, restarts_allowed)[0]
-
-
-def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None,
-                 restarts_allowed: int = 0) -> tuple[bool, str]:
-    """Poll the unit's /health from the host until 200; (False, why) with the journal on timeout or death.
-
-    Death: the unit failed or stopped, or systemd restarted it more than ``restarts_allowed`` times since the gate
-    began (0: the first automatic restart; a unit that stopped counts only when seen twice in a row then, a
-    group restart passes through inactive)."""
-    poll_s = float(poll_s if poll_s is not None else host_data(host).health_poll_s)
-    progress_s = host_data(host).health_progress_s
-    sudo = bool(host.data.get("_sudo"))
-    start = last = time.monotonic()
-    probe = (f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
-             f"systemctl show -p ActiveState -p SubState -p NRestarts {shlex.quote(unit)}.service")
-    host.log(f"{unit}: waiting for {url} (up to {timeout_s}s)")
-    seen, counted, stopped = None, 0, False
-    while True:
-        _, out = host.run_shell_command(probe)
-        code, active, sub = _parse_probe(out.stdout_lines)
-        restarts = _restarts(out.stdout_lines)
-        # automatic restarts since the gate began; NRestarts falls back to 0 when the unit is restarted on purpose
-        # (a group restart by its rank guard): count on from there
-        if restarts is not None:
-            counted += 0 if seen is None else (restarts - seen if restarts >= seen else restarts)
-            seen = restarts
-        elapsed = int(time.monotonic() - start)
-        if code == 200:
-            host.log_styled(f"{unit}: healthy after {elapsed}s", fg="green")
-            return True, ""
-        if restarts_allowed:
-            dead = (active == "failed" or (active == "inactive" and stopped)
-                    or counted > restarts_allowed)
-            stopped = active == "inactive"
-        else:
-            dead = active in ("failed", "inactive") or sub == "auto-restart"
-        if dead or elapsed >= timeout_s:
-            why = (f"the unit died ({active}/{sub}, {counted} restart(s) during the gate)"
-                   if dead else f"no healthy answer within {timeout_s}s")
-            lines = host_data(host).health_journal_lines
-            _, journal = host.run_shell_command(
-                f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
-            host.log_styled(f"{unit}: {why} ({url}); last journal lines:\n{journal.stdout}", fg="red")
-            return False, why
-        if time.monotonic() - last >= progress_s:
-            last = time.monotonic()
-            host.log(f"{unit}: still waiting for {url}: {elapsed}s of {timeout_s}s, unit {active}/{sub}, "
-                     f"http {code or 'no answer'}")
-        _sleep(poll_s)
-
-
-def _restarts(lines: list[str]) -> int | None:
-    for line in lines:
-        key, _, value = line.strip().partition("=")
-        if key == "NRestarts" and value.isdigit():
-            return int(value)
-    return None
-
-
-def _parse_probe(lines: list[str]) -> tuple[int | None, str | None, str | None]:
-    code = active = sub = None
-    for line in lines:
-        line = line.strip()
-        if line.isdigit():
-            code = int(line) or None
-        elif line.startswith("ActiveState="):
-            active = line.split("=", 1)[1]
-        elif line.startswith("SubState="):
-            sub = line.split("=", 1)[1]
-    return code, active, sub
-
-
-def _sleep(seconds: float) -> None:
-    # pyinfra runs hosts in gevent greenlets: a gevent sleep lets the other hosts' gates poll meanwhile
-    try:
-        import gevent
-
-        gevent.sleep(seconds)
-    except ImportError:  # pragma: no cover
-        time.sleep(seconds)
-
-
 # --------------------------------------------------------------------------- deploy
 
 
@@ -454,7 +339,7 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
     if url is None and proc.node_rank and wait:
         url = proc.local_url("/health")  # a rank > 0 answers /health on its own host once it joined its group
     unit_started(
-        name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else ""),
+        name=f"Start {proc.unit}" + (f" (rank {proc.node_rank})" if proc.nnodes > 1 else "") + _in_place(ctx, proc),
         unit=proc.unit,
         url=url,
         timeout_s=ctx.recipe.health_timeout_s,
@@ -466,6 +351,13 @@ def _start(ctx: DeploymentContext, proc: Process, wait: bool, live: dict) -> Non
         members=rollback_members(ctx, proc),
         rank0=[proc.head, proc.unit] if proc.in_rank_group and proc.node_rank and in_run(proc.head) else None,
     )
+
+
+def _in_place(ctx: DeploymentContext, proc: Process) -> str:
+    """What the plan says of an engine that cannot roll: the deployment's only group restarts in place."""
+    if proc.role == "router" or rolling.roll_groups(ctx.rendered):
+        return ""
+    return " (a change restarts it in place: the deployment's only engine group, an outage for its length)"
 
 
 def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) -> None:
@@ -525,11 +417,19 @@ def apply(ctx: DeploymentContext) -> None:
                           env_names=env_names)
     # /dev/shm, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
-    ranks0, others, routers = start_order(ctx.processes)
+    # a running engine of a deployment with several groups behind its router rolls (roles/rolling.py); the rest
+    # (first starts, a single group: in place, an outage) start in the wave below
+    rolls = rolling.rolling_procs(ctx, lambda proc: _unit_paths(ctx, proc))
+    ranks0, others, routers = start_order([p for p in ctx.processes if p not in rolls])
     # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
     # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
     # host from one line each, are operations every host shares: no host passes one before all reached it.
     wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
+    # a unit of another recipe (or group) leaves the host first: the new one takes its port and devices
+    # (not an old router, nor an engine a rolling switch replaces: they go when their successor takes over)
+    keep = undeclared.routers_kept(ctx.processes) + [u for p in rolls for u in rolling.replaces(ctx, p)]
+    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id, keep),
+                                  declared=undeclared.declared_units(ctx.processes) + keep)
     # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
     # from here on starts the new configuration on every rank, never a mix
     live = make_live(ctx, ranks0 + others)
@@ -550,7 +450,12 @@ def apply(ctx: DeploymentContext) -> None:
                         gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
+    wave_barrier(name="Launch: the rolling change, one group at a time behind the router (the wave is healthy)")
+    rolling.apply(ctx, rolls, live_files, config_paths, lambda proc: ctx.changes.unit_change_flag(proc.unit))
     wave_barrier(name="Launch: the routers (every engine group healthy)")
+    # an old recipe's router leaves right before the new one starts on its port (the switch's only gap)
+    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id),
+                                  declared=undeclared.declared_units(ctx.processes))
     live = make_live(ctx, routers)
     for proc in routers:
         _start(ctx, proc, wait=True, live=live)

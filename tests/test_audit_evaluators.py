@@ -49,6 +49,7 @@ def test_every_evaluator_has_a_case_here():
     tested = {"governor", "sysctl", "file", "env_file", "file_sha256", "service_active"}  # tests/test_audit_checks.py
     tested |= {"package", "service_enabled", "daemon_reloaded", "gpus", "npus", "clock_offsets", "listening",
                "http_ok", "command", "json_command"}
+    tested |= {"undeclared_units", "server_args"}  # tests/test_rolling.py (each with a passing and a failing case)
     # (under scripts/mutation, mutmut's copies of the functions are module functions too: not evaluators)
     assert {name for name in EVALUATORS if "__mutmut" not in name} == tested
 

@@ -26,7 +26,7 @@ from ironserve.units import (KEY_LAUNCHER, container_command, deliberate, exec_a
                              venv_path)
 from roles import container_runtime as cr
 from roles.common import changed, deb822_source
-from roles import launch, model_weights as mw, sglang_service as ss, uv_env as uv
+from roles import health, launch, model_weights as mw, sglang_service as ss, uv_env as uv
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "files" / "bin"
@@ -459,7 +459,7 @@ class _Host:
 
 
 def test_wait_healthy_polls_until_200(monkeypatch):
-    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    monkeypatch.setattr(health, "_sleep", lambda s: None)
     host = _Host(["000\nActiveState=active\nSubState=running", "503\nActiveState=active\nSubState=running",
                   "200\nActiveState=active\nSubState=running"])
     assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01) is True
@@ -467,7 +467,7 @@ def test_wait_healthy_polls_until_200(monkeypatch):
 
 
 def test_wait_healthy_fails_with_journal_when_the_unit_dies(monkeypatch):
-    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    monkeypatch.setattr(health, "_sleep", lambda s: None)
     host = _Host(["000\nActiveState=activating\nSubState=auto-restart"])
     assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01) is False
     assert "journal line 2" in host.logs[-1] and "auto-restart" in host.logs[-1]
@@ -475,7 +475,7 @@ def test_wait_healthy_fails_with_journal_when_the_unit_dies(monkeypatch):
 
 
 def test_a_forming_group_may_restart_a_few_times_but_a_crash_loop_fails_its_gate(monkeypatch):
-    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    monkeypatch.setattr(health, "_sleep", lambda s: None)
 
     def probe(code, sub, restarts):
         return f"{code}\nActiveState={'activating' if sub == 'auto-restart' else 'active'}\nSubState={sub}\nNRestarts={restarts}"
@@ -523,7 +523,7 @@ class _GroupHost:
     (None, True),                                                         # no guard record at all
 ])
 def test_a_rank_follows_rank0s_invocation_not_the_clocks_of_two_hosts(monkeypatch, following, restarted):
-    monkeypatch.setattr(launch, "_sleep", lambda s: None)
+    monkeypatch.setattr(health, "_sleep", lambda s: None)
     head, me = _GroupHost("n0", "g2"), _GroupHost("n1", "r1-new", following)
     state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name: head))
     assert launch.restart_unless_following(state, me, "u", ["n0", "u"], follow_s=0) is True

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ironserve.units import UNIT_DIR, rank_guard_unit, sha256_text, staged_path, unit_files
+from ironserve.flags import split_flags
+from ironserve.units import UNIT_DIR, env_path, rank_guard_unit, sha256_text, staged_path, unit_files
 
 from . import providers
 
@@ -35,6 +36,12 @@ GATES = ["host", "driver", "runtime", "service", "workload"]
 
 def _fix(deploy: str, inventory: str, host: str) -> str:
     return f"pyinfra {inventory} {deploy} --limit {host}"
+
+
+def rendered_args(proc) -> dict:
+    """The engine's rendered flags as SGLang's server info names them: {dest: value, True for a switch, [values]}."""
+    return {name[2:].replace("-", "_"): (True if not values else values[0] if len(values) == 1 else list(values))
+            for name, values in split_flags(proc.engine_args)}
 
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
@@ -67,6 +74,11 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         add(item["id"], item["kind"], item["expected"], "runtime", **item.get("params", {}))
 
     from roles.sglang_service import process_secrets
+    from roles.rolling import roll_script
+    from roles.undeclared import declared_units
+
+    # a stray engine or router unit (another recipe's, one started by hand) is drift, named by unit
+    add("units:undeclared", "undeclared_units", [f"{u}.service" for u in declared_units(ctx.processes)], "service")
 
     for proc in ctx.processes:
         # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values
@@ -95,4 +107,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         if proc.health_url:
             add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
             add(f"health:{proc.unit}", "http_ok", 200, "workload", url=proc.health_url)
+        if proc.health_url and proc.role != "router":
+            add(f"server-args:{proc.unit}", "server_args", rendered_args(proc), "workload",
+                cmd=roll_script("server-info", proc.local_url(""), env_path(proc)))
     return checks

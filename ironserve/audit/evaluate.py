@@ -147,6 +147,45 @@ def http_ok(host, check: Check):
     return code == str(check.expected), code
 
 
+# unit files and loaded units of ironserve's naming (roles/undeclared.py removes the ones a deploy wrote)
+UNITS_OF_OUR_NAMING = ("{ ls -1 /etc/systemd/system; systemctl list-units --all --plain --no-legend 'sglang-*' "
+                       "| awk '{print $1}'; } | grep -E '^sglang-.*[.]service$' | sort -u")
+
+
+def undeclared_units(host, check: Check):
+    """Drift: a unit of ironserve's naming the deployment does not declare on this host, named by unit."""
+    out = host.run(UNITS_OF_OUR_NAMING)
+    stray = sorted(set(out.stdout.split()) - set(check.expected))
+    return not stray, f"undeclared: {', '.join(stray)}" if stray else "none"
+
+
+def _same(found, want) -> bool:
+    if want is True:
+        return found is True
+    if isinstance(want, list):
+        return isinstance(found, list) and [str(x) for x in found] == want
+    try:
+        return float(found) == float(want)
+    except (TypeError, ValueError):
+        return str(found) == want
+
+
+def server_args(host, check: Check):
+    """Drift: the running engine's effective arguments (SGLang's own /get_server_info) differ from the rendered
+    ones (an engine started by hand with other flags, a live configuration never restarted into). Fields the
+    server does not report are not compared."""
+    out = host.run(check.params["cmd"])
+    try:
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return False, "no server info"
+    if "error" in info:
+        return False, f"no server info: {str(info['error'])[:80]}"
+    differ = [f"{field}={str(info[field])[:40]} (rendered {str(want)[:40]})" for field, want in check.expected.items()
+              if field in info and not _same(info[field], want)]
+    return not differ, ("differs: " + "; ".join(differ)) if differ else "same"
+
+
 def command(host, check: Check):
     out = host.run(check.params["cmd"])
     found = out.stdout.strip() if out.rc == 0 else f"rc={out.rc}"

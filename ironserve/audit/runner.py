@@ -220,17 +220,23 @@ def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str 
     specs = {name: hostspec(name, conn) for name, conn in connections.items()}
     reads = Reads({}, {})
     results = run_checks(checks, specs, junit if fmt == "junit" or junit else None, reads=reads)
-    if reads.unreachable:
-        for name, why in reads.unreachable.items():
-            print(f"unreachable: {name} ({connections[name]['address']}): {why}", file=sys.stderr)
-        return 2
+    # an unreachable host fails the audit (exit 2) but hides nothing: every reached host's results are reported
+    for name, why in reads.unreachable.items():
+        print(f"unreachable: {name} ({connections[name]['address']}): {why}", file=sys.stderr)
+    reached = [r for r in results if r.check.host not in reads.unreachable]
+    unreachable = {name: {"address": connections[name]["address"], "error": why}
+                   for name, why in sorted(reads.unreachable.items())}
     if fmt == "json":
-        print(json.dumps({"ok": all(r.ok for r in results), "results": [r.as_dict() for r in results]}, indent=2),
-              file=out)
+        print(json.dumps({"ok": all(r.ok for r in reached) and not unreachable,
+                          "results": [r.as_dict() for r in reached], "unreachable": unreachable}, indent=2), file=out)
     elif fmt == "junit":
         print(f"junit xml written to {junit}", file=out)
     else:
-        print(table(results), file=out)
+        print(table(reached), file=out)
+        for name, item in unreachable.items():
+            print(f"UNREACHABLE {name} ({item['address']}): {item['error']}", file=out)
+    if unreachable:
+        return 2
     return 0 if all(r.ok for r in results) else 1
 
 
