@@ -1,17 +1,20 @@
-"""ironserve command line: render | lint | import | schema | lock | lab | audit | status.
+"""ironserve command line: render | lint | import | schema | lock | init | pyinfra | audit | status (| lab).
 
-Offline commands (render, lint, import, schema) never touch a host. Exit codes: 0 ok, 1 findings with errors
-(or drift, for audit), 2 bad input or unreachable hosts.
+Offline commands (render, lint, import, schema, init) never touch a host. Exit codes, the same for every command:
+0 ok; 1 findings: lint errors, audit drift, status units not in their intended state; 2 bad input (a recipe,
+inventory, host data or option refused, with the file, key and fix) or an unreachable host; 130 interrupted
+(Ctrl-C); 141 the output pipe closed (`| head`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from . import catalogue
+from . import catalogue, resources
 from .catalogue import SpecError
 from .findings import Finding, Severity, has_errors
 
@@ -85,6 +88,9 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
         fix = f"check with --engine sglang=={nearest} (the PyPI release of that time)" if nearest else \
             "pick a PyPI version with --engine"
         return [Finding("engine-not-available", Severity.error, str(exc), fix, "engine")]
+    except engine_parser.UvMissing as exc:
+        return [Finding("engine-parser-unavailable", Severity.error, str(exc),
+                        "install uv (pip install uv, or see https://docs.astral.sh/uv/), or use --offline", "engine")]
     except engine_parser.ParserEnvError as exc:
         return [Finding("engine-parser-unavailable", Severity.error, f"the SGLang parser could not run: {exc}",
                         "check network access to the package index, or use --offline", "engine")]
@@ -278,15 +284,13 @@ def cmd_schema(args) -> int:
 
 def _recipe_files(args) -> list[Path]:
     if args.all:
-        ids = sorted(catalogue.catalogue())
-        return [catalogue.recipes_dir() / f"{i}.yaml" for i in ids]
+        return [catalogue.recipe_file(i) for i in sorted(catalogue.catalogue())]
     if not args.recipe:
         raise SpecError([catalogue.Problem("lock", "RECIPE", "no recipe given", "name a recipe id or file, or --all")])
     path = Path(args.recipe)
     if args.recipe.endswith((".yaml", ".yml")) or path.exists():
         return [path]
-    catalogue.get_recipe(args.recipe)  # an unknown id fails here, with the nearest ids
-    return [catalogue.recipes_dir() / f"{args.recipe}.yaml"]
+    return [catalogue.recipe_file(args.recipe)]
 
 
 def cmd_lock(args) -> int:
@@ -348,11 +352,38 @@ def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- init / pyinfra
+
+
+def cmd_init(args) -> int:
+    from .project import init_project
+
+    written = init_project(args.directory)
+    print(f"wrote {len(written)} files into {args.directory}:")
+    for path in written:
+        print(f"  {path}")
+    print(f"next: cd {args.directory}; edit inventory.py and group_data/all.py; ironserve render --list; "
+          "pyinfra inventory.py deploys/MODEL.py --dry")
+    return 0
+
+
+def run_pyinfra(argv: list[str]) -> int:
+    """`ironserve pyinfra ARGS`: the pyinfra installed beside ironserve (a tool install exposes only ironserve)."""
+    os.execv(sys.executable, [sys.executable, "-m", "pyinfra", *argv])
+    return 2  # not reached
+
+
 # --------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False,
+                                     epilog="exit codes: 0 ok, 1 findings (lint errors, drift), 2 bad input or an "
+                                     "unreachable host, 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {resources.version()}")
+    parser.add_argument("--recipes", action="append", default=[], metavar="DIR",
+                        help="a site directory of recipes / hardware.yaml / defaults.yaml layered over the catalogue "
+                        "(repeatable; also IRONSERVE_RECIPES and the project's recipes/)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
@@ -404,6 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "the recipes' images, in place of theirs (host data docker_image_lock)")
     p.set_defaults(func=cmd_lock)
 
+    p = sub.add_parser("init", help="write a project to start from: inventory, group_data, deploys, recipes/",
+                       allow_abbrev=False)
+    p.add_argument("directory")
+    p.set_defaults(func=cmd_init)
+
+    sub.add_parser("pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY",
+                   add_help=False)
+
     _add_optional(sub)
     return parser
 
@@ -422,6 +461,8 @@ def _add_optional(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pyinfra"]:
+        return run_pyinfra(argv[1:])
     # Everything after a bare '--' is a pasted command (lint, import): keep it away from argparse.
     command: list[str] = []
     if "--" in argv:
@@ -429,13 +470,30 @@ def main(argv: list[str] | None = None) -> int:
         argv, command = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     args.command = command
+    catalogue.use_recipe_dirs(args.recipes)
     try:
         return args.func(args)
     except SpecError as err:
         for problem in err.problems:
             print(f"error: {problem.line()}", file=sys.stderr)
-        return 2 if args.cmd in ("audit", "status") else 1
+        return 2
+
+
+def run() -> int:
+    """The console script: main() with a closed pipe (`ironserve render --list | head`) and Ctrl-C ending quietly,
+    with the shell's codes for them (141, 130), never a traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away: nothing more can be said; stop Python flushing into the closed pipe at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -117,7 +117,7 @@ def test_import_cli_writes_yaml(tmp_path, capsys):
 
 
 def test_import_rejects_non_sglang_command(capsys):
-    assert main(["import", "--hardware", "rtx6000-pro", "--", "python3", "-m", "vllm.entrypoints", "--x"]) == 1
+    assert main(["import", "--hardware", "rtx6000-pro", "--", "python3", "-m", "vllm.entrypoints", "--x"]) == 2
     assert "not an SGLang server command" in capsys.readouterr().err
 
 

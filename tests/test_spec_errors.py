@@ -106,12 +106,12 @@ def test_invalid_yaml_reports_line(tmp_path):
     assert p.field.startswith("line ") and "YAML" in p.message
 
 
-def test_cli_exit_1_with_file_field_fix(tmp_path, capsys):
+def test_cli_exit_2_with_file_field_fix(tmp_path, capsys):
     path = write_variant(tmp_path, lambda d: d["server"].__setitem__("tp_sise", 8))
-    assert main(["render", str(path)]) == 1
+    assert main(["render", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path.name) in err and "server.tp_sise" in err and "did you mean 'tp_size'" in err
-    assert main(["lint", "--offline", str(path)]) == 1
+    assert main(["lint", "--offline", str(path)]) == 2
 
 
 def test_unknown_recipe_id_suggests(capsys):
