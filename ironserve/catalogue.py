@@ -396,7 +396,8 @@ class Catalogue:
     dirs: tuple[Path, ...]
 
 
-def _layered_hardware(dirs: tuple[Path, ...]) -> dict[str, HardwareProfile]:
+def _layered_hardware(dirs: tuple[Path, ...]) -> tuple[dict[str, HardwareProfile], list[Problem]]:
+    """Every directory's profiles, and the clashes (reported with the recipes' problems, in one run)."""
     hardware: dict[str, HardwareProfile] = {}
     where: dict[str, Path] = {}
     problems: list[Problem] = []
@@ -409,9 +410,7 @@ def _layered_hardware(dirs: tuple[Path, ...]) -> dict[str, HardwareProfile]:
                 problems.append(_clash("hardware profile", pid, where[pid], path))
                 continue
             hardware[pid], where[pid] = profile, path
-    if problems:
-        raise SpecError(problems)
-    return hardware
+    return hardware, problems
 
 
 def _layered_defaults(dirs: tuple[Path, ...]) -> dict[str, dict[str, str]]:
@@ -440,10 +439,9 @@ def _layered_defaults(dirs: tuple[Path, ...]) -> dict[str, dict[str, str]]:
 
 @functools.lru_cache(maxsize=4)
 def _catalogue_cached(dirs: tuple[Path, ...]) -> Catalogue:
-    hardware = _layered_hardware(dirs)
+    hardware, problems = _layered_hardware(dirs)
     recipes: dict[str, Recipe] = {}
     files: dict[str, Path] = {}
-    problems: list[Problem] = []
     for base in dirs:
         for path in sorted(base.glob("*.yaml")):
             if path.name in ("hardware.yaml", "defaults.yaml"):

@@ -46,8 +46,9 @@ class HostData(BaseModel):
     # ---------------------------------------------------------------- placement (render, every role)
     hardware: str | None = _field(None, "roles/context.py", "hardware profile id (recipes/hardware.yaml); required to deploy",
                                   pattern=r"^[a-z0-9][a-z0-9.\-]*$")
-    recipe: str | None = _field(None, "roles/context.py", "recipe id (or YAML file), overriding the catalogue "
-                                "default for (model, hardware)", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./\-]*$")
+    recipe: str | None = _field(None, "roles/context.py", "recipe id (or YAML file, relative or absolute), overriding "
+                                "the catalogue default for (model, hardware)",
+                                pattern=r"^[A-Za-z0-9_./][A-Za-z0-9_./\-]*$")
     model: str | None = _field(None, "deploys/bench.py", "model family to benchmark (deploys/bench.py only)",
                                pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     launch: bool = _field(True, "roles/launch.py", "false: prepare and validate everything, start nothing")

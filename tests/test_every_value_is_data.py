@@ -57,9 +57,9 @@ def _cli(capsys, *argv) -> tuple[int, str]:
 
 
 def _refused(capsys, *argv, field: str = "", words: tuple = ()) -> str:
-    """Exit 1, a file: field: message. Fix: line on stderr, no traceback."""
+    """Exit 2, a file: field: message. Fix: line on stderr, no traceback."""
     rc, err = _cli(capsys, *argv)
-    assert rc == 1, err
+    assert rc == 2, err
     assert "Traceback" not in err and "Fix:" in err, err
     if field:
         assert f" {field}" in err, err

@@ -115,7 +115,7 @@ def test_cli_exit_2_with_file_field_fix(tmp_path, capsys):
 
 
 def test_unknown_recipe_id_suggests(capsys):
-    assert main(["render", "glm5-nvfp4-mtp-rtx6000"]) == 1
+    assert main(["render", "glm5-nvfp4-mtp-rtx6000"]) == 2
     assert "glm5-nvfp4-mtp-rtx6000-tp8" in capsys.readouterr().err
 
 
