@@ -28,12 +28,14 @@ def _engine_version(text: str | None) -> str | None:
     return text.split("==", 1)[1]
 
 
-def _hosts_from(path: str | None):
+def _hosts_from(path: str | None, data: list[str] | None = None):
+    """The inventory's hosts as the deploy sees them: pyinfra's loader (groups, group_data/, --data)."""
     if not path:
         return None
-    from .inventory import load_inventory
+    from .fleet import load_inventory
+    from .hostdata import parse_data_args
 
-    return load_inventory(path)
+    return load_inventory(path, parse_data_args(data or []))
 
 
 # --------------------------------------------------------------------------- render
@@ -47,7 +49,7 @@ def cmd_render(args) -> int:
             print(f"{rid:45s} {','.join(recipe.hardware):32s} {recipe.description}")
         return 0
     recipe = catalogue.get_recipe(args.recipe)
-    rendered = render(recipe, _hosts_from(args.inventory), args.inventory or "inventory")
+    rendered = render(recipe, _hosts_from(args.inventory, args.data), args.inventory or "inventory")
     if args.format == "json":
         print(json.dumps(rendered.as_dict(), indent=2))
     elif args.format == "shell":
@@ -104,7 +106,8 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
     return out
 
 
-def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None) -> list[Finding]:
+def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None,
+                     data: list[str] | None = None) -> list[Finding]:
     from .lint import lint_recipe
     from .pins import resolve_findings
     from .render import render
@@ -112,7 +115,7 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str |
     findings = lint_recipe(recipe, catalogue.hardware_profiles(), engine)
     version = engine or recipe.engine.check_version
     # with an inventory: its host data validated and the argv rendered for its hosts (addresses, paths, NICs)
-    hosts = _hosts_from(inventory)
+    hosts = _hosts_from(inventory, data)
     rendered = render(recipe, hosts, inventory or "inventory")
     # do the runtime's pins resolve (against the indexes the inventory maps, when one is given)?
     indexes = next((dict(h.data.get("package_indexes") or {}) for h in hosts or [] if h.data.get("package_indexes")), {})
@@ -204,7 +207,7 @@ def cmd_lint(args) -> int:
     everything: list[Finding] = []
     for ref in targets:
         recipe = catalogue.get_recipe(ref)
-        findings = lint_recipe_full(recipe, engine, args.offline, args.inventory)
+        findings = lint_recipe_full(recipe, engine, args.offline, args.inventory, args.data)
         everything += findings
         if args.format == "text":
             _print_findings(findings, "text", recipe.id)
@@ -389,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
     p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
     p.add_argument("--inventory", help="pyinfra inventory file: hosts, addresses, ranks")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="host data for every host of "
+                   "--inventory, as pyinfra's --data")
     p.add_argument("--format", choices=["json", "shell", "systemd"], default="json")
     p.add_argument("--list", action="store_true", help="list the catalogue")
     p.set_defaults(func=cmd_render)
@@ -401,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
     p.add_argument("--inventory", help="pyinfra inventory: validate its host data and render for its hosts")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="host data for every host of "
+                   "--inventory, as pyinfra's --data")
     p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")

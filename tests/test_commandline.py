@@ -159,11 +159,11 @@ def test_import_errors_name_the_flag_what_was_expected_and_the_fix(capsys):
     rc = main(["import", "--hardware", "rtx6000-pro", "--", "python3", "-m", "sglang.launch_server", "--model-path",
                "m", "--port", "http"])
     err = capsys.readouterr().err
-    assert rc == 1 and "--port http: expected a whole number between 1 and 65535" in err and "Fix: write --port" in err
+    assert rc == 2 and "--port http: expected a whole number between 1 and 65535" in err and "Fix: write --port" in err
     rc = main(["import", "--hardware", "rtx6000-pro", "--", "python3", "-m", "sglang.launch_server", "--model-path",
                "m", "--mem-fraction-static", "85"])
     err = capsys.readouterr().err
-    assert rc == 1 and "--mem-fraction-static 85: expected a fraction between 0 and 1" in err
+    assert rc == 2 and "--mem-fraction-static 85: expected a fraction between 0 and 1" in err
     assert "Traceback" not in err
 
 
@@ -195,7 +195,7 @@ def test_env_unset_and_unknown_docker_options():
 
 
 def test_import_writes_an_inventory_that_renders_the_same_router_urls(tmp_path, capsys):
-    from ironserve.inventory import load_inventory
+    from ironserve.fleet import load_inventory
     from ironserve.render import render
 
     script = tmp_path / "pd.sh"
