@@ -234,6 +234,7 @@ def cmd_import(args) -> int:
                                            "paste it after --, or name a launch script with --file")])
     arch = profiles[args.hardware].accelerator.arch
     engine = _engine_version(args.engine)
+    args.id = _import_id(args.id, args.output)
     try:
         if args.file:
             try:
@@ -250,6 +251,16 @@ def cmd_import(args) -> int:
     text = to_yaml(result.data)
     for f in result.findings:
         print(f.line(), file=sys.stderr)
+    # what import writes must load and pass lint: cross-field errors (a tp_size larger than the hardware's devices)
+    # stop it, exit 2, nothing written; lint errors are said, and exit 1 after writing (fix the file, lint again)
+    from .lint import lint_recipe
+
+    recipe = catalogue.parse_recipe(result.data, args.output or "imported recipe")
+    catalogue.check_recipe(recipe, profiles, args.output or "imported recipe")
+    linted = lint_recipe(recipe, profiles, engine)
+    for f in linted:
+        if f.severity is Severity.error:
+            print(f.line(), file=sys.stderr)
     if any(h for h in result.hosts):
         print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
               file=sys.stderr)
@@ -265,7 +276,21 @@ def cmd_import(args) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         print(text, end="")
-    return 0
+    return 1 if has_errors(linted) else 0
+
+
+def _import_id(given: str | None, output: str | None) -> str | None:
+    """-o FILE names the recipe: its id is the file's name (what the catalogue and `render FILE` require)."""
+    if not output:
+        return given
+    stem = Path(output).stem
+    if not Path(output).name.endswith((".yaml", ".yml")):
+        raise SpecError([catalogue.Problem("command line", "--output", f"{output} is not a .yaml file",
+                                           f"write to {stem}.yaml")])
+    if given and given != stem:
+        raise SpecError([catalogue.Problem("command line", "--id", f"--id {given} differs from the file name {output}",
+                                           f"drop --id (the id is the file name), or write to {given}.yaml")])
+    return stem
 
 
 def cmd_schema(args) -> int:
@@ -415,12 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", help="pasted command -> recipe YAML", allow_abbrev=False)
     p.add_argument("--hardware", required=True)
-    p.add_argument("--id", help="recipe id (default: derived)")
+    p.add_argument("--id", help="recipe id (default: the -o file's name, else derived)")
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
     p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
-    p.add_argument("--output", "-o", help="write to this file instead of stdout")
+    p.add_argument("--output", "-o", help="write to this .yaml file instead of stdout (the recipe's id is its name)")
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("schema", help="JSON Schema of recipes, for editors", allow_abbrev=False)
