@@ -451,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="JSON Schema of recipes, for editors", allow_abbrev=False)
     p.add_argument("--hardware", action="store_true", help="schema of hardware profiles instead")
     p.add_argument("--host-data", action="store_true", help="schema of inventory host data instead")
-    p.add_argument("--markdown", action="store_true", help="with --host-data: the README's table")
+    p.add_argument("--markdown", action="store_true", help="with --host-data: the table of docs/host-data.md")
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("lock", help="pin each recipe's image digest / package hashes in <recipe>.lock.json",

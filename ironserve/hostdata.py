@@ -8,8 +8,8 @@ from an inventory or as text from ``--data`` (pyinfra turns "false"/"true"/digit
 are validated to the same types.
 
 Validated by the deploy (roles/context.py, before any operation), ``ironserve render --inventory``, ``lint
---inventory``, ``audit`` and ``status``. ``ironserve schema --host-data`` prints the JSON Schema; the README's
-inventory section is checked against it by tests/test_every_value_is_data.py.
+--inventory``, ``audit`` and ``status``. ``ironserve schema --host-data`` prints the JSON Schema; docs/host-data.md's
+table is checked against it by tests/test_every_value_is_data.py.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def _type_name(annotation) -> str:
 
 
 def markdown_table() -> str:
-    """The README's host-data section (checked against this model by tests/test_every_value_is_data.py)."""
+    """docs/host-data.md's table (checked against this model by tests/test_every_value_is_data.py)."""
     lines = ["| key | type | default | read by | what |", "|---|---|---|---|---|"]
     for name, f in HostData.model_fields.items():
         default = "" if f.default is None else f"`{f.default}`" if not isinstance(f.default, list) else \
