@@ -47,8 +47,9 @@ def recipe_dirs() -> tuple[Path, ...]:
             raise SpecError([Problem(str(d), "", "recipe directory not found", "give a directory of recipe YAML "
                                      "files (IRONSERVE_RECIPES or --recipes), or create it")])
     out = [base.resolve()]
+    builtin = resources.catalogue_dir().resolve()  # a checkout's recipes/ is the catalogue, even when replaced
     for d in named + [Path(SITE_DIR)]:
-        if d.is_dir() and d.resolve() not in out:
+        if d.is_dir() and d.resolve() not in out and d.resolve() != builtin:
             out.append(d.resolve())
     return tuple(out)
 
