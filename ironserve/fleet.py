@@ -32,7 +32,8 @@ def pyinfra_inventory(path: str | Path, data: dict | None = None):
         raise SpecError([Problem(str(path), "", "inventory file not found", "give the path of a pyinfra inventory .py")])
     try:
         with ctx_state.use(State()):  # pyinfra executes inventory files within a state, as its CLI does
-            return make_inventory(str(path), override_data=dict(data or {}), cwd=os.getcwd())
+            # absolute: pyinfra keeps the code of files it ran by the path it was given
+            return make_inventory(str(path.resolve()), override_data=dict(data or {}), cwd=os.getcwd())
     except SystemExit as exc:  # sys.exit(0) in an inventory is not "no hosts, all fine"
         raise SpecError([Problem(str(path), "", f"the inventory exited (sys.exit({exc.code!r})) while being read",
                                  "an inventory defines host lists; make it run to the end")])

@@ -186,3 +186,15 @@ def test_an_unknown_host_key_is_refused_unless_the_inventory_says_otherwise(tmp_
     answered = json.loads(out.getvalue())["hosts"][0]
     assert "error" not in answered and answered["units"][0]["active"] in ("inactive", "unknown"), answered
     assert str(sshd["port"]) in Path(tmp_path / "known_hosts").read_text()
+
+
+def test_an_init_project_renders_as_is_with_its_group_data(tmp_path, monkeypatch, capsys):
+    assert main(["init", str(tmp_path / "mycluster")]) == 0
+    assert "group_data/all.py" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path / "mycluster")
+    assert main(["render", "llama3-8b-multinode-tp4", "--inventory", "inventory.py", "--format", "json"]) == 0
+    processes = json.loads(capsys.readouterr().out)["processes"]
+    assert [(p["host"], p["env"].get("NCCL_SOCKET_IFNAME")) for p in processes] == [("gpu-1", "eth0"), ("gpu-2", "eth0")]
+    assert main(["lint", "llama3-8b-multinode-tp4", "--offline", "--inventory", "inventory.py"]) == 0
+    assert main(["init", str(tmp_path / "mycluster")]) == 2  # nothing is overwritten
+    assert "already exists" in capsys.readouterr().err
