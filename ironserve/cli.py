@@ -511,21 +511,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def run() -> int:
-    """The console script: main() with a closed pipe (`ironserve render --list | head`) and Ctrl-C ending quietly,
-    with the shell's codes for them (141, 130), never a traceback."""
-    try:
-        code = main()
-        sys.stdout.flush()
-        return code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # the reader went away: nothing more can be said; stop Python flushing into the closed pipe at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-
-
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(main())
