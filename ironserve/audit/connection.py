@@ -18,6 +18,7 @@ from testinfra.backend.base import BaseBackend
 from testinfra.backend.paramiko import ParamikoBackend
 
 from ironserve.fleet import Fleet
+from ironserve.problems import Problem, SpecError
 
 SCHEME = "ironserve-pyinfra://"
 STRICT_UNLESS_SAID = "yes"
@@ -50,9 +51,7 @@ def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
     for name in names:
         host = fleet.pyinfra.get_host(name)
         data = host.data.dict()
-        if "ssh" not in host.connector_cls.__module__:
-            from ironserve.problems import Problem, SpecError
-
+        if not host.connector_cls.__module__.endswith(".ssh"):
             raise SpecError([Problem("inventory", name, f"connector {host.connector_cls.__name__} is not SSH",
                                      "audit and status reach hosts over SSH: give them ssh_hostname")])
         if "ssh_strict_host_key_checking" not in data:
