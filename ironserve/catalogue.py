@@ -19,7 +19,7 @@ from . import imagelock, resources
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
 from .problems import Problem, SpecError
 from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
-                   effective_tuning)
+                   effective_tuning, is_set)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SITE_DIR = "recipes"  # a project's own recipes and profiles, beside its inventory (`ironserve init` makes it)
@@ -309,8 +309,9 @@ def _host_ports(recipe: Recipe, gi: int) -> list[tuple[int, str, str]]:
     server = recipe.group_server(group)
     where = f"topology.groups[{gi}]"
     port_field = f"{where}.server.port" if group.server.port else "server.port"
-    out = [(server.port or 30000, "the server port", port_field)]
-    if group.nodes > 1:
+    # unset ports (<PORT>: lint's unset-value) are checked once they are set
+    out = [(server.port or 30000, "the server port", port_field)] if is_set(server.port) else []
+    if group.nodes > 1 and is_set(group.dist_init_port):
         d = group.dist_init_port
         last = d + DIST_INIT_DERIVED + (server.dp_size or 1) - 1
         out += [(port, f"SGLang's port dist_init_port + {port - d}" if port != d else "the dist-init port",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -55,9 +56,11 @@ def cmd_render(args) -> int:
     elif args.format == "shell":
         print(shell_script(rendered), end="")
     else:
+        from .render import require_set
         from .spec import effective_tuning
         from .units import systemd_bundle
 
+        require_set(rendered)  # units need every value: <PORT> left by import is said, not rendered
         profile = catalogue.hardware_profiles()[recipe.hardware[0]]
         print(systemd_bundle(rendered, effective_tuning(recipe, profile)), end="")
     return 0
@@ -138,13 +141,11 @@ def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> lis
     seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
     if engine:
         return _parser_findings(engine, [argv])
-    from .engine_parser import release_for_era
-    from .importer import DEFAULT_ENGINE
-    from .lint import SEED_ERA
+    from .commandline import parse_command
+    from .importer import choose_engine
 
-    era = SEED_ERA.get(profile.accelerator.arch, "")
-    version = release_for_era(era) or DEFAULT_ENGINE
-    why = f"the PyPI release of the {era} era" if release_for_era(era) else "the newest release ironserve knows"
+    command = parse_command(argv)  # the release import would choose: image tag, the flags' releases, seed era
+    version, why, _ = choose_engine(profile.accelerator.arch, None, command.docker, [command], detect=False)
     return [Finding(f.rule, Severity.warning if f.severity is Severity.error else f.severity,
                     f"{f.message} (parser of sglang {version}, {why}; name --engine to judge for your version)",
                     f.fix, f.where) for f in _parser_findings(version, [argv])]
@@ -220,6 +221,14 @@ def cmd_lint(args) -> int:
 # --------------------------------------------------------------------------- import / schema
 
 
+def _read_script(name: str) -> str:
+    try:
+        with open(name) as fh:
+            return fh.read()
+    except OSError as exc:
+        raise SpecError([catalogue.Problem(name, "", f"cannot read ({exc.strerror})", "check the path")]) from exc
+
+
 def cmd_import(args) -> int:
     from .commandline import CommandError, parse_command
     from .importer import import_commands, import_script, to_yaml
@@ -236,17 +245,14 @@ def cmd_import(args) -> int:
     engine = _engine_version(args.engine)
     args.id = _import_id(args.id, args.output)
     try:
-        if args.file:
-            try:
-                text = open(args.file).read()
-            except OSError as exc:
-                raise SpecError([catalogue.Problem(args.file, "", f"cannot read ({exc.strerror})", "check the path")])
-            result = import_script(text, args.hardware, args.id, engine, arch, detect=not args.offline)
+        if args.file:  # --file repeated: the halves and the router of one deployment, one script each
+            texts = [_read_script(name) for name in args.file] + ([shlex.join(words)] if words else [])
+            result = import_script("\n".join(texts), args.hardware, args.id, engine, arch, detect=not args.offline)
         else:
             result = import_commands([parse_command(words)], args.hardware, args.id, engine, arch,
                                      detect=not args.offline)
     except CommandError as exc:
-        source = args.file or "command"
+        source = ", ".join(args.file or ["command"])
         raise SpecError([catalogue.Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
     text = to_yaml(result.data)
     for f in result.findings:
@@ -257,7 +263,10 @@ def cmd_import(args) -> int:
 
     recipe = catalogue.parse_recipe(result.data, args.output or "imported recipe")
     catalogue.check_recipe(recipe, profiles, args.output or "imported recipe")
-    linted = lint_recipe(recipe, profiles, engine)
+    try:
+        linted = lint_recipe(recipe, profiles, engine)
+    except SpecError:  # placement that needs the inventory's hosts (a router beside an engine): `lint --inventory`
+        linted = []
     for f in linted:
         if f.severity is Severity.error:
             print(f.line(), file=sys.stderr)
@@ -442,7 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", required=True)
     p.add_argument("--id", help="recipe id (default: the -o file's name, else derived)")
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
-    p.add_argument("--file", help="a launch script: its engine commands and router become one recipe")
+    p.add_argument("--file", action="append", help="a launch script: its engine commands and router become one "
+                   "recipe; repeat it for scripts of one deployment (prefill, decode, router)")
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
     p.add_argument("--output", "-o", help="write to this .yaml file instead of stdout (the recipe's id is its name)")

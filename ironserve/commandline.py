@@ -37,7 +37,18 @@ SGLANG_BIN = re.compile(r"^(.*/)?sglang$")
 # a shell variable or a documentation placeholder in a value: $x, ${x}, ${x:-default}, <PREFILL_HOST_IP>
 SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}"  # ${x}, ${x:-default}: groups 1, 2
                        r"|\$([A-Za-z_][A-Za-z0-9_]*)"  # $x: group 3
-                       r"|<([A-Za-z_][A-Za-z0-9_]*)>")  # <PLACEHOLDER> of a guide: group 4
+                       r"|<([A-Za-z_][A-Za-z0-9_]*)>"  # <PLACEHOLDER> of a guide: group 4
+                       r"|\$\{([A-Za-z_][A-Za-z0-9_]*)\[(\d+|\$?[A-Za-z_][A-Za-z0-9_]*)\]\}")  # ${x[0]}, ${x[$i]}: 5, 6
+# NAME=(a b c): a bash array, whose elements launch lines name as ${NAME[0]}
+ARRAY_ASSIGNMENT = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)\)$", re.S)
+
+
+def var_name(m: re.Match) -> str:
+    """The variable a SHELL_VAR match names, as a recipe input: x, X, or x_0 for ${x[0]}."""
+    if m.group(5):
+        return f"{m.group(5)}_{m.group(6).lstrip('$')}"
+    return m.group(1) or m.group(3) or m.group(4)
+
 
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
 SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
@@ -393,7 +404,7 @@ def expand(word: str, variables: dict[str, str]) -> str:
     """$x / ${x} / ${x:-default} filled from the script's variables; unknown ones stay as written."""
 
     def sub(m: re.Match) -> str:
-        name = m.group(1) or m.group(3)
+        name = m.group(1) or m.group(3) or (f"{m.group(5)}[{m.group(6)}]" if m.group(5) else None)
         if name and name in variables:
             return variables[name]
         if m.group(1) and m.group(2) is not None:
@@ -415,6 +426,11 @@ def parse_script(text: str) -> Script:
             words = shlex.split(line, comments=True)
         except ValueError as exc:
             raise CommandError(f"cannot split the line {line.strip()[:60]!r}: {exc}", "close the quotes") from exc
+        array = ARRAY_ASSIGNMENT.match(line.strip())
+        if array:  # D_IP=(10.0.0.1 10.0.0.2): ${D_IP[0]}, ${D_IP[1]} in the launch lines
+            for n, element in enumerate(shlex.split(array.group(2))):
+                variables[f"{array.group(1)}[{n}]"] = expand(element, variables)
+            continue
         for part in _split_list(words):
             if not part:
                 continue
@@ -464,4 +480,4 @@ def _split_list(words: list[str]) -> list[list[str]]:
 
 def shell_vars(text: str) -> list[str]:
     """Names of the shell variables or <PLACEHOLDERS> a value still holds."""
-    return [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(text)]
+    return [var_name(m) for m in SHELL_VAR.finditer(text)]

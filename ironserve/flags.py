@@ -21,11 +21,15 @@ CANONICAL = {
     "--speculative-algo": "--speculative-algorithm",
     "--moe-dense-tp": "--moe-dense-tp-size",
     "--trust-remote": "--trust-remote-code",
+    "--nccl-init-addr": "--dist-init-addr",  # the 2024 name, still a registered alias (docs/engine-flags.md)
+    "--disable-overlap": "--disable-overlap-schedule",
+    "--disable-radix": "--disable-radix-cache",
 }
 
 # Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names); checked
 # with every SGLang parser 0.5.9 .. 0.5.23 (docs/engine-flags.md). --model and --ep are registered aliases.
-ABBREVIATIONS = {"--tp", "--dp", "--speculative-algo", "--moe-dense-tp", "--trust-remote"}
+ABBREVIATIONS = {"--tp", "--dp", "--speculative-algo", "--moe-dense-tp", "--trust-remote", "--disable-overlap",
+                 "--disable-radix"}
 # Prefixes several flags share: argparse refuses them, so the server does not start.
 AMBIGUOUS = {"--pp"}
 

@@ -18,11 +18,12 @@ import yaml
 from pydantic import ValidationError
 
 from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions,
-                          parse_command, parse_script)
+                          parse_command, parse_script, shell_vars, var_name)
+from . import flag_releases
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
-from .spec import Recipe, ServerOptions, Speculative
+from .spec import DERIVED_FLAGS, UNSET_VALUE, ModelSource, Recipe, ServerOptions, Speculative
 
 _SPECULATIVE = {
     "--speculative-algorithm": "algorithm",
@@ -75,14 +76,14 @@ class _Values:
 
     def unset(self, text: str, where: str, placeholder: str | None = None) -> str:
         """A value with $var / ${var} / <VAR> in it: the inventory placeholder when one fits, else <var>."""
-        names = [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(text)]
+        names = shell_vars(text)
         if not names:
             return text
         if placeholder:
             self.findings.append(_note("import-placeholder", f"{where} was {text!r}: rendered per host as "
                                        f"{placeholder}", "", where, Severity.info))
             return SHELL_VAR.sub(placeholder, text)
-        out = SHELL_VAR.sub(lambda m: f"<{m.group(1) or m.group(3) or m.group(4)}>", text)
+        out = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", text)
         self.findings.append(_note("import-set-value", f"{where} is the shell variable {', '.join(names)} "
                                    f"(no value in the command); imported as {out!r}",
                                    f"set this value in the recipe ({where})", where))
@@ -184,78 +185,106 @@ def _int(flag: str, values: list[str], where: str) -> int:
 
 
 def _server_of(command: Command, values: _Values, where: str) -> _Server:
+    """One engine command's flags, step by step: topology flags, secrets, the node's address, typed fields,
+    speculative decoding, the rest in order (extra_args)."""
     typed = _typed_fields()
-    server: dict[str, Any] = {}
+    out = _Server({}, "")
     speculative: dict[str, Any] = {}
     spec_words: list[str] = []
     extra: list[str] = []
-    out = _Server({}, "")
     for name, vals in split_flags(command.flags):
-        if not name:
-            raise CommandError(f"{' '.join(vals)!r} before any flag", "start with a flag (--model-path ...)", where)
-        if "_" in name.split("=")[0]:
-            raise CommandError(f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
-                               f"write {name.replace('_', '-')} (check the name with --help)", where)
-        flag = canonical(name)
+        flag = _flag_name(name, vals, where)
         if flag == "--model-path":
             out.model_path = vals[0] if vals else ""
-            continue
-        if flag in SECRET_FLAGS:
-            values.api_key = True
-            values.findings.append(_note("import-secret", f"{flag} on the command line: the key is not written into "
-                                         "the recipe", f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
-                                         "(0600) on each host: server.api_key_file points there", flag))
-            continue
-        if flag in _TOPOLOGY_FLAGS:
-            value = vals[0] if vals else ""
-            if flag == "--nnodes":
-                out.nnodes = _int(flag, vals, where)
-                out.explicit_nnodes = True
-            elif flag == "--node-rank":
-                out.node_rank = _int(flag, vals, where) if not SHELL_VAR.search(value) else 0
-            elif flag == "--dist-init-addr":
-                out.dist_init = value
-            elif flag == "--disaggregation-mode":
-                out.mode = value
-            else:
-                out.bootstrap_port = _int(flag, vals, where)
-            continue
-        if flag == "--host" and vals and _is_node_address(vals[0]):
-            out.address = vals[0]
-            values.findings.append(_note("import-placeholder", f"--host {vals[0]} is this node's address: rendered "
-                                         "per host as {node_address} (list the host in the inventory)", "", flag,
-                                         Severity.info))
-            server["host"] = "{node_address}"
-            continue
-        vals = [values.unset(v, flag, _placeholder_for(flag)) for v in vals]
-        if flag in _SPECULATIVE:
-            key = _SPECULATIVE[flag]
-            speculative[key] = int(vals[0]) if vals and vals[0].isdigit() else (vals[0] if vals else None)
-            spec_words += [flag, *vals]
-            continue
-        if flag in typed:
-            field_name, annotation = typed[flag]
-            converted = _convert(annotation, vals)
-            if converted is ValueError or (converted is not None and not _valid(field_name, converted)):
-                if any(v.startswith("<") for v in vals):  # a variable in a typed field: SGLang's default
-                    continue
-                raise CommandError(f"{flag} {' '.join(vals)}: {_expected(field_name)}",
-                                   f"write {flag} {_example(field_name)}", where)
-            if converted is not None:
-                server[field_name] = converted
-                continue
-        extra += [flag, *vals]
+        elif flag in SECRET_FLAGS:
+            _secret_flag(flag, values)
+        elif flag in _TOPOLOGY_FLAGS:
+            _topology_flag(out, flag, vals, where)
+        elif flag == "--host" and vals and _is_node_address(vals[0]):
+            _node_address(out, vals[0], values)
+        else:
+            vals = [values.unset(v, flag, _placeholder_for(flag)) for v in vals]
+            if flag in _SPECULATIVE:
+                key = _SPECULATIVE[flag]
+                speculative[key] = int(vals[0]) if vals and vals[0].isdigit() else (vals[0] if vals else None)
+                spec_words += [flag, *vals]
+            elif not (flag in typed and _typed_value(out.server, flag, vals, typed[flag], where)):
+                extra += [flag, *vals]
     if speculative:
         try:
             Speculative.model_validate(speculative)
-            server["speculative"] = speculative
+            out.server["speculative"] = speculative
         except ValidationError:
             extra += spec_words  # an algorithm the recipe schema does not type: kept as written
     if extra:
-        server["extra_args"] = extra
-    out.server = server
+        out.server["extra_args"] = extra
     out.env = _env({**(command.docker.env if command.docker else {}), **command.env}, values, where)
     return out
+
+
+def _flag_name(name: str, vals: list[str], where: str) -> str:
+    if not name:
+        raise CommandError(f"{' '.join(vals)!r} before any flag", "start with a flag (--model-path ...)", where)
+    if "_" in name.split("=")[0]:
+        raise CommandError(f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
+                           f"write {name.replace('_', '-')} (check the name with --help)", where)
+    return canonical(name)
+
+
+def _secret_flag(flag: str, values: _Values) -> None:
+    values.api_key = True
+    values.findings.append(_note("import-secret", f"{flag} on the command line: the key is not written into "
+                                 "the recipe", f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
+                                 "(0600) on each host: server.api_key_file points there", flag))
+
+
+def _topology_flag(out: _Server, flag: str, vals: list[str], where: str) -> None:
+    value = vals[0] if vals else ""
+    if flag == "--nnodes":
+        out.nnodes = _int(flag, vals, where)
+        out.explicit_nnodes = True
+    elif flag == "--node-rank":  # a variable rank: the inventory's order says which host is which
+        out.node_rank = _int(flag, vals, where) if not SHELL_VAR.search(value) else 0
+    elif flag == "--dist-init-addr":
+        out.dist_init = value
+    elif flag == "--disaggregation-mode":
+        if value not in ("prefill", "decode", "null"):  # a variable role: the recipe's groups need to know it
+            raise CommandError(f"--disaggregation-mode {value}: expected prefill or decode",
+                               "write --disaggregation-mode prefill (or decode): one command per role", where)
+        out.mode = value if value != "null" else None
+    else:
+        out.bootstrap_port = _int(flag, vals, where)
+
+
+def _node_address(out: _Server, address: str, values: _Values) -> None:
+    out.address = address
+    values.findings.append(_note("import-placeholder", f"--host {address} is this node's address: rendered "
+                                 "per host as {node_address} (list the host in the inventory)", "", "--host",
+                                 Severity.info))
+    out.server["host"] = "{node_address}"
+
+
+def _typed_value(server: dict, flag: str, vals: list[str], typed: tuple[str, Any], where: str) -> bool:
+    """The value into its typed field; False when it stays in extra_args as written. A value import cannot know
+    (<PORT>) is kept: in the field where the schema takes it (ports), else as written in extra_args; never SGLang's
+    default in its place."""
+    field_name, annotation = typed
+    if vals and all(UNSET_VALUE.fullmatch(v) for v in vals):
+        if _valid(field_name, vals[0]):
+            server[field_name] = vals[0]
+            return True
+        if flag in DERIVED_FLAGS:  # sizes: they decide the devices per node, so the recipe needs the number
+            raise CommandError(f"{flag} {vals[0]}: the recipe needs the number (it decides how many accelerators "
+                               "each node drives)", f"write {flag} N, the value the shell variable holds", where)
+        return False
+    converted = _convert(annotation, vals)
+    if converted is ValueError or (converted is not None and not _valid(field_name, converted)):
+        raise CommandError(f"{flag} {' '.join(vals)}: {_expected(field_name)}",
+                           f"write {flag} {_example(field_name)}", where)
+    if converted is None:
+        return False
+    server[field_name] = converted
+    return True
 
 
 def _is_node_address(value: str) -> bool:
@@ -384,8 +413,8 @@ def _router_of(command: Command, values: _Values) -> _Router:
             workers += vals
         elif name in ("--host", "--policy"):
             router[name[2:]] = vals[0] if vals else ""
-        elif name == "--port":
-            router["port"] = _int(name, vals, "router")
+        elif name == "--port":  # a shell variable stays an input to set (<PORT>)
+            router["port"] = vals[0] if vals and UNSET_VALUE.fullmatch(vals[0]) else _int(name, vals, "router")
         elif name in SECRET_FLAGS:
             values.api_key = True
             values.findings.append(_note("import-secret", f"router {name}: the key is not written into the recipe",
@@ -394,17 +423,21 @@ def _router_of(command: Command, values: _Values) -> _Router:
             extra += [name, *vals] if name else vals
     if extra:
         router["extra_args"] = extra
+    env = _env({**(command.docker.env if command.docker else {}), **command.env}, values, "router")
+    if env:  # the router's own (SGLANG_DP_ROUND_ROBIN=1 ...): kept as the engines' env is
+        router["env"] = env
     return _Router(pd, prefill, decode, workers, router)
 
 
-def _url(url: str, where: str) -> tuple[str | None, int]:
+def _url(url: str, where: str) -> tuple[str | None, int | str]:
     """(host, port) of a worker URL; host None when it is a shell variable (the inventory says which host)."""
-    m = re.match(r"^(?:[a-z]+://)?(\[[^\]]+\]|[^/:]+):(\d+)/?$", url)
+    m = re.match(r"^(?:[a-z]+://)?(\[[^\]]+\]|[^/:]+):(\d+|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)/?$", url)
     if not m:
         raise CommandError(f"{where} {url!r}: expected http://HOST:PORT", f"write {where} http://10.0.0.1:30000",
                            "router")
-    host = m.group(1)
-    return (None if SHELL_VAR.search(host) else host), int(m.group(2))
+    host, port = m.group(1), m.group(2)
+    # a variable port is the worker's port, still to set (<PORT>)
+    return (None if SHELL_VAR.search(host) else host), (int(port) if port.isdigit() else f"<{shell_vars(port)[0]}>")
 
 
 # --------------------------------------------------------------------------- assembling
@@ -427,10 +460,14 @@ def _groups_from_servers(servers: list[_Server], role: str,
         nodes = max(head.nnodes, 1)
         if nodes > 1:
             group["nodes"] = nodes
-            if head.dist_init and ":" in head.dist_init:
-                port = head.dist_init.rsplit(":", 1)[1]
-                if port.isdigit():
-                    group["dist_init_port"] = int(port)
+            port = _dist_init_port(members)
+            if port is not None:
+                group["dist_init_port"] = port
+            if isinstance(port, str) and notes is not None:
+                notes.append(_note("import-set-value", f"--dist-init-addr {head.dist_init}: the port is a shell "
+                                   f"variable; imported as dist_init_port '{port}' (the address is rank 0's, from "
+                                   "the inventory)", "set topology.groups[].dist_init_port in the recipe",
+                                   "--dist-init-addr"))
         else:
             if head.explicit_nnodes and role != "server":
                 group["explicit_single_node_rank"] = True
@@ -455,6 +492,22 @@ def _groups_from_servers(servers: list[_Server], role: str,
         heads.append(len(hosts))
         hosts += [ranks.get(r) for r in range(nodes)]
     return groups, hosts, heads
+
+
+def _dist_init_port(members: list[_Server]) -> int | str | None:
+    """The port of the group's --dist-init-addr, from whichever rank's command names it (a rank-1 command alone
+    says it too); a shell variable there is an input to set (<DIST_PORT>), never SGLang's 5000 in its place."""
+    for s in members:
+        whole = SHELL_VAR.fullmatch(s.dist_init or "")
+        if whole:  # --dist-init-addr $ADDR: host and port in one variable; the host is rank 0's anyway
+            return f"<{var_name(whole)}_PORT>"
+        if s.dist_init and ":" in s.dist_init:
+            port = s.dist_init.rsplit(":", 1)[1]
+            if port.isdigit():
+                return int(port)
+            if SHELL_VAR.fullmatch(port):
+                return f"<{var_name(SHELL_VAR.fullmatch(port))}>"
+    return None
 
 
 def _check_bootstrap(groups: list[dict], entries: list[tuple[str, int | None]], notes: list[Finding]) -> None:
@@ -489,62 +542,18 @@ def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple
 
 def _topology(servers: list[_Server], router: _Router | None, notes: list[Finding]) -> tuple[dict, list[str | None]]:
     if router and router.pd:
-        groups, hosts = [], []
-        for role in ("prefill", "decode"):
-            mine = [s for s in servers if s.mode == role]
-            entries = router.prefill if role == "prefill" else [(u, None) for u in router.decode]
-            if mine:
-                g, h, heads = _groups_from_servers(mine, role, notes)
-                urls = [_url(u, f"--{role}")[0] for u, _ in entries]
-                if len(urls) == len(heads):
-                    for index, address in zip(heads, urls):
-                        h[index] = address
-                    if role == "prefill":
-                        _check_bootstrap(g, entries, notes)
-                elif entries:
-                    notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
-                                       f"commands give {len(heads)} {role} instance(s): the recipe follows the "
-                                       "commands",
-                                       "check the router's --prefill/--decode list", "router"))
-            else:
-                g, h = _groups_from_urls(entries, role)
-            groups += g
-            hosts += h
-        if not any(g["role"] == "prefill" for g in groups) or not any(g["role"] == "decode" for g in groups):
-            raise CommandError("--pd-disaggregation without both --prefill and --decode",
-                               "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
-                               "router")
-        return {"kind": "pd-disaggregation", "groups": groups, "router": router.router}, hosts
-    modes = {s.mode for s in servers}
-    if modes - {None}:
-        if not {"prefill", "decode"} <= modes:
-            missing = ({"prefill", "decode"} - modes).pop()
-            raise CommandError(f"{(modes - {None}).pop()} commands without {missing} commands",
-                               f"import the {missing} commands too (a launch script with --file)")
+        return _pd_topology(servers, router, notes)
+    modes = {s.mode for s in servers} - {None}
+    if modes == {"prefill", "decode"}:
         notes.append(_note("import-router-added", "PD commands without a router: the recipe adds sglang-router "
                            f"(--pd-disaggregation, policy {ROUTER_DEFAULTS['policy']}, port "
                            f"{ROUTER_DEFAULTS['port']}) in front of them", "set topology.router to your router's "
                            "address, port and policy", "topology.router"))
-        return _topology(servers, _Router(True, [], [], [], dict(ROUTER_DEFAULTS)), notes)
+        return _pd_topology(servers, _Router(True, [], [], [], dict(ROUTER_DEFAULTS)), notes)
+    if modes:
+        return _pd_half(servers, modes.pop(), notes)
     if router:
-        if servers:
-            groups, _, _ = _groups_from_servers(servers[:1], "server")
-        else:
-            groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
-            groups[0].pop("role")
-        hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
-        ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers})
-        if len(ports) > 1:
-            notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
-                               f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
-                               f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
-                               "(each on its own host)", "router"))
-        count = max(len(router.workers), 1)
-        groups[0]["instances"] = count
-        if count == 1:
-            groups[0].pop("instances")
-        kind = "replicas" if count > 1 else "single"
-        return {"kind": kind, "groups": groups, "router": router.router}, hosts
+        return _router_topology(servers, router, notes)
     groups, hosts, _ = _groups_from_servers(servers, "server", notes)
     if len(groups) != 1:
         raise CommandError(f"{len(groups)} different engine commands and no router",
@@ -557,6 +566,73 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
     if g.get("nodes", 1) > 1:
         return {"kind": "multinode-tp", "groups": [g]}, hosts
     return {"kind": "single", "groups": [g]}, hosts[:1]
+
+
+def _pd_half(servers: list[_Server], role: str, notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    """Only prefill (or only decode) commands: operators run the halves on different machines and paste one at a
+    time. The recipe is that half, without a router (it runs with the other half), and says how to get the whole."""
+    other = "decode" if role == "prefill" else "prefill"
+    if any(s.mode is None for s in servers):
+        raise CommandError(f"{role} commands beside plain server commands", f"import the {role} and {other} "
+                           "commands of one PD deployment (and its router), or one plain server")
+    groups, hosts, _ = _groups_from_servers(servers, role, notes)
+    notes.append(_note("import-pd-half", f"only {role} commands: imported as the {role} half of a PD deployment; "
+                       f"its {other} half and the router are not in this recipe (deployed alone, nothing routes "
+                       f"requests to it)", f"import the whole deployment at once (--file repeated: the {role} and "
+                       f"{other} commands and the router, or one launch script with all of them); or add a {other} "
+                       "group and topology.router to this recipe", "topology", Severity.warning))
+    return {"kind": "pd-disaggregation", "groups": groups}, hosts
+
+
+def _pd_topology(servers: list[_Server], router: _Router, notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    groups, hosts = [], []
+    for role in ("prefill", "decode"):
+        mine = [s for s in servers if s.mode == role]
+        entries = router.prefill if role == "prefill" else [(u, None) for u in router.decode]
+        if mine:
+            g, h, heads = _groups_from_servers(mine, role, notes)
+            urls = [_url(u, f"--{role}")[0] for u, _ in entries]
+            if len(urls) == len(heads):
+                for index, address in zip(heads, urls):
+                    h[index] = address
+                if role == "prefill":
+                    _check_bootstrap(g, entries, notes)
+            elif entries:
+                notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
+                                   f"commands give {len(heads)} {role} instance(s): the recipe follows the commands",
+                                   "check the router's --prefill/--decode list", "router"))
+        else:
+            g, h = _groups_from_urls(entries, role)
+        groups += g
+        hosts += h
+    if not any(g["role"] == "prefill" for g in groups) or not any(g["role"] == "decode" for g in groups):
+        raise CommandError("--pd-disaggregation without both --prefill and --decode",
+                           "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
+                           "router")
+    return {"kind": "pd-disaggregation", "groups": groups, "router": router.router}, hosts
+
+
+def _router_topology(servers: list[_Server], router: _Router,
+                     notes: list[Finding]) -> tuple[dict, list[str | None]]:
+    """A router over plain workers: replicas of one engine command (or of the router's worker URLs)."""
+    if servers:
+        groups, _, _ = _groups_from_servers(servers[:1], "server")
+    else:
+        groups, _ = _groups_from_urls([(u, None) for u in router.workers[:1]], "server")
+        groups[0].pop("role")
+    hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
+    ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers}, key=str)
+    if len(ports) > 1:
+        notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
+                           f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
+                           f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
+                           "(each on its own host)", "router"))
+    count = max(len(router.workers), 1)
+    groups[0]["instances"] = count
+    if count == 1:
+        groups[0].pop("instances")
+    kind = "replicas" if count > 1 else "single"
+    return {"kind": kind, "groups": groups, "router": router.router}, hosts
 
 
 def _flat_single(topology: dict) -> tuple[dict, dict, dict]:
@@ -578,6 +654,50 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
 
         profile = hardware_profiles().get(hardware)
         hardware_arch = profile.accelerator.arch if profile else "none"
+    engines, router_command, launch = _deployment_commands(commands)
+    # the engines' container, else the router's (a router pasted alone)
+    dockers = [c.docker for c in [*engines, *([router_command] if router_command else [])] if c.docker]
+    notes: list[Finding] = []
+    first_model = next((s for s in (_first_model(c) for c in engines) if s), "")
+    family = model_family(first_model) or "unknown"
+    rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
+    values = _Values(rid)
+    servers = [_server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command")
+               for n, c in enumerate(engines)]
+    router = _router_of(router_command, values) if router_command else None
+    topology, hosts = _topology(servers, router, notes)
+    server: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    if topology["kind"] in ("single", "multinode-tp"):
+        topology, server, env = _flat_single(topology)
+    if values.api_key:
+        server["api_key_file"] = API_KEY_FILE.format(id=rid)
+    model = _model(next((s.model_path for s in servers if s.model_path), ""), family, values)
+    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
+                                                        dockers[0] if dockers else None, values, notes,
+                                                        commands, detect)
+    if router:
+        from .engine_parser import DEFAULT_ROUTER_VERSION
+
+        engine_data["router"] = DEFAULT_ROUTER_VERSION
+    data: dict[str, Any] = {
+        "id": rid, "description": f"Imported from a pasted command ({family} on {hardware})",
+        "source": {"seed": "pasted", "section": "ironserve import"}, "hardware": [hardware], "model": model,
+        "engine": engine_data, "runtime": runtime, "topology": topology, "server": server,
+    }
+    _process_env(data, env, commands, notes)
+    _memlock(data, hardware, notes)
+    try:
+        Recipe.model_validate(data)  # what import writes must load
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise CommandError(f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: "
+                           f"{err['msg']}", "report this command: import should have refused it earlier") from exc
+    return Imported(data, values.findings + notes, hosts, engine_note)
+
+
+def _deployment_commands(commands: list[Command]) -> tuple[list[Command], Command | None, str]:
+    """(engine commands, the router command, the engines' launcher) of one deployment, or why they are not one."""
     if not commands:
         raise CommandError("no SGLang launch command found", "paste 'python3 -m sglang.launch_server ...'")
     routers = [c for c in commands if c.kind == "router"]
@@ -588,45 +708,11 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     if len(launchers) > 1:
         raise CommandError(f"engine commands with different launchers ({', '.join(sorted(launchers))})",
                            "use one launcher for every engine of a deployment")
-    dockers = [c.docker for c in engines if c.docker] or [c.docker for c in routers if c.docker]
-    notes: list[Finding] = []
-    model_path = ""
-    first_model = next((s for s in (_first_model(c) for c in engines) if s), "")
-    family = model_family(first_model) or "unknown"
-    rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
-    values = _Values(rid)
-    servers = [_server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command")
-               for n, c in enumerate(engines)]
-    router = _router_of(routers[0], values) if routers else None
-    for s in servers:
-        model_path = model_path or s.model_path
-    topology, hosts = _topology(servers, router, notes)
-    server: dict[str, Any] = {}
-    env: dict[str, str] = {}
-    if topology["kind"] in ("single", "multinode-tp"):
-        topology, server, env = _flat_single(topology)
-    if values.api_key:
-        server["api_key_file"] = API_KEY_FILE.format(id=rid)
-    model = _model(model_path, family, values)
-    launch = next(iter(launchers), "launch_server")
-    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
-                                                        dockers[0] if dockers else None, values, notes,
-                                                        [c.argv for c in commands], detect)
-    if router:
-        from .engine_parser import DEFAULT_ROUTER_VERSION
+    return engines, (routers[0] if routers else None), next(iter(launchers), "launch_server")
 
-        engine_data["router"] = DEFAULT_ROUTER_VERSION
-    data: dict[str, Any] = {
-        "id": rid,
-        "description": f"Imported from a pasted command ({family} on {hardware})",
-        "source": {"seed": "pasted", "section": "ironserve import"},
-        "hardware": [hardware],
-        "model": model,
-        "engine": engine_data,
-        "runtime": runtime,
-        "topology": topology,
-        "server": server,
-    }
+
+def _process_env(data: dict, env: dict[str, str], commands: list[Command], notes: list[Finding]) -> None:
+    """The env the engines share, what `env -u` removes, and the wrappers that are not kept (said)."""
     if env:
         data["env"] = env
     env_unset = list(dict.fromkeys(name for c in commands for name in c.env_unset))
@@ -636,14 +722,6 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     if wrappers:
         notes.append(_note("import-wrapper", f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "
                            "runs the engine; CPU/NUMA placement is host tuning)", "", "command", Severity.info))
-    _memlock(data, hardware, notes)
-    try:
-        Recipe.model_validate(data)  # what import writes must load
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise CommandError(f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: "
-                           f"{err['msg']}", "report this command: import should have refused it earlier") from exc
-    return Imported(data, values.findings + notes, hosts, engine_note)
 
 
 def _first_model(command: Command) -> str:
@@ -658,14 +736,25 @@ def _model(model_path: str, family: str, values: _Values) -> dict:
         values.findings.append(_note("import-set-value", "no --model-path in the commands (a router alone names no "
                                      "model)", "set model.hub_id or model.path in the recipe", "model"))
         return {"family": family, "path": "/models/set-me"}
-    if SHELL_VAR.search(model_path):
-        names = [m.group(1) or m.group(3) or m.group(4) for m in SHELL_VAR.finditer(model_path)]
-        values.findings.append(_note("import-set-value", f"--model-path is the shell variable {', '.join(names)}",
+    if SHELL_VAR.search(model_path):  # carried as <NAME> (lint's unset-value), never a path made up here
+        path = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", model_path)
+        try:
+            ModelSource.model_validate({"family": family, "path": path})
+        except ValidationError as exc:
+            raise CommandError(f"--model-path {model_path}: a path import cannot carry as {path!r}",
+                               "write the absolute path of the weights (the value the variable holds)",
+                               "--model-path") from exc
+        values.findings.append(_note("import-set-value", f"--model-path is the shell variable "
+                                     f"{', '.join(shell_vars(model_path))}: imported as model.path {path!r}",
                                      "set model.hub_id or model.path in the recipe, or host data model_path in the "
                                      "inventory", "model"))
-        return {"family": family, "path": "/models/" + "-".join(n.lower() for n in names)}
-    if model_path.startswith("/") or model_path.startswith("~") or model_path.startswith("."):
+        return {"family": family, "path": path}
+    if model_path.startswith("/"):
         return {"family": family, "path": model_path}
+    if model_path.startswith(("~", ".")) or model_path.count("/") > 1:  # not org/name: relative to the shell's cwd
+        raise CommandError(f"--model-path {model_path}: a relative path (to the directory the command ran in), "
+                           "not a Hugging Face id (org/name)", "write the absolute path of the weights on the host "
+                           f"(e.g. /models/{model_path.rstrip('/').rsplit('/', 1)[-1]}) or the hub id", "--model-path")
     return {"family": family, "hub_id": model_path}
 
 
@@ -686,24 +775,13 @@ def _memlock(data: dict, hardware: str, notes: list[Finding]) -> None:
 
 
 def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOptions | None, values: _Values,
-                    notes: list[Finding], argvs: list[list[str]], detect: bool) -> tuple[dict, dict, str]:
-    from .engine_parser import release_for_era
-
-    version, how = engine, "named with --engine"
-    if docker and not engine and _image_version(docker.image):
-        version, how = _image_version(docker.image), f"the release in the image tag ({docker.image})"
-    if not version and detect:
-        version, how = detect_engine(argvs)
-    if not version:
-        era = SEED_ERA.get(arch, "")
-        if release_for_era(era):
-            version, how = release_for_era(era), f"the PyPI release of the seeds' {era} era for this hardware " \
-                                                 "(not checked: `ironserve lint` runs its parser)"
-        else:
-            version, how = DEFAULT_ENGINE, "the newest release ironserve knows (not checked: `ironserve lint` runs " \
-                                           "its parser)"
+                    notes: list[Finding], commands: list[Command], detect: bool) -> tuple[dict, dict, str]:
+    version, how, by_flags = choose_engine(arch, engine, docker, commands, detect)
+    if not how.startswith(("named with", "the newest cached")):
+        how += "; not checked: `ironserve lint` runs its parser"
     note = f"sglang {version} ({how})"
     notes.append(_note("import-engine", note, "name another with --engine sglang==X.Y.Z", "engine", Severity.info))
+    notes += _renamed_flags(commands, version)
     if docker:
         runtime = docker_runtime(docker, values, notes)
         tag_version = _image_version(docker.image)
@@ -726,29 +804,78 @@ def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOp
                            "line you use", "runtime", Severity.info))
         tag = npu.image.rsplit(":", 1)[1]
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
-    if arch in ERA_IMAGE and not engine:
+    if arch in ERA_IMAGE and not engine and not by_flags:  # flags of another release: that release, from PyPI
         return ({"kind": "docker", "image": ERA_IMAGE[arch]},
                 {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version}, note)
     return ({"kind": "uv", "python": "3.12", "packages": [f"sglang=={version}"]},
             {"sglang": version, "launcher": launch}, note)
 
 
-def detect_engine(argvs: list[list[str]]) -> tuple[str | None, str]:
-    """The newest cached SGLang parser that accepts every command, said how it was chosen."""
+def choose_engine(arch: str, engine: str | None, docker: DockerOptions | None, commands: list[Command],
+                  detect: bool) -> tuple[str, str, bool]:
+    """(release, why, chosen by the command's flags): --engine, else the image tag's release, else the newest cached
+    parser that accepts every command (online), else the release the command's flags belong to (the hardware's
+    seed-era release when its parser takes them, the newest one that does otherwise), else the seed era's."""
+    from .engine_parser import release_for_era
+
+    if engine:
+        return engine, "named with --engine", False
+    if docker and _image_version(docker.image):
+        return _image_version(docker.image), f"the release in the image tag ({docker.image})", False
+    releases = flag_releases.fit([c.flags for c in commands if c.kind != "router"])
+    cached_note = ""
+    if detect:
+        version, cached_note = detect_engine([c.argv for c in commands], releases)
+        if version:
+            return version, cached_note, False
+    era = SEED_ERA.get(arch, "")
+    unchecked = f" ({cached_note})" if cached_note else ""
+    if releases.deciding and release_for_era(era) not in releases.releases:
+        if not releases.releases:
+            return release_for_era(era) or DEFAULT_ENGINE, f"no release takes every flag ({releases.reason()})" \
+                                                           f"{unchecked}", False
+        return releases.newest(), f"the newest release whose parser takes every flag: {releases.reason()}" \
+                                  f"{unchecked}", True
+    if release_for_era(era):
+        fits = f", whose parser takes the command's flags ({releases.reason()})" if releases.deciding else ""
+        return release_for_era(era), f"the PyPI release of the seeds' {era} era for this hardware{fits}" \
+                                     f"{unchecked}", False
+    if releases.deciding:
+        return releases.newest(), f"the newest release whose parser takes every flag: {releases.reason()}" \
+                                  f"{unchecked}", True
+    return DEFAULT_ENGINE, f"the newest release ironserve knows{unchecked}", False
+
+
+def _renamed_flags(commands: list[Command], version: str) -> list[Finding]:
+    """Flags a release renamed or dropped, each named with its successor."""
+    out = []
+    for flag, span in flag_releases.renamed([c.flags for c in commands if c.kind != "router"], version):
+        later = f"later releases take {span.successor}" if span.successor else "later releases have no such flag"
+        severity = Severity.info if span.holds(version) else Severity.warning
+        out.append(_note("import-renamed-flag", f"{flag} is a flag of SGLang {span.text()}: {later}",
+                         f"write {span.successor} to run a newer release" if span.successor else
+                         f"remove {flag} to run a newer release", flag, severity))
+    return out
+
+
+def detect_engine(argvs: list[list[str]], releases: flag_releases.Fit | None = None) -> tuple[str | None, str]:
+    """The newest cached SGLang parser that accepts every command (of the releases the flags belong to, when they
+    say), said how it was chosen; (None, what was tried) when none does."""
     from . import engine_parser
 
     cached = engine_parser.cached_versions()
-    if not cached:
-        return None, ""
-    for version in cached:
+    fitting = [v for v in cached if releases is None or releases.takes(v)]
+    if not fitting:
+        return None, f"no cached parser of those releases ({', '.join(cached)} cached)" if cached else \
+            "no parser cached"
+    for version in fitting:
         try:
             results = engine_parser.check_many(version, argvs)
         except (engine_parser.ParserEnvError, engine_parser.EngineNotAvailable):
             continue
         if not any(f.severity is Severity.error for found in results for f in found):
             return version, f"the newest cached SGLang parser that accepts the command ({', '.join(cached)} cached)"
-    return DEFAULT_ENGINE, f"no cached parser ({', '.join(cached)}) accepts the command: `ironserve lint " \
-                           f"--engine sglang=={DEFAULT_ENGINE}` says what to change"
+    return None, f"no cached parser ({', '.join(fitting)}) accepts the command"
 
 
 # --------------------------------------------------------------------------- entry points

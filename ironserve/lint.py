@@ -15,7 +15,7 @@ from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, CommandError, 
 from .findings import Finding, Severity
 from .pins import RULES as PIN_RULES
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
-from .spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
+from .spec import UNSET_VALUE, DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime
 
 # The engine era the seeds use per accelerator arch, for pasted commands linted without --engine.
 SEED_ERA = {"sm120": "dev-cu13-2026-03", "sm100": "dynamo-1.1.1", "ascend-a3": "ascend-2026-04", "none": "0.5.23"}
@@ -492,9 +492,6 @@ def literal_secret(l: Launch) -> list[Finding]:
     return out
 
 
-UNSET_VALUE = re.compile(r"<[A-Za-z_][A-Za-z0-9_]*>")
-
-
 @rule("unset-value", Severity.error, "A value import could not know (a shell variable) is still unset",
       scope="imported recipes", source="ironserve import")
 def unset_value(l: Launch) -> list[Finding]:
@@ -543,6 +540,15 @@ def lint_launch(launch: Launch) -> list[Finding]:
     return out
 
 
+def _router_unset(recipe: Recipe, proc) -> list[Finding]:
+    """The router's values import could not know (its port, address, env): the rule the engines get."""
+    from .render import Rendered, unset_values
+
+    return [Finding("unset-value", Severity.error, f"{word} was a shell variable when imported and still has no "
+                    "value", "set it in the recipe (topology.router)", f"{recipe.id} router")
+            for _, word in unset_values(Rendered(recipe, [proc]))]
+
+
 def lint_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], engine: str | None = None) -> list[Finding]:
     from .render import render
 
@@ -553,6 +559,7 @@ def lint_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], engine: st
         found = recipe_findings(recipe, profile, recipe.id)
         for proc in rendered.processes:
             if proc.role == "router":
+                found += _router_unset(recipe, proc)
                 continue
             _, flags = launcher_split(proc.argv)
             pairs = split_flags(flags)

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from .problems import Problem, SpecError
 from .inventory import InventoryHost
 from .nvidia import gpu_access
-from .spec import DIST_INIT_DERIVED, ENV_NAME, RANK_GUARD_PORT_OFFSET, DockerRuntime, Group, Recipe, ServerOptions, devices_per_node
+from .spec import (DIST_INIT_DERIVED, ENV_NAME, RANK_GUARD_PORT_OFFSET, DockerRuntime, Group, Recipe, ServerOptions,
+                   UNSET_VALUE, devices_per_node, is_set)
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
@@ -279,13 +280,15 @@ _WILDCARD = (None, "", "0.0.0.0", "::")
 
 def _listeners(recipe: Recipe, proc: Process) -> list[tuple[str | None, int, str]]:
     """(bind address, port, what) for every port a process listens on."""
-    out = [(proc.bind, proc.port or 30000, f"{proc.unit} (node rank {proc.node_rank}) port")]
+    # an unset port (<PORT>, lint's unset-value) clashes with nothing yet
+    out = [(proc.bind, proc.port or 30000, f"{proc.unit} (node rank {proc.node_rank}) port")] if is_set(
+        proc.port) else []
     if proc.role == "router":
         return out
     group = recipe.topology.groups[proc.group]
     if group.bootstrap_port is not None:
         out.append((proc.bind, group.bootstrap_port + proc.instance, f"{proc.unit} bootstrap port"))
-    if proc.in_rank_group and proc.node_rank == 0 and proc.dist_init_port:
+    if proc.in_rank_group and proc.node_rank == 0 and proc.dist_init_port and is_set(proc.dist_init_port):
         d, dp = proc.dist_init_port, recipe.group_server(group).dp_size or 1
         out += [(None, port, f"{proc.unit} dist-init port + {port - d}")
                 for port in range(d, d + DIST_INIT_DERIVED + dp)]
@@ -453,13 +456,32 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
         role="router",
         node_rank=0,
         argv=argv,
-        env={},
+        env=dict(router.env),
         group=-1,
         port=router.port,
         unit=f"sglang-{recipe.id}-router",
         launcher=list(LAUNCH_ROUTER),
         bind=router.host,
     )
+
+
+def unset_values(rendered: Rendered) -> list[tuple[str, str]]:
+    """(unit, word) for each flag value or env value that is still an import's `<NAME>` (lint's unset-value): a
+    deploy stops on them before any host is touched ({nic}'s stand-in `<nic>` is the inventory's to fill)."""
+    out = []
+    for proc in rendered.processes:
+        words = [*proc.argv, *(f"{k}={v}" for k, v in proc.env.items() if v != NIC_FROM_INVENTORY)]
+        out += [(proc.unit, word) for word in words if UNSET_VALUE.search(word)]
+    return list(dict.fromkeys(out))  # once per unit, whatever the number of its ranks
+
+
+def require_set(rendered: Rendered) -> None:
+    """Units and deploys need every value: SpecError naming each one import left unset (lint lists them too)."""
+    problems = [Problem(f"recipe {rendered.recipe.id}", unit, f"{word} was a shell variable when the command was "
+                        "imported and has no value yet", "set it in the recipe (ironserve lint lists each)")
+                for unit, word in unset_values(rendered)]
+    if problems:
+        raise SpecError(problems)
 
 
 def shell_script(rendered: Rendered) -> str:

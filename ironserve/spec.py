@@ -117,6 +117,30 @@ def check_url(value: str) -> str:
 
 
 Url = Annotated[str, AfterValidator(check_url)]
+# A value import could not know (a shell variable of the pasted command, `<PORT>`, `<MODEL_PATH>`): the recipe
+# carries it so nothing is invented or dropped; lint reports it (unset-value, an error) until it is set.
+UNSET_VALUE = re.compile(r"<[A-Za-z_][A-Za-z0-9_]*>")
+UNSET_PATTERN = f"^{UNSET_VALUE.pattern}$"
+Unset = Annotated[str, Field(pattern=UNSET_PATTERN)]
+
+
+def check_unset_path(value: str) -> str:
+    """<ROOT>/DeepSeek-V3: a path under a directory import could not know; the rest is an absolute path's grammar."""
+    m = re.fullmatch(rf"({UNSET_VALUE.pattern})(/.*)?", value)
+    if not m:
+        raise ValueError(f"{value!r} is neither an absolute path nor <NAME>/path (e.g. /mnt/models/GLM-5)")
+    if m.group(2):
+        check_abs_path(m.group(2))
+    return value
+
+
+UnsetPath = Annotated[str, AfterValidator(check_unset_path)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def is_set(value: Any) -> bool:
+    """False for an Unset value (`<NAME>`), which no arithmetic or listener check can use."""
+    return not (isinstance(value, str) and re.fullmatch(UNSET_PATTERN, value))
 
 
 class Strict(BaseModel):
@@ -418,7 +442,7 @@ class ServerOptions(Strict):
     model_path: str | None = None
     served_model_name: str | None = None
     host: str | None = Field(None, description="bind address, or a placeholder such as {node_address}")
-    port: int | None = Field(None, ge=1, le=65535)
+    port: Port | Unset | None = None
     device: str | None = None
     tp_size: int | None = Field(None, ge=1)
     pp_size: int | None = Field(None, ge=1)
@@ -527,14 +551,19 @@ def devices_per_node(server: ServerOptions, nodes: int) -> int:
 
 class Router(Strict):
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
-    host: Address = "127.0.0.1"
-    port: int = Field(30000, ge=1, le=65535)
+    host: Address | Unset = "127.0.0.1"
+    port: Port | Unset = 30000
     extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="the router's own environment "
+                                "(SGLANG_DP_ROUND_ROBIN=1, RUST_LOG=...)")
     host_placement: Literal["deployment_head", "dedicated"] = Field(
         "deployment_head",
         description="deployment_head: runs on the first worker host; dedicated: needs an inventory host with"
         " ironserve_role=router",
     )
+
+    _coerce = field_validator("env", mode="before")(lambda cls, v: _coerce_env(v))
+    _names = field_validator("env")(lambda cls, v: _check_env_names(v))
 
 
 # rank 0 of a multi-node group runs its rank guard (files/bin/ironserve-rank-guard) on the group's dist-init
@@ -551,7 +580,7 @@ class Group(Strict):
     role: Literal["server", "prefill", "decode"] = "server"
     instances: int = Field(1, ge=1, description="independent copies (replicas) of this group")
     nodes: int = Field(1, ge=1, description="nodes per instance (multi-node TP when > 1)")
-    dist_init_port: int = Field(5000, ge=1, le=65535)
+    dist_init_port: Port | Unset = 5000
     bootstrap_port: int | None = Field(
         None, description="prefill only: --disaggregation-bootstrap-port of the first instance (+1 per instance)"
     )
@@ -574,10 +603,17 @@ class Topology(Strict):
     def _consistent(self) -> "Topology":
         roles = [g.role for g in self.groups]
         if self.kind == "pd-disaggregation":
-            if "prefill" not in roles or "decode" not in roles:
+            halves = {"prefill", "decode"} & set(roles)
+            if not halves:
                 raise ValueError("pd-disaggregation needs a prefill group and a decode group")
-            if self.router is None:
+            # one half alone: the prefill (or decode) machines of a deployment whose other half and router are
+            # another recipe's; both halves: the router in front of them is this recipe's
+            if len(halves) == 2 and self.router is None:
                 raise ValueError("pd-disaggregation needs a router (topology.router)")
+            if len(halves) == 1 and self.router is not None:
+                other = ({"prefill", "decode"} - halves).pop()
+                raise ValueError(f"a {halves.pop()}-only pd-disaggregation (no {other} group) has no router: it "
+                                 f"runs with the {other} half (add a {other} group, or leave topology.router out)")
             for g in self.groups:
                 if g.role == "prefill" and g.bootstrap_port is None:
                     raise ValueError("prefill groups need bootstrap_port (--disaggregation-bootstrap-port)")
@@ -659,7 +695,7 @@ class Benchmark(Strict):
 class ModelSource(Strict):
     hub_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$",
                                description="Hugging Face repository id")
-    path: AbsPath | None = Field(None, description="path of the weights on the host (as in the seed)")
+    path: AbsPath | UnsetPath | None = Field(None, description="path of the weights on the host (as in the seed)")
     revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
     family: str = Field(description="model family: glm5, glm5.1, qwen3.5, kimi-k2.5, minimax-m2.5, llama3, tiny")

@@ -410,7 +410,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
         groups=device_groups(recipe, proc),
         key_file=(secrets or {}).get(API_KEY_FILE_ENV, "").replace("%", "%%"),
         key_credential=API_KEY_CREDENTIAL,
-        low_port=bool(proc.port and proc.port < 1024),
+        low_port=isinstance(proc.port, int) and proc.port < 1024,
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
 

@@ -16,7 +16,7 @@ from ironserve import catalogue, imagelock
 from ironserve.catalogue import Problem, SpecError
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
-from ironserve.render import Process, Rendered, model_path_on, render
+from ironserve.render import Process, Rendered, model_path_on, render, require_set
 from ironserve.spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
 from roles.common import ChangeRecords
 
@@ -88,6 +88,7 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
                                  f"{', '.join(recipe.hardware)}, not {hw_id}", "pick another recipe with --data recipe=ID")])
     inventory_hosts = [InventoryHost(n, dict(d)) for n, d in hosts]
     rendered = render(recipe, inventory_hosts, where)
+    require_set(rendered)  # a value import left unset (<PORT>) stops the deploy before any host is touched
     return DeploymentContext(
         model=model,
         recipe=recipe,

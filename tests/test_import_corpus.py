@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ironserve import catalogue
-from ironserve.commandline import SHELL_VAR, Command, parse_command, parse_script
+from ironserve.commandline import SHELL_VAR, Command, parse_command, parse_script, var_name
 from ironserve.flags import canonical, split_flags
 from ironserve.findings import Severity
 from ironserve.importer import DEFAULT_BOOTSTRAP_PORT, ROUTER_DEFAULTS, CommandError, import_script
@@ -71,13 +71,13 @@ def _hosts(result, recipe):
 
 def _expected_value(values: list[str]) -> list[str]:
     """Values as import writes them: shell variables become <name> inputs."""
-    return [SHELL_VAR.sub(lambda m: f"<{m.group(1) or m.group(3) or m.group(4)}>", v) for v in values]
+    return [SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", v) for v in values]
 
 
 def _flag_map(flags: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name, values in split_flags(flags):
-        flag = {"--trust-remote": "--trust-remote-code"}.get(canonical(name), canonical(name))
+        flag = canonical(name)  # argparse abbreviations (--trust-remote) and aliases: the full name import writes
         out[flag] = values
     return out
 
@@ -87,9 +87,7 @@ def _engine_expectation(command: Command) -> dict[str, list[str]]:
     for flag, values in _flag_map(command.flags).items():
         if flag in PLACED or flag in ("--api-key", "--model-path") or flag.startswith("--router-"):
             continue
-        if any(SHELL_VAR.search(v) for v in values) and flag in ("--port", "--tp-size", "--dp-size"):
-            continue  # a variable in a typed field: SGLang's default (finding import-set-value)
-        out[flag] = _expected_value(values)
+        out[flag] = _expected_value(values)  # a variable (--port ${PORT}) is kept as <PORT>, never dropped
     return out
 
 
@@ -109,21 +107,21 @@ def _match(processes, command: Command, index_by_role: dict):
     return mine[min(n, len(mine) - 1)]
 
 
+def _expected_fields(recipe, expect: dict) -> None:
+    """The recipe fields an entry names in expect: topology, launcher, family, runtime, engine, env_unset."""
+    assert recipe.topology.kind == expect["topology"]
+    got = {"launcher": recipe.engine.launcher, "family": recipe.model.family, "runtime": recipe.runtime.kind,
+           "engine": recipe.engine.sglang, "env_unset": recipe.env_unset}
+    for key, value in got.items():
+        if key in expect:
+            assert value == expect[key], key
+
+
 @pytest.mark.parametrize("entry", ROUND_TRIP, ids=[c["id"] for c in ROUND_TRIP])
 def test_imports_and_round_trips(entry, tmp_path):
     result, recipe = _import(entry, tmp_path)
     expect = entry["expect"]
-    assert recipe.topology.kind == expect["topology"]
-    if "launcher" in expect:
-        assert recipe.engine.launcher == expect["launcher"]
-    if "family" in expect:
-        assert recipe.model.family == expect["family"]
-    if "runtime" in expect:
-        assert recipe.runtime.kind == expect["runtime"]
-    if "engine" in expect:
-        assert recipe.engine.sglang == expect["engine"]
-    if "env_unset" in expect:
-        assert recipe.env_unset == expect["env_unset"]
+    _expected_fields(recipe, expect)
     assert recipe.engine.check_version, "the real-parser check never silently skips an imported recipe"
     rules = {f.rule for f in result.findings}
     for name in expect.get("set_values", []):
@@ -142,6 +140,7 @@ def test_imports_and_round_trips(entry, tmp_path):
     for command in engines:
         proc = _match([p for p in rendered.processes if p.role != "router"], command, index)
         assert _rendered_flags(proc.argv) == _engine_expectation(command), proc.unit
+        _same_placed_values(proc, command)
         # env: the command's (prefix, export, docker -e) minus secrets; variables as import said
         env = {**(command.docker.env if command.docker else {}), **command.env}
         want = {k: _expected_value([v])[0] for k, v in env.items()
@@ -156,6 +155,13 @@ def test_imports_and_round_trips(entry, tmp_path):
         _same_router(routers[0], router_proc)
     if recipe.topology.router and not routers:
         assert "import-router-added" in rules  # PD commands without their router: one is added, and said
+    for flag in expect.get("renamed", []):  # a flag of an older release: named with its successor
+        assert any(f.rule == "import-renamed-flag" and f.where == flag for f in result.findings), flag
+    if "dist_init_port" in expect:  # an explicit dist-init port is kept, whichever rank's command names it
+        assert {g.dist_init_port for g in recipe.topology.groups} == {expect["dist_init_port"]}
+    if "pd_half" in expect:  # one half alone: that half, no router, and a finding saying how to import the rest
+        assert [g.role for g in recipe.topology.groups] == [expect["pd_half"]] * len(recipe.topology.groups)
+        assert recipe.topology.router is None and "import-pd-half" in rules
 
     # the imported recipe lints without errors other than the values import asked the user to set and flags the
     # chosen engine no longer takes (what lint is for)
@@ -164,6 +170,19 @@ def test_imports_and_round_trips(entry, tmp_path):
         allowed.add("pd-ascend-transfer-backend")
     errors = [f.line() for f in lint_recipe(recipe, HW) if f.severity is Severity.error and f.rule not in allowed]
     assert not errors
+
+
+def _same_placed_values(proc, command: Command):
+    """Values import knows are kept exactly, the ones it cannot know are carried as <name>, never invented: the
+    model path of a variable, the dist-init port whichever rank's command names it."""
+    flags = _flag_map(command.flags)
+    model = (flags.get("--model-path") or [""])[0]
+    if SHELL_VAR.search(model):
+        assert _flag_map(parse_command(proc.argv).flags)["--model-path"] == _expected_value([model])
+    dist_init = (flags.get("--dist-init-addr") or [""])[0]
+    if ":" in dist_init and proc.dist_init_port is not None:
+        port = dist_init.rsplit(":", 1)[1]
+        assert str(proc.dist_init_port) == _expected_value([port])[0], proc.unit
 
 
 def _same_container(recipe, proc, command: Command):
@@ -196,7 +215,8 @@ def _same_router(command: Command, proc):
     assert [_port(u) for u, _ in _pairs(command.flags, "--decode")] == \
         [_port(u) for u, _ in _pairs(parse_command(proc.argv).flags, "--decode")]
     for flag in set(want) - {"--prefill", "--decode", "--worker-urls"}:
-        assert got.get(flag) == want[flag], flag
+        assert got.get(flag) == _expected_value(want[flag]), flag
+    assert proc.env == {k: _expected_value([v])[0] for k, v in command.env.items()}  # the router's env prefix
 
 
 def _pairs(flags: list[str], name: str):

@@ -38,6 +38,18 @@ def test_engine_is_the_newest_cached_parser_that_accepts_the_command(two_cached)
     assert result.data["engine"]["sglang"] == "0.5.23"
 
 
+def test_flags_older_than_every_cached_parser_choose_their_release(two_cached):
+    """--enable-deepep-moe is gone from 0.5.3: no cached parser is tried, the release the flag belongs to is chosen
+    and the reason names the flag and the cached parsers."""
+    result = import_commands([parse_command(shlex.split(
+        "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --tp-size 2 --enable-deepep-moe"))],
+        "cpu-lab", "q", detect=True)
+    assert result.data["engine"]["sglang"] == "0.5.2"
+    (note,) = [f for f in result.findings if f.rule == "import-engine"]
+    assert "--enable-deepep-moe is in SGLang up to 0.5.2" in note.message
+    assert "no cached parser of those releases (0.5.23, 0.5.9 cached)" in note.message
+
+
 def test_wrapped_and_router_launches_reach_the_real_parsers():
     argvs = [shlex.split(OLD_SPELLING),
              shlex.split("python -m sglang_router.launch_server --model-path m --dp 2 --tp-size 1 "

@@ -120,11 +120,19 @@ def test_unknown_recipe_id_suggests(capsys):
 
 
 def test_topology_consistency(tmp_path):
+    # one half of a PD deployment loads alone (its router runs with the other half), never with a router
     def mutate(d):
-        d["topology"] = {"kind": "pd-disaggregation", "groups": [{"role": "prefill", "bootstrap_port": 8998}]}
+        d["topology"] = {"kind": "pd-disaggregation", "groups": [{"role": "prefill", "bootstrap_port": 8998}],
+                         "router": {}}
 
     (p,) = problems(write_variant(tmp_path, mutate))
-    assert p.field == "topology" and "decode" in p.message
+    assert p.field == "topology" and "no decode group" in p.message and "router" in p.message
+
+    def no_half(d):
+        d["topology"] = {"kind": "pd-disaggregation", "groups": [{"role": "server"}], "router": {}}
+
+    (p,) = problems(write_variant(tmp_path, no_half))
+    assert p.field == "topology" and "a prefill group and a decode group" in p.message
 
 
 def test_a_flag_render_derives_is_refused_in_extra_args(tmp_path):
