@@ -9,22 +9,55 @@ import difflib
 import functools
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import imagelock
+from . import imagelock, resources
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
 from .problems import Problem, SpecError, message_and_fix
 from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
                    effective_tuning, is_set)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+SITE_DIR = "recipes"  # a project's own recipes and profiles, beside its inventory (`ironserve init` makes it)
+_given_dirs: list[Path] = []  # --recipes DIR
 
 
 def recipes_dir() -> Path:
-    return Path(os.environ.get("IRONSERVE_RECIPES", REPO_ROOT / "recipes"))
+    """The built-in catalogue (IRONSERVE_CATALOGUE replaces it, e.g. for a modified copy in a test)."""
+    return Path(os.environ.get("IRONSERVE_CATALOGUE") or resources.catalogue_dir())
+
+
+def use_recipe_dirs(dirs: list[str]) -> None:
+    """Site recipe directories named on the command line (--recipes DIR), layered like IRONSERVE_RECIPES."""
+    _given_dirs[:] = [Path(d) for d in dirs]
+
+
+def recipe_dirs() -> tuple[Path, ...]:
+    """The catalogue first, then the site's directories layered over it: IRONSERVE_RECIPES (os.pathsep-separated),
+    --recipes DIR, and the project's recipes/ (of the working directory, when it has one). Each may hold recipes,
+    a hardware.yaml and a defaults.yaml; an id defined twice is an error (clash_problem)."""
+    base = recipes_dir()
+    named = [Path(p) for p in os.environ.get("IRONSERVE_RECIPES", "").split(os.pathsep) if p] + _given_dirs
+    for d in named:
+        if not d.is_dir():
+            raise SpecError([Problem(str(d), "", "recipe directory not found", "give a directory of recipe YAML "
+                                     "files (IRONSERVE_RECIPES or --recipes), or create it")])
+    out = [base.resolve()]
+    builtin = resources.catalogue_dir().resolve()  # a checkout's recipes/ is the catalogue, even when replaced
+    for d in named + [Path(SITE_DIR)]:
+        if d.is_dir() and d.resolve() not in out and d.resolve() != builtin:
+            out.append(d.resolve())
+    return tuple(out)
+
+
+def _clash(kind: str, key: str, first: Path, again: Path) -> Problem:
+    return Problem(_display(again), key, f"{kind} '{key}' is also defined in {_display(first)}",
+                   f"give the site's {kind} another id (and its file that name): site directories add to the "
+                   "catalogue, they never replace its entries")
 
 
 def _allowed_keys(model: type[BaseModel], path: tuple) -> list[str]:
@@ -175,7 +208,8 @@ def _display(path: Path) -> str:
 
 
 def load_hardware(path: Path | None = None) -> dict[str, HardwareProfile]:
-    path = path or recipes_dir() / "hardware.yaml"
+    if path is None:
+        return hardware_profiles()
     data = _load_yaml(path)
     problems: list[Problem] = []
     profiles: dict[str, HardwareProfile] = {}
@@ -354,38 +388,102 @@ def _memlock_problems(recipe: Recipe, profiles: list[HardwareProfile], file: str
                     "inside the container", "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)")]
 
 
-@functools.lru_cache(maxsize=1)
-def _catalogue_cached(root: str) -> tuple[dict[str, Recipe], dict[str, HardwareProfile]]:
-    base = Path(root)
-    hardware = load_hardware(base / "hardware.yaml")
-    recipes: dict[str, Recipe] = {}
+@dataclass(frozen=True)
+class Catalogue:
+    """The catalogue with the site's directories layered over it: each recipe and profile with the file it
+    came from."""
+
+    recipes: dict[str, Recipe]
+    hardware: dict[str, HardwareProfile]
+    files: dict[str, Path]  # recipe id -> its YAML file
+    defaults: dict[str, dict[str, str]]  # model -> hardware -> recipe id
+    dirs: tuple[Path, ...]
+
+
+def _layered_hardware(dirs: tuple[Path, ...]) -> tuple[dict[str, HardwareProfile], list[Problem]]:
+    """Every directory's profiles, and the clashes (reported with the recipes' problems, in one run)."""
+    hardware: dict[str, HardwareProfile] = {}
+    where: dict[str, Path] = {}
     problems: list[Problem] = []
-    for path in sorted(base.glob("*.yaml")):
-        if path.name in ("hardware.yaml", "defaults.yaml"):
+    for d in dirs:
+        path = d / "hardware.yaml"
+        if d != dirs[0] and not path.exists():
             continue
-        try:
-            recipe = load_recipe_file(path, hardware)
-        except SpecError as err:
-            problems.extend(err.problems)
+        for pid, profile in load_hardware(path).items():
+            if pid in hardware:
+                problems.append(_clash("hardware profile", pid, where[pid], path))
+                continue
+            hardware[pid], where[pid] = profile, path
+    return hardware, problems
+
+
+def _layered_defaults(dirs: tuple[Path, ...]) -> dict[str, dict[str, str]]:
+    defaults: dict[str, dict[str, str]] = {}
+    where: dict[tuple[str, str], Path] = {}
+    problems: list[Problem] = []
+    for d in dirs:
+        path = d / "defaults.yaml"
+        if not path.exists():
             continue
-        recipes[recipe.id] = recipe
+        models = (_load_yaml(path) or {}).get("defaults") or {}
+        if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+            raise SpecError([Problem(_display(path), "defaults", "not a mapping of model -> hardware -> recipe id",
+                                     "write e.g. defaults: {glm5: {h100-sxm: my-glm5-h100}}")])
+        for model, per_hw in models.items():
+            for hw, rid in per_hw.items():
+                if (model, hw) in where:
+                    problems.append(_clash("default", f"defaults.{model}.{hw}", where[(model, hw)], path))
+                    continue
+                defaults.setdefault(model, {})[hw] = str(rid)
+                where[(model, hw)] = path
     if problems:
         raise SpecError(problems)
-    return recipes, hardware
+    return defaults
+
+
+@functools.lru_cache(maxsize=4)
+def _catalogue_cached(dirs: tuple[Path, ...]) -> Catalogue:
+    hardware, problems = _layered_hardware(dirs)
+    recipes: dict[str, Recipe] = {}
+    files: dict[str, Path] = {}
+    for base in dirs:
+        for path in sorted(base.glob("*.yaml")):
+            if path.name in ("hardware.yaml", "defaults.yaml"):
+                continue
+            try:
+                recipe = load_recipe_file(path, hardware)
+            except SpecError as err:
+                problems.extend(err.problems)
+                continue
+            if recipe.id in recipes:
+                problems.append(_clash("recipe", recipe.id, files[recipe.id], path))
+                continue
+            recipes[recipe.id], files[recipe.id] = recipe, path
+    if problems:
+        raise SpecError(problems)
+    return Catalogue(recipes, hardware, files, _layered_defaults(dirs), dirs)
+
+
+def layered() -> Catalogue:
+    return _catalogue_cached(recipe_dirs())
 
 
 def catalogue() -> dict[str, Recipe]:
-    return _catalogue_cached(str(recipes_dir()))[0]
+    return layered().recipes
 
 
 def hardware_profiles() -> dict[str, HardwareProfile]:
-    return _catalogue_cached(str(recipes_dir()))[1]
+    return layered().hardware
 
 
 def recipe_file(ref: str) -> Path:
-    """The YAML file of a recipe named by id (in the catalogue) or by path (outside it)."""
+    """The YAML file of a recipe named by path (outside the catalogue) or by id (a catalogue or site recipe): its
+    lock file goes beside it."""
     path = Path(ref)
-    return path if ref.endswith((".yaml", ".yml")) or path.exists() else recipes_dir() / f"{ref}.yaml"
+    if ref.endswith((".yaml", ".yml")) or path.exists():
+        return path
+    get_recipe(ref)  # an unknown id fails here, with the nearest ids
+    return layered().files[ref]
 
 
 def get_recipe(ref: str) -> Recipe:
@@ -397,26 +495,26 @@ def get_recipe(ref: str) -> Recipe:
     if ref not in recipes:
         close = difflib.get_close_matches(ref, list(recipes), n=3)
         fix = f"did you mean {', '.join(close)}?" if close else "run 'ironserve render --list' for the ids"
-        raise SpecError([Problem(str(recipes_dir()), "id", f"no recipe '{ref}'", fix)])
+        raise SpecError([Problem(", ".join(_display(d) for d in recipe_dirs()), "id", f"no recipe '{ref}'", fix)])
     return recipes[ref]
 
 
 def default_recipe(model: str, hardware: str) -> Recipe:
-    """The catalogue's default recipe for a model family on a hardware profile (recipes/defaults.yaml)."""
-    path = recipes_dir() / "defaults.yaml"
-    data = _load_yaml(path) or {}
-    models = data.get("defaults", {})
+    """The default recipe for a model family on a hardware profile (defaults.yaml of the catalogue and the site)."""
+    where = " + ".join(_display(d / "defaults.yaml") for d in recipe_dirs() if (d / "defaults.yaml").exists())
+    models = layered().defaults
     if model not in models:
-        raise SpecError([Problem(_display(path), "defaults", f"no model '{model}'", f"one of: {', '.join(models)}")])
+        raise SpecError([Problem(where, "defaults", f"no model '{model}'", f"one of: {', '.join(models)}")])
     per_hw = models[model]
     if hardware not in per_hw:
         raise SpecError(
             [
                 Problem(
-                    _display(path),
+                    where,
                     f"defaults.{model}",
                     f"no default recipe for hardware '{hardware}'",
-                    f"pick one with --data recipe=ID, or use hardware {', '.join(per_hw)}",
+                    f"pick one with --data recipe=ID, add '{model}: {{{hardware}: RECIPE-ID}}' to the site's "
+                    f"recipes/defaults.yaml, or use hardware {', '.join(per_hw)}",
                 )
             ]
         )

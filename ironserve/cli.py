@@ -1,18 +1,21 @@
-"""ironserve command line: render | lint | import | schema | lock | lab | audit | status.
+"""ironserve command line: render | lint | import | schema | lock | init | pyinfra | audit | status (| lab).
 
-Offline commands (render, lint, import, schema) never touch a host. Exit codes: 0 ok, 1 findings with errors
-(or drift, for audit), 2 bad input or unreachable hosts.
+Offline commands (render, lint, import, schema, init) never touch a host. Exit codes, the same for every command:
+0 ok; 1 findings: lint errors, audit drift, status units not in their intended state; 2 bad input (a recipe,
+inventory, host data or option refused, with the file, key and fix) or an unreachable host; 130 interrupted
+(Ctrl-C); 141 the output pipe closed (`| head`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
-from . import catalogue
+from . import catalogue, resources
 from .catalogue import SpecError
 from .findings import Finding, Severity, has_errors
 
@@ -26,12 +29,14 @@ def _engine_version(text: str | None) -> str | None:
     return text.split("==", 1)[1]
 
 
-def _hosts_from(path: str | None):
+def _hosts_from(path: str | None, data: list[str] | None = None):
+    """The inventory's hosts as the deploy sees them: pyinfra's loader (groups, group_data/, --data)."""
     if not path:
         return None
-    from .inventory import load_inventory
+    from .fleet import load_inventory
+    from .hostdata import parse_data_args
 
-    return load_inventory(path)
+    return load_inventory(path, parse_data_args(data or []))
 
 
 # --------------------------------------------------------------------------- render
@@ -45,7 +50,7 @@ def cmd_render(args) -> int:
             print(f"{rid:45s} {','.join(recipe.hardware):32s} {recipe.description}")
         return 0
     recipe = catalogue.get_recipe(args.recipe)
-    rendered = render(recipe, _hosts_from(args.inventory), args.inventory or "inventory")
+    rendered = render(recipe, _hosts_from(args.inventory, args.data), args.inventory or "inventory")
     if args.format == "json":
         print(json.dumps(rendered.as_dict(), indent=2))
     elif args.format == "shell":
@@ -88,6 +93,9 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
         fix = f"check with --engine sglang=={nearest} (the PyPI release of that time)" if nearest else \
             "pick a PyPI version with --engine"
         return [Finding("engine-not-available", Severity.error, str(exc), fix, "engine")]
+    except engine_parser.UvMissing as exc:
+        return [Finding("engine-parser-unavailable", Severity.error, str(exc),
+                        "install uv (pip install uv, or see https://docs.astral.sh/uv/), or use --offline", "engine")]
     except engine_parser.ParserEnvError as exc:
         return [Finding("engine-parser-unavailable", Severity.error, f"the SGLang parser could not run: {exc}",
                         "check network access to the package index, or use --offline", "engine")]
@@ -101,7 +109,8 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
     return out
 
 
-def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None) -> list[Finding]:
+def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None,
+                     data: list[str] | None = None) -> list[Finding]:
     from .lint import lint_recipe
     from .pins import resolve_findings
     from .render import render
@@ -109,7 +118,7 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str |
     findings = lint_recipe(recipe, catalogue.hardware_profiles(), engine)
     version = engine or recipe.engine.check_version
     # with an inventory: its host data validated and the argv rendered for its hosts (addresses, paths, NICs)
-    hosts = _hosts_from(inventory)
+    hosts = _hosts_from(inventory, data)
     rendered = render(recipe, hosts, inventory or "inventory")
     # do the runtime's pins resolve (against the indexes the inventory maps, when one is given)?
     indexes = next((dict(h.data.get("package_indexes") or {}) for h in hosts or [] if h.data.get("package_indexes")), {})
@@ -199,7 +208,7 @@ def cmd_lint(args) -> int:
     everything: list[Finding] = []
     for ref in targets:
         recipe = catalogue.get_recipe(ref)
-        findings = lint_recipe_full(recipe, engine, args.offline, args.inventory)
+        findings = lint_recipe_full(recipe, engine, args.offline, args.inventory, args.data)
         everything += findings
         if args.format == "text":
             _print_findings(findings, "text", recipe.id)
@@ -234,6 +243,7 @@ def cmd_import(args) -> int:
                                            "paste it after --, or name a launch script with --file")])
     arch = profiles[args.hardware].accelerator.arch
     engine = _engine_version(args.engine)
+    args.id = _import_id(args.id, args.output)
     try:
         if args.file:  # --file repeated: the halves and the router of one deployment, one script each
             texts = [_read_script(name) for name in args.file] + ([shlex.join(words)] if words else [])
@@ -247,6 +257,19 @@ def cmd_import(args) -> int:
     text = to_yaml(result.data)
     for f in result.findings:
         print(f.line(), file=sys.stderr)
+    # what import writes must load and pass lint: cross-field errors (a tp_size larger than the hardware's devices)
+    # stop it, exit 2, nothing written; lint errors are said, and exit 1 after writing (fix the file, lint again)
+    from .lint import lint_recipe
+
+    recipe = catalogue.parse_recipe(result.data, args.output or "imported recipe")
+    catalogue.check_recipe(recipe, profiles, args.output or "imported recipe")
+    try:
+        linted = lint_recipe(recipe, profiles, engine)
+    except SpecError:  # placement that needs the inventory's hosts (a router beside an engine): `lint --inventory`
+        linted = []
+    for f in linted:
+        if f.severity is Severity.error:
+            print(f.line(), file=sys.stderr)
     if any(h for h in result.hosts):
         print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
               file=sys.stderr)
@@ -262,7 +285,21 @@ def cmd_import(args) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         print(text, end="")
-    return 0
+    return 1 if has_errors(linted) else 0
+
+
+def _import_id(given: str | None, output: str | None) -> str | None:
+    """-o FILE names the recipe: its id is the file's name (what the catalogue and `render FILE` require)."""
+    if not output:
+        return given
+    stem = Path(output).stem
+    if not Path(output).name.endswith((".yaml", ".yml")):
+        raise SpecError([catalogue.Problem("command line", "--output", f"{output} is not a .yaml file",
+                                           f"write to {stem}.yaml")])
+    if given and given != stem:
+        raise SpecError([catalogue.Problem("command line", "--id", f"--id {given} differs from the file name {output}",
+                                           f"drop --id (the id is the file name), or write to {given}.yaml")])
+    return stem
 
 
 def cmd_schema(args) -> int:
@@ -284,11 +321,9 @@ def cmd_schema(args) -> int:
 
 def _recipe_files(args) -> list[Path]:
     if args.all:
-        ids = sorted(catalogue.catalogue())
-        return [catalogue.recipes_dir() / f"{i}.yaml" for i in ids]
+        return [catalogue.recipe_file(i) for i in sorted(catalogue.catalogue())]
     if not args.recipe:
         raise SpecError([catalogue.Problem("lock", "RECIPE", "no recipe given", "name a recipe id or file, or --all")])
-    catalogue.get_recipe(args.recipe)  # an unknown id fails here, with the nearest ids
     return [catalogue.recipe_file(args.recipe)]
 
 
@@ -354,16 +389,45 @@ def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- init / pyinfra
+
+
+def cmd_init(args) -> int:
+    from .project import init_project
+
+    written = init_project(args.directory)
+    print(f"wrote {len(written)} files into {args.directory}:")
+    for path in written:
+        print(f"  {path}")
+    print(f"next: cd {args.directory}; edit inventory.py and group_data/all.py; ironserve render --list; "
+          "pyinfra inventory.py deploys/MODEL.py --dry")
+    return 0
+
+
+def run_pyinfra(argv: list[str]) -> int:
+    """`ironserve pyinfra ARGS`: the pyinfra installed beside ironserve (a tool install exposes only ironserve)."""
+    os.execv(sys.executable, [sys.executable, "-m", "pyinfra", *argv])
+    return 2  # not reached
+
+
 # --------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False,
+                                     epilog="exit codes: 0 ok, 1 findings (lint errors, drift), 2 bad input or an "
+                                     "unreachable host, 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {resources.version()}")
+    parser.add_argument("--recipes", action="append", default=[], metavar="DIR",
+                        help="a site directory of recipes / hardware.yaml / defaults.yaml layered over the catalogue "
+                        "(repeatable; also IRONSERVE_RECIPES and the project's recipes/)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
     p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
     p.add_argument("--inventory", help="pyinfra inventory file: hosts, addresses, ranks")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="host data for every host of "
+                   "--inventory, as pyinfra's --data")
     p.add_argument("--format", choices=["json", "shell", "systemd"], default="json")
     p.add_argument("--list", action="store_true", help="list the catalogue")
     p.set_defaults(func=cmd_render)
@@ -376,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
     p.add_argument("--inventory", help="pyinfra inventory: validate its host data and render for its hosts")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="host data for every host of "
+                   "--inventory, as pyinfra's --data")
     p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")
@@ -383,19 +449,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", help="pasted command -> recipe YAML", allow_abbrev=False)
     p.add_argument("--hardware", required=True)
-    p.add_argument("--id", help="recipe id (default: derived)")
+    p.add_argument("--id", help="recipe id (default: the -o file's name, else derived)")
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
     p.add_argument("--file", action="append", help="a launch script: its engine commands and router become one "
                    "recipe; repeat it for scripts of one deployment (prefill, decode, router)")
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
-    p.add_argument("--output", "-o", help="write to this file instead of stdout")
+    p.add_argument("--output", "-o", help="write to this .yaml file instead of stdout (the recipe's id is its name)")
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("schema", help="JSON Schema of recipes, for editors", allow_abbrev=False)
     p.add_argument("--hardware", action="store_true", help="schema of hardware profiles instead")
     p.add_argument("--host-data", action="store_true", help="schema of inventory host data instead")
-    p.add_argument("--markdown", action="store_true", help="with --host-data: the README's table")
+    p.add_argument("--markdown", action="store_true", help="with --host-data: the table of docs/host-data.md")
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("lock", help="pin each recipe's image digest / package hashes in <recipe>.lock.json",
@@ -412,6 +478,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", metavar="FILE", help="write a site lock instead: the digests the registry holds for "
                    "the recipes' images, in place of theirs (host data docker_image_lock)")
     p.set_defaults(func=cmd_lock)
+
+    p = sub.add_parser("init", help="write a project to start from: inventory, group_data, deploys, recipes/",
+                       allow_abbrev=False)
+    p.add_argument("directory")
+    p.set_defaults(func=cmd_init)
+
+    sub.add_parser("pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY",
+                   add_help=False)
 
     _add_optional(sub)
     return parser
@@ -431,6 +505,8 @@ def _add_optional(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pyinfra"]:
+        return run_pyinfra(argv[1:])
     # Everything after a bare '--' is a pasted command (lint, import): keep it away from argparse.
     command: list[str] = []
     if "--" in argv:
@@ -438,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, command = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     args.command = command
+    catalogue.use_recipe_dirs(args.recipes)
     try:
         return args.func(args)
     except SpecError as err:

@@ -41,6 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ironserve.findings import Finding, Severity
+from ironserve.resources import uv_binary
 
 TORCH_VERSION = "2.13.0"
 TORCH_PIN = f"torch=={TORCH_VERSION}+cpu"
@@ -97,6 +98,10 @@ class EngineNotAvailable(RuntimeError):
 
 class ParserEnvError(RuntimeError):
     """A parser venv could not be built or its probe failed."""
+
+
+class UvMissing(ParserEnvError):
+    """No uv anywhere (neither on PATH nor the `uv` package beside ironserve): the fix is to install it."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,9 +213,9 @@ def _clean_stale_tmp(parent: Path) -> None:
 
 
 def _uv() -> str:
-    uv = shutil.which("uv")
+    uv = uv_binary()
     if not uv:
-        raise ParserEnvError("uv is required to build parser venvs (https://docs.astral.sh/uv/)")
+        raise UvMissing("uv is required to build parser venvs and is not installed here")
     return uv
 
 

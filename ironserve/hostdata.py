@@ -8,8 +8,8 @@ from an inventory or as text from ``--data`` (pyinfra turns "false"/"true"/digit
 are validated to the same types.
 
 Validated by the deploy (roles/context.py, before any operation), ``ironserve render --inventory``, ``lint
---inventory``, ``audit`` and ``status``. ``ironserve schema --host-data`` prints the JSON Schema; the README's
-inventory section is checked against it by tests/test_every_value_is_data.py.
+--inventory``, ``audit`` and ``status``. ``ironserve schema --host-data`` prints the JSON Schema; docs/host-data.md's
+table is checked against it by tests/test_every_value_is_data.py.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ class HostData(BaseModel):
     # ---------------------------------------------------------------- placement (render, every role)
     hardware: str | None = _field(None, "roles/context.py", "hardware profile id (recipes/hardware.yaml); required to deploy",
                                   pattern=r"^[a-z0-9][a-z0-9.\-]*$")
-    recipe: str | None = _field(None, "roles/context.py", "recipe id (or YAML file), overriding the catalogue "
-                                "default for (model, hardware)", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./\-]*$")
+    recipe: str | None = _field(None, "roles/context.py", "recipe id (or YAML file, relative or absolute), overriding "
+                                "the catalogue default for (model, hardware)",
+                                pattern=r"^[A-Za-z0-9_./][A-Za-z0-9_./\-]*$")
     model: str | None = _field(None, "deploys/bench.py", "model family to benchmark (deploys/bench.py only)",
                                pattern=r"^[a-z0-9][a-z0-9.\-]*$")
     launch: bool = _field(True, "roles/launch.py", "false: prepare and validate everything, start nothing")
@@ -321,7 +322,7 @@ def _type_name(annotation) -> str:
 
 
 def markdown_table() -> str:
-    """The README's host-data section (checked against this model by tests/test_every_value_is_data.py)."""
+    """docs/host-data.md's table (checked against this model by tests/test_every_value_is_data.py)."""
     lines = ["| key | type | default | read by | what |", "|---|---|---|---|---|"]
     for name, f in HostData.model_fields.items():
         default = "" if f.default is None else f"`{f.default}`" if not isinstance(f.default, list) else \

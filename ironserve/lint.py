@@ -19,6 +19,11 @@ from .spec import UNSET_VALUE, DockerRuntime, HardwareProfile, HostTuning, Recip
 
 # The engine era the seeds use per accelerator arch, for pasted commands linted without --engine.
 SEED_ERA = {"sm120": "dev-cu13-2026-03", "sm100": "dynamo-1.1.1", "ascend-a3": "ascend-2026-04", "none": "0.5.23"}
+LATEST_ERA = SEED_ERA["none"]  # architectures no seed covers (sm90, sm103, ...): the newest release ironserve knows
+
+
+def seed_era(arch: str) -> str:
+    return SEED_ERA.get(arch, LATEST_ERA)
 
 # Flags the seeds use that SGLang 0.5.23 no longer accepts, found by its own parser (docs/engine-flags.md).
 DROPPED_IN = {
@@ -88,6 +93,11 @@ class Launch:
     @property
     def arch(self) -> str:
         return self.hardware.accelerator.arch
+
+    @property
+    def sm120_pcie(self) -> bool:
+        """RTX PRO 6000 on PCIe: the seeds' custom-allreduce findings are about its patched images only."""
+        return self.arch == "sm120" and self.hardware.accelerator.interconnect == "pcie"
 
     @property
     def family(self) -> str:
@@ -252,25 +262,25 @@ def minimax_ep(l: Launch) -> list[Finding]:
       scope="original Kimi K2.5 INT4 checkpoint on SM120", source="seed 000 (Kimi K2.5 figures)")
 def kimi_fp8(l: Launch) -> list[Finding]:
     kv = l.value("--kv-cache-dtype") or ""
-    if l.family == "kimi-k2.5" and not l.nvfp4 and kv.startswith("fp8"):
+    if l.family == "kimi-k2.5" and l.arch == "sm120" and not l.nvfp4 and kv.startswith("fp8"):
         return [_f("kimi-fp8-kv-slow", l, f"--kv-cache-dtype {kv} with the original Kimi K2.5 checkpoint drops decode"
                    " to about 16 tok/s (unusable)", "use the BF16 KV cache (drop --kv-cache-dtype)")]
     return []
 
 
 @rule("ep-on-pcie", Severity.warning, "Expert parallel over PCIe needs custom allreduce patches",
-      scope="PCIe-only GPUs (no NVLink)", source="seed 000 (--ep-size needs custom allreduce patches on PCIe)")
+      scope="SM120 PCIe-only GPUs (RTX PRO 6000, no NVLink)", source="seed 000 (--ep-size needs custom allreduce patches on PCIe)")
 def ep_pcie(l: Launch) -> list[Finding]:
-    if l.hardware.accelerator.interconnect == "pcie" and l.int_value("--ep-size") > 1 and l.family != "minimax-m2.5":
+    if l.sm120_pcie and l.int_value("--ep-size") > 1 and l.family != "minimax-m2.5":
         return [_f("ep-on-pcie", l, "--ep-size on PCIe-only GPUs requires custom allreduce patches",
                    "use an image with the PCIe custom-allreduce patches, or drop --ep-size")]
     return []
 
 
 @rule("legacy-disable-custom-all-reduce", Severity.warning, "--disable-custom-all-reduce is the legacy PCIe setting",
-      scope="PCIe-only GPUs with the one-shot allreduce image", source="seed 000 (flag table)")
+      scope="SM120 PCIe-only GPUs with the one-shot allreduce image", source="seed 000 (flag table)")
 def legacy_car(l: Launch) -> list[Finding]:
-    if l.has("--disable-custom-all-reduce") and l.hardware.accelerator.interconnect == "pcie":
+    if l.has("--disable-custom-all-reduce") and l.sm120_pcie:
         return [_f("legacy-disable-custom-all-reduce", l, "--disable-custom-all-reduce is no longer needed on PCIe",
                    "use --enable-pcie-oneshot-allreduce instead")]
     return []
@@ -595,7 +605,7 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
     except CommandError as exc:
         if str(exc).startswith("'export'"):
             raise
-        launch = Launch(hardware=hardware, flags={}, env={}, engine=engine or SEED_ERA[hardware.accelerator.arch],
+        launch = Launch(hardware=hardware, flags={}, env={}, engine=engine or seed_era(hardware.accelerator.arch),
                         where="command", launch_error=str(exc), launch_fix=exc.fix)
         return lint_launch(launch)
     if command.kind == "router":
@@ -615,7 +625,7 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
         hardware=hardware,
         flags=canon,
         env=env,
-        engine=engine or SEED_ERA[hardware.accelerator.arch],
+        engine=engine or seed_era(hardware.accelerator.arch),
         written_flags=[k for k, _ in pairs],
         model_path=(canon.get("--model-path") or [""])[0],
         where="command",

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from .findings import Finding, Severity
+from .resources import uv_binary
 from .spec import HardwareProfile, Recipe, UvRuntime, resolve_index
 
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -40,11 +40,6 @@ TIMEOUT_S = 180
 # what uv says when it could not ask an index (as opposed to a resolution that failed on the pins themselves)
 _UNREACHABLE = re.compile(r"(dns error|failed to (fetch|connect|download)|connection (refused|reset)|"
                           r"network is unreachable|offline|request failed|timed out|error sending request)", re.I)
-
-
-def uv_binary() -> str | None:
-    return shutil.which("uv") or next((str(p) for p in (Path.home() / ".local/bin/uv", Path("/usr/local/bin/uv"))
-                                       if p.is_file()), None)
 
 
 def index_options(runtime: UvRuntime, package_indexes: dict[str, str] | None = None) -> tuple[list[str], list[str]]:

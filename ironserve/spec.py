@@ -281,14 +281,31 @@ EnvKey = Annotated[str, AfterValidator(_grammar(ENV_NAME.pattern, "an environmen
 # --------------------------------------------------------------------------- hardware
 
 
+# Compute architectures: NVIDIA's SM versions (sm80 A100, sm86/sm89 Ampere/Ada workstation, sm90 Hopper, sm100 B200/GB200,
+# sm103 B300/GB300, sm120 RTX PRO 6000 Blackwell, ...), Huawei's Ascend generations (ascend-a3), or none (CPU only).
+ARCH_PATTERN = r"sm[0-9]{2,3}[a-z]?|ascend-[a-z0-9]+|none"
+ARCH_VENDOR = {"sm": "nvidia", "ascend-": "huawei", "none": "none"}
+Arch = Annotated[str, AfterValidator(_grammar(ARCH_PATTERN, "an accelerator architecture (smNN for NVIDIA, "
+                                              "ascend-NAME for Huawei, none)", "sm90, sm100, sm120, ascend-a3"))]
+
+
 class Accelerator(Strict):
     vendor: Literal["nvidia", "huawei", "none"]
-    arch: Literal["sm120", "sm100", "ascend-a3", "none"]
+    arch: Arch = Field(description=f"compute architecture, one of the forms {ARCH_PATTERN} (e.g. sm80, sm86, sm89, "
+                       "sm90, sm100, sm103, sm120, ascend-a3, none)", json_schema_extra={"pattern": f"^({ARCH_PATTERN})$"})
     name: str = Field(description="Device name as the driver reports it (nvidia-smi / npu-smi)")
     count: int = Field(ge=0, description="Devices per node (NPU dies for Ascend)")
     memory_gib: int = Field(ge=0, description="Memory per device")
     interconnect: str = Field(description="pcie, nvlink-mnnvl, hccs, ...")
     max_q: bool = Field(False, description="Max-Q cards: the only ones where memory-clock offsets are supported")
+
+    @model_validator(mode="after")
+    def _arch_of_vendor(self) -> "Accelerator":
+        expected = next(v for prefix, v in ARCH_VENDOR.items() if self.arch.startswith(prefix))
+        if expected != self.vendor:
+            raise ValueError(f"arch {self.arch} is not an architecture of vendor {self.vendor} (smNN: nvidia, "
+                             "ascend-NAME: huawei, none: none)")
+        return self
 
 
 class HardwareProfile(Strict):

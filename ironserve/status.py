@@ -12,16 +12,17 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from ironserve.audit.runner import deploy_model, hostspec
+from ironserve.audit import connection
+from ironserve.audit.runner import deploy_model
+from ironserve.fleet import limit_hosts, read_fleet
 from ironserve.hostdata import parse_data_args
-from ironserve.inventory import load_inventory
 
 
 def _probe(spec: str, units: list[dict]) -> tuple[list[dict], str | None]:
-    import testinfra
+    from testinfra.host import Host
 
     try:
-        host = testinfra.get_host(spec)
+        host = Host(connection.backend(spec))
         out = []
         for unit in units:
             active = host.run(f"systemctl is-active {unit['unit']}.service").stdout.strip() or "unknown"
@@ -35,12 +36,14 @@ def _probe(spec: str, units: list[dict]) -> tuple[list[dict], str | None]:
         return [], f"{type(exc).__name__}: {exc}"[:160]
 
 
-def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout, fmt: str = "json") -> int:
+def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout, fmt: str = "json",
+           limit: list[str] | None = None) -> int:
     from roles.context import build_context
 
     model = deploy_model(deploy)
-    hosts = load_inventory(inventory)
-    pairs = [(h.name, {**h.data, **(data or {})}) for h in hosts]
+    fleet = read_fleet(inventory, data)  # pyinfra's loader: group_data/ and --data as the deploy sees them
+    pairs = [(h.name, h.data) for h in fleet.hosts]
+    hosts = limit_hosts(fleet.hosts, limit, inventory)
     contexts = {h.name: build_context(model, h.name, pairs, inventory) for h in hosts}
     first = next(iter(contexts.values()))
     plans = {}
@@ -48,9 +51,12 @@ def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout
         ctx = contexts[h.name]
         plans[h.name] = [{"unit": p.unit, "role": p.role, "node_rank": p.node_rank,
                           "health_url": p.health_url if ctx.launch else None} for p in ctx.processes]
-    specs = {h.name: hostspec(h.name, {**h.data, "address": h.address}) for h in hosts}
-    with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-        results = dict(zip(plans, pool.map(lambda n: _probe(specs[n], plans[n]), plans)))
+    specs = connection.open_hosts(fleet, [h.name for h in hosts])  # pyinfra's connector, strict host keys
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+            results = dict(zip(plans, pool.map(lambda n: _probe(specs[n], plans[n]), plans)))
+    finally:
+        connection.close(specs)
     report_hosts, worst = [], 0
     for h in hosts:
         units, error = results[h.name]
@@ -84,5 +90,7 @@ def add_status_parser(sub) -> None:
     p.add_argument("deploy")
     p.add_argument("--format", choices=["json", "text"], default="text")
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
+    p.add_argument("--limit", action="append", help="only these hosts: a host name, a glob of names or a group, as "
+                   "pyinfra's --limit (repeatable)")
     p.set_defaults(func=lambda args: status(args.inventory, args.deploy,
-                                            parse_data_args(args.data), fmt=args.format))
+                                            parse_data_args(args.data), fmt=args.format, limit=args.limit))

@@ -1,5 +1,5 @@
 """The recipe matrix: every seed recipe of the catalogue, on lab hosts of its first hardware profile, exactly as many
-as it places. Read by the lab test (tests/e2e/test_recipe_matrix_lab.py) and by the offline check of the README's
+as it places. Read by the lab test (tests/e2e/test_recipe_matrix_lab.py) and by the offline check of docs/lab.md's
 recipe table (tests/test_recipe_matrix.py), so the two cannot disagree.
 """
 
@@ -14,7 +14,7 @@ from ironserve.render import render
 DEPLOYS = {"glm5": "deploys/glm5.py", "glm5.1": "deploys/glm51.py", "kimi-k2.5": "deploys/kimi_k25.py",
            "qwen3.5": "deploys/qwen35.py", "minimax-m2.5": "deploys/minimax_m2.py", "llama3": "deploys/llama3.py"}
 
-# Seed recipes the lab cannot deploy yet, and why (the README's recipe table says so too). Each entry is a gap of
+# Seed recipes the lab cannot deploy yet, and why (docs/lab.md's recipe table says so too). Each entry is a gap of
 # the lab's supply, not of the recipe: removing it puts the recipe into the matrix. None now.
 NOT_IN_LAB: dict[str, str] = {}
 

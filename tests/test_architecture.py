@@ -14,8 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ironserve", "roles")
-# the commands on top of the core: they may drive hosts (pyinfra, the roles)
-NOT_CORE = ("ironserve.cli", "ironserve.status", "ironserve.audit", "ironserve.lab")
+# the commands on top of the core: they may drive hosts (pyinfra, the roles); fleet reads inventories with pyinfra
+NOT_CORE = ("ironserve.cli", "ironserve.status", "ironserve.audit", "ironserve.lab", "ironserve.fleet")
 
 
 def _modules() -> dict[str, Path]:

@@ -195,7 +195,7 @@ def test_env_unset_and_unknown_docker_options():
 
 
 def test_import_writes_an_inventory_that_renders_the_same_router_urls(tmp_path, capsys):
-    from ironserve.inventory import load_inventory
+    from ironserve.fleet import load_inventory
     from ironserve.render import render
 
     script = tmp_path / "pd.sh"

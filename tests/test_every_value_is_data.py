@@ -302,9 +302,9 @@ def test_schema_and_readme_agree_with_the_model(capsys):
     schema = json.loads(capsys.readouterr().out)
     assert set(schema["properties"]) == set(HostData.model_fields)
     assert all(p.get("description") and p.get("role") for p in schema["properties"].values())
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "host-data.md").read_text()
     block = readme.split("<!-- host-data:begin -->\n", 1)[1].split("<!-- host-data:end -->", 1)[0]
-    assert block == markdown_table(), "README's host-data table is stale: ironserve schema --host-data --markdown"
+    assert block == markdown_table(), "docs/host-data.md's table is stale: ironserve schema --host-data --markdown"
 
 
 def test_every_key_the_code_reads_is_in_the_model():

@@ -112,7 +112,7 @@ def _recipes(tmp_path: Path) -> Path:
 
 def test_lock_writes_the_digest_and_loading_applies_it(tmp_path, registry, monkeypatch, capsys):
     recipes = _recipes(tmp_path)
-    monkeypatch.setenv("IRONSERVE_RECIPES", str(recipes))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(recipes))
     digest = "sha256:" + "ab" * 32
     FakeRegistry.manifests[("ironserve-lab/sglang-cpu", "0.5.23")] = b"{}"
     digest = "sha256:" + hashlib.sha256(b"{}").hexdigest()
@@ -131,7 +131,7 @@ def test_lock_writes_the_digest_and_loading_applies_it(tmp_path, registry, monke
 
 
 def test_lock_of_a_tag_the_registry_lacks_names_the_fix(tmp_path, registry, monkeypatch, capsys):
-    monkeypatch.setenv("IRONSERVE_RECIPES", str(_recipes(tmp_path)))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(_recipes(tmp_path)))
     monkeypatch.setattr(imagelock, "Registry", lambda address, ca: Registry(address, ca, scheme="http"))
     assert cli.main(["lock", "tiny-cpu-docker", "--registry", registry]) != 0
     err = capsys.readouterr().err
@@ -144,7 +144,7 @@ def _ctx(recipe: str, **data):
 
 
 def test_deploy_refuses_an_image_nothing_pins(tmp_path, monkeypatch):
-    monkeypatch.setenv("IRONSERVE_RECIPES", str(_recipes(tmp_path)))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(_recipes(tmp_path)))
     with pytest.raises(SpecError) as err:
         require_pinned_image(_ctx("tiny-cpu-docker"))
     assert "ironserve lock tiny-cpu-docker" in str(err.value) and "docker_allow_unpinned" in str(err.value)

@@ -1,4 +1,4 @@
-"""The recipe matrix (tests/recipe_matrix.py) covers every seed recipe, and the README's recipe table says which were
+"""The recipe matrix (tests/recipe_matrix.py) covers every seed recipe, and docs/lab.md's recipe table says which were
 deployed in the lab (tests/e2e/test_recipe_matrix_lab.py deploys them)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from ironserve import catalogue
 
 from .recipe_matrix import NOT_IN_LAB, entry, matrix, seed_recipes
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "lab.md"  # the recipe table (moved from the README)
 
 
 def test_every_seed_recipe_is_in_the_matrix_or_says_why_not():
@@ -33,7 +33,7 @@ def test_readme_recipe_table_says_which_were_deployed_in_the_lab():
         m = re.match(r"^\| `([^`]+)` \|(.*)\|$", line)
         if m and m.group(1) in catalogue.catalogue():
             rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")]
-    assert set(rows) == set(seed_recipes()), "the README's recipe table lists every seed recipe"
+    assert set(rows) == set(seed_recipes()), "docs/lab.md's recipe table lists every seed recipe"
     deployed = len(seed_recipes()) - len(NOT_IN_LAB)
     assert f"{deployed} of {len(seed_recipes())} deployed in the lab" in README.read_text()
     for recipe, cells in rows.items():

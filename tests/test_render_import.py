@@ -10,7 +10,8 @@ import yaml
 from ironserve import catalogue
 from ironserve.cli import main
 from ironserve.importer import import_command
-from ironserve.inventory import InventoryHost, load_inventory
+from ironserve.fleet import load_inventory
+from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.spec import Recipe
 

@@ -200,7 +200,8 @@ def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_pa
     monkeypatch.setattr(runner, "plan_checks", lambda *a, **k: (checks, {"here": {"address": "127.0.0.1"},
                                                                           "gone": {"address": "127.0.0.1"}}))
     specs = {"here": "local://", "gone": "paramiko://nobody@127.0.0.1:9?timeout=2"}
-    monkeypatch.setattr(runner, "hostspec", lambda name, data: specs[name])
+    monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: None)
+    monkeypatch.setattr(runner, "open_hosts", lambda fleet, names: {n: specs[n] for n in names})
     out = tmp_path / "out.json"
     with out.open("w") as fh:
         assert runner.audit("inv.py", "deploys/tiny.py", fmt="json", out=fh) == 2

@@ -82,7 +82,7 @@ def test_lock_records_the_full_resolution_with_hashes(tmp_path, index, monkeypat
     root, url = index
     sums = _wheels(root)
     recipes = _recipes(tmp_path, ["alpha==1.0"])
-    monkeypatch.setenv("IRONSERVE_RECIPES", str(recipes))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(recipes))
     assert cli.main(["lock", "tiny-cpu", "--index", url]) == 0
     lock = json.loads((recipes / "tiny-cpu.lock.json").read_text())["uv"]
     assert lock["platforms"] == {"x86_64": {  # cpu-lab's machine
@@ -137,7 +137,7 @@ def _ctx(**data):
 
 
 def test_no_lock_warns_and_require_locks_refuses_before_any_host(tmp_path, monkeypatch):
-    monkeypatch.setenv("IRONSERVE_RECIPES", str(_recipes(tmp_path, ["alpha==1.0"])))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(_recipes(tmp_path, ["alpha==1.0"])))
     catalogue._catalogue_cached.cache_clear()
     try:
         ctx = _ctx()
@@ -160,7 +160,7 @@ def test_the_uv_role_takes_the_locks_resolution_for_the_hosts_machine(tmp_path, 
     from roles.uv_env import locked_resolution
 
     recipes = _recipes(tmp_path, ["alpha==1.0"])
-    monkeypatch.setenv("IRONSERVE_RECIPES", str(recipes))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(recipes))
     catalogue._catalogue_cached.cache_clear()
     try:
         recipe = catalogue.get_recipe("tiny-cpu")

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ironserve.catalogue import Problem, SpecError
-from ironserve.inventory import load_inventory
+from ironserve.fleet import Fleet, limit_hosts, read_fleet
 
 from .checks import GATES, Check, derive_checks
+from .connection import close, open_hosts
 
 
 def deploy_model(deploy: str) -> str:
@@ -38,36 +39,21 @@ def deploy_model(deploy: str) -> str:
 
 
 def plan_checks(inventory: str, deploy: str, limit: list[str] | None = None,
-                data: dict | None = None) -> tuple[list[Check], dict[str, dict]]:
+                data: dict | None = None, fleet: Fleet | None = None) -> tuple[list[Check], dict[str, dict]]:
+    """The checks of the --limit'ed hosts, each derived with the whole inventory (ranks, addresses) as the deploy
+    derives it: pyinfra's loader, group_data/ and --data included."""
     from roles.context import build_context
 
     model = deploy_model(deploy)
-    hosts = load_inventory(inventory)
-    pairs = [(h.name, {**h.data, **(data or {})}) for h in hosts]
+    fleet = fleet or read_fleet(inventory, data)
+    pairs = [(h.name, h.data) for h in fleet.hosts]
     checks: list[Check] = []
     connections: dict[str, dict] = {}
-    for h in hosts:
-        if limit and h.name not in limit:
-            continue
+    for h in limit_hosts(fleet.hosts, limit, inventory):
         ctx = build_context(model, h.name, pairs, inventory)
         checks += derive_checks(ctx, deploy, inventory)
         connections[h.name] = {**h.data, "address": h.address}
-    if limit and not connections:
-        raise SpecError([Problem(inventory, "--limit", f"no host named {', '.join(limit)}", "check the host names")])
     return checks, connections
-
-
-def hostspec(name: str, data: dict) -> str:
-    user = data.get("ssh_user", "root")
-    port = data.get("ssh_port", 22)
-    spec = f"paramiko://{user}@{data['address']}:{port}"
-    params = []
-    if data.get("ssh_key"):
-        params.append(f"ssh_identity_file={os.path.expanduser(str(data['ssh_key']))}")
-    if user != "root":
-        params.append("sudo=true")
-    params.append("timeout=20")
-    return spec + "?" + "&".join(params)
 
 
 @dataclass
@@ -216,10 +202,14 @@ def table(results: list[Result]) -> str:
 
 def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str = "text",
           junit: str | None = None, data: dict | None = None, out=sys.stdout) -> int:
-    checks, connections = plan_checks(inventory, deploy, limit, data)
-    specs = {name: hostspec(name, conn) for name, conn in connections.items()}
+    fleet = read_fleet(inventory, data)
+    checks, connections = plan_checks(inventory, deploy, limit, data, fleet)
+    specs = open_hosts(fleet, list(connections))
     reads = Reads({}, {})
-    results = run_checks(checks, specs, junit if fmt == "junit" or junit else None, reads=reads)
+    try:
+        results = run_checks(checks, specs, junit if fmt == "junit" or junit else None, reads=reads)
+    finally:
+        close(specs)
     # an unreachable host fails the audit (exit 2) but hides nothing: every reached host's results are reported
     for name, why in reads.unreachable.items():
         print(f"unreachable: {name} ({connections[name]['address']}): {why}", file=sys.stderr)
@@ -245,7 +235,8 @@ def add_audit_parser(sub) -> None:
                        allow_abbrev=False)
     p.add_argument("inventory")
     p.add_argument("deploy")
-    p.add_argument("--limit", action="append", help="only this host (repeatable)")
+    p.add_argument("--limit", action="append", help="only these hosts: a host name, a glob of names or a group, as "
+                   "pyinfra's --limit (repeatable)")
     p.add_argument("--format", choices=["text", "json", "junit"], default="text")
     p.add_argument("--junit-file", default="ironserve-audit.xml", help="where --format junit writes")
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")

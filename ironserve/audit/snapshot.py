@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import testinfra
 from testinfra.backend.base import BaseBackend, CommandResult
 from testinfra.host import Host
 
 from ironserve import batch
+from ironserve.audit import connection
 
 MAX_ROUNDS = 5
 
@@ -68,7 +68,7 @@ class HostSnapshot:
 
     @property
     def real(self) -> BaseBackend:
-        return testinfra.get_host(self.spec).backend
+        return connection.backend(self.spec)
 
     def read(self, checks: list, evaluate) -> HostSnapshot:
         """Evaluate ``checks`` against recorded answers until they ask nothing new (at most MAX_ROUNDS reads)."""

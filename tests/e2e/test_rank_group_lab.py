@@ -417,7 +417,7 @@ def test_6_a_config_failing_its_gate_is_rolled_back(lab, tmp_path):
     assert "  context_length: 512\n" in text
     # parses fine, but SGLang refuses a context length beyond the model's at startup
     path.write_text(text.replace("  context_length: 512\n", "  context_length: 1000000\n"))
-    proc = deploy(check=False, env={"IRONSERVE_RECIPES": str(recipes)})
+    proc = deploy(check=False, env={"IRONSERVE_CATALOGUE": str(recipes)})
     out = output(proc)
     assert proc.returncode != 0, out[-3000:]
     assert "rolling back 2 unit(s) to the last good configuration" in out, out[-3000:]
@@ -441,13 +441,13 @@ CHANGED = "  context_length: 384\n"
 
 @pytest.fixture(scope="module")
 def changed_recipes(tmp_path_factory):
-    """IRONSERVE_RECIPES with tiny-cpu-tp2 at another context length (a change SGLang accepts: at most the model's
+    """IRONSERVE_CATALOGUE with tiny-cpu-tp2 at another context length (a change SGLang accepts: at most the model's
     512; a longer one fails at startup and is rolled back, test 6)."""
     recipes = tmp_path_factory.mktemp("changed") / "recipes"
     shutil.copytree(ROOT / "recipes", recipes)
     path = recipes / f"{RECIPE}.yaml"
     path.write_text(path.read_text().replace("  context_length: 512\n", CHANGED))
-    return {"IRONSERVE_RECIPES": str(recipes)}
+    return {"IRONSERVE_CATALOGUE": str(recipes)}
 
 
 def engine_argv(host: dict) -> str:

@@ -4,7 +4,7 @@ The Atlas recipe glm5.1-w4a8-a3-pd-mixed-16 on two lab hosts (x86_64 stand-ins o
 lock, the deploy under require_locks=true is refused before any host is touched, naming the recipe and the fix;
 without require_locks it warns, installs the pins unchecked (and the Ascend installers, each only after its sha256
 matched the lab's sums) and converges: a dry run plans no change. Then `ironserve lock` resolves its runtime against the lab index for the hosts' machine (--arch x86_64: every distribution with the
-sha256 of its files), into a copy of the catalogue (IRONSERVE_RECIPES; the repository stays untouched); the
+sha256 of its files), into a copy of the catalogue (IRONSERVE_CATALOGUE; the repository stays untouched); the
 production deploy with require_locks=true installs exactly that set with `uv pip install --require-hashes
 --no-deps` (again, with --reinstall: the venv's files were never checked), the venv's record says so, and a dry run
 of the same deploy plans no change.
@@ -35,7 +35,7 @@ def lab(tmp_path_factory):
     shutil.copytree(labcli.ROOT / "recipes", recipes, ignore=shutil.ignore_patterns("*.lock.json"))
     try:
         hosts, api_key_file = labcli.up_with_api_key(tmp_path_factory, 2, "atlas-800i-a3", timeout=1800)
-        yield hosts, api_key_file, {"IRONSERVE_RECIPES": str(recipes)}, recipes
+        yield hosts, api_key_file, {"IRONSERVE_CATALOGUE": str(recipes)}, recipes
     finally:
         lab_down()
 

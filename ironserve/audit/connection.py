@@ -1,0 +1,75 @@
+"""How audit and status reach hosts: through pyinfra's own SSH connector, as the deploy does.
+
+pyinfra's connector opens each host's connection from the inventory's data (ssh_hostname, ssh_user, ssh_port,
+ssh_key, ssh_config_file with its ProxyJump/ProxyCommand bastions, ssh_known_hosts_file, ssh_paramiko_connect_kwargs);
+testinfra's paramiko backend then runs the checks' commands over that client (exit codes, sudo), so the checks'
+evaluators stay testinfra's. One difference from a deploy, on purpose: a host key that is not known is refused
+(ssh_strict_host_key_checking "yes") unless the inventory sets ssh_strict_host_key_checking itself; pyinfra's own
+default, accept-new, would trust and record any key an attacker on the path offers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import paramiko
+import testinfra
+from testinfra.backend.base import BaseBackend
+from testinfra.backend.paramiko import ParamikoBackend
+
+from ironserve.fleet import Fleet
+from ironserve.problems import Problem, SpecError
+
+SCHEME = "ironserve-pyinfra://"
+STRICT_UNLESS_SAID = "yes"
+_BACKENDS: dict[str, BaseBackend] = {}  # spec -> backend, for the generated pytest session in this process
+
+
+class PyinfraBackend(ParamikoBackend):
+    """testinfra's paramiko backend over the client pyinfra's SSH connector connected."""
+
+    NAME = "ironserve-pyinfra"
+
+    def __init__(self, host, sudo: bool):
+        super().__init__("localhost", sudo=sudo)  # the hostspec is unused: pyinfra's host says where to connect
+        self.pyinfra_host = host
+
+    @functools.cached_property
+    def client(self) -> paramiko.SSHClient:
+        if self.pyinfra_host.connected:  # testinfra dropped a dead transport: connect again
+            self.pyinfra_host.disconnect()
+        self.pyinfra_host.connect(raise_exceptions=True, show_errors=False)
+        return self.pyinfra_host.connector.client
+
+
+def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
+    """A backend per named host, connected on first use; returns name -> spec (HostSnapshot and status take it)."""
+    from pyinfra.api import Config, State
+
+    State(fleet.pyinfra, Config())  # pyinfra's connectors are made for a state, as in a pyinfra run
+    specs = {}
+    for name in names:
+        host = fleet.pyinfra.get_host(name)
+        data = host.data.dict()
+        if not host.connector_cls.__module__.endswith(".ssh"):
+            raise SpecError([Problem("inventory", name, f"connector {host.connector_cls.__name__} is not SSH",
+                                     "audit and status reach hosts over SSH: give them ssh_hostname")])
+        if "ssh_strict_host_key_checking" not in data:
+            host.connector.data["ssh_strict_host_key_checking"] = STRICT_UNLESS_SAID
+        user = data.get("ssh_user") or "root"
+        spec = f"{SCHEME}{name}"
+        _BACKENDS[spec] = PyinfraBackend(host, sudo=bool(data.get("_sudo")) or user != "root")
+        specs[name] = spec
+    return specs
+
+
+def backend(spec: str) -> BaseBackend:
+    """The backend of a spec: a host opened by open_hosts, else a testinfra URL (ssh://, paramiko://, local://)."""
+    return _BACKENDS.get(spec) or testinfra.get_host(spec).backend
+
+
+def close(specs: dict[str, str]) -> None:
+    for spec in specs.values():
+        found = _BACKENDS.pop(spec, None)
+        if isinstance(found, PyinfraBackend) and found.pyinfra_host.connected:
+            found.pyinfra_host.disconnect()
