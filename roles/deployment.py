@@ -28,6 +28,7 @@ from roles import (
     launch,
     model_weights,
     nccl,
+    node_exporter,
     nvidia_driver,
     preflight,
     router,
@@ -65,6 +66,7 @@ PREPARE_ROLES: list[tuple[ModuleType, Callable[[DeploymentContext], bool]]] = [
     (model_weights, lambda ctx: not ctx.is_router_only),
     (sglang_service, _always),
     (router, _always),
+    (node_exporter, _always),
 ]
 
 
@@ -98,6 +100,7 @@ def prepare(ctx: DeploymentContext) -> None:
     run(model_weights)
     run(sglang_service)
     run(router)
+    run(node_exporter)
     host_state.end_planning()
     if called != [role for role, _ in PREPARE_ROLES]:
         raise RuntimeError("roles/deployment.py: prepare() calls the roles "
