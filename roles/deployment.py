@@ -20,6 +20,7 @@ from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
     container_runtime,
+    deploy_clock,
     host_state,
     cuda,
     gpu_clocks,
@@ -82,6 +83,7 @@ def prepare(ctx: DeploymentContext) -> None:
 
     def run(role: ModuleType) -> None:
         called.append(role)
+        deploy_clock.role_stage(ctx, role.__name__.rsplit(".", 1)[-1])  # its operations' stage: their timing
         if role in applies:
             role.apply(ctx)
 
@@ -110,6 +112,9 @@ def prepare(ctx: DeploymentContext) -> None:
 def deploy_model(model: str) -> DeploymentContext:
     """Entry point for deploys/*.py: the model comes from the deploy, the hardware from the inventory."""
     ctx = current(model)
+    deploy_clock.stage(ctx, "preflight")
     prepare(ctx)
+    deploy_clock.stage(ctx, "launch_preflight")
     launch.apply(ctx)
+    deploy_clock.stage(ctx, None)  # the deploy ends with its timing table and each host's ironserve_* metrics
     return ctx

@@ -59,7 +59,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
 from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit,
                              staged_path)
-from roles import launch_preflight, rollback
+from roles import deploy_clock, launch_preflight, rollback
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
 from roles.context import DeploymentContext, host_data
@@ -529,6 +529,7 @@ def apply(ctx: DeploymentContext) -> None:
     # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
     # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
     # host from one line each, are operations every host shares: no host passes one before all reached it.
+    deploy_clock.stage(ctx, "engine_start")  # timing: the engines made live, started and gated
     wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
     # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
     # from here on starts the new configuration on every rank, never a mix
@@ -550,6 +551,7 @@ def apply(ctx: DeploymentContext) -> None:
                         gate_results=ctx.gate_results)
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
+    deploy_clock.stage(ctx, "router_start")
     wave_barrier(name="Launch: the routers (every engine group healthy)")
     live = make_live(ctx, routers)
     for proc in routers:
