@@ -221,3 +221,26 @@ def test_node_exporter_listens_on_the_hosts_address_only():
         'ARGS="--web.listen-address=10.213.7.12:9100 '
         '--collector.textfile.directory=/var/lib/prometheus/node-exporter"')
     assert "--web.listen-address=[fd00::2]:9100" in defaults_text("fd00::2", 9100)
+
+
+def _script(name: str):
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "files/bin" / name))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_backoff_waits_and_guard_group_restarts_are_published_through_the_writer(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRONSERVE_TEXTFILE_DIR", str(tmp_path))
+    _script("ironserve-backoff").publish("sglang-tiny-cpu-tp2-server", 5, 30.0)
+    _script("ironserve-rank-guard").publish_restarts("sglang-tiny-cpu-tp2-server", 2)
+    backoff = (tmp_path / "ironserve_backoff_sglang-tiny-cpu-tp2-server.prom").read_text()
+    guard = (tmp_path / "ironserve_rank_guard_sglang-tiny-cpu-tp2-server.prom").read_text()
+    assert 'ironserve_backoff_last_wait_seconds{unit="sglang-tiny-cpu-tp2-server"} 30\n' in backoff
+    assert 'ironserve_backoff_failures{unit="sglang-tiny-cpu-tp2-server"} 5\n' in backoff
+    assert 'ironserve_rank_guard_group_restarts{unit="sglang-tiny-cpu-tp2-server"} 2\n' in guard
+    if os.path.exists(PROMTOOL):
+        proc = subprocess.run([PROMTOOL, "check", "metrics"], input=backoff + guard, capture_output=True, text=True,
+                              timeout=60)
+        assert "error" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
