@@ -133,10 +133,29 @@ def timing_json(recipe: str, success: bool, stages: dict[str, float]) -> str:
 
 
 def audit_samples(results: dict[tuple[str, str], bool], when: float) -> list[Sample]:
-    """``results``: (host, check) -> drift found."""
+    """``results``: (host, check id) -> drift found; a check id's other characters become _ in its label."""
     samples = [Sample("ironserve_audit_last_timestamp_seconds", round(when, 3))]
-    return samples + [Sample("ironserve_audit_drift", drift, {"host": host, "check": check})
+    return samples + [Sample("ironserve_audit_drift", drift,
+                             {"host": host, "check": re.sub(r"[^A-Za-z0-9_.:@/\[\]+=-]", "_", check)[:200]})
                       for (host, check), drift in sorted(results.items())]
+
+
+def write_textfile(path: str, text: str) -> str | None:
+    """Write a .prom file atomically on this machine (the controller: `ironserve audit --prometheus-textfile`),
+    with the hosts' own writer (files/bin/ironserve-textfile): one writer, one set of rules."""
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
+
+    from .resources import files_dir
+
+    target = Path(path).expanduser()
+    if target.suffix != ".prom":
+        raise ValueError(f"{path}: a textfile collector reads *.prom files only; name it {target.stem}.prom")
+    loader = importlib.machinery.SourceFileLoader("ironserve_textfile", str(files_dir() / "bin" / "ironserve-textfile"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module.write(target.stem, text, str(target.parent))
 
 
 def scrape_address(proc) -> str:

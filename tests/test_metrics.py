@@ -244,3 +244,19 @@ def test_backoff_waits_and_guard_group_restarts_are_published_through_the_writer
         proc = subprocess.run([PROMTOOL, "check", "metrics"], input=backoff + guard, capture_output=True, text=True,
                               timeout=60)
         assert "error" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
+
+
+def test_audit_result_as_a_textfile(tmp_path):
+    from ironserve.audit.runner import write_audit_textfile
+
+    def result(host, check, ok):
+        return types.SimpleNamespace(check=types.SimpleNamespace(host=host, id=check), ok=ok)
+
+    write_audit_textfile(str(tmp_path / "ironserve_audit.prom"),
+                         [result("lab2", "file:/etc/systemd/system/x.service", False),
+                          result("lab3", "unit:sglang x active", True)])
+    text = (tmp_path / "ironserve_audit.prom").read_text()
+    assert 'ironserve_audit_drift{host="lab2",check="file:/etc/systemd/system/x.service"} 1\n' in text
+    assert 'ironserve_audit_drift{host="lab3",check="unit:sglang_x_active"} 0\n' in text
+    with pytest.raises(ValueError, match=r"\.prom"):
+        write_audit_textfile(str(tmp_path / "audit.txt"), [])
