@@ -90,6 +90,7 @@ def _engine_expectation(command: Command) -> dict[str, list[str]]:
         if any(SHELL_VAR.search(v) for v in values) and flag in ("--port", "--tp-size", "--dp-size"):
             continue  # a variable in a typed field: SGLang's default (finding import-set-value)
         out[flag] = _expected_value(values)
+    out.setdefault("--enable-metrics", [])  # SGLang's metrics: ironserve's default (server.enable_metrics)
     return out
 
 
