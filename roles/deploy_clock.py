@@ -72,6 +72,8 @@ class DeployClock(BaseStateCallback):
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
         if not state.get_op_meta(op_hash).global_arguments.get("_ignore_errors"):
             self.publish(host, success=False)
+            if self.written >= {h.name for h in state.activated_hosts}:
+                self.report(state, failed=True)  # every host failed: pyinfra stops, no last operation ends
 
     # ------------------------------------------------------------------ results
 
@@ -127,8 +129,11 @@ class DeployClock(BaseStateCallback):
     def finish(self, state) -> None:
         for host in state.inventory.get_active_hosts():
             self.publish(host, success=True)
+        self.report(state, failed=bool(state.failed_hosts))
+
+    def report(self, state, failed: bool) -> None:
+        """The timing table, and its JSON where host data ``deploy_timings_json`` asks for it."""
         stages = self.stages()
-        failed = bool(state.failed_hosts)
         logger.info(f"--> Deploy timings (time to serving){' (some hosts failed)' if failed else ''}:\n"
                     f"{timing_table(stages)}")
         first = next(iter(self.contexts.values()), None)

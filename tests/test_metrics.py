@@ -260,3 +260,23 @@ def test_audit_result_as_a_textfile(tmp_path):
     assert 'ironserve_audit_drift{host="lab3",check="unit:sglang_x_active"} 0\n' in text
     with pytest.raises(ValueError, match=r"\.prom"):
         write_audit_textfile(str(tmp_path / "audit.txt"), [])
+
+
+def test_clock_reports_a_deploy_every_host_of_which_failed(tmp_path):
+    from roles.deploy_clock import DeployClock
+
+    clock = DeployClock()
+    clock.created, clock.started, clock.ended = 0.0, {"preflight": 1.0}, {"preflight": 3.0}
+    ctx = types.SimpleNamespace(recipe=types.SimpleNamespace(id="tiny-cpu"), gate_results={}, processes=[],
+                                host=types.SimpleNamespace(deploy_timings_json=str(tmp_path / "t.json")))
+    clock.contexts = {"lab2": ctx, "lab3": ctx}
+    lab2, lab3 = FakeHost("lab2"), FakeHost("lab3")
+    state = types.SimpleNamespace(activated_hosts={lab2, lab3}, get_op_meta=lambda op: types.SimpleNamespace(
+        global_arguments={"_ignore_errors": False}))
+    clock.operation_host_error(state, lab2, "op")
+    assert not (tmp_path / "t.json").exists()  # lab3 still runs: its outcome may yet be a success
+    clock.operation_host_error(state, lab3, "op")
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["success"] is False and data["stages"] == [{"stage": "plan", "seconds": 1.0},
+                                                           {"stage": "preflight", "seconds": 2.0}]
+    assert "ironserve_deploy_last_success{recipe=\"tiny-cpu\"} 0" in lab3.commands[-1]
