@@ -88,7 +88,10 @@ class DeployClock(BaseStateCallback):
 
     def outcome(self, host, success: bool) -> DeployOutcome:
         ctx = self.contexts[host.name]
-        gates = {unit: ok for (name, unit), ok in ctx.gate_results.items() if name == host.name}
+        # the gates this run ran; a unit this run found running, unchanged and healthy passed it too when the host
+        # converged (its start was a no-op only because /health answered)
+        gates = {p.unit: ctx.gate_results.get((host.name, p.unit), success) for p in ctx.processes
+                 if (host.name, p.unit) in ctx.gate_results or (success and p.health_url)}
         return DeployOutcome(recipe=ctx.recipe.id, success=success, finished_at=time.time(), stages=self.stages(),
                              gates=gates, units=[(p.unit, p.role) for p in ctx.processes])
 

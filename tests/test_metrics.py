@@ -149,7 +149,8 @@ def test_clock_times_stages_in_order_and_publishes_each_host_once():
     assert clock.stages() == {"plan": 10.0, "runtime": 38.0, "engine_start": 40.0}
     ctx = types.SimpleNamespace(recipe=types.SimpleNamespace(id="tiny-cpu"),
                                 gate_results={("lab2", "sglang-tiny-cpu-server-0"): True, ("lab3", "x"): False},
-                                processes=[types.SimpleNamespace(unit="sglang-tiny-cpu-server-0", role="server")])
+                                processes=[types.SimpleNamespace(unit="sglang-tiny-cpu-server-0", role="server",
+                                                                 health_url="http://127.0.0.1:30000/health")])
     clock.contexts = {"lab2": ctx}
     host = FakeHost("lab2")
     clock.publish(host, success=True)
