@@ -187,7 +187,8 @@ def test_metrics_and_file_sd_hold_no_secret(prom, deployed):
     texts = [prom["text"]]
     for host in deployed["hosts"]:
         texts.append(ssh(host, "cat /var/lib/prometheus/node-exporter/*.prom").stdout)
-    url = f"{prom['base']}/api/v1/series?{urllib.parse.urlencode({'match[]': '{job=\"ironserve\"}'})}"
+    match = urllib.parse.urlencode({"match[]": '{job="ironserve"}'})
+    url = f"{prom['base']}/api/v1/series?{match}"
     with urllib.request.urlopen(url, timeout=30) as resp:
         texts.append(resp.read().decode())
     for host in deployed["hosts"][1:]:
