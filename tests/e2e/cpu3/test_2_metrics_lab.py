@@ -137,7 +137,8 @@ def test_metrics_every_target_up(prom):
 def test_metrics_engines_router_and_ironserve_series(prom, deployed):
     names = [h["name"] for h in deployed["hosts"]]
     base = prom["base"]
-    sglang = wait_for(base, 'count by (host) ({__name__=~"sglang:.+"})', lambda r: len(r) == 2)
+    # (Prometheus asks for escaped names: SGLang's sglang:x series are stored as sglang_x)
+    sglang = wait_for(base, 'count by (host) ({__name__=~"sglang_.+"})', lambda r: len(r) == 2)
     assert sorted(s["metric"]["host"] for s in sglang) == names[1:], sglang
     router = wait_for(base, 'count by (host) ({role="router",__name__=~"smg_.+"})', lambda r: len(r) == 1)
     assert [s["metric"]["host"] for s in router] == names[:1], router
@@ -152,7 +153,7 @@ def test_metrics_engines_router_and_ironserve_series(prom, deployed):
     assert sorted(s["metric"]["host"] for s in units) == names and all(
         len(s["metric"]["generation"]) == 12 for s in units), units
     counts = {family: int(query(base, f'count({{__name__=~"{family}.+"}})')[0]["value"][1])
-              for family in ("sglang:", "smg_", "ironserve_", "node_")}
+              for family in ("sglang_", "smg_", "ironserve_", "node_")}
     worst = max(stages, key=lambda s: float(s["value"][1]))
     print(f"\nseries: {counts}; engines' hosts {[s['metric']['host'] for s in sglang]}, "
           f"{int(sglang[0]['value'][1])} sglang series each; slowest stage {worst['metric']['stage']} "
