@@ -224,6 +224,14 @@ class HostData(BaseModel):
                                     ge=0)
     bench_report: str | None = _field(None, "roles/bench.py", "write the report as JSON to this controller path")
 
+    # ---------------------------------------------------------------- metrics
+    node_exporter: bool = _field(True, "roles/node_exporter.py", "install the distribution's prometheus-node-exporter "
+                                 "(bound to the host's address, textfile collector for ironserve_* metrics); false: "
+                                 "skip it")
+    node_exporter_port: int = _field(9100, "roles/node_exporter.py", "the node exporter's port", ge=1, le=65535)
+    deploy_timings_json: str | None = _field(None, "roles/deploy_clock.py", "write the deploy's per-stage timings "
+                                             "as JSON to this controller path")
+
     @field_validator("*", mode="after")
     @classmethod
     def _no_control_characters(cls, value: Any) -> Any:

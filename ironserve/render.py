@@ -68,6 +68,7 @@ class Process:
     head: str | None = None  # multi-node groups: the inventory host of rank 0
     devices: int = 0  # accelerators it drives on its node
     model_path: str | None = None  # --model-path
+    metrics_port: int | None = None  # where Prometheus scrapes its /metrics (bound like the process); None: off
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -287,7 +288,7 @@ def _listeners(recipe: Recipe, proc: Process) -> list[tuple[str | None, int, str
     out = [(proc.bind, proc.port or 30000, f"{proc.unit} (node rank {proc.node_rank}) port")] if is_set(
         proc.port) else []
     if proc.role == "router":
-        return out
+        return out + [(proc.bind, recipe.topology.router.prometheus_port, f"{proc.unit} Prometheus port")]
     group = recipe.topology.groups[proc.group]
     if group.bootstrap_port is not None:
         out.append((proc.bind, group.bootstrap_port + proc.instance, f"{proc.unit} bootstrap port"))
@@ -395,6 +396,7 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
             devices=devices_per_node(server, group.nodes),
             model_path=model_path,
             gpu_access=_gpu_access(runtime, slot.host),
+            metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,
         ))
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
@@ -453,7 +455,9 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
                 argv += ["--decode", f"http://{p.address}:{p.port}"]
     else:
         argv += ["--worker-urls", *[f"http://{p.address}:{p.port}" for p in heads]]
-    argv += ["--host", router.host, "--port", str(router.port), "--policy", router.policy, *router.extra_args]
+    argv += ["--host", router.host, "--port", str(router.port), "--policy", router.policy,
+             # sglang-router always serves its metrics (default 0.0.0.0:29000): bound like the router itself
+             "--prometheus-host", router.host, "--prometheus-port", str(router.prometheus_port), *router.extra_args]
     return Process(
         host=host.name,
         address=host.address,
@@ -466,6 +470,7 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
         unit=f"sglang-{recipe.id}-router",
         launcher=list(LAUNCH_ROUTER),
         bind=router.host,
+        metrics_port=router.prometheus_port,
     )
 
 

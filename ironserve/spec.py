@@ -568,7 +568,8 @@ class ServerOptions(Strict):
     mamba_scheduler_strategy: str | None = None
     disaggregation_transfer_backend: str | None = None
     enable_pcie_oneshot_allreduce: bool = False
-    enable_metrics: bool = False
+    enable_metrics: bool = Field(True, description="SGLang's Prometheus /metrics on the engine's own port (on by "
+                                 "default; false turns it off)")
     enable_mixed_chunk: bool = False
     sleep_on_idle: bool = False
     skip_server_warmup: bool = False
@@ -645,6 +646,8 @@ class Router(Strict):
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
     host: Address | Unset = "127.0.0.1"
     port: Port | Unset = 30000
+    prometheus_port: int = Field(29000, ge=1, le=65535, description="sglang-router's Prometheus endpoint, bound "
+                                 "to the router's own address (--prometheus-host)")
     extra_args: list[str] = Field(default_factory=list)
     env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="the router's own environment "
                                 "(SGLANG_DP_ROUND_ROBIN=1, RUST_LOG=...)")

@@ -2,6 +2,7 @@
 
 JSON: {"endpoint": url, "served_model_name": str, "recipe": id, "launch": bool,
        "hosts": [{"name", "address", "units": [{"unit", "role", "node_rank", "active", "health"}]}]}
+`--format prometheus`: Prometheus file_sd JSON of the deployment's scrape targets (prometheus_targets).
 Exit 0 when every unit is in its intended state (active and healthy when launched), 1 otherwise, 2 for an
 unreachable host or bad input.
 """
@@ -16,6 +17,7 @@ from ironserve.audit import connection
 from ironserve.audit.runner import deploy_model
 from ironserve.fleet import limit_hosts, read_fleet
 from ironserve.hostdata import parse_data_args
+from ironserve.metrics import file_sd
 
 
 def _probe(spec: str, units: list[dict]) -> tuple[list[dict], str | None]:
@@ -84,13 +86,37 @@ def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout
     return worst
 
 
+def prometheus_targets(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout) -> int:
+    """`--format prometheus`: Prometheus file_sd JSON of every engine and router with its metrics on and every
+    host's node exporter, labelled recipe, role, group, rank, host (ironserve.metrics.file_sd). Offline: the
+    targets come from the recipe and the inventory, no host is asked. Names and addresses only, never a secret."""
+    from roles.context import build_context
+
+    model = deploy_model(deploy)
+    hosts = read_fleet(inventory, data).hosts  # pyinfra's loader: group_data/ and --data as the deploy sees them
+    pairs = [(h.name, h.data) for h in hosts]
+    contexts = [build_context(model, h.name, pairs, inventory) for h in hosts]
+    exporters = [(h.name, h.address, ctx.host.node_exporter_port) for h, ctx in zip(hosts, contexts)
+                 if ctx.host.node_exporter]
+    first = contexts[0]
+    print(json.dumps(file_sd(first.recipe.id, first.rendered.processes, exporters), indent=2), file=out)
+    return 0
+
+
 def add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="endpoint, served model and unit state per host", allow_abbrev=False)
     p.add_argument("inventory")
     p.add_argument("deploy")
-    p.add_argument("--format", choices=["json", "text"], default="text")
+    p.add_argument("--format", choices=["json", "text", "prometheus"], default="text",
+                   help="prometheus: the scrape targets as Prometheus file_sd JSON (offline)")
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
     p.add_argument("--limit", action="append", help="only these hosts: a host name, a glob of names or a group, as "
                    "pyinfra's --limit (repeatable)")
-    p.set_defaults(func=lambda args: status(args.inventory, args.deploy,
-                                            parse_data_args(args.data), fmt=args.format, limit=args.limit))
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    data = parse_data_args(args.data)
+    if args.format == "prometheus":
+        return prometheus_targets(args.inventory, args.deploy, data)
+    return status(args.inventory, args.deploy, data, fmt=args.format, limit=args.limit)

@@ -20,6 +20,7 @@ from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
     container_runtime,
+    deploy_clock,
     host_state,
     cuda,
     gpu_clocks,
@@ -28,6 +29,7 @@ from roles import (
     launch,
     model_weights,
     nccl,
+    node_exporter,
     nvidia_driver,
     preflight,
     router,
@@ -65,6 +67,7 @@ PREPARE_ROLES: list[tuple[ModuleType, Callable[[DeploymentContext], bool]]] = [
     (model_weights, lambda ctx: not ctx.is_router_only),
     (sglang_service, _always),
     (router, _always),
+    (node_exporter, _always),
 ]
 
 
@@ -80,6 +83,7 @@ def prepare(ctx: DeploymentContext) -> None:
 
     def run(role: ModuleType) -> None:
         called.append(role)
+        deploy_clock.role_stage(ctx, role.__name__.rsplit(".", 1)[-1])  # its operations' stage: their timing
         if role in applies:
             role.apply(ctx)
 
@@ -98,6 +102,7 @@ def prepare(ctx: DeploymentContext) -> None:
     run(model_weights)
     run(sglang_service)
     run(router)
+    run(node_exporter)
     host_state.end_planning()
     if called != [role for role, _ in PREPARE_ROLES]:
         raise RuntimeError("roles/deployment.py: prepare() calls the roles "
@@ -107,6 +112,9 @@ def prepare(ctx: DeploymentContext) -> None:
 def deploy_model(model: str) -> DeploymentContext:
     """Entry point for deploys/*.py: the model comes from the deploy, the hardware from the inventory."""
     ctx = current(model)
+    deploy_clock.stage(ctx, "preflight")
     prepare(ctx)
+    deploy_clock.stage(ctx, "launch_preflight")
     launch.apply(ctx)
+    deploy_clock.stage(ctx, None)  # the deploy ends with its timing table and each host's ironserve_* metrics
     return ctx

@@ -59,7 +59,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
 from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit,
                              staged_path)
-from roles import launch_preflight, live_config, rollback, rolling, undeclared
+from roles import deploy_clock, launch_preflight, live_config, rollback, rolling, undeclared
 from roles.live_config import install_command, reload_command
 from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
@@ -424,6 +424,7 @@ def apply(ctx: DeploymentContext) -> None:
     # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
     # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
     # host from one line each, are operations every host shares: no host passes one before all reached it.
+    deploy_clock.stage(ctx, "engine_start")  # timing: the engines made live, started and gated
     wave_barrier(name="Launch: the engines' staged configurations become live (all hosts passed the preflight)")
     # a unit of another recipe (or group) leaves the host first: the new one takes its port and devices
     # (not an old router, nor an engine a rolling switch replaces: they go when their successor takes over)
@@ -452,6 +453,7 @@ def apply(ctx: DeploymentContext) -> None:
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
     wave_barrier(name="Launch: the rolling change, one group at a time behind the router (the wave is healthy)")
     rolling.apply(ctx, rolls, live_files, config_paths, lambda proc: ctx.changes.unit_change_flag(proc.unit))
+    deploy_clock.stage(ctx, "router_start")
     wave_barrier(name="Launch: the routers (every engine group healthy)")
     # an old recipe's router leaves right before the new one starts on its port (the switch's only gap)
     undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id),

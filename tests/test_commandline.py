@@ -87,7 +87,8 @@ def test_docker_run_imports_to_a_docker_runtime_that_renders_back():
     (proc,) = render(recipe).processes
     again = parse_command(exec_argv(recipe, proc))
     assert again.docker.entrypoint == "python3" and again.docker.shm_size == "32g"
-    assert again.flags == ["--model-path", "/models/Qwen3-8B", "--tp-size", "2"]
+    # the pasted flags, then SGLang's metrics: ironserve's default (server.enable_metrics)
+    assert again.flags == ["--model-path", "/models/Qwen3-8B", "--tp-size", "2", "--enable-metrics"]
 
 
 def test_router_launchers():

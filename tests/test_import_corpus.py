@@ -88,6 +88,7 @@ def _engine_expectation(command: Command) -> dict[str, list[str]]:
         if flag in PLACED or flag in ("--api-key", "--model-path") or flag.startswith("--router-"):
             continue
         out[flag] = _expected_value(values)  # a variable (--port ${PORT}) is kept as <PORT>, never dropped
+    out.setdefault("--enable-metrics", [])  # SGLang's metrics: ironserve's default (server.enable_metrics)
     return out
 
 

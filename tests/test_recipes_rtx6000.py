@@ -255,7 +255,8 @@ def test_minimax_is_tp_only_and_served_with_sglang_serve():
     assert flags["--tp-size"] == ["2"]
     assert flags["--model-path"] == ["/home/johannes/models/lukealonso/MiniMax-M2.5-NVFP4/"]
     assert flags["--reasoning-parser"] == ["minimax-append-think"] and flags["--tool-call-parser"] == ["minimax-m2"]
-    assert "--enable-metrics" not in flags  # the metrics variant is advice in notes
+    # the seed's metrics variant is ironserve's default (server.enable_metrics), said in the notes
+    assert "--enable-metrics" in flags
     assert any("--enable-metrics" in n for n in r.notes)
 
 

@@ -95,7 +95,8 @@ def test_import_renders_back_to_same_argv_and_env():
     from .test_seed_faithfulness import flag_map
 
     _, original = words[:3], words[3:]
-    assert flag_map(proc.argv) == {k: v for k, v in flag_map(original).items()}
+    # the same flags, plus SGLang's metrics: ironserve's default (server.enable_metrics)
+    assert flag_map(proc.argv) == {**flag_map(original), "--enable-metrics": []}
     assert proc.env == {"SGLANG_ENABLE_SPEC_V2": "True", "NCCL_P2P_LEVEL": "SYS", "OMP_NUM_THREADS": "8"}
     assert "--tp-size" in proc.argv and "--speculative-algorithm" in proc.argv  # full names
     assert recipe.server.extra_args[:2] == ["--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode"]

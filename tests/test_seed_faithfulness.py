@@ -18,7 +18,10 @@ from ironserve.spec import UvRuntime
 from .seedtext import extract
 
 # Flags the renderer adds because a node cannot start without them, though a seed omits them.
-RENDERER_ADDED = {"--dist-init-addr", "--node-rank", "--nnodes", "--model-path"}
+# (--enable-metrics: ironserve's default, server.enable_metrics; the router's Prometheus endpoint is bound like
+# the router itself)
+RENDERER_ADDED = {"--dist-init-addr", "--node-rank", "--nnodes", "--model-path", "--enable-metrics",
+                  "--prometheus-host", "--prometheus-port"}
 # Flags ironserve takes out of argv on purpose (secrets go through the env file).
 NEVER_IN_ARGV = {"--api-key"}
 # Values the renderer derives from the placement: a seed names its own hosts and shows one rank's command

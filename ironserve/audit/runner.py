@@ -201,7 +201,7 @@ def table(results: list[Result]) -> str:
 
 
 def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str = "text",
-          junit: str | None = None, data: dict | None = None, out=sys.stdout) -> int:
+          junit: str | None = None, data: dict | None = None, out=sys.stdout, textfile: str | None = None) -> int:
     fleet = read_fleet(inventory, data)
     checks, connections = plan_checks(inventory, deploy, limit, data, fleet)
     specs = open_hosts(fleet, list(connections))
@@ -216,6 +216,8 @@ def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str 
     reached = [r for r in results if r.check.host not in reads.unreachable]
     unreachable = {name: {"address": connections[name]["address"], "error": why}
                    for name, why in sorted(reads.unreachable.items())}
+    if textfile:
+        write_audit_textfile(textfile, reached)
     if fmt == "json":
         print(json.dumps({"ok": all(r.ok for r in reached) and not unreachable,
                           "results": [r.as_dict() for r in reached], "unreachable": unreachable}, indent=2), file=out)
@@ -230,6 +232,16 @@ def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str 
     return 0 if all(r.ok for r in results) else 1
 
 
+def write_audit_textfile(path: str, results: list[Result]) -> None:
+    """The audit's result as ironserve_audit_drift{host,check} (1 drift, 0 clean), for a textfile collector."""
+    import time
+
+    from ironserve.metrics import audit_samples, exposition, write_textfile
+
+    write_textfile(path, exposition(audit_samples({(r.check.host, r.check.id): not r.ok for r in results},
+                                                  time.time())))
+
+
 def add_audit_parser(sub) -> None:
     p = sub.add_parser("audit", help="drift: compare hosts with the deploy's declaration (testinfra)",
                        allow_abbrev=False)
@@ -239,6 +251,9 @@ def add_audit_parser(sub) -> None:
                    "pyinfra's --limit (repeatable)")
     p.add_argument("--format", choices=["text", "json", "junit"], default="text")
     p.add_argument("--junit-file", default="ironserve-audit.xml", help="where --format junit writes")
+    p.add_argument("--prometheus-textfile", metavar="FILE.prom",
+                   help="also write the result as ironserve_audit_drift{host,check} metrics (atomically) to this file "
+                   "in a node exporter's textfile collector directory")
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
     p.set_defaults(func=_cmd)
 
@@ -248,4 +263,4 @@ def _cmd(args) -> int:
 
     data = parse_data_args(args.data)
     return audit(args.inventory, args.deploy, args.limit, args.format,
-                 args.junit_file if args.format == "junit" else None, data)
+                 args.junit_file if args.format == "junit" else None, data, textfile=args.prometheus_textfile)

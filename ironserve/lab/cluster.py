@@ -22,9 +22,10 @@ from .system import LabError, ensure_tools, require_root, run, say, wait_for
 # (python3-venv: gpu_clocks; ca-certificates, curl, gpg: nvidia_driver's key fetch; python3-pip: uv_env runs
 # `python3 -m pip`). Packages the base rootfs already has add nothing; the rest come with their dependencies.
 # Debian's Docker engine (docker.io with containerd, runc, iptables as dependencies) for the docker recipes, and
-# docker-registry, which the lab's registry runs (registry.py).
+# docker-registry, which the lab's registry runs (registry.py); prometheus-node-exporter, which every deploy
+# installs (roles/node_exporter.py).
 DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", "curl", "gpg", "python3-pip",
-                "docker.io", "docker-registry"]
+                "docker.io", "docker-registry", "prometheus-node-exporter"]
 # Wheel requirement sets published to the lab index on every `up`, each resolved on its own
 # (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version;
 # uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given;
