@@ -134,6 +134,16 @@ def plain(value):
     return getattr(value, "data", value)
 
 
+def keyed_lines(output) -> dict[str, str]:
+    """{first word: the rest} of a fact's "KEY VALUE" lines (blank lines skipped), as several facts print them."""
+    found = {}
+    for line in output:
+        key, _, value = line.strip().partition(" ")
+        if key:
+            found[key] = value.strip()
+    return found
+
+
 def sha256_checked(path: str, sha256: str, what: str, host_name: str) -> str:
     """A shell step that stops the command (and removes ``path``) unless the file's sha256 is ``sha256``: what root
     runs or unpacks is checked on the host, right before, against a value from the inventory, never one the

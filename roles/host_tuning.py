@@ -39,6 +39,7 @@ from pyinfra.operations import files, systemd
 from ironserve.hostdata import DEFAULTS
 from ironserve.spec import control_problem
 from ironserve.units import UNIT_DIR, sha256_text
+from roles.common import keyed_lines
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -60,12 +61,7 @@ class CpuGovernors(FactBase):
                 'c=${f#/sys/devices/system/cpu/}; echo "${c%%/*} $(cat "$f")"; done')
 
     def process(self, output):
-        governors = {}
-        for line in output:
-            cpu, _, governor = line.strip().partition(" ")
-            if cpu:
-                governors[cpu] = governor.strip()
-        return governors
+        return keyed_lines(output)
 
     @staticmethod
     def default():

@@ -18,6 +18,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from ironserve.units import ETC_DIR, UNIT_DIR, rank_guard_unit, staged_path
+from roles.common import keyed_lines
 from roles.rollback import snapshot_dir
 from roles.sglang_service import marker_path
 
@@ -33,12 +34,7 @@ class IronserveUnits(FactBase):
                 f"$(head -n1 \"$f\" | sed -n 's/.* recipe //p')\"; done; true")
 
     def process(self, output):
-        units = {}
-        for line in output:
-            name, _, recipe = line.strip().partition(" ")
-            if name:
-                units[name] = recipe.strip()
-        return units
+        return keyed_lines(output)
 
 
 def unit_file_paths(unit: str) -> list[str]:
