@@ -315,7 +315,18 @@ class HardwareProfile(Strict):
     cpu_arch: Literal["x86_64", "aarch64"]
     driver_branch: str | None = Field(None, description="NVIDIA driver branch (580 for Blackwell) or Ascend HDK version")
     toolkit: str | None = Field(None, description="CUDA toolkit (13.0) or CANN version")
+    fabric_manager: bool = Field(False, description="NVIDIA Fabric Manager must run (HGX/DGX boards whose GPUs meet "
+                                 "through NVSwitch: without it CUDA cannot use them); not on PCIe cards nor on "
+                                 "GB200/GB300 trays, whose NVLink switches are managed outside the node (IMEX there)")
     tuning: "HostTuning" = Field(default_factory=lambda: HostTuning())
+
+    @model_validator(mode="after")
+    def _fabric_manager_on_nvswitch(self) -> "HardwareProfile":
+        if self.fabric_manager and (self.accelerator.vendor, self.accelerator.interconnect) != ("nvidia", "nvswitch"):
+            raise ValueError(f"fabric_manager: true is for NVIDIA boards with interconnect nvswitch, not "
+                             f"{self.accelerator.vendor} {self.accelerator.interconnect}; write fabric_manager: false "
+                             "(or leave it out)")
+        return self
 
 
 # --------------------------------------------------------------------------- host tuning

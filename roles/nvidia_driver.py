@@ -43,6 +43,10 @@ and Debian 12):
 - NVLink multi-node profiles (GB200): ``options nvidia NVreg_CreateImexChannel0=1`` so the driver creates IMEX
   channel 0 whenever it loads (roles/imex.py creates it now when the module was loaded before), and DCGM
   (``dcgm``, default on for these profiles: ``datacenter-gpu-manager-4-cuda<major>``, nvidia-dcgm enabled).
+- NVSwitch boards (HGX/DGX H100, H200, B200: profiles with ``fabric_manager: true``): NVIDIA Fabric Manager,
+  installed with the driver at the driver's exact version (``nvidia_driver_version``; Fabric Manager refuses to
+  start on any other), pinned and held with it, ``nvidia-fabricmanager.service`` enabled and running. Without it
+  CUDA cannot initialise the GPUs of such a board.
 
 Host data (defaults in the constants below):
 
@@ -126,6 +130,12 @@ KERNEL_METAPACKAGES = ("linux-generic", "linux-image-generic", "linux-headers-ge
                        "linux-image-nvidia-64k", "linux-headers-nvidia-64k", "linux-generic-hwe-22.04",
                        "linux-generic-hwe-24.04")
 DCGM_PACKAGE = "datacenter-gpu-manager-4-cuda{major}"
+# NVIDIA's CUDA repositories name Fabric Manager per branch up to 575 (nvidia-fabricmanager-570, 570.172.08-1) and
+# without the branch from 580 on (nvidia-fabricmanager, 580.65.06-1). Its version follows the driver's; the pin's
+# /nvidia/ line and the unattended-upgrades blacklist ("nvidia-") already cover it.
+FABRIC_MANAGER = "nvidia-fabricmanager"
+FABRIC_MANAGER_UNBRANCHED_FROM = 580
+FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager.service"
 
 
 # --------------------------------------------------------------------------- facts
@@ -429,6 +439,22 @@ def nvidia_module_options(ctx: DeploymentContext) -> str | None:
             "options nvidia NVreg_CreateImexChannel0=1\n")
 
 
+def fabric_manager_package(driver_version: str) -> str:
+    """The Fabric Manager package of the branch of ``driver_version`` (``580.95.05-1`` -> nvidia-fabricmanager)."""
+    driver_branch = upstream(driver_version).split(".")[0]
+    if driver_branch.isdigit() and int(driver_branch) < FABRIC_MANAGER_UNBRANCHED_FROM:
+        return f"{FABRIC_MANAGER}-{driver_branch}"
+    return FABRIC_MANAGER
+
+
+def fabric_manager_pins(ctx: DeploymentContext) -> dict[str, str]:
+    """``{package: version}`` of Fabric Manager on NVSwitch boards (the driver's version), empty elsewhere."""
+    if ctx.vendor != "nvidia" or not ctx.profile.fabric_manager:
+        return {}
+    version = ctx.host.nvidia_driver_version
+    return {fabric_manager_package(version): version}
+
+
 def dcgm_wanted(ctx: DeploymentContext) -> bool:
     return ctx.host.dcgm if ctx.host.dcgm is not None else nvlink_multinode(ctx)
 
@@ -490,15 +516,18 @@ def apply(ctx: DeploymentContext) -> None:
         dest=PREFERENCES_FILE,
         mode="644",
     )
-    apt_refresh(name="apt-get update for the NVIDIA driver", packages={package: version})
+    fabric = fabric_manager_pins(ctx)
+    apt_refresh(name="apt-get update for the NVIDIA driver", packages={package: version, **fabric})
     # before the driver: its postinst builds (DKMS) against the running kernel's headers
     apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
-    apt.packages(name=f"Install {package}={version} and {PERSISTENCED}",
-                 packages=[f"{package}={version}", PERSISTENCED], no_recommends=True,
-                 extra_install_args="--allow-change-held-packages")
+    # Fabric Manager in the same transaction: driver and Fabric Manager move together or not at all
+    apt.packages(name=f"Install {package}={version}, {PERSISTENCED}{''.join(f', {p}' for p in fabric)}",
+                 packages=[f"{package}={version}", PERSISTENCED, *(f"{p}={v}" for p, v in fabric.items())],
+                 no_recommends=True, extra_install_args="--allow-change-held-packages")
     installed = plain(host.get_fact(DebPackages)) or {}
     release = (plain(host.get_fact(KernelVersion)) or "").strip()
-    packages_held(name="Driver and kernel held (apt-mark hold)", packages=hold_list(package, modules, release, installed))
+    packages_held(name="Driver and kernel held (apt-mark hold)",
+                  packages=sorted({*hold_list(package, modules, release, installed), *fabric}))
     driver_reboot(name="Reboot if the installed driver is not loaded", package=package, version=version,
                   allow_reboot=ctx.host.allow_reboot,
                   reboot_timeout=ctx.host.reboot_timeout)
@@ -511,6 +540,10 @@ def apply(ctx: DeploymentContext) -> None:
     systemd.service(name="nvidia-persistenced enabled and running", service=f"{PERSISTENCED}.service",
                     running=True, enabled=True, restarted=dropin.changed)
     persistence_mode_on(name="Persistence mode on every GPU")
+    if fabric:
+        # not restarted on an upgrade: the running one matches the loaded driver until the reboot it needs
+        systemd.service(name="nvidia-fabricmanager enabled and running", service=FABRIC_MANAGER_SERVICE,
+                        running=True, enabled=True)
     if dcgm_wanted(ctx):
         apt.packages(name=f"DCGM ({dcgm_package(ctx)})", packages=[dcgm_package(ctx)], no_recommends=True)
         systemd.service(name="nvidia-dcgm enabled and running", service="nvidia-dcgm.service", running=True,
@@ -524,8 +557,8 @@ def desired_packages(ctx: DeploymentContext) -> list[dict]:
     """The pinned driver, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [{"name": driver_package(ctx), "version": ctx.host.nvidia_driver_version,
-             "gate": "driver"}]
+    return [{"name": p, "version": v, "gate": "driver"}
+            for p, v in {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}.items()]
 
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:
@@ -538,6 +571,23 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     return [{"path": p, "sha256": sha256_text(t), "mode": 0o644, "gate": "driver"} for p, t in texts.items()]
 
 
+def hold_check(package: str) -> dict:
+    """The audit check that ``package`` is on hold."""
+    return {"id": f"apt-hold:{package}", "kind": "command", "expected": "held",
+            "params": {"cmd": f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held"}}
+
+
+def fabric_manager_checks(ctx: DeploymentContext) -> list[dict]:
+    """Fabric Manager active and held, on NVSwitch boards."""
+    checks = []
+    for package in fabric_manager_pins(ctx):
+        checks += [{"id": "fabric-manager:active", "kind": "command", "expected": "active",
+                    "params": {"cmd": f"systemctl is-active {shlex.quote(FABRIC_MANAGER_SERVICE)} 2>/dev/null "
+                                      "|| true"}},
+                   hold_check(package)]
+    return checks
+
+
 def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     """Module prerequisites of the running kernel, nouveau not loaded, holds, persistence mode."""
     if ctx.vendor != "nvidia":
@@ -548,12 +598,11 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
               '2>/dev/null | grep -q "^ii" && echo present || echo missing')
     dcgm = ([{"id": "dcgm:active", "kind": "command", "expected": "active",
               "params": {"cmd": "systemctl is-active nvidia-dcgm 2>/dev/null || true"}}] if dcgm_wanted(ctx) else [])
-    return dcgm + [
+    return dcgm + fabric_manager_checks(ctx) + [
         {"id": "kernel:module-prerequisites", "kind": "command", "expected": "present", "params": {"cmd": prereq}},
         {"id": "kernel:nouveau-not-loaded", "kind": "command", "expected": "no",
          "params": {"cmd": "grep -q '^nouveau ' /proc/modules && echo yes || echo no"}},
-        {"id": f"apt-hold:{driver_package(ctx)}", "kind": "command", "expected": "held",
-         "params": {"cmd": f"apt-mark showhold | grep -qx {driver_package(ctx)} && echo held || echo not-held"}},
+        hold_check(driver_package(ctx)),
         {"id": "gpu:persistence-mode", "kind": "command", "expected": "Enabled",
          "params": {"cmd": "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u"}},
     ]

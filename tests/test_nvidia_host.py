@@ -3,7 +3,12 @@ config, and the audit checks derived from them."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from ironserve import catalogue
+from ironserve.hostdata import HostData
 from ironserve.audit.runner import plan_checks
 from ironserve.inventory import InventoryHost
 from ironserve.nvidia import docker_gpu_args, gpu_access
@@ -11,7 +16,8 @@ from ironserve.render import render
 from ironserve.units import exec_argv
 from roles.context import build_context
 from roles.imex import nodes_config_text
-from roles.nvidia_driver import hold_list, module_packages
+from roles.nvidia_driver import (desired_packages, desired_runtime, fabric_manager_package, fabric_manager_pins,
+                                 hold_list, module_packages)
 from roles.preflight import clique_problems, host_clique, module_problems, nvlink_domain
 
 GB200 = "glm5-nvfp4-gb200-disagg"
@@ -98,3 +104,42 @@ def test_cdi_devices_read_back_as_the_gpus_they_ask_for():
     assert docker_gpu_args("2", "cdi") == ["--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=1"]
     assert cdi_gpus(["nvidia.com/gpu=0", "/dev/x", "nvidia.com/gpu=1"]) == '"device=0,1"'
     assert cdi_gpus(["nvidia.com/gpu=all"]) == "all" and cdi_gpus(["/dev/x"]) is None
+
+
+def profile_ctx(profile_id: str, **data) -> SimpleNamespace:
+    """What the driver role's pure helpers read of a context: the profile and this host's typed data."""
+    profile = catalogue.hardware_profiles()[profile_id]
+    return SimpleNamespace(profile=profile, vendor=profile.accelerator.vendor, host=HostData(**data))
+
+
+@pytest.mark.parametrize("version,package", [("580.95.05-1", "nvidia-fabricmanager"),
+                                             ("590.44.01-1", "nvidia-fabricmanager"),
+                                             ("575.57.08-1", "nvidia-fabricmanager-575"),
+                                             ("570.172.08-1", "nvidia-fabricmanager-570")])
+def test_fabric_manager_package_follows_the_driver_branch(version, package):
+    # NVIDIA's CUDA repositories: nvidia-fabricmanager-<branch> up to 575, nvidia-fabricmanager from 580 on
+    assert fabric_manager_package(version) == package
+
+
+@pytest.mark.parametrize("profile_id", ["h100-sxm", "h200", "b200"])
+def test_nvswitch_boards_install_fabric_manager_at_the_driver_version(profile_id):
+    ctx = profile_ctx(profile_id, nvidia_driver_version="580.105.08-1")
+    assert fabric_manager_pins(ctx) == {"nvidia-fabricmanager": "580.105.08-1"}
+    assert {"name": "nvidia-fabricmanager", "version": "580.105.08-1", "gate": "driver"} in desired_packages(ctx)
+    checks = {c["id"]: c for c in desired_runtime(ctx)}
+    assert checks["fabric-manager:active"]["params"]["cmd"].startswith("systemctl is-active nvidia-fabricmanager.service")
+    assert checks["apt-hold:nvidia-fabricmanager"]["expected"] == "held"
+
+
+@pytest.mark.parametrize("profile_id", ["rtx6000-pro", "rtx6000-pro-maxq", "gb200", "gb300"])
+def test_pcie_and_mnnvl_profiles_do_not_install_fabric_manager(profile_id):
+    ctx = profile_ctx(profile_id)
+    assert fabric_manager_pins(ctx) == {}
+    assert [p["name"] for p in desired_packages(ctx)] == [f"nvidia-open-{ctx.profile.driver_branch}"]
+    assert not any("fabric" in c["id"] for c in desired_runtime(ctx))
+
+
+def test_audit_of_the_catalogue_inventories_has_no_fabric_manager():
+    for inventory in ("inventories/rtx6000.py", "inventories/gb200.py"):
+        checks, _ = plan_checks(inventory, "deploys/glm5.py")
+        assert checks and not any("fabric" in c.id for c in checks), inventory

@@ -129,3 +129,24 @@ def test_data_recipe_names_a_yaml_file_absolute_or_relative(tmp_path, monkeypatc
     with pytest.raises(SpecError) as err:
         build_context("llama3", "h1", [("h1", {"hardware": "h100-sxm", "recipe": "mine.yaml; id"})])
     assert "h1.recipe" in str(err.value)
+
+
+def test_nvswitch_boards_and_only_they_need_fabric_manager():
+    hw = catalogue.hardware_profiles()
+    assert {pid for pid, p in hw.items() if p.fabric_manager} == {"h100-sxm", "h200", "b200"}
+    assert all(hw[pid].accelerator.interconnect == "nvswitch" for pid in ("h100-sxm", "h200", "b200"))
+    # PCIe cards have no NVSwitch; GB200/GB300 trays use IMEX, their NVLink switch trays are managed off the node
+    assert not any(hw[pid].fabric_manager for pid in ("rtx6000-pro", "rtx6000-pro-maxq", "gb200", "gb300"))
+
+
+@pytest.mark.parametrize("vendor,arch,interconnect", [("nvidia", "sm120", "pcie"), ("nvidia", "sm100", "nvlink-mnnvl"),
+                                                      ("huawei", "ascend-a3", "hccs")])
+def test_fabric_manager_is_refused_where_there_is_no_nvswitch(vendor, arch, interconnect, tmp_path):
+    hw = tmp_path / "hardware.yaml"
+    hw.write_text(yaml.safe_dump({"profiles": [{
+        "id": "mine", "description": "d", "cpu_arch": "x86_64", "fabric_manager": True,
+        "accelerator": _accelerator(vendor=vendor, arch=arch, interconnect=interconnect)}]}))
+    with pytest.raises(SpecError) as err:
+        catalogue.load_hardware(hw)
+    assert "fabric_manager: true is for NVIDIA boards with interconnect nvswitch" in str(err.value)
+    assert "write fabric_manager: false" in str(err.value) and "profiles[0]" in str(err.value)
