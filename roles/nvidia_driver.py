@@ -521,7 +521,7 @@ def apply(ctx: DeploymentContext) -> None:
     # before the driver: its postinst builds (DKMS) against the running kernel's headers
     apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
     # Fabric Manager in the same transaction: driver and Fabric Manager move together or not at all
-    apt.packages(name=f"Install {package}={version}, {PERSISTENCED}{''.join(f', {p}' for p in fabric)}",
+    apt.packages(name=f"Install {package}={version} and {' and '.join([PERSISTENCED, *fabric])}",
                  packages=[f"{package}={version}", PERSISTENCED, *(f"{p}={v}" for p, v in fabric.items())],
                  no_recommends=True, extra_install_args="--allow-change-held-packages")
     installed = plain(host.get_fact(DebPackages)) or {}

@@ -127,7 +127,9 @@ def test_nvswitch_boards_install_fabric_manager_at_the_driver_version(profile_id
     assert fabric_manager_pins(ctx) == {"nvidia-fabricmanager": "580.105.08-1"}
     assert {"name": "nvidia-fabricmanager", "version": "580.105.08-1", "gate": "driver"} in desired_packages(ctx)
     checks = {c["id"]: c for c in desired_runtime(ctx)}
-    assert checks["fabric-manager:active"]["params"]["cmd"].startswith("systemctl is-active nvidia-fabricmanager.service")
+    active = checks["fabric-manager:active"]
+    assert active["expected"] == "active"
+    assert active["params"]["cmd"].startswith("systemctl is-active nvidia-fabricmanager.service")
     assert checks["apt-hold:nvidia-fabricmanager"]["expected"] == "held"
 
 
