@@ -452,6 +452,8 @@ def fabric_manager_pins(ctx: DeploymentContext) -> dict[str, str]:
     if ctx.vendor != "nvidia" or not ctx.profile.fabric_manager:
         return {}
     version = ctx.host.nvidia_driver_version
+    if module_source(ctx) == "precompiled":  # Ubuntu's driver: Ubuntu's Fabric Manager of the branch, same version
+        return {f"{FABRIC_MANAGER}-{branch(ctx)}": version}
     return {fabric_manager_package(version): version}
 
 

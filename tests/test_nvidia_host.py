@@ -121,6 +121,12 @@ def test_fabric_manager_package_follows_the_driver_branch(version, package):
     assert fabric_manager_package(version) == package
 
 
+def test_precompiled_modules_take_ubuntus_fabric_manager_of_the_branch():
+    # Ubuntu's signed modules come with Ubuntu's driver, whose Fabric Manager is Ubuntu's nvidia-fabricmanager-580
+    ctx = profile_ctx("h100-sxm", nvidia_module_source="precompiled", nvidia_driver_version="580.95.05-0ubuntu1")
+    assert fabric_manager_pins(ctx) == {"nvidia-fabricmanager-580": "580.95.05-0ubuntu1"}
+
+
 @pytest.mark.parametrize("profile_id", ["h100-sxm", "h200", "b200"])
 def test_nvswitch_boards_install_fabric_manager_at_the_driver_version(profile_id):
     ctx = profile_ctx(profile_id, nvidia_driver_version="580.105.08-1")
