@@ -156,7 +156,7 @@ def _where(f: Finding, recipe_id: str) -> Finding:
 
 
 def cmd_lint(args) -> int:
-    from .lint import lint_pasted, rule_table
+    from .lint import rule_table
 
     engine = _engine_version(args.engine)
     if args.rules:
@@ -165,44 +165,66 @@ def cmd_lint(args) -> int:
                   f"source: {row['source']}")
         return 0
     if args.command or args.file:
-        if not args.hardware:
-            raise SpecError([catalogue.Problem("command line", "--hardware", "a pasted command needs the hardware",
-                                               f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
-        profiles = catalogue.hardware_profiles()
-        if args.hardware not in profiles:
-            raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
-                                               f"one of {', '.join(profiles)}")])
-        profile = profiles[args.hardware]
-        if args.gpus is not None:
-            accel = profile.accelerator.model_copy(update={"count": args.gpus})
-            profile = profile.model_copy(update={"accelerator": accel})
-        from .commandline import CommandError, parse_command, parse_script
+        return _lint_pasted_commands(args, engine)
+    return _lint_recipes(args, engine)
 
-        launches = [args.command] if args.command else []
-        if args.file:
+
+def _pasted_profile(args):
+    """The hardware profile a pasted command is linted for (--hardware, with --gpus overriding its count)."""
+    if not args.hardware:
+        raise SpecError([catalogue.Problem("command line", "--hardware", "a pasted command needs the hardware",
+                                           f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
+    profiles = catalogue.hardware_profiles()
+    if args.hardware not in profiles:
+        raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
+                                           f"one of {', '.join(profiles)}")])
+    profile = profiles[args.hardware]
+    if args.gpus is not None:
+        accel = profile.accelerator.model_copy(update={"count": args.gpus})
+        profile = profile.model_copy(update={"accelerator": accel})
+    return profile
+
+
+def _pasted_launches(args) -> list[list[str]]:
+    """The launch commands to lint: the one after --, then those of --file's script."""
+    from .commandline import CommandError, parse_script
+
+    launches = [args.command] if args.command else []
+    if args.file:
+        try:
+            launches += [words for _, words in parse_script(open(args.file).read()).commands]
+        except (OSError, CommandError) as exc:
+            raise SpecError([catalogue.Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
+        if not launches:
+            raise SpecError([catalogue.Problem(args.file, "", "no SGLang launch command in the script",
+                                               "lint a script that runs python3 -m sglang.launch_server ...")])
+    return launches
+
+
+def _lint_pasted_commands(args, engine) -> int:
+    from .commandline import CommandError, parse_command
+    from .lint import lint_pasted
+
+    profile, launches = _pasted_profile(args), _pasted_launches(args)
+    findings = []
+    for n, words in enumerate(launches):
+        try:
+            found = lint_pasted(words, profile, engine)
+        except ValueError as exc:
+            raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+        if not args.offline and not has_errors(found):
             try:
-                launches += [words for _, words in parse_script(open(args.file).read()).commands]
-            except (OSError, CommandError) as exc:
-                raise SpecError([catalogue.Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
-            if not launches:
-                raise SpecError([catalogue.Problem(args.file, "", "no SGLang launch command in the script",
-                                                   "lint a script that runs python3 -m sglang.launch_server ...")])
-        findings = []
-        for n, words in enumerate(launches):
-            try:
-                found = lint_pasted(words, profile, engine)
-            except ValueError as exc:
-                raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
-            if not args.offline and not has_errors(found):
-                try:
-                    found += _pasted_parser_findings(engine, parse_command(words).argv, profile)
-                except CommandError:
-                    pass  # already a finding
-            if len(launches) > 1:
-                found = [Finding(f.rule, f.severity, f.message, f.fix, f"command {n + 1}") for f in found]
-            findings += found
-        _print_findings(findings, args.format, args.file or "command")
-        return 1 if has_errors(findings) else 0
+                found += _pasted_parser_findings(engine, parse_command(words).argv, profile)
+            except CommandError:
+                pass  # already a finding
+        if len(launches) > 1:
+            found = [Finding(f.rule, f.severity, f.message, f.fix, f"command {n + 1}") for f in found]
+        findings += found
+    _print_findings(findings, args.format, args.file or "command")
+    return 1 if has_errors(findings) else 0
+
+
+def _lint_recipes(args, engine) -> int:
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
     worst = 0
     everything: list[Finding] = []
