@@ -73,41 +73,49 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     for item in providers.runtime_checks(ctx):
         add(item["id"], item["kind"], item["expected"], "runtime", **item.get("params", {}))
 
-    from roles.sglang_service import process_secrets
-    from roles.rolling import roll_script
     from roles.undeclared import declared_units
 
     # a stray engine or router unit (another recipe's, one started by hand) is drift, named by unit
     add("units:undeclared", "undeclared_units", [f"{u}.service" for u in declared_units(ctx.processes)], "service")
 
     for proc in ctx.processes:
-        # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values
-        # are compared nowhere, the env file check skips them
-        files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc, read=False))
-        # launch=false: the configuration is staged (validated, not live); a launch makes it the live one
-        where = (lambda path: path) if ctx.launch else staged_path
-        unit_path = where(f"{UNIT_DIR}/{files.unit_name}")
-        add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
-            mode=0o644, owner="root")
-        add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=where(files.env_path),
-            mode=0o600)
-        add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
-        units = [files.unit_name]
-        if proc.in_rank_group:
-            # the guard that restarts the group as a whole runs whenever its engine does
-            guard = f"{rank_guard_unit(proc)}.service"
-            add(f"unit-active:{guard}", "service_active", ctx.launch, "service", name=guard)
-            units.append(guard)
-        if not ctx.launch:
-            continue
-        add(f"unit-enabled:{files.unit_name}", "service_enabled", True, "service", name=files.unit_name)
-        for name in units:
-            # the files on disk are what systemd runs: a run killed between writing and reloading shows here
-            add(f"unit-loaded:{name}", "daemon_reloaded", True, "service", name=name)
-        if proc.health_url:
-            add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
-            add(f"health:{proc.unit}", "http_ok", 200, "workload", url=proc.health_url)
-        if proc.health_url and proc.role != "router":
-            add(f"server-args:{proc.unit}", "server_args", rendered_args(proc), "workload",
-                cmd=roll_script("server-info", proc.local_url(""), env_path(proc)))
+        _process_checks(ctx, proc, add)
     return checks
+
+
+def _process_checks(ctx, proc, add) -> None:
+    """The checks of one rendered process: its unit and env files, its units' states, its port, health and
+    effective arguments."""
+    from roles.rolling import roll_script
+    from roles.sglang_service import process_secrets
+
+    tuning = ctx.tuning
+    # which secrets exist shapes the unit (an API key runs the engine through ironserve-exec); their values
+    # are compared nowhere, the env file check skips them
+    files = unit_files(ctx.recipe, proc, tuning, secrets=process_secrets(ctx, proc, read=False))
+    # launch=false: the configuration is staged (validated, not live); a launch makes it the live one
+    where = (lambda path: path) if ctx.launch else staged_path
+    unit_path = where(f"{UNIT_DIR}/{files.unit_name}")
+    add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
+        mode=0o644, owner="root")
+    add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=where(files.env_path),
+        mode=0o600)
+    add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
+    units = [files.unit_name]
+    if proc.in_rank_group:
+        # the guard that restarts the group as a whole runs whenever its engine does
+        guard = f"{rank_guard_unit(proc)}.service"
+        add(f"unit-active:{guard}", "service_active", ctx.launch, "service", name=guard)
+        units.append(guard)
+    if not ctx.launch:
+        return
+    add(f"unit-enabled:{files.unit_name}", "service_enabled", True, "service", name=files.unit_name)
+    for name in units:
+        # the files on disk are what systemd runs: a run killed between writing and reloading shows here
+        add(f"unit-loaded:{name}", "daemon_reloaded", True, "service", name=name)
+    if proc.health_url:
+        add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
+        add(f"health:{proc.unit}", "http_ok", 200, "workload", url=proc.health_url)
+    if proc.health_url and proc.role != "router":
+        add(f"server-args:{proc.unit}", "server_args", rendered_args(proc), "workload",
+            cmd=roll_script("server-info", proc.local_url(""), env_path(proc)))
