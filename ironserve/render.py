@@ -332,72 +332,10 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
     hosts = hosts if hosts is not None else _placeholder_hosts(recipe)
     slots, router_host = _assign(recipe, hosts, where)
     _distinct_addresses(slots, recipe, where)
-    groups = recipe.topology.groups
-    launcher = LAUNCHERS[recipe.engine.launcher]
-    heads: dict[tuple[int, int], InventoryHost] = {}
-    for slot in slots:
-        if slot.node_rank == 0:
-            heads[(slot.group_index, slot.instance)] = slot.host
+    heads = {(slot.group_index, slot.instance): slot.host for slot in slots if slot.node_rank == 0}
     deployment_head = slots[0].host.address
-    processes: list[Process] = []
-    for slot in slots:
-        group = groups[slot.group_index]
-        server = recipe.group_server(group)
-        head = heads[(slot.group_index, slot.instance)]
-        host_model_path = model_path_on(recipe, slot.host)
-        values = _Placeholders(
-            {
-                "node_address": slot.host.address,
-                "group_head": head.address,
-                "deployment_head": deployment_head,
-                "nic": slot.host.nic or NIC_FROM_INVENTORY,
-                "model_path": host_model_path,
-            },
-            f"{where}: {slot.host.name}",
-        )
-        model_path = _fill(server.model_path or host_model_path, values)
-        bind = _fill(server.host, values) if server.host else None
-        dist_init = (head.address, group.dist_init_port) if group.nodes > 1 else None
-        argv = list(launcher) + ["--model-path", model_path]
-        argv += [_fill(a, values) for a in server_flags(server, host=bind)]
-        multi = recipe.topology.kind != "single"
-        if dist_init:
-            argv += ["--dist-init-addr", _host_port(*dist_init)]
-        if group.nodes > 1 or (multi and group.explicit_single_node_rank):
-            argv += ["--nnodes", str(group.nodes), "--node-rank", str(slot.node_rank)]
-        if group.role in ("prefill", "decode"):
-            argv += ["--disaggregation-mode", group.role]
-        if group.role == "prefill":
-            argv += ["--disaggregation-bootstrap-port", str(group.bootstrap_port + slot.instance)]
-        env = {k: _fill(v, values) for k, v in recipe.group_env(group).items()}
-        if group.nodes > 1:
-            env.update(_socket_ifname_env(recipe, slot.host, env, where))
-        runtime = recipe.runtime
-        processes.append(Process(
-            host=slot.host.name,
-            address=slot.host.address,
-            role=group.role,
-            node_rank=slot.node_rank,
-            argv=argv,
-            env=env,
-            group=slot.group_index,
-            instance=slot.instance,
-            nnodes=group.nodes,
-            port=server.port or 30000,
-            serves_http=slot.node_rank == 0,
-            unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
-            source_env=list(runtime.source_env),
-            env_unset=list(recipe.env_unset),
-            launcher=list(launcher),
-            bind=bind,
-            dist_init_addr=dist_init[0] if dist_init else None,
-            dist_init_port=dist_init[1] if dist_init else None,
-            head=head.name if group.nodes > 1 else None,
-            devices=devices_per_node(server, group.nodes),
-            model_path=model_path,
-            gpu_access=_gpu_access(runtime, slot.host),
-            metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,
-        ))
+    processes = [_slot_process(recipe, slot, heads[(slot.group_index, slot.instance)], deployment_head, where)
+                 for slot in slots]
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
     _port_clashes(recipe, processes, where)
@@ -406,6 +344,54 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
         if proc.in_rank_group:
             rank_groups.setdefault(proc.group_key, []).append(proc)
     return Rendered(recipe, processes, {k: sorted(v, key=lambda p: p.node_rank) for k, v in rank_groups.items()})
+
+
+def _topology_flags(recipe: Recipe, group: Group, node_rank: int, instance: int,
+                    dist_init: tuple[str, int] | None) -> list[str]:
+    """Where the engine stands in the deployment: dist-init, nodes and rank, its disaggregation role."""
+    argv: list[str] = []
+    if dist_init:
+        argv += ["--dist-init-addr", _host_port(*dist_init)]
+    if group.nodes > 1 or (recipe.topology.kind != "single" and group.explicit_single_node_rank):
+        argv += ["--nnodes", str(group.nodes), "--node-rank", str(node_rank)]
+    if group.role in ("prefill", "decode"):
+        argv += ["--disaggregation-mode", group.role]
+    if group.role == "prefill":
+        argv += ["--disaggregation-bootstrap-port", str(group.bootstrap_port + instance)]
+    return argv
+
+
+def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: str, where: str) -> Process:
+    """The engine process one slot (a host's place in a group instance) runs, its argv built from its fields."""
+    groups = recipe.topology.groups
+    group = groups[slot.group_index]
+    server = recipe.group_server(group)
+    launcher = LAUNCHERS[recipe.engine.launcher]
+    host_model_path = model_path_on(recipe, slot.host)
+    values = _Placeholders({"node_address": slot.host.address, "group_head": head.address,
+                            "deployment_head": deployment_head, "nic": slot.host.nic or NIC_FROM_INVENTORY,
+                            "model_path": host_model_path}, f"{where}: {slot.host.name}")
+    model_path = _fill(server.model_path or host_model_path, values)
+    bind = _fill(server.host, values) if server.host else None
+    dist_init = (head.address, group.dist_init_port) if group.nodes > 1 else None
+    argv = list(launcher) + ["--model-path", model_path]
+    argv += [_fill(a, values) for a in server_flags(server, host=bind)]
+    argv += _topology_flags(recipe, group, slot.node_rank, slot.instance, dist_init)
+    env = {k: _fill(v, values) for k, v in recipe.group_env(group).items()}
+    if group.nodes > 1:
+        env.update(_socket_ifname_env(recipe, slot.host, env, where))
+    runtime = recipe.runtime
+    return Process(
+        host=slot.host.name, address=slot.host.address, role=group.role, node_rank=slot.node_rank, argv=argv,
+        env=env, group=slot.group_index, instance=slot.instance, nnodes=group.nodes, port=server.port or 30000,
+        serves_http=slot.node_rank == 0,
+        unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
+        source_env=list(runtime.source_env), env_unset=list(recipe.env_unset), launcher=list(launcher), bind=bind,
+        dist_init_addr=dist_init[0] if dist_init else None, dist_init_port=dist_init[1] if dist_init else None,
+        head=head.name if group.nodes > 1 else None, devices=devices_per_node(server, group.nodes),
+        model_path=model_path, gpu_access=_gpu_access(runtime, slot.host),
+        metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,
+    )
 
 
 def _host_port(address: str, port: int) -> str:
