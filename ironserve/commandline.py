@@ -195,23 +195,10 @@ def parse_command(words: list[str]) -> Command:
             raise CommandError("'export' in a pasted command", "pass variables as NAME=VALUE before the command, "
                                "or import a script with --file (export lines are read there)")
         base = word.rsplit("/", 1)[-1]
-        if base in ("sudo", "env", "numactl", "nice", "ionice", "stdbuf", "chrt"):
-            j = _skip_options(words, i + 1, _WRAPPER_VALUE_OPTS[base])
+        j = _wrapper_end(words, i, base)
+        if j is not None:
             if base == "env":
                 env_unset += _env_unsets(words[i + 1:j])
-            if base == "chrt" and j < len(words) and words[j].isdigit():
-                j += 1
-            wrappers.append(shlex.join(words[i:j]))
-            i = j
-            continue
-        if base == "taskset":
-            j = _skip_options(words, i + 1, set())
-            j += 1  # the mask or cpu list
-            wrappers.append(shlex.join(words[i:j]))
-            i = j
-            continue
-        if base == "uv" and words[i + 1:i + 2] == ["run"]:
-            j = _skip_options(words, i + 2, _WRAPPER_VALUE_OPTS["uv"])
             wrappers.append(shlex.join(words[i:j]))
             i = j
             continue
@@ -241,22 +228,38 @@ def parse_command(words: list[str]) -> Command:
                            "paste 'python3 -m sglang.launch_server --model-path ...' (or sglang serve, "
                            "python3 -m sglang_router.launch_router ...)")
     interpreter, module, flags = _launcher(rest)
+    kind, launcher = _launch_kind(module, rest)
+    return Command(env, wrappers, docker, interpreter, module, kind, launcher, flags, tail, env_unset)
+
+
+def _launch_kind(module: str, rest: list[str]) -> tuple[str, str]:
+    """(server or router, the launcher's name) of a launch module; CommandError for anything that is not one."""
     if module in LAUNCHERS:
-        kind, launcher = LAUNCHERS[module]
-    elif module == "sglang serve":
-        kind, launcher = "server", "serve"
-    elif module in OTHER_SGLANG:
+        return LAUNCHERS[module]
+    if module == "sglang serve":
+        return "server", "serve"
+    if module in OTHER_SGLANG:
         raise CommandError(f"'{module}' is not a server launch ironserve imports", f"use {OTHER_SGLANG[module]}")
-    elif module.startswith(("sglang.", "sglang_router.")) or module in ("sglang", "sglang_router"):
+    if module.startswith(("sglang.", "sglang_router.")) or module in ("sglang", "sglang_router"):
         raise CommandError(f"no SGLang release has a launcher '{module}'",
                            "use python3 -m sglang.launch_server (or sglang serve, "
                            "python3 -m sglang_router.launch_router / launch_server)")
-    else:
-        raise CommandError(f"'{shlex.join(rest[:3])}' is not an SGLang server command",
-                           "paste 'python3 -m sglang.launch_server ...', 'sglang serve ...' or "
-                           "'python3 -m sglang_router.launch_router ...' (docker run, nohup, numactl, taskset, env "
-                           "and uv run in front are understood)")
-    return Command(env, wrappers, docker, interpreter, module, kind, launcher, flags, tail, env_unset)
+    raise CommandError(f"'{shlex.join(rest[:3])}' is not an SGLang server command",
+                       "paste 'python3 -m sglang.launch_server ...', 'sglang serve ...' or "
+                       "'python3 -m sglang_router.launch_router ...' (docker run, nohup, numactl, taskset, env "
+                       "and uv run in front are understood)")
+
+
+def _wrapper_end(words: list[str], i: int, base: str) -> int | None:
+    """Where a wrapper with options (sudo, env, numactl, taskset MASK, uv run, ...) at ``i`` ends; None: not one."""
+    if base in ("sudo", "env", "numactl", "nice", "ionice", "stdbuf", "chrt"):
+        j = _skip_options(words, i + 1, _WRAPPER_VALUE_OPTS[base])
+        return j + 1 if base == "chrt" and j < len(words) and words[j].isdigit() else j
+    if base == "taskset":
+        return _skip_options(words, i + 1, set()) + 1  # the mask or cpu list
+    if base == "uv" and words[i + 1:i + 2] == ["run"]:
+        return _skip_options(words, i + 2, _WRAPPER_VALUE_OPTS["uv"])
+    return None
 
 
 def _env_unsets(options: list[str]) -> list[str]:
