@@ -445,6 +445,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable; also IRONSERVE_RECIPES and the project's recipes/)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
+    _add_recipe_parsers(sub)
+    _add_catalogue_parsers(sub)
+
+    p = sub.add_parser("init", help="write a project to start from: inventory, group_data, deploys, recipes/",
+                       allow_abbrev=False)
+    p.add_argument("directory")
+    p.set_defaults(func=cmd_init)
+
+    sub.add_parser("pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY",
+                   add_help=False)
+
+    _add_optional(sub)
+    return parser
+
+
+def _add_recipe_parsers(sub) -> None:
+    """render, lint and import: recipes and pasted commands."""
     p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
     p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
     p.add_argument("--inventory", help="pyinfra inventory file: hosts, addresses, ranks")
@@ -480,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="write to this .yaml file instead of stdout (the recipe's id is its name)")
     p.set_defaults(func=cmd_import)
 
+
+def _add_catalogue_parsers(sub) -> None:
+    """schema and lock: the recipe schema and the catalogue's pins."""
     p = sub.add_parser("schema", help="JSON Schema of recipes, for editors", allow_abbrev=False)
     p.add_argument("--hardware", action="store_true", help="schema of hardware profiles instead")
     p.add_argument("--host-data", action="store_true", help="schema of inventory host data instead")
@@ -500,17 +520,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", metavar="FILE", help="write a site lock instead: the digests the registry holds for "
                    "the recipes' images, in place of theirs (host data docker_image_lock)")
     p.set_defaults(func=cmd_lock)
-
-    p = sub.add_parser("init", help="write a project to start from: inventory, group_data, deploys, recipes/",
-                       allow_abbrev=False)
-    p.add_argument("directory")
-    p.set_defaults(func=cmd_init)
-
-    sub.add_parser("pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY",
-                   add_help=False)
-
-    _add_optional(sub)
-    return parser
 
 
 def _add_optional(sub) -> None:
