@@ -64,7 +64,7 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, deploy, operation
-from pyinfra.facts.files import FileContents, Sha256File
+from pyinfra.facts.files import Sha256File
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd

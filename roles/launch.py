@@ -64,7 +64,7 @@ from roles.live_config import install_command, reload_command
 from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
-from roles.context import DeploymentContext, host_data
+from roles.context import DeploymentContext
 from roles.sglang_service import live_files, marker_path
 
 HEALTH_POLL_S = DEFAULTS.health_poll_s

@@ -9,7 +9,6 @@ defaults the renderer always writes (router host/port/policy, prefill bootstrap 
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest

@@ -14,7 +14,6 @@ Requests go only to loopback and lab addresses, every wait bounded.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess

@@ -21,7 +21,6 @@ import re
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
