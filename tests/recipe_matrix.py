@@ -31,6 +31,12 @@ class Entry:
     def shape(self) -> tuple[str, int]:
         return self.hardware, self.hosts
 
+    @property
+    def kind(self) -> tuple[str, int, str, str]:
+        """Recipes of one kind differ in flags and env only (same hosts, deploy and runtime kind): their renders
+        are checked flag for flag offline, so the lab deploys one of them and plans the others (see deployed_here)."""
+        return self.hardware, self.hosts, self.deploy, self.runtime
+
 
 def seed_recipes() -> list[str]:
     """Every catalogue recipe that reproduces a seed (the tiny CPU ones are the lab's own)."""
@@ -47,3 +53,14 @@ def matrix() -> list[Entry]:
     """The recipes the lab deploys, grouped by shape (hardware, hosts) so each shape's hosts boot once."""
     entries = [entry(r) for r in seed_recipes() if r not in NOT_IN_LAB]
     return sorted(entries, key=lambda e: (e.shape, e.recipe))
+
+
+def deployed_here(entries: list[Entry], full: bool) -> set[str]:
+    """The recipes the lab run deploys: all with ``full`` (IRONSERVE_MATRIX=full), else the first of each kind (CI's
+    time: the others are planned with `--dry` on the hosts their kind's deploy prepared)."""
+    if full:
+        return {e.recipe for e in entries}
+    first: dict[tuple, str] = {}
+    for e in entries:
+        first.setdefault(e.kind, e.recipe)
+    return set(first.values())

@@ -4,6 +4,10 @@ For each recipe of tests/recipe_matrix.py: exactly the hosts it places, of its f
 per shape (hardware, hosts) and shared by the recipes of that shape; the production deploy
 (`pyinfra -y inventories/lab.py deploys/<model>.py --data recipe=ID`: prepare and validate, the accelerators are
 stand-ins) and right after it a dry run of the same deploy that must plan no change. Names and times are printed.
+To keep CI within its time, a run deploys the first recipe of each kind (same hardware, hosts, deploy and runtime
+kind: they differ in flags and env, which the offline render tests check flag for flag) and plans each other one with
+`--dry` on the hosts that deploy prepared (the plan must succeed and change the recipe's own units);
+IRONSERVE_MATRIX=full deploys every one.
 The Python 3.12 recipes (uv runtimes of CUDA builds, ironserve/lab/cuda_runtime.py) get their interpreter from the
 lab's download list (host data uv_python_downloads_json_url); a multi-node uv recipe's ranks then form a
 torch.distributed gloo group from their venvs (the launch preflight's rendezvous, which a prepare-only deploy does
@@ -16,6 +20,7 @@ fixes; installed from the lab's download list when host data names it, the whole
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +32,7 @@ from ironserve.render import render
 from ironserve.spec import UvRuntime
 from ironserve.units import venv_path
 
-from ..recipe_matrix import NOT_IN_LAB, matrix
+from ..recipe_matrix import NOT_IN_LAB, deployed_here, matrix
 from . import labcli
 from .labcli import lab_down, pyinfra
 
@@ -36,6 +41,10 @@ pytestmark = pytest.mark.lab
 # deployed by their own lab test module (more checks than the matrix makes), counted here
 ELSEWHERE = {"glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py"}
 ENTRIES = [e for e in matrix() if e.recipe not in ELSEWHERE]
+# CI deploys the first recipe of each kind (hardware, hosts, deploy, runtime kind) and plans the others on the hosts
+# that deploy prepared; IRONSERVE_MATRIX=full deploys every one
+DEPLOYED = deployed_here(ENTRIES, full=os.environ.get("IRONSERVE_MATRIX") == "full")
+PLANNED: dict[str, int] = {}  # recipe -> operations its dry run plans to change (the recipes not deployed)
 TIMES: dict[str, tuple[float, float]] = {}
 STARTED: set[str] = set()  # the matrix recipes this run's selection reached (-k may pick some)
 # the Python 3.12 recipes the matrix deployed with the lab's download list: recipe -> (host, what its venv reports)
@@ -143,6 +152,12 @@ def test_recipe_deploys_and_converges(shapes, entry):
     data = ["--data", f"recipe={entry.recipe}", "--data", f"api_key_file={shapes.api_key_file}",
             *interpreter_data(entry.recipe)]
     started = time.monotonic()
+    if entry.recipe not in DEPLOYED:
+        dry = pyinfra(entry.deploy, "--dry", "--json", *data, timeout=900)
+        TIMES[entry.recipe] = (float("nan"), time.monotonic() - started)
+        PLANNED[entry.recipe] = len(planned_changes(dry.stdout))
+        assert any(entry.recipe in change for change in planned_changes(dry.stdout)), planned_changes(dry.stdout)
+        return
     pyinfra("-y", entry.deploy, *data, timeout=1800)
     deployed = time.monotonic()
     dry = pyinfra(entry.deploy, "--dry", "--json", *data, timeout=900)
@@ -209,7 +224,8 @@ def test_matrix_summary(capsys):
         print("\nrecipe matrix (lab): recipe, hardware x hosts, deploy s, dry run s")
         for e in ENTRIES:
             deploy_s, dry_s = TIMES.get(e.recipe, (float("nan"), float("nan")))
-            print(f"  {e.recipe:40s} {e.hardware} x{e.hosts}  {deploy_s:7.1f}  {dry_s:6.1f}")
+            planned = f"  planned only ({PLANNED[e.recipe]} changes)" if e.recipe in PLANNED else ""
+            print(f"  {e.recipe:40s} {e.hardware} x{e.hosts}  {deploy_s:7.1f}  {dry_s:6.1f}{planned}")
         for recipe, where in ELSEWHERE.items():
             print(f"  {recipe:40s} deployed by {where}")
         for recipe, why in sorted(NOT_IN_LAB.items()):
