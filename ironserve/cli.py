@@ -14,16 +14,19 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import resources
-from .findings import Finding, Severity, has_errors
-from .problems import Problem, SpecError
+
+if TYPE_CHECKING:
+    from .findings import Finding
 
 # Light at import: `ironserve --help` and the parser import neither pydantic, pyinfra, yaml nor jinja2 (the recipe
-# models cost most of a second to build); each command imports what it uses (`from . import catalogue`).
+# models cost most of a second to build), nor dataclasses (findings, problems); each command imports what it uses.
 
 
 def _engine_version(text: str | None) -> str | None:
+    from .problems import Problem, SpecError
     if not text:
         return None
     if not text.startswith("sglang=="):
@@ -76,6 +79,7 @@ def cmd_render(args) -> int:
 
 
 def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
+    from .findings import Severity
     errors = sum(f.severity is Severity.error for f in findings)
     warnings = sum(f.severity is Severity.warning for f in findings)
     if fmt == "json":
@@ -90,6 +94,7 @@ def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
 def _parser_findings(version: str, argvs: list[list[str]], router_version: str | None = None) -> list[Finding]:
     """Every argv (servers and routers) through the real parsers in one subprocess per venv; duplicates across
     ranks of a group are reported once."""
+    from .findings import Finding, Severity
     from . import engine_parser
 
     try:
@@ -117,6 +122,7 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
 
 def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None,
                      data: list[str] | None = None) -> list[Finding]:
+    from .findings import Finding, Severity
     from . import catalogue
     from .lint import lint_recipe
     from .pins import resolve_findings
@@ -146,6 +152,7 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str |
 def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> list[Finding]:
     """The real parser on a pasted command: the version named with --engine, else the PyPI release of the hardware's
     seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
+    from .findings import Finding, Severity
     if engine:
         return _parser_findings(engine, [argv])
     from .commandline import parse_command
@@ -159,6 +166,7 @@ def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> lis
 
 
 def _where(f: Finding, recipe_id: str) -> Finding:
+    from .findings import Finding
     return Finding(f.rule, f.severity, f.message, f.fix, f"{recipe_id} {f.where}".strip())
 
 
@@ -178,6 +186,7 @@ def cmd_lint(args) -> int:
 
 def _pasted_profile(args):
     """The hardware profile a pasted command is linted for (--hardware, with --gpus overriding its count)."""
+    from .problems import Problem, SpecError
     from . import catalogue
     if not args.hardware:
         raise SpecError([Problem("command line", "--hardware", "a pasted command needs the hardware",
@@ -195,6 +204,7 @@ def _pasted_profile(args):
 
 def _pasted_launches(args) -> list[list[str]]:
     """The launch commands to lint: the one after --, then those of --file's script."""
+    from .problems import Problem, SpecError
     from .commandline import CommandError, parse_script
 
     launches = [args.command] if args.command else []
@@ -210,6 +220,8 @@ def _pasted_launches(args) -> list[list[str]]:
 
 
 def _lint_pasted_commands(args, engine) -> int:
+    from .findings import Finding, has_errors
+    from .problems import Problem, SpecError
     from .commandline import CommandError, parse_command
     from .lint import lint_pasted
 
@@ -233,6 +245,7 @@ def _lint_pasted_commands(args, engine) -> int:
 
 
 def _lint_recipes(args, engine) -> int:
+    from .findings import has_errors
     from . import catalogue
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
     worst = 0
@@ -253,6 +266,7 @@ def _lint_recipes(args, engine) -> int:
 
 
 def _read_script(name: str) -> str:
+    from .problems import Problem, SpecError
     try:
         with open(name) as fh:
             return fh.read()
@@ -261,6 +275,8 @@ def _read_script(name: str) -> str:
 
 
 def cmd_import(args) -> int:
+    from .findings import Severity, has_errors
+    from .problems import Problem, SpecError
     from . import catalogue
     from .commandline import CommandError, parse_command
     from .importer import import_commands, import_script, to_yaml
@@ -322,6 +338,7 @@ def cmd_import(args) -> int:
 
 def _import_id(given: str | None, output: str | None) -> str | None:
     """-o FILE names the recipe: its id is the file's name (what the catalogue and `render FILE` require)."""
+    from .problems import Problem, SpecError
     if not output:
         return given
     stem = Path(output).stem
@@ -352,6 +369,7 @@ def cmd_schema(args) -> int:
 
 
 def _recipe_files(args) -> list[Path]:
+    from .problems import Problem, SpecError
     from . import catalogue
     if args.all:
         return [catalogue.recipe_file(i) for i in sorted(catalogue.catalogue())]
@@ -362,6 +380,7 @@ def _recipe_files(args) -> list[Path]:
 
 def cmd_lock(args) -> int:
     """Resolve each recipe's runtime (docker tag -> digest; uv pins -> hashes) and write <recipe>.lock.json."""
+    from .problems import Problem, SpecError
     from . import catalogue
     from . import imagelock
     from .spec import DockerRuntime, UvRuntime
@@ -591,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, command = argv[:cut], argv[cut + 1:]
     args = build_parser(_subcommand(argv)).parse_args(argv)
     args.command = command
+    from .problems import SpecError
     from .recipe_dirs import use_recipe_dirs
 
     use_recipe_dirs(args.recipes)
