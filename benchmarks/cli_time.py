@@ -6,7 +6,9 @@ warm (the catalogue's validated index in the cache: what every run but the first
 empty cache: the whole catalogue validated, as before the index). Then the modules each command imports, from
 `python -X importtime`, the heaviest first.
 
-    python benchmarks/cli_time.py [--runs 7] [--top 12]
+    python benchmarks/cli_time.py [--runs 7] [--top 12] [--checkout DIR]
+
+--checkout measures another checkout's code with this interpreter (e.g. the main branch, for before/after).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ CONSOLE = "import sys; from ironserve.console import run; sys.exit(run())"
 
 def _cpu(argv: list[str], env: dict) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -45,7 +47,7 @@ def median_cpu(words: list[str], runs: int, env: dict, fresh_cache: bool = False
 
 def import_breakdown(words: list[str], env: dict, top: int) -> tuple[float, list[tuple[float, str]]]:
     """(total import ms, [(cumulative ms, module)] of the heaviest modules imported at top level or just below)."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", CONSOLE, *words], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", CONSOLE, *words], env=env, cwd=env["PYTHONPATH"],
                           capture_output=True, text=True, check=True)
     rows = []
     for line in proc.stderr.splitlines():
@@ -63,11 +65,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--top", type=int, default=12, help="modules listed per command")
+    parser.add_argument("--checkout", type=Path, default=ROOT, help="the checkout whose ironserve is measured")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "IRONSERVE_CACHE": cache, "PYTHONPATH": str(ROOT)}
+        # the checkout's ironserve first on the path, run from the checkout (its recipes/ is the catalogue)
+        env = {**os.environ, "IRONSERVE_CACHE": cache, "PYTHONPATH": str(args.checkout.resolve())}
         env.pop("IRONSERVE_RECIPES", None)
-        subprocess.run([sys.executable, "-c", CONSOLE, "render", "--list"], env=env, cwd=ROOT, check=True,
+        subprocess.run([sys.executable, "-c", CONSOLE, "render", "--list"], env=env, cwd=env["PYTHONPATH"], check=True,
                        stdout=subprocess.DEVNULL)  # the index, as any earlier listing leaves it
         floor = statistics.median(_cpu([sys.executable, "-c", "pass"], env) for _ in range(args.runs))
         figures = {
@@ -75,7 +79,7 @@ def main() -> None:
             "render --list": median_cpu(["render", "--list"], args.runs, env),
             "render --list (cold: empty cache)": median_cpu(["render", "--list"], args.runs, env, fresh_cache=True),
         }
-        print(f"CPU of the child (user+sys), median of {args.runs} runs; python -c pass: {floor:.3f} s")
+        print(f"{env['PYTHONPATH']}: CPU of the child (user+sys), median of {args.runs} runs; python -c pass: {floor:.3f} s")
         for what, seconds in figures.items():
             target = TARGETS.get(what)
             verdict = f"  (target <= {target:.2f} s: {'ok' if seconds <= target else 'OVER'})" if target else ""

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -65,6 +64,8 @@ def _remembered(path: Path) -> list[Row] | None:
 
 def _remember(path: Path, rows: list[Row]) -> None:
     """Written atomically (a reader sees the old listing or the new); a cache that cannot be written is skipped."""
+    import tempfile  # only on a miss, which validated the whole catalogue anyway
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
