@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,43 +14,14 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import imagelock, resources
+from . import imagelock
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
 from .problems import Problem, SpecError, message_and_fix
+from .recipe_dirs import SITE_DIR, recipe_dirs, recipes_dir, use_recipe_dirs  # noqa: F401  (their home before)
 from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
                    effective_tuning, is_set)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SITE_DIR = "recipes"  # a project's own recipes and profiles, beside its inventory (`ironserve init` makes it)
-_given_dirs: list[Path] = []  # --recipes DIR
-
-
-def recipes_dir() -> Path:
-    """The built-in catalogue (IRONSERVE_CATALOGUE replaces it, e.g. for a modified copy in a test)."""
-    return Path(os.environ.get("IRONSERVE_CATALOGUE") or resources.catalogue_dir())
-
-
-def use_recipe_dirs(dirs: list[str]) -> None:
-    """Site recipe directories named on the command line (--recipes DIR), layered like IRONSERVE_RECIPES."""
-    _given_dirs[:] = [Path(d) for d in dirs]
-
-
-def recipe_dirs() -> tuple[Path, ...]:
-    """The catalogue first, then the site's directories layered over it: IRONSERVE_RECIPES (os.pathsep-separated),
-    --recipes DIR, and the project's recipes/ (of the working directory, when it has one). Each may hold recipes,
-    a hardware.yaml and a defaults.yaml; an id defined twice is an error (clash_problem)."""
-    base = recipes_dir()
-    named = [Path(p) for p in os.environ.get("IRONSERVE_RECIPES", "").split(os.pathsep) if p] + _given_dirs
-    for d in named:
-        if not d.is_dir():
-            raise SpecError([Problem(str(d), "", "recipe directory not found", "give a directory of recipe YAML "
-                                     "files (IRONSERVE_RECIPES or --recipes), or create it")])
-    out = [base.resolve()]
-    builtin = resources.catalogue_dir().resolve()  # a checkout's recipes/ is the catalogue, even when replaced
-    for d in named + [Path(SITE_DIR)]:
-        if d.is_dir() and d.resolve() not in out and d.resolve() != builtin:
-            out.append(d.resolve())
-    return tuple(out)
 
 
 def _clash(kind: str, key: str, first: Path, again: Path) -> Problem:

@@ -14,17 +14,23 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import catalogue, resources
-from .catalogue import SpecError
-from .findings import Finding, Severity, has_errors
+from . import resources
+
+if TYPE_CHECKING:
+    from .findings import Finding
+
+# Light at import: `ironserve --help` and the parser import neither pydantic, pyinfra, yaml nor jinja2 (the recipe
+# models cost most of a second to build), nor dataclasses (findings, problems); each command imports what it uses.
 
 
 def _engine_version(text: str | None) -> str | None:
+    from .problems import Problem, SpecError
     if not text:
         return None
     if not text.startswith("sglang=="):
-        raise SpecError([catalogue.Problem("--engine", "", f"'{text}' is not of the form sglang==VERSION",
+        raise SpecError([Problem("--engine", "", f"'{text}' is not of the form sglang==VERSION",
                                            "write e.g. --engine sglang==0.5.23")])
     return text.split("==", 1)[1]
 
@@ -43,12 +49,15 @@ def _hosts_from(path: str | None, data: list[str] | None = None):
 
 
 def cmd_render(args) -> int:
+    if args.list or not args.recipe:
+        from .catalogue_index import listing  # the validated catalogue's rows, remembered while its files are unchanged
+
+        for rid, hardware, description in listing():
+            print(f"{rid:45s} {','.join(hardware):32s} {description}")
+        return 0
+    from . import catalogue
     from .render import render, shell_script
 
-    if args.list or not args.recipe:
-        for rid, recipe in sorted(catalogue.catalogue().items()):
-            print(f"{rid:45s} {','.join(recipe.hardware):32s} {recipe.description}")
-        return 0
     recipe = catalogue.get_recipe(args.recipe)
     rendered = render(recipe, _hosts_from(args.inventory, args.data), args.inventory or "inventory")
     if args.format == "json":
@@ -70,6 +79,7 @@ def cmd_render(args) -> int:
 
 
 def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
+    from .findings import Severity
     errors = sum(f.severity is Severity.error for f in findings)
     warnings = sum(f.severity is Severity.warning for f in findings)
     if fmt == "json":
@@ -84,6 +94,7 @@ def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
 def _parser_findings(version: str, argvs: list[list[str]], router_version: str | None = None) -> list[Finding]:
     """Every argv (servers and routers) through the real parsers in one subprocess per venv; duplicates across
     ranks of a group are reported once."""
+    from .findings import Finding, Severity
     from . import engine_parser
 
     try:
@@ -111,6 +122,8 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
 
 def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None,
                      data: list[str] | None = None) -> list[Finding]:
+    from .findings import Finding, Severity
+    from . import catalogue
     from .lint import lint_recipe
     from .pins import resolve_findings
     from .render import render
@@ -139,6 +152,7 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str |
 def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> list[Finding]:
     """The real parser on a pasted command: the version named with --engine, else the PyPI release of the hardware's
     seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
+    from .findings import Finding, Severity
     if engine:
         return _parser_findings(engine, [argv])
     from .commandline import parse_command
@@ -152,6 +166,7 @@ def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> lis
 
 
 def _where(f: Finding, recipe_id: str) -> Finding:
+    from .findings import Finding
     return Finding(f.rule, f.severity, f.message, f.fix, f"{recipe_id} {f.where}".strip())
 
 
@@ -171,12 +186,14 @@ def cmd_lint(args) -> int:
 
 def _pasted_profile(args):
     """The hardware profile a pasted command is linted for (--hardware, with --gpus overriding its count)."""
+    from .problems import Problem, SpecError
+    from . import catalogue
     if not args.hardware:
-        raise SpecError([catalogue.Problem("command line", "--hardware", "a pasted command needs the hardware",
+        raise SpecError([Problem("command line", "--hardware", "a pasted command needs the hardware",
                                            f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
     profiles = catalogue.hardware_profiles()
     if args.hardware not in profiles:
-        raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
+        raise SpecError([Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
                                            f"one of {', '.join(profiles)}")])
     profile = profiles[args.hardware]
     if args.gpus is not None:
@@ -187,6 +204,7 @@ def _pasted_profile(args):
 
 def _pasted_launches(args) -> list[list[str]]:
     """The launch commands to lint: the one after --, then those of --file's script."""
+    from .problems import Problem, SpecError
     from .commandline import CommandError, parse_script
 
     launches = [args.command] if args.command else []
@@ -194,14 +212,16 @@ def _pasted_launches(args) -> list[list[str]]:
         try:
             launches += [words for _, words in parse_script(open(args.file).read()).commands]
         except (OSError, CommandError) as exc:
-            raise SpecError([catalogue.Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
+            raise SpecError([Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
         if not launches:
-            raise SpecError([catalogue.Problem(args.file, "", "no SGLang launch command in the script",
+            raise SpecError([Problem(args.file, "", "no SGLang launch command in the script",
                                                "lint a script that runs python3 -m sglang.launch_server ...")])
     return launches
 
 
 def _lint_pasted_commands(args, engine) -> int:
+    from .findings import Finding, has_errors
+    from .problems import Problem, SpecError
     from .commandline import CommandError, parse_command
     from .lint import lint_pasted
 
@@ -211,7 +231,7 @@ def _lint_pasted_commands(args, engine) -> int:
         try:
             found = lint_pasted(words, profile, engine)
         except ValueError as exc:
-            raise SpecError([catalogue.Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+            raise SpecError([Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
         if not args.offline and not has_errors(found):
             try:
                 found += _pasted_parser_findings(engine, parse_command(words).argv, profile)
@@ -225,6 +245,8 @@ def _lint_pasted_commands(args, engine) -> int:
 
 
 def _lint_recipes(args, engine) -> int:
+    from .findings import has_errors
+    from . import catalogue
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
     worst = 0
     everything: list[Finding] = []
@@ -244,24 +266,28 @@ def _lint_recipes(args, engine) -> int:
 
 
 def _read_script(name: str) -> str:
+    from .problems import Problem, SpecError
     try:
         with open(name) as fh:
             return fh.read()
     except OSError as exc:
-        raise SpecError([catalogue.Problem(name, "", f"cannot read ({exc.strerror})", "check the path")]) from exc
+        raise SpecError([Problem(name, "", f"cannot read ({exc.strerror})", "check the path")]) from exc
 
 
 def cmd_import(args) -> int:
+    from .findings import Severity, has_errors
+    from .problems import Problem, SpecError
+    from . import catalogue
     from .commandline import CommandError, parse_command
     from .importer import import_commands, import_script, to_yaml
 
     profiles = catalogue.hardware_profiles()
     if args.hardware not in profiles:
-        raise SpecError([catalogue.Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
+        raise SpecError([Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
                                            f"one of {', '.join(profiles)}")])
     words = args.command
     if not words and not args.file:
-        raise SpecError([catalogue.Problem("command line", "", "no command to import",
+        raise SpecError([Problem("command line", "", "no command to import",
                                            "paste it after --, or name a launch script with --file")])
     arch = profiles[args.hardware].accelerator.arch
     engine = _engine_version(args.engine)
@@ -275,7 +301,7 @@ def cmd_import(args) -> int:
                                      detect=not args.offline)
     except CommandError as exc:
         source = ", ".join(args.file or ["command"])
-        raise SpecError([catalogue.Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
+        raise SpecError([Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
     text = to_yaml(result.data)
     for f in result.findings:
         print(f.line(), file=sys.stderr)
@@ -312,14 +338,15 @@ def cmd_import(args) -> int:
 
 def _import_id(given: str | None, output: str | None) -> str | None:
     """-o FILE names the recipe: its id is the file's name (what the catalogue and `render FILE` require)."""
+    from .problems import Problem, SpecError
     if not output:
         return given
     stem = Path(output).stem
     if not Path(output).name.endswith((".yaml", ".yml")):
-        raise SpecError([catalogue.Problem("command line", "--output", f"{output} is not a .yaml file",
+        raise SpecError([Problem("command line", "--output", f"{output} is not a .yaml file",
                                            f"write to {stem}.yaml")])
     if given and given != stem:
-        raise SpecError([catalogue.Problem("command line", "--id", f"--id {given} differs from the file name {output}",
+        raise SpecError([Problem("command line", "--id", f"--id {given} differs from the file name {output}",
                                            f"drop --id (the id is the file name), or write to {given}.yaml")])
     return stem
 
@@ -342,15 +369,19 @@ def cmd_schema(args) -> int:
 
 
 def _recipe_files(args) -> list[Path]:
+    from .problems import Problem, SpecError
+    from . import catalogue
     if args.all:
         return [catalogue.recipe_file(i) for i in sorted(catalogue.catalogue())]
     if not args.recipe:
-        raise SpecError([catalogue.Problem("lock", "RECIPE", "no recipe given", "name a recipe id or file, or --all")])
+        raise SpecError([Problem("lock", "RECIPE", "no recipe given", "name a recipe id or file, or --all")])
     return [catalogue.recipe_file(args.recipe)]
 
 
 def cmd_lock(args) -> int:
     """Resolve each recipe's runtime (docker tag -> digest; uv pins -> hashes) and write <recipe>.lock.json."""
+    from .problems import Problem, SpecError
+    from . import catalogue
     from . import imagelock
     from .spec import DockerRuntime, UvRuntime
 
@@ -374,7 +405,7 @@ def cmd_lock(args) -> int:
             what = f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})"
         elif isinstance(raw.runtime, UvRuntime):
             if not index:
-                raise SpecError([catalogue.Problem(str(path), "runtime", "no package index to lock against",
+                raise SpecError([Problem(str(path), "runtime", "no package index to lock against",
                                                    "give --index URL or an inventory with pip_index_url")])
             profiles = catalogue.hardware_profiles()
             arches = args.arch or sorted({profiles[h].cpu_arch for h in raw.hardware if h in profiles})
@@ -394,6 +425,7 @@ def cmd_lock(args) -> int:
 def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
     """--site FILE: the digests the site's registry holds for the docker recipes' images (host data
     docker_image_lock), each replacing the digest its recipe pins (recipe or lock file)."""
+    from . import catalogue
     from . import imagelock
     from .spec import DockerRuntime
 
@@ -435,11 +467,20 @@ def run_pyinfra(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- main
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Version(argparse.Action):
+    """--version: the distribution's version, looked up only when asked (importlib.metadata is slow to import)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {resources.version()}")
+        parser.exit()
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; `command` (the subcommand about to run) is the one optional module imported."""
     parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False,
                                      epilog="exit codes: 0 ok, 1 findings (lint errors, drift), 2 bad input or an "
                                      "unreachable host, 130 interrupted")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {resources.version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show program's version number and exit")
     parser.add_argument("--recipes", action="append", default=[], metavar="DIR",
                         help="a site directory of recipes / hardware.yaml / defaults.yaml layered over the catalogue "
                         "(repeatable; also IRONSERVE_RECIPES and the project's recipes/)")
@@ -456,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY",
                    add_help=False)
 
-    _add_optional(sub)
+    _add_optional(sub, command)
     return parser
 
 
@@ -522,19 +563,43 @@ def _add_catalogue_parsers(sub) -> None:
     p.set_defaults(func=cmd_lock)
 
 
-def _add_optional(sub) -> None:
-    """Subcommands whose modules arrive separately (lab, audit, status)."""
-    for module, fn in (("ironserve.lab.cli", "add_lab_parser"), ("ironserve.audit", "add_audit_parser"),
-                       ("ironserve.status", "add_status_parser")):
+# Subcommands whose modules arrive separately: (command, module, function adding its parser, its line in --help).
+# Only the module of the command that runs is imported (audit and status import pyinfra and the recipe models); the
+# others get a placeholder carrying their help line, so that `ironserve --help` lists them at no cost.
+_OPTIONAL = (
+    ("lab", "ironserve.lab.cli", "add_lab_parser", "local multi-host lab (systemd-nspawn hosts, air-gapped supply)"),
+    ("audit", "ironserve.audit", "add_audit_parser", "drift: compare hosts with the deploy's declaration (testinfra)"),
+    ("status", "ironserve.status", "add_status_parser", "endpoint, served model and unit state per host"),
+)
+
+
+def _add_optional(sub, command: str | None) -> None:
+    from importlib.util import find_spec
+
+    for name, module, fn, summary in _OPTIONAL:
         try:
-            mod = __import__(module, fromlist=[fn])
-        except ImportError:
+            if find_spec(module) is None:  # not installed (a wheel carries no lab)
+                continue
+            if name == command:
+                getattr(__import__(module, fromlist=[fn]), fn)(sub)
+            else:
+                sub.add_parser(name, help=summary, add_help=False)
+        except ImportError:  # its package, or a dependency of its module, is missing: no such command here
             continue
-        getattr(mod, fn)(sub)
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The subcommand word of argv: the first word that is neither an option nor --recipes' value."""
+    words = iter(argv)
+    for word in words:
+        if word == "--recipes":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["pyinfra"]:
         return run_pyinfra(argv[1:])
@@ -543,9 +608,12 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
+    args = build_parser(_subcommand(argv)).parse_args(argv)
     args.command = command
-    catalogue.use_recipe_dirs(args.recipes)
+    from .problems import SpecError
+    from .recipe_dirs import use_recipe_dirs
+
+    use_recipe_dirs(args.recipes)
     try:
         return args.func(args)
     except SpecError as err:
