@@ -1,4 +1,4 @@
-"""files/bin/ironserve-rank-guard, run for real on this machine: a leader and a follower process talking HTTP on
+"""files/bin/ironserve_rank_guard.py, run for real on this machine: a leader and a follower process talking HTTP on
 loopback (rank 0 at 127.0.0.1, rank 1 sending from 127.0.0.2), a stand-in `systemctl` on PATH (records calls,
 answers InvocationID from a file) and a stand-in engine /health per rank. Checks the decisions that make a
 multi-node group restart as a whole, and that only the group's signed, fresh reports from its own addresses
@@ -25,7 +25,7 @@ import pytest
 from ironserve.render import Process
 from ironserve.units import RANK_GUARD_PORT_OFFSET, rank_guard_files
 
-GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rank-guard"
+GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve_rank_guard.py"
 SECRET = "ab" * 32
 RANK0, RANK1, STRANGER, RANK2 = "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
@@ -35,8 +35,9 @@ def guard_module():
     import importlib.machinery
     import importlib.util
 
-    loader = importlib.machinery.SourceFileLoader("rank_guard", str(GUARD))
-    spec = importlib.util.spec_from_loader("rank_guard", loader)
+    # named as its path (files.bin.ironserve_rank_guard): the name mutation testing's mutants are keyed by
+    loader = importlib.machinery.SourceFileLoader("files.bin.ironserve_rank_guard", str(GUARD))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
@@ -507,3 +508,19 @@ def test_the_refusals_table_stays_bounded():
         refusals.say(f"10.1.{i // 250}.{i % 250}", f"refused {i}", "stranger")
     assert len(refusals.seen) <= guard.MAX_REFUSED + 1
     assert len(said) <= guard.MAX_REFUSED + 1 and any("more than" in line for line in said)
+
+
+def test_the_guard_installed_on_hosts_is_this_module_and_needs_only_the_standard_library():
+    """The source is a .py module (so mutation testing can import it); hosts still get one self-contained script
+    at RANK_GUARD, run by the host's python3: nothing it imports may come from the project or a venv."""
+    import ast
+
+    from ironserve.units import RANK_GUARD
+    from roles.sglang_service import BIN_SRC, HELPERS
+
+    assert (BIN_SRC / dict((d, n) for n, d in HELPERS)[RANK_GUARD]).resolve() == GUARD
+    tree = ast.parse(GUARD.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+    assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
