@@ -439,11 +439,74 @@ def test_a_question_first_asked_while_the_stage_executes_is_kept(local):
     facts.stage_ops.add(host.current_op_hash)  # an operation of the prepare stage, executing
     host.get_fact(Hostname)
     assert "Hostname" in json_text(facts.cache_file)
+    facts = local["facts"]()  # the next run: both kept; Hostname asked only once its operation executes
+    host.get_fact(Arch)
+    facts.end_planning()
+    assert "Hostname" not in json_text(facts.cache_file)
+    facts.stage_ops.add(host.current_op_hash)
+    host.get_fact(Hostname)
+    assert "Hostname" in json_text(facts.cache_file)
+
+
+def test_what_a_run_asks_again_is_kept_run_after_run(local):
+    host = local["host"]
+    for _ in range(3):
+        facts = local["facts"]()
+        host.get_fact(Arch)
+        facts.end_planning()
+        assert "Arch" in json_text(facts.cache_file)
+    assert facts.counts == {"batch": 1, "cached": 1}
+
+
+def test_answers_handed_out_are_copies_whoever_changes_them(local):
+    from pyinfra.facts.server import Users
+
+    host = local["host"]
+    local["facts"]()
+    host.get_fact(Users)
+    facts = local["facts"]()
+    for _ in range(2):  # from the batched read, then read alone after a command
+        first = host.get_fact(Users)
+        name = next(iter(first))
+        first[name]["groups"].append("planted")
+        assert "planted" not in host.get_fact(Users)[name]["groups"]
+        host.run_shell_command("true")
+    assert facts.counts["single"] == 1
+
+
+def test_a_command_before_the_first_question_does_not_waste_the_batched_read(local):
+    host, sent = local["host"], local["sent"]
+    first = local["facts"]()
+    ask_all(host, local["path"])
+    first.end_planning()
+    local["facts"]()
+    host.run_shell_command("true")
+    sent.clear()
+    ask_all(host, local["path"])
+    assert len(sent) == 1
+
+
+def test_a_command_is_run_with_its_arguments(local):
+    ok, output = local["host"].run_shell_command("echo $HS_X", _env={"HS_X": "given"})
+    assert ok and output.stdout == "given"
+
+
+def test_a_fact_whose_arguments_are_not_plain_data_is_read_alone(local):
+    import shutil
+
+    from pyinfra.api import StringCommand
+    from pyinfra.facts.server import Which
+
+    facts = local["facts"]()
+    assert local["host"].get_fact(Which, command=StringCommand("sh")) == shutil.which("sh")
+    assert facts.counts == {"single": 1} and not facts.asked
 
 
 def test_a_fact_asked_with_positional_arguments_is_read_alone_with_them(local):
     host, path = local["host"], local["path"]
     facts = local["facts"]()
-    facts.end_planning()
     digest = subprocess.run(["sha1sum", path], capture_output=True, text=True).stdout.split()[0]
-    assert host.get_fact(Sha1File, path) == digest and facts.counts == {"single": 1}
+    assert host.get_fact(Sha1File, path) == digest  # batched while planning
+    facts.end_planning()
+    host.run_shell_command("true")
+    assert host.get_fact(Sha1File, path) == digest and facts.counts == {"batch": 1, "cached": 1, "single": 1}
