@@ -510,3 +510,96 @@ def test_a_fact_asked_with_positional_arguments_is_read_alone_with_them(local):
     facts.end_planning()
     host.run_shell_command("true")
     assert host.get_fact(Sha1File, path) == digest and facts.counts == {"batch": 1, "cached": 1, "single": 1}
+
+
+def test_an_operation_added_while_planning_has_its_questions_batched_when_it_executes(local):
+    from pyinfra.api.operation import add_op
+    from pyinfra.operations import server
+
+    host, state = local["host"], local["state"]
+    first = local["facts"]()
+    host.get_fact(Arch)
+    first.end_planning()
+    facts = local["facts"]()
+    add_op(state, server.shell, commands=["true"])
+    facts.end_planning()
+    (op_hash,) = state.ops[host]
+    host.current_op_hash = op_hash  # as pyinfra sets it while that operation executes
+    try:
+        host.get_fact(Arch)
+    finally:
+        host.current_op_hash = None
+    assert facts.counts == {"batch": 1, "cached": 1}
+
+
+def test_a_failed_read_in_the_batch_leaves_the_others_answered(local):
+    host, path = local["host"], local["path"]
+    facts = local["facts"]()
+    for req in (Request(File, {"path": path}), Request(Arch, {})):
+        facts.asked[req.key] = req
+        facts.kept.add(req.key)
+    failing = facts.asked[Request(File, {"path": path}).key]
+    failing.shell = lambda: "echo 'user=x group=y mode=-rw-rw-rw- atime=1 mtime=1 ctime=1 size=1'; exit 1"  # noqa: E731
+    assert host.get_fact(File, path=path)["mode"] == 644  # its output is not believed: read again alone
+    assert host.get_fact(Arch)
+    assert facts.counts == {"batch": 1, "single": 1, "cached": 1}
+
+
+def test_answers_whose_markers_are_out_of_place_answer_nothing():
+    lines = run_sh(HostState().command(reads=["echo one", "echo two"], nonce=NONCE))
+    assert HostState().process(lines) == [{"rc": 0, "lines": ["one"]}, {"rc": 0, "lines": ["two"]}]
+    assert HostState().process([line for line in lines if line != f"{NONCE} 0 0"]) == [None, None]
+
+
+def test_a_question_is_the_same_whatever_the_order_of_its_arguments():
+    from pyinfra.facts.files import FindInFile
+
+    assert (Request(FindInFile, {"path": "/p", "pattern": "x"}).key
+            == Request(FindInFile, {"pattern": "x", "path": "/p"}).key)
+
+
+def test_a_fact_that_needs_a_binary_is_answered_in_the_batch(local):
+    from pyinfra.facts.deb import DebPackages
+
+    host = local["host"]
+    alone = host.get_fact(DebPackages)
+    first = local["facts"]()
+    host.get_fact(DebPackages)
+    first.end_planning()
+    facts = local["facts"]()
+    assert host.get_fact(DebPackages) == alone and facts.counts == {"batch": 1, "cached": 1}
+
+
+def test_a_command_from_a_host_that_read_nothing_yet_drops_every_hosts_answers(local):
+    host, path = local["host"], local["path"]
+    local["facts"]()
+    host.get_fact(Sha1File, path=path)
+    facts = local["facts"]()
+    host.get_fact(Sha1File, path=path)
+    other = HostFacts(host, None)  # another host of the run, which has not read anything
+    other.run_shell_command(f"echo 'y = 2' >> {path}")
+    now = subprocess.run(["sha1sum", path], capture_output=True, text=True).stdout.split()[0]
+    assert host.get_fact(Sha1File, path=path) == now and facts.counts["single"] == 1
+
+
+def test_a_cache_file_that_is_not_a_list_of_questions_is_ignored(local, tmp_path):
+    import json
+
+    cache = tmp_path / "cache" / "local.json"
+    cache.parent.mkdir()
+    for facts in (5, "Arch", None):
+        cache.write_text(json.dumps({"host": "@local", "facts": facts}))
+        assert not local["facts"]().asked
+
+
+def test_an_ignored_entry_is_named_in_the_warning_cut_at_120_characters(local, tmp_path, caplog):
+    import json
+
+    entry = ["x" * 200, "Fact", {}]
+    cache = tmp_path / "cache" / "local.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"host": "@local", "facts": [entry]}))
+    with caplog.at_level("WARNING"):
+        local["facts"]()
+    (message,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert f"entry {json.dumps(entry)[:120]} ignored" in message
