@@ -671,7 +671,7 @@ class Router(Strict):
     _coerce = field_validator("env", mode="before")(lambda cls, v: _coerce_env(v))
 
 
-# rank 0 of a multi-node group runs its rank guard (files/bin/ironserve-rank-guard) on the group's dist-init
+# rank 0 of a multi-node group runs its rank guard (files/bin/ironserve_rank_guard.py) on the group's dist-init
 # port + 100: SGLang itself takes dist-init .. dist-init + 6 + dp
 RANK_GUARD_PORT_OFFSET = 100
 # SGLang derives its own ports from a multi-node group's dist-init port: dist-init .. dist-init + 6 (+ one per dp

@@ -39,7 +39,7 @@ KEY_ENV = (API_KEY_ENV, API_KEY_FILE_ENV)
 # ironserve-exec's exit status when the key its unit declares is missing or empty (its NO_KEY): fails closed
 NO_KEY_EXIT = 78
 HF_TOKEN_ENV = "HF_TOKEN"
-# files/bin/ironserve-rank-guard: restarts a multi-node group as a whole (see its docstring)
+# files/bin/ironserve_rank_guard.py: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
 # uv-runtime engines and routers run as this dedicated system user (roles/sglang_service.py creates it), never as
 # root; a docker unit runs the docker client, which needs root (the container's user is the image's)
@@ -64,7 +64,7 @@ RANK_GUARD_FAILURES = 3
 RANK_GUARD_GATE_MARGIN_S = 180
 # how long the launch waits for a rank > 0's guard to follow rank 0's new invocation before restarting it itself
 RANK_FOLLOW_S = 45
-# where a follower's guard records which invocation of rank 0 its engine follows (files/bin/ironserve-rank-guard)
+# where a follower's guard records which invocation of rank 0 its engine follows (files/bin/ironserve_rank_guard.py)
 RANK_GROUP_STATE_DIR = "/run/ironserve/rank-groups"
 # Staged configurations: the deploy's prepare stage writes the next unit, env and guard files here, under their
 # live path (/etc/ironserve/staged/etc/systemd/system/U.service); only the launch stage makes them live.
@@ -369,7 +369,7 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         "world": len(members),
         "guard_port": rank_guard_port(proc),
         # the leader listens on its cluster address only, and takes reports only from the members' addresses,
-        # signed with the group's secret (files/bin/ironserve-rank-guard); followers send from their own
+        # signed with the group's secret (files/bin/ironserve_rank_guard.py); followers send from their own
         "leader": head.address,
         "members": [m.address for m in members],
         "secret_file": rank_group_secret_path(proc),

@@ -22,7 +22,7 @@ each operation on every host before the next one):
 
 A unit that passes its gate has its files saved as its last good configuration; one that fails it after this run
 started or restarted it is rolled back to that configuration with its whole group (roles/rollback.py), and the
-deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve-rank-guard,
+deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve_rank_guard.py,
 staged by roles/sglang_service.py) that restarts the whole group when one rank fails after the launch.
 
 Each start is idempotent: a running unit whose live files did not change since it started (their mtimes

@@ -63,8 +63,11 @@ PARSE_CHECK = f"{LIB_DIR}/ironserve-parse-check"
 PARSE_OK_DIR = "/var/lib/ironserve/parse-ok"
 CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
+# (file under files/bin, path on the host); the rank guard's source is a .py module (mutation testing imports it),
+# installed under the same self-contained script name as before
 HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
-           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve-rank-guard", RANK_GUARD), ("ironserve-backoff", BACKOFF))
+           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve_rank_guard.py", RANK_GUARD),
+           ("ironserve-backoff", BACKOFF))
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -254,8 +257,8 @@ def argv_parses(unit: str, probe: list[str], digest: str):
 def install_scripts(ctx: DeploymentContext) -> None:
     files.directory(name="ironserve helper directory", path=LIB_DIR, mode="755")
     for name, dest in HELPERS:
-        op = files.put(name=f"{name} helper", src=str(BIN_SRC / name), dest=dest, mode="755", user="root",
-                       group="root")
+        op = files.put(name=f"{dest.rsplit('/', 1)[-1]} helper", src=str(BIN_SRC / name), dest=dest, mode="755",
+                       user="root", group="root")
         if dest == RANK_GUARD:
             ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards (launch)
 

@@ -302,3 +302,304 @@ def test_a_planted_cache_entry_never_runs(local, tmp_path, caplog):
 
     assert host_state.kept_fact(host_tuning.SysctlValues) and host_state.kept_fact(File)
     assert not host_state.kept_fact(ParseCheck) and not host_state.kept_fact(Command)
+
+
+# --------------------------------------------------------------------------- killing mutation survivors
+
+
+def test_every_command_drops_the_answers_read_after_the_one_before(local):
+    """Not only the first command of a run: a value read between two commands is gone after the second."""
+    host, path = local["host"], local["path"]
+    local["facts"]()
+    host.get_fact(Sha1File, path=path)
+    facts = local["facts"]()
+    for line in ("y = 2", "z = 3", "w = 4"):
+        host.run_shell_command(f"echo {line!r} >> {path}")
+        now = subprocess.run(["sha1sum", path], capture_output=True, text=True).stdout.split()[0]
+        assert host.get_fact(Sha1File, path=path) == now
+    assert facts.counts == {"batch": 1, "cached": 1, "single": 2}
+
+
+def test_an_upload_drops_the_answers(local, tmp_path):
+    from io import StringIO
+
+    host, path = local["host"], local["path"]
+    local["facts"]()
+    host.get_fact(Sha1File, path=path)
+    facts = local["facts"]()
+    before = host.get_fact(Sha1File, path=path)
+    host.put_file(StringIO("uploaded\n"), path)
+    after = host.get_fact(Sha1File, path=path)
+    assert after != before and after == subprocess.run(["sha1sum", path], capture_output=True,
+                                                       text=True).stdout.split()[0]
+    assert facts.counts == {"batch": 1, "cached": 1, "single": 1}
+
+
+def test_plain_json_is_text_numbers_booleans_null_lists_and_text_keyed_objects_eight_deep():
+    deep = lambda n: 1 if n == 0 else [deep(n - 1)]  # noqa: E731 - n nested lists
+    for plain in (None, "x", True, 0, 1.5, [], {}, ["a", 1, None], {"a": {"b": [1, "c"]}}, deep(8)):
+        assert host_state.json_plain(plain), plain
+    for other in (object(), ("a",), {"a"}, {1: "x"}, {"a": [b"x"]}, [1, {"b": ("t",)}], deep(9), {"a": deep(8)}):
+        assert not host_state.json_plain(other), other
+
+
+def test_the_questions_are_kept_in_a_private_directory_created_as_needed(local, tmp_path):
+    host = local["host"]
+    for name in ("get_fact", "run_shell_command", "put_file"):
+        host.__dict__.pop(name, None)
+    deep = tmp_path / "a" / "b" / "local.json"
+    for _ in range(2):  # the second run finds the directory there
+        facts = HostFacts(host, deep)
+        host.get_fact = facts.get_fact
+        host.get_fact(Arch)
+        facts.end_planning()
+        assert "Arch" in deep.read_text()
+        deep.unlink()
+    assert (deep.parent.stat().st_mode & 0o777) == 0o700
+
+
+def test_the_questions_file_is_one_per_model_host_and_address_under_the_cache_directory(tmp_path, monkeypatch):
+    import re
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = host_state.cache_file("~/hs", "glm5", "node 1/a", "10.0.0.1")
+    assert path.parent == tmp_path / "hs" and re.fullmatch(r"node_1_a-[0-9a-f]{16}\.json", path.name), path
+    others = {host_state.cache_file("~/hs", *k) for k in (("glm5", "node 1/a", "10.0.0.2"),
+                                                          ("glm5x", "node 1/a", "10.0.0.1"),
+                                                          ("glm", "5node 1/a", "10.0.0.1"),
+                                                          ("glm5", "node 1/", "a10.0.0.1"))}
+    assert path not in others and len(others) == 4
+    assert path == host_state.cache_file("~/hs", "glm5", "node 1/a", "10.0.0.1")
+    assert len(host_state.cache_file("~/hs", "m", "h" * 100, "a").name) == 40 + 1 + 16 + 5
+    assert host_state.cache_file("", "m", "h", "a") is None and host_state.cache_file(None, "m", "h", "a") is None
+
+
+def test_install_keys_the_questions_by_the_address_and_routes_the_host_through_them(local, tmp_path):
+    class Ctx:
+        model = "glm5"
+
+        def __init__(self, data):
+            self.host = HostData(**data)
+
+    host = local["host"]
+    facts = host_state.install(Ctx({"host_state_cache": str(tmp_path / "hs"), "ssh_hostname": "10.0.0.9"}))
+    assert facts.cache_file == host_state.cache_file(str(tmp_path / "hs"), "glm5", host.name, "10.0.0.9")
+    assert facts.cache_file != host_state.cache_file(str(tmp_path / "hs"), "glm5", host.name, host.name)
+    from io import StringIO
+
+    host.get_fact(Arch)
+    host.run_shell_command("true")
+    host.get_fact(Arch)
+    assert facts.counts == {"batch": 1, "cached": 1, "single": 1} and local["state"].ironserve_changes == 1
+    host.put_file(StringIO("x\n"), str(tmp_path / "uploaded"))
+    assert local["state"].ironserve_changes == 2
+    del host.ironserve_host_facts
+    for name in ("get_fact", "run_shell_command", "put_file"):
+        host.__dict__.pop(name, None)
+    plain = host_state.install(Ctx({"host_state_cache": str(tmp_path / "hs")}))
+    assert plain.cache_file == host_state.cache_file(str(tmp_path / "hs"), "glm5", host.name, host.name)
+
+
+def test_a_kept_entry_is_refused_saying_why(local, tmp_path, caplog):
+    import json
+
+    deep = {"a": 1}
+    for _ in range(9):
+        deep = {"a": deep}
+    planted = [(["pyinfra.facts.server", "Arch", {}, "extra"], "not [module, class, arguments]"),
+               (["pyinfra.facts.server", "Arch"], "not [module, class, arguments]"),
+               (["roles.sglang_service", "LIB_DIR", {}], "roles.sglang_service.LIB_DIR is not one of ironserve's "
+                                                         "batchable fact classes"),
+               (["pyinfra.facts.server", "Arch", deep], "the arguments of pyinfra.facts.server.Arch are not plain JSON")]
+    kept = ["roles.host_tuning", "SysctlValues", {"keys": ["vm.swappiness"]}]
+    cache = tmp_path / "cache" / "local.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"host": "@local", "facts": [entry for entry, _ in planted] + [kept]}))
+    with caplog.at_level("WARNING"):
+        facts = local["facts"]()
+    ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert [m.rsplit(" (", 1)[-1] for m in ignored] == [f"{why})" for _, why in planted]
+    assert [r.as_json() for r in facts.asked.values()] == [kept]
+
+
+def test_a_file_asked_about_brings_its_hash_and_directory_checks_to_the_next_run(local):
+    host = local["host"]
+    facts = local["facts"]()
+    host.get_fact(File, path=local["path"])
+    facts.end_planning()
+    kept = json_text(facts.cache_file)
+    assert all(f'"{name}"' in kept for name in ("File", "Sha1File", "Directory")), kept
+
+
+def test_a_question_first_asked_while_the_stage_executes_is_kept(local):
+    host = local["host"]
+    facts = local["facts"]()
+    host.get_fact(Arch)
+    facts.end_planning()
+    facts.stage_ops.add(host.current_op_hash)  # an operation of the prepare stage, executing
+    host.get_fact(Hostname)
+    assert "Hostname" in json_text(facts.cache_file)
+    facts = local["facts"]()  # the next run: both kept; Hostname asked only once its operation executes
+    host.get_fact(Arch)
+    facts.end_planning()
+    assert "Hostname" not in json_text(facts.cache_file)
+    facts.stage_ops.add(host.current_op_hash)
+    host.get_fact(Hostname)
+    assert "Hostname" in json_text(facts.cache_file)
+
+
+def test_what_a_run_asks_again_is_kept_run_after_run(local):
+    host = local["host"]
+    for _ in range(3):
+        facts = local["facts"]()
+        host.get_fact(Arch)
+        facts.end_planning()
+        assert "Arch" in json_text(facts.cache_file)
+    assert facts.counts == {"batch": 1, "cached": 1}
+
+
+def test_answers_handed_out_are_copies_whoever_changes_them(local):
+    from pyinfra.facts.server import Users
+
+    host = local["host"]
+    local["facts"]()
+    host.get_fact(Users)
+    facts = local["facts"]()
+    for _ in range(2):  # from the batched read, then read alone after a command
+        first = host.get_fact(Users)
+        name = next(iter(first))
+        first[name]["groups"].append("planted")
+        assert "planted" not in host.get_fact(Users)[name]["groups"]
+        host.run_shell_command("true")
+    assert facts.counts["single"] == 1
+
+
+def test_a_command_before_the_first_question_does_not_waste_the_batched_read(local):
+    host, sent = local["host"], local["sent"]
+    first = local["facts"]()
+    ask_all(host, local["path"])
+    first.end_planning()
+    local["facts"]()
+    host.run_shell_command("true")
+    sent.clear()
+    ask_all(host, local["path"])
+    assert len(sent) == 1
+
+
+def test_a_command_is_run_with_its_arguments(local):
+    ok, output = local["host"].run_shell_command("echo $HS_X", _env={"HS_X": "given"})
+    assert ok and output.stdout == "given"
+
+
+def test_a_fact_whose_arguments_are_not_plain_data_is_read_alone(local):
+    import shutil
+
+    from pyinfra.api import StringCommand
+    from pyinfra.facts.server import Which
+
+    facts = local["facts"]()
+    assert local["host"].get_fact(Which, command=StringCommand("sh")) == shutil.which("sh")
+    assert facts.counts == {"single": 1} and not facts.asked
+
+
+def test_a_fact_asked_with_positional_arguments_is_read_alone_with_them(local):
+    host, path = local["host"], local["path"]
+    facts = local["facts"]()
+    digest = subprocess.run(["sha1sum", path], capture_output=True, text=True).stdout.split()[0]
+    assert host.get_fact(Sha1File, path) == digest  # batched while planning
+    facts.end_planning()
+    host.run_shell_command("true")
+    assert host.get_fact(Sha1File, path) == digest and facts.counts == {"batch": 1, "cached": 1, "single": 1}
+
+
+def test_an_operation_added_while_planning_has_its_questions_batched_when_it_executes(local):
+    from pyinfra.api.operation import add_op
+    from pyinfra.operations import server
+
+    host, state = local["host"], local["state"]
+    first = local["facts"]()
+    host.get_fact(Arch)
+    first.end_planning()
+    facts = local["facts"]()
+    add_op(state, server.shell, commands=["true"])
+    facts.end_planning()
+    (op_hash,) = state.ops[host]
+    host.current_op_hash = op_hash  # as pyinfra sets it while that operation executes
+    try:
+        host.get_fact(Arch)
+    finally:
+        host.current_op_hash = None
+    assert facts.counts == {"batch": 1, "cached": 1}
+
+
+def test_a_failed_read_in_the_batch_leaves_the_others_answered(local):
+    host, path = local["host"], local["path"]
+    facts = local["facts"]()
+    for req in (Request(File, {"path": path}), Request(Arch, {})):
+        facts.asked[req.key] = req
+        facts.kept.add(req.key)
+    failing = facts.asked[Request(File, {"path": path}).key]
+    failing.shell = lambda: "echo 'user=x group=y mode=-rw-rw-rw- atime=1 mtime=1 ctime=1 size=1'; exit 1"  # noqa: E731
+    assert host.get_fact(File, path=path)["mode"] == 644  # its output is not believed: read again alone
+    assert host.get_fact(Arch)
+    assert facts.counts == {"batch": 1, "single": 1, "cached": 1}
+
+
+def test_answers_whose_markers_are_out_of_place_answer_nothing():
+    lines = run_sh(HostState().command(reads=["echo one", "echo two"], nonce=NONCE))
+    assert HostState().process(lines) == [{"rc": 0, "lines": ["one"]}, {"rc": 0, "lines": ["two"]}]
+    assert HostState().process([line for line in lines if line != f"{NONCE} 0 0"]) == [None, None]
+
+
+def test_a_question_is_the_same_whatever_the_order_of_its_arguments():
+    from pyinfra.facts.files import FindInFile
+
+    assert (Request(FindInFile, {"path": "/p", "pattern": "x"}).key
+            == Request(FindInFile, {"pattern": "x", "path": "/p"}).key)
+
+
+def test_a_fact_that_needs_a_binary_is_answered_in_the_batch(local):
+    from pyinfra.facts.deb import DebPackages
+
+    host = local["host"]
+    alone = host.get_fact(DebPackages)
+    first = local["facts"]()
+    host.get_fact(DebPackages)
+    first.end_planning()
+    facts = local["facts"]()
+    assert host.get_fact(DebPackages) == alone and facts.counts == {"batch": 1, "cached": 1}
+
+
+def test_a_command_from_a_host_that_read_nothing_yet_drops_every_hosts_answers(local):
+    host, path = local["host"], local["path"]
+    local["facts"]()
+    host.get_fact(Sha1File, path=path)
+    facts = local["facts"]()
+    host.get_fact(Sha1File, path=path)
+    other = HostFacts(host, None)  # another host of the run, which has not read anything
+    other.run_shell_command(f"echo 'y = 2' >> {path}")
+    now = subprocess.run(["sha1sum", path], capture_output=True, text=True).stdout.split()[0]
+    assert host.get_fact(Sha1File, path=path) == now and facts.counts["single"] == 1
+
+
+def test_a_cache_file_that_is_not_a_list_of_questions_is_ignored(local, tmp_path):
+    import json
+
+    cache = tmp_path / "cache" / "local.json"
+    cache.parent.mkdir()
+    for facts in (5, "Arch", None):
+        cache.write_text(json.dumps({"host": "@local", "facts": facts}))
+        assert not local["facts"]().asked
+
+
+def test_an_ignored_entry_is_named_in_the_warning_cut_at_120_characters(local, tmp_path, caplog):
+    import json
+
+    entry = ["x" * 200, "Fact", {}]
+    cache = tmp_path / "cache" / "local.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"host": "@local", "facts": [entry]}))
+    with caplog.at_level("WARNING"):
+        local["facts"]()
+    (message,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert f"entry {json.dumps(entry)[:120]} ignored" in message

@@ -235,7 +235,7 @@ def _script(name: str):
 def test_backoff_waits_and_guard_group_restarts_are_published_through_the_writer(tmp_path, monkeypatch):
     monkeypatch.setenv("IRONSERVE_TEXTFILE_DIR", str(tmp_path))
     _script("ironserve-backoff").publish("sglang-tiny-cpu-tp2-server", 5, 30.0)
-    _script("ironserve-rank-guard").publish_restarts("sglang-tiny-cpu-tp2-server", 2)
+    _script("ironserve_rank_guard.py").publish_restarts("sglang-tiny-cpu-tp2-server", 2)
     backoff = (tmp_path / "ironserve_backoff_sglang-tiny-cpu-tp2-server.prom").read_text()
     guard = (tmp_path / "ironserve_rank_guard_sglang-tiny-cpu-tp2-server.prom").read_text()
     assert 'ironserve_backoff_last_wait_seconds{unit="sglang-tiny-cpu-tp2-server"} 30\n' in backoff

@@ -1,4 +1,4 @@
-"""files/bin/ironserve-rank-guard, run for real on this machine: a leader and a follower process talking HTTP on
+"""files/bin/ironserve_rank_guard.py, run for real on this machine: a leader and a follower process talking HTTP on
 loopback (rank 0 at 127.0.0.1, rank 1 sending from 127.0.0.2), a stand-in `systemctl` on PATH (records calls,
 answers InvocationID from a file) and a stand-in engine /health per rank. Checks the decisions that make a
 multi-node group restart as a whole, and that only the group's signed, fresh reports from its own addresses
@@ -25,7 +25,7 @@ import pytest
 from ironserve.render import Process
 from ironserve.units import RANK_GUARD_PORT_OFFSET, rank_guard_files
 
-GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rank-guard"
+GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve_rank_guard.py"
 SECRET = "ab" * 32
 RANK0, RANK1, STRANGER, RANK2 = "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
@@ -35,8 +35,9 @@ def guard_module():
     import importlib.machinery
     import importlib.util
 
-    loader = importlib.machinery.SourceFileLoader("rank_guard", str(GUARD))
-    spec = importlib.util.spec_from_loader("rank_guard", loader)
+    # named as its path (files.bin.ironserve_rank_guard): the name mutation testing's mutants are keyed by
+    loader = importlib.machinery.SourceFileLoader("files.bin.ironserve_rank_guard", str(GUARD))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
@@ -507,3 +508,132 @@ def test_the_refusals_table_stays_bounded():
         refusals.say(f"10.1.{i // 250}.{i % 250}", f"refused {i}", "stranger")
     assert len(refusals.seen) <= guard.MAX_REFUSED + 1
     assert len(said) <= guard.MAX_REFUSED + 1 and any("more than" in line for line in said)
+
+
+def test_the_guard_installed_on_hosts_is_this_module_and_needs_only_the_standard_library():
+    """The source is a .py module (so mutation testing can import it); hosts still get one self-contained script
+    at RANK_GUARD, run by the host's python3: nothing it imports may come from the project or a venv."""
+    import ast
+
+    from ironserve.units import RANK_GUARD
+    from roles.sglang_service import BIN_SRC, HELPERS
+
+    assert (BIN_SRC / dict((d, n) for n, d in HELPERS)[RANK_GUARD]).resolve() == GUARD
+    tree = ast.parse(GUARD.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+    assert imported and imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree))
+
+
+# --------------------------------------------------------------------------- the leader's rules, in-process
+
+
+def leader_reports(guard, world: int = 3):
+    return guard.Reports(SECRET.encode(), [RANK0, RANK1, RANK2, "127.0.0.5"][:world], world)
+
+
+def answer(guard, reports, peer: str, body: dict, secret: str = SECRET, state=None):
+    """(status, reply JSON or None) of one report handled by the leader; the reply's MAC is checked."""
+    payload, signature = signed(guard, body, secret)
+    status, data, reply_mac = reports.handle(peer, payload, signature, state or {"formed": True, "invocation": "i0"})
+    if status != 200:
+        assert data == b"" and reply_mac == ""
+        return status, None
+    assert reply_mac == guard.mac(SECRET.encode(), b"reply", body["nonce"].encode(), data)
+    return status, json.loads(data)
+
+
+def test_the_leader_believes_one_signed_report_per_challenge_from_each_ranks_own_address(capsys):
+    guard = guard_module()
+    reports = leader_reports(guard)
+    assert reports.members() == {RANK1, RANK2}
+    status, first = answer(guard, reports, RANK1, report_body(False))
+    assert status == 200 and first == {"accepted": False, "challenge": first["challenge"]} and first["challenge"]
+    assert answer(guard, reports, RANK1, report_body(False))[1]["challenge"] == first["challenge"]  # still outstanding
+    _, accepted = answer(guard, reports, RANK1, report_body(True, first["challenge"]), state={"formed": True,
+                                                                                          "invocation": "inv-7"})
+    assert accepted["accepted"] and accepted["formed"] is True and accepted["invocation"] == "inv-7"
+    assert accepted["challenge"] != first["challenge"] and reports.latest[1][1] is True
+    _, replayed = answer(guard, reports, RANK1, report_body(False, first["challenge"]))
+    assert replayed == {"accepted": False, "challenge": accepted["challenge"]} and reports.latest[1][1] is True
+    assert "refused a report from 127.0.0.2: rank 1: a challenge already used" in capsys.readouterr().out
+    _, next_one = answer(guard, reports, RANK1, report_body(True, accepted["challenge"]))  # the genuine next
+    assert next_one["accepted"] and 2 not in reports.latest
+    body = {**report_body(True, next_one["challenge"]), "healthy": 1}  # only true is healthy
+    assert answer(guard, reports, RANK1, body)[1]["accepted"] and reports.latest[1][1] is False
+
+
+@pytest.mark.parametrize(("peer", "body", "secret", "why"), [
+    (STRANGER, report_body(True), SECRET, "not the address of a rank of this group"),
+    (RANK0, report_body(True), SECRET, "not the address of a rank of this group"),  # rank 0 reports to nobody
+    (RANK1, report_body(True), "cd" * 32, "bad MAC"),
+    (RANK1, {"healthy": True, "nonce": "n"}, SECRET, "malformed report"),
+    (RANK1, {"rank": "one", "healthy": True, "nonce": "n"}, SECRET, "malformed report"),
+    (RANK1, {"rank": 1, "healthy": True}, SECRET, "malformed report"),
+    (RANK1, {"rank": 1, "nonce": "n"}, SECRET, "malformed report"),
+    (RANK1, {**report_body(True), "rank": 2}, SECRET, "signed as rank 2, which has another address"),
+    (RANK1, {**report_body(True), "rank": 3}, SECRET, "signed as rank 3, which has another address"),
+    (RANK1, {**report_body(True), "rank": 0}, SECRET, "signed as rank 0, which has another address"),
+])
+def test_the_leader_refuses_what_is_not_a_ranks_own_signed_report(capsys, peer, body, secret, why):
+    guard = guard_module()
+    reports = leader_reports(guard)
+    assert answer(guard, reports, peer, body, secret) == (403, None)
+    assert not reports.latest and not reports.challenges
+    assert f"refused a report from {peer}: {why}" in capsys.readouterr().out
+
+
+def test_a_malformed_payload_is_refused(capsys):
+    guard = guard_module()
+    reports = leader_reports(guard)
+    for payload in (b"not json", b"[1, 2]", b"null"):
+        signature = guard.mac(SECRET.encode(), b"report", payload)
+        assert reports.handle(RANK1, payload, signature, {}) == (403, b"", "")
+    assert capsys.readouterr().out.count("malformed report") == 1  # one journal line a minute per peer and reason
+
+
+def test_a_mac_of_one_kind_of_message_is_never_valid_for_another():
+    guard = guard_module()
+    key = SECRET.encode()
+    assert guard.mac(key, b"report", b"x") != guard.mac(key, b"reply", b"x")
+    assert guard.mac(key, b"reply", b"ab", b"c") != guard.mac(key, b"reply", b"a", b"bc")
+    assert guard.mac(key, b"report", b"x") == guard.mac(key, b"report", b"x") != guard.mac(b"k" * 64, b"report", b"x")
+    import hashlib
+    import hmac
+
+    assert guard.mac(key, b"report", b"x") == hmac.new(key, b"report\nx\n", hashlib.sha256).hexdigest()
+
+
+def test_the_group_secret_is_read_whole_and_refused_when_short(tmp_path):
+    guard = guard_module()
+    path = tmp_path / "key"
+    path.write_text(SECRET + "\n")
+    assert guard.read_secret(str(path)) == SECRET.encode()
+    path.write_text("ab" * 15 + "a\n")  # 31 characters
+    with pytest.raises(SystemExit, match="too short"):
+        guard.read_secret(str(path))
+    path.write_text("ab" * 16)
+    assert guard.read_secret(str(path)) == b"ab" * 16
+
+
+def test_followers_are_judged_by_their_latest_report_and_silence(monkeypatch):
+    guard = guard_module()
+    reports = leader_reports(guard, world=4)
+    now = 1000.0
+    monkeypatch.setattr(guard.time, "monotonic", lambda: now)
+    formed_at, window = 990.0, 20.0
+    reports.latest = {1: (995.0, True), 2: (985.0, True), 3: (979.0, False)}
+    # rank 2 last reported before the group formed; rank 3 too: both count as silent only after the window
+    assert guard.follower_verdicts(reports, 4, formed_at, window) == {1: "healthy", 2: "healthy", 3: "healthy"}
+    now = 1011.0  # 21 s after forming
+    assert guard.follower_verdicts(reports, 4, formed_at, window) == {1: "healthy", 2: "silent", 3: "silent"}
+    now = 1010.0  # exactly the window: not yet
+    assert guard.follower_verdicts(reports, 4, formed_at, window)[2] == "healthy"
+    reports.latest = {1: (1005.0, False), 2: (990.0, True), 3: (989.0, True)}
+    now = 1008.0
+    assert guard.follower_verdicts(reports, 4, formed_at, window) == {
+        1: "not answering /health", 2: "healthy", 3: "healthy"}
+    now = 1010.5 + 20
+    assert guard.follower_verdicts(reports, 4, formed_at, window) == {
+        1: "silent for 26s", 2: "silent for 40s", 3: "silent"}

@@ -1,5 +1,5 @@
 """The rank guard's "only reports from the ranks' own addresses" with 3 ranks, where it means more than "from a
-member's address": the real guard (files/bin/ironserve-rank-guard) leads a group of 3 on loopback (rank 0 at
+member's address": the real guard (files/bin/ironserve_rank_guard.py) leads a group of 3 on loopback (rank 0 at
 127.0.0.1, rank 1 sending from 127.0.0.2, rank 2 from 127.0.0.3). A member holding the group's secret cannot
 speak for another rank: rank 1's address signing as rank 2 is refused, cannot hide rank 2's death, and cannot
 make the leader restart a healthy group."""
