@@ -14,6 +14,10 @@ from pyinfra.api import FactBase
 class StagedFiles(FactBase):
     """sha256 of each staged file and of its live counterpart: {live path: {"staged": sha|None, "live": sha|None}}."""
 
+    @staticmethod
+    def default():
+        return {}  # none of the files exists yet (a switch's new units, planned by --dry): no sums
+
     def command(self, pairs):
         quoted = " ".join(shlex.quote(p) for pair in pairs for p in pair)
         return f"sha256sum {quoted} 2>/dev/null; true"
