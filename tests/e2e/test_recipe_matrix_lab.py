@@ -12,8 +12,9 @@ The Python 3.12 recipes (uv runtimes of CUDA builds, ironserve/lab/cuda_runtime.
 lab's download list (host data uv_python_downloads_json_url); a multi-node uv recipe's ranks then form a
 torch.distributed gloo group from their venvs (the launch preflight's rendezvous, which a prepare-only deploy does
 not reach). The GB200 recipe is deployed by tests/e2e/test_deploy_glm5_gb200_lab.py (5 hosts, with its own checks)
-and the GLM-5 MTP recipe by tests/e2e/test_deploy_glm5_lab.py (2 hosts, its own checks), both counted here from there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of
-the Python 3.12 recipes on the same host: refused before any change without a source, naming host, version and both
+and the GLM-5 MTP recipe by tests/e2e/test_deploy_glm5_lab.py (2 hosts, its own checks), both counted here from
+there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of the Python 3.12 recipes
+on the same host: refused before any change without a source, naming host, version and both
 fixes; installed from the lab's download list when host data names it, the whole deploy passing.
 """
 
