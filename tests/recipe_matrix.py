@@ -18,6 +18,12 @@ DEPLOYS = {"glm5": "deploys/glm5.py", "glm5.1": "deploys/glm51.py", "kimi-k2.5":
 # the lab's supply, not of the recipe: removing it puts the recipe into the matrix. None now.
 NOT_IN_LAB: dict[str, str] = {}
 
+# Seed recipes another lab module deploys (with more checks than the matrix makes): counted by the matrix from there
+ELSEWHERE = {"glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py",
+             "glm5-nvfp4-mtp-rtx6000-tp8": "tests/e2e/test_deploy_glm5_lab.py",
+             # deployed twice there (without a lock, then hash-checked from one), each converging
+             "glm5.1-w4a8-a3-pd-mixed-16": "tests/e2e/test_uv_lock_lab.py"}
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -32,10 +38,12 @@ class Entry:
         return self.hardware, self.hosts
 
     @property
-    def kind(self) -> tuple[str, int, str, str]:
-        """Recipes of one kind differ in flags and env only (same hosts, deploy and runtime kind): their renders
-        are checked flag for flag offline, so the lab deploys one of them and plans the others (see deployed_here)."""
-        return self.hardware, self.hosts, self.deploy, self.runtime
+    def kind(self) -> tuple[str, str, bool]:
+        """What a deploy exercises on the hosts: the hardware profile's supply (drivers, toolkit, Ascend packages),
+        the runtime kind (image or venv) and whether ranks span hosts. Recipes of one kind differ in flags, env,
+        host count and deploy entry point, which the offline render, lint and fixture tests check flag for flag;
+        the lab deploys one of each kind and plans the others with `--dry` (see deployed_here)."""
+        return self.hardware, self.runtime, self.hosts > 1
 
 
 def seed_recipes() -> list[str]:
@@ -55,12 +63,14 @@ def matrix() -> list[Entry]:
     return sorted(entries, key=lambda e: (e.shape, e.recipe))
 
 
-def deployed_here(entries: list[Entry], full: bool) -> set[str]:
-    """The recipes the lab run deploys: all with ``full`` (IRONSERVE_MATRIX=full), else the first of each kind (CI's
-    time: the others are planned with `--dry` on the hosts their kind's deploy prepared)."""
+def deployed_here(entries: list[Entry], full: bool, elsewhere: tuple[Entry, ...] = ()) -> set[str]:
+    """The recipes the lab run deploys: all with ``full`` (IRONSERVE_MATRIX=full), else the first of each kind that
+    no other lab module (``elsewhere``) deploys (CI's time: the others are planned with `--dry`)."""
     if full:
         return {e.recipe for e in entries}
+    covered = {e.kind for e in elsewhere}
     first: dict[tuple, str] = {}
     for e in entries:
-        first.setdefault(e.kind, e.recipe)
+        if e.kind not in covered:
+            first.setdefault(e.kind, e.recipe)
     return set(first.values())

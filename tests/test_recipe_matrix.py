@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ironserve import catalogue
 
-from .recipe_matrix import NOT_IN_LAB, entry, matrix, seed_recipes
+from .recipe_matrix import ELSEWHERE, NOT_IN_LAB, deployed_here, entry, matrix, seed_recipes
 
 README = Path(__file__).resolve().parents[1] / "docs" / "lab.md"  # the recipe table (moved from the README)
 
@@ -40,3 +40,13 @@ def test_readme_recipe_table_says_which_were_deployed_in_the_lab():
         e = entry(recipe)
         assert cells[0] == f"{e.hardware} x{e.hosts}", recipe
         assert cells[-1].startswith("no" if recipe in NOT_IN_LAB else "yes"), (recipe, cells[-1])
+
+
+def test_ci_deploys_one_recipe_of_each_kind_no_other_module_deploys():
+    elsewhere = tuple(entry(r) for r in ELSEWHERE)
+    entries = [e for e in matrix() if e not in elsewhere]
+    deployed = deployed_here(entries, full=False, elsewhere=elsewhere)
+    assert deployed == {"glm5-nvfp4-rtx6000-tp8", "minimax-m2.5-nvfp4-rtx6000-tp2", "llama3-8b-multinode-tp4"}
+    kinds = {e.kind for e in entries if e.recipe in deployed} | {e.kind for e in elsewhere}
+    assert {e.kind for e in matrix()} == kinds  # every kind is deployed by some lab module
+    assert deployed_here(entries, full=True) == {e.recipe for e in entries}

@@ -4,16 +4,16 @@ For each recipe of tests/recipe_matrix.py: exactly the hosts it places, of its f
 per shape (hardware, hosts) and shared by the recipes of that shape; the production deploy
 (`pyinfra -y inventories/lab.py deploys/<model>.py --data recipe=ID`: prepare and validate, the accelerators are
 stand-ins) and right after it a dry run of the same deploy that must plan no change. Names and times are printed.
-To keep CI within its time, a run deploys the first recipe of each kind (same hardware, hosts, deploy and runtime
-kind: they differ in flags and env, which the offline render tests check flag for flag) and plans each other one with
-`--dry` on the hosts that deploy prepared (the plan must succeed and change what the recipe's own units need);
-IRONSERVE_MATRIX=full deploys every one.
+To keep CI within its time, a run deploys the first recipe of each kind (hardware profile, runtime kind, one host or
+several: the others differ in flags, env, host count and entry point, which the offline render, lint and fixture tests
+check flag for flag) that no other lab module deploys, and plans each other one with `--dry` (the plan must succeed
+and change what the recipe's own units need); IRONSERVE_MATRIX=full deploys every one.
 The Python 3.12 recipes (uv runtimes of CUDA builds, ironserve/lab/cuda_runtime.py) get their interpreter from the
 lab's download list (host data uv_python_downloads_json_url); a multi-node uv recipe's ranks then form a
 torch.distributed gloo group from their venvs (the launch preflight's rendezvous, which a prepare-only deploy does
-not reach). The GB200 recipe is deployed by tests/e2e/test_deploy_glm5_gb200_lab.py (5 hosts, with its own checks)
-and the GLM-5 MTP recipe by tests/e2e/test_deploy_glm5_lab.py (2 hosts, its own checks), both counted here from
-there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of the Python 3.12 recipes
+not reach). The GB200 recipe is deployed by tests/e2e/test_deploy_glm5_gb200_lab.py (5 hosts, with its own checks),
+the GLM-5 MTP recipe by tests/e2e/test_deploy_glm5_lab.py (2 hosts, its own checks) and the Atlas PD-mixed recipe by
+tests/e2e/test_uv_lock_lab.py (without a lock, then from one), all counted here from there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of the Python 3.12 recipes
 on the same host: refused before any change without a source, naming host, version and both
 fixes; installed from the lab's download list when host data names it, the whole deploy passing.
 """
@@ -33,19 +33,17 @@ from ironserve.render import render
 from ironserve.spec import UvRuntime
 from ironserve.units import venv_path
 
-from ..recipe_matrix import NOT_IN_LAB, deployed_here, matrix
+from ..recipe_matrix import ELSEWHERE, NOT_IN_LAB, deployed_here, matrix
 from . import labcli
 from .labcli import lab_down, pyinfra
 
 pytestmark = pytest.mark.lab
 
-# deployed by their own lab test module (more checks than the matrix makes), counted here
-ELSEWHERE = {"glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py",
-             "glm5-nvfp4-mtp-rtx6000-tp8": "tests/e2e/test_deploy_glm5_lab.py"}
 ENTRIES = [e for e in matrix() if e.recipe not in ELSEWHERE]
-# CI deploys the first recipe of each kind (hardware, hosts, deploy, runtime kind) and plans the others on the hosts
-# that deploy prepared; IRONSERVE_MATRIX=full deploys every one
-DEPLOYED = deployed_here(ENTRIES, full=os.environ.get("IRONSERVE_MATRIX") == "full")
+# CI deploys the first recipe of each kind (hardware, runtime kind, one host or several) that no module of ELSEWHERE
+# deploys, and plans the others; IRONSERVE_MATRIX=full deploys every one
+DEPLOYED = deployed_here(ENTRIES, full=os.environ.get("IRONSERVE_MATRIX") == "full",
+                         elsewhere=tuple(e for e in matrix() if e.recipe in ELSEWHERE))
 PLANNED: dict[str, int] = {}  # recipe -> operations its dry run plans to change (the recipes not deployed)
 TIMES: dict[str, tuple[float, float]] = {}
 STARTED: set[str] = set()  # the matrix recipes this run's selection reached (-k may pick some)
