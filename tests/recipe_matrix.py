@@ -32,18 +32,19 @@ class Entry:
     hosts: int
     deploy: str
     runtime: str
+    supply: tuple = ()  # what the hardware profile installs: vendor, arch, CPU arch, driver branch, toolkit
 
     @property
     def shape(self) -> tuple[str, int]:
         return self.hardware, self.hosts
 
     @property
-    def kind(self) -> tuple[str, str, bool]:
-        """What a deploy exercises on the hosts: the hardware profile's supply (drivers, toolkit, Ascend packages),
-        the runtime kind (image or venv) and whether ranks span hosts. Recipes of one kind differ in flags, env,
-        host count and deploy entry point, which the offline render, lint and fixture tests check flag for flag;
-        the lab deploys one of each kind and plans the others with `--dry` (see deployed_here)."""
-        return self.hardware, self.runtime, self.hosts > 1
+    def kind(self) -> tuple:
+        """What a deploy exercises on the hosts: the hardware's supply (drivers, toolkit, Ascend packages; an RTX PRO
+        6000 and its Max-Q take the same) and the runtime kind (image or venv). Recipes of one kind differ in flags,
+        env, tuning values, host count and deploy entry point, which the offline render, lint and fixture tests
+        check flag for flag; the lab deploys one of each kind and plans the others with `--dry` (deployed_here)."""
+        return self.supply, self.runtime
 
 
 def seed_recipes() -> list[str]:
@@ -54,7 +55,10 @@ def seed_recipes() -> list[str]:
 def entry(recipe_id: str) -> Entry:
     recipe = catalogue.get_recipe(recipe_id)
     hosts = len({p.host for p in render(recipe).processes})
-    return Entry(recipe_id, recipe.hardware[0], hosts, DEPLOYS[recipe.model.family], recipe.runtime.kind)
+    profile = catalogue.hardware_profiles()[recipe.hardware[0]]
+    supply = (profile.accelerator.vendor, profile.accelerator.arch, profile.cpu_arch, profile.driver_branch,
+              str(profile.toolkit))
+    return Entry(recipe_id, recipe.hardware[0], hosts, DEPLOYS[recipe.model.family], recipe.runtime.kind, supply)
 
 
 def matrix() -> list[Entry]:
@@ -64,13 +68,14 @@ def matrix() -> list[Entry]:
 
 
 def deployed_here(entries: list[Entry], full: bool, elsewhere: tuple[Entry, ...] = ()) -> set[str]:
-    """The recipes the lab run deploys: all with ``full`` (IRONSERVE_MATRIX=full), else the first of each kind that
-    no other lab module (``elsewhere``) deploys (CI's time: the others are planned with `--dry`)."""
+    """The recipes the lab run deploys: all with ``full`` (IRONSERVE_MATRIX=full), else for each kind that no other
+    lab module (``elsewhere``) deploys the recipe with the most hosts (it exercises what a one-host deploy does and the
+    group across hosts; CI's time: the others are planned with `--dry`)."""
     if full:
         return {e.recipe for e in entries}
     covered = {e.kind for e in elsewhere}
-    first: dict[tuple, str] = {}
+    chosen: dict[tuple, Entry] = {}
     for e in entries:
-        if e.kind not in covered:
-            first.setdefault(e.kind, e.recipe)
-    return set(first.values())
+        if e.kind not in covered and (e.kind not in chosen or e.hosts > chosen[e.kind].hosts):
+            chosen[e.kind] = e
+    return {e.recipe for e in chosen.values()}

@@ -42,11 +42,16 @@ def test_readme_recipe_table_says_which_were_deployed_in_the_lab():
         assert cells[-1].startswith("no" if recipe in NOT_IN_LAB else "yes"), (recipe, cells[-1])
 
 
+def test_a_max_q_takes_the_supply_of_its_card():
+    assert entry("qwen3.5-nvfp4-rtx6000-tp8-mtp").kind == entry("qwen3.5-nvfp4-rtx6000-tp4").kind
+    assert entry("glm5-nvfp4-gb200-disagg").kind != entry("glm5-nvfp4-rtx6000-tp8").kind
+
+
 def test_ci_deploys_one_recipe_of_each_kind_no_other_module_deploys():
     elsewhere = tuple(entry(r) for r in ELSEWHERE)
     entries = [e for e in matrix() if e not in elsewhere]
     deployed = deployed_here(entries, full=False, elsewhere=elsewhere)
-    assert deployed == {"glm5-nvfp4-rtx6000-tp8", "minimax-m2.5-nvfp4-rtx6000-tp2", "llama3-8b-multinode-tp4"}
+    assert deployed == {"llama3-8b-multinode-tp4"}  # the one kind (sm120 supply, uv) no other module deploys
     kinds = {e.kind for e in entries if e.recipe in deployed} | {e.kind for e in elsewhere}
     assert {e.kind for e in matrix()} == kinds  # every kind is deployed by some lab module
     assert deployed_here(entries, full=True) == {e.recipe for e in entries}
