@@ -51,7 +51,7 @@ def test_ci_deploys_one_recipe_of_each_kind_no_other_module_deploys():
     elsewhere = tuple(entry(r) for r in ELSEWHERE)
     entries = [e for e in matrix() if e not in elsewhere]
     deployed = deployed_here(entries, full=False, elsewhere=elsewhere)
-    assert deployed == {"llama3-8b-multinode-tp4"}  # the one kind (sm120 supply, uv) no other module deploys
+    assert deployed == {"minimax-m2.5-nvfp4-rtx6000-tp2"}  # the one kind (sm120 supply, uv) no other module deploys
     kinds = {e.kind for e in entries if e.recipe in deployed} | {e.kind for e in elsewhere}
     assert {e.kind for e in matrix()} == kinds  # every kind is deployed by some lab module
     assert deployed_here(entries, full=True) == {e.recipe for e in entries}

@@ -5,10 +5,10 @@ per shape (hardware, hosts) and shared by the recipes of that shape; the product
 (`pyinfra -y inventories/lab.py deploys/<model>.py --data recipe=ID`: prepare and validate, the accelerators are
 stand-ins) and right after it a dry run of the same deploy that must plan no change. Names and times are printed.
 To keep CI within its time, a run deploys one recipe of each kind (the hardware's supply and the runtime kind; the
-recipe with the most hosts: the others differ in flags, env, tuning values, host count and entry point, which the
+recipe with the fewest hosts: the others differ in flags, env, tuning values, host count and entry point, which the
 offline render, lint and fixture tests check flag for flag) that no other lab module deploys, and plans each other
 one with `--dry` (the plan must succeed and change what the recipe's own units need); IRONSERVE_MATRIX=full deploys
-every one.
+every one (and forms llama3's gloo group from its CUDA venvs).
 The Python 3.12 recipes (uv runtimes of CUDA builds, ironserve/lab/cuda_runtime.py) get their interpreter from the
 lab's download list (host data uv_python_downloads_json_url); a multi-node uv recipe's ranks then form a
 torch.distributed gloo group from their venvs (the launch preflight's rendezvous, which a prepare-only deploy does
@@ -197,7 +197,7 @@ def test_python_312_from_the_labs_download_list(shapes):
     machine's CPython 3.12 packaged as uv's managed Python): the preflight lets it through, uv installs the
     interpreter from the lab bridge, air-gapped, and the recipe's CUDA runtime from the lab index; the venv runs
     Python 3.12 with the recipe's sglang and torch, and the whole deploy passes (the parse check included). The
-    matrix's deploy of a Python 3.12 recipe (llama3's in CI, every one with IRONSERVE_MATRIX=full) is that deploy
+    matrix's deploy of a Python 3.12 recipe (minimax's in CI, every one with IRONSERVE_MATRIX=full) is that deploy
     when this run made one; else minimax's is made here, on the second profile."""
     recipe = "minimax-m2.5-nvfp4-rtx6000-tp2"
     if VENVS:  # the matrix deployed a Python 3.12 recipe just so (with the download list): that deploy is this test's
