@@ -21,7 +21,7 @@ NOT_IN_LAB: dict[str, str] = {}
 # Seed recipes another lab module deploys (with more checks than the matrix makes): counted by the matrix from there
 ELSEWHERE = {"glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py",
              "glm5-nvfp4-mtp-rtx6000-tp8": "tests/e2e/test_deploy_glm5_lab.py",
-             # deployed twice there (without a lock, then hash-checked from one), each converging
+             # planned without a lock there, then deployed hash-checked from one and converging
              "glm5.1-w4a8-a3-pd-mixed-16": "tests/e2e/test_uv_lock_lab.py"}
 
 
@@ -67,15 +67,16 @@ def matrix() -> list[Entry]:
     return sorted(entries, key=lambda e: (e.shape, e.recipe))
 
 
-def deployed_here(entries: list[Entry], full: bool, elsewhere: tuple[Entry, ...] = ()) -> set[str]:
-    """The recipes the lab run deploys: all with ``full`` (IRONSERVE_MATRIX=full), else for each kind that no other
-    lab module (``elsewhere``) deploys the recipe with the fewest hosts (CI's time: a group across hosts is the
-    rank-group module's, on real engines; the others are planned with `--dry`)."""
+def deployed_here(entries: list[Entry], full: bool) -> set[str]:
+    """The recipes of ``entries`` (the matrix) the matrix test deploys itself, never one of ELSEWHERE: all with ``full``
+    (IRONSERVE_MATRIX=full), else for each kind that no ELSEWHERE recipe covers the recipe with the fewest hosts (CI's
+    time: a group across hosts is the rank-group module's, on real engines; the others are planned with `--dry`)."""
+    own = [e for e in entries if e.recipe not in ELSEWHERE]
     if full:
-        return {e.recipe for e in entries}
-    covered = {e.kind for e in elsewhere}
+        return {e.recipe for e in own}
+    covered = {e.kind for e in entries if e.recipe in ELSEWHERE}
     chosen: dict[tuple, Entry] = {}
-    for e in entries:
+    for e in own:
         if e.kind not in covered and (e.kind not in chosen or e.hosts < chosen[e.kind].hosts):
             chosen[e.kind] = e
     return {e.recipe for e in chosen.values()}

@@ -14,7 +14,7 @@ lab's download list (host data uv_python_downloads_json_url); a multi-node uv re
 torch.distributed gloo group from their venvs (the launch preflight's rendezvous, which a prepare-only deploy does
 not reach). The GB200 recipe is deployed by tests/e2e/test_deploy_glm5_gb200_lab.py (5 hosts, with its own checks),
 the GLM-5 MTP recipe by tests/e2e/test_deploy_glm5_lab.py (2 hosts, its own checks) and the Atlas PD-mixed recipe by
-tests/e2e/test_uv_lock_lab.py (without a lock, then from one), all counted here from there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of the Python 3.12 recipes
+tests/e2e/test_uv_lock_lab.py (planned without a lock, deployed from one), all counted here from there; recipes of NOT_IN_LAB are listed with the reason. Then the air-gapped interpreter of the Python 3.12 recipes
 on the same host: refused before any change without a source, naming host, version and both
 fixes; installed from the lab's download list when host data names it, the whole deploy passing.
 """
@@ -40,11 +40,11 @@ from .labcli import lab_down, pyinfra
 
 pytestmark = pytest.mark.lab
 
-ENTRIES = [e for e in matrix() if e.recipe not in ELSEWHERE]
+MATRIX = matrix()
+ENTRIES = [e for e in MATRIX if e.recipe not in ELSEWHERE]
 # CI deploys one recipe of each kind (hardware supply, runtime kind) that no module of ELSEWHERE deploys, and plans
 # the others; IRONSERVE_MATRIX=full deploys every one
-DEPLOYED = deployed_here(ENTRIES, full=os.environ.get("IRONSERVE_MATRIX") == "full",
-                         elsewhere=tuple(e for e in matrix() if e.recipe in ELSEWHERE))
+DEPLOYED = deployed_here(MATRIX, full=os.environ.get("IRONSERVE_MATRIX") == "full")
 PLANNED: dict[str, int] = {}  # recipe -> operations its dry run plans to change (the recipes not deployed)
 TIMES: dict[str, tuple[float, float]] = {}
 STARTED: set[str] = set()  # the matrix recipes this run's selection reached (-k may pick some)
