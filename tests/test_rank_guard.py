@@ -165,10 +165,10 @@ def test_a_rank_that_stops_answering_restarts_rank0_and_the_follower_follows(gua
     assert kill in made and reset in made
     assert made.index(kill) < made.index(reset) < made.index("--no-block restart engine0.service")
     assert "rank 1 not answering /health" in (tmp / "rank0.log").read_text()
-    # rank 0 came back (new invocation): the follower restarts its own engine to join the new group
+    # rank 0 came back (new invocation, its group still forming): the follower restarts its own engine to join it
     leader.kill()
     inv0.write_text("inv-b\n")
-    h1.code = 200
+    h0.code, h1.code = 503, 200
     start(base_config(0, port, h0.url, tmp) | {"unit": "engine0"}, "inv-b")
     assert restart_asked(calls, "engine1")
     assert "rank 0 restarted (invocation inv-a -> inv-b)" in (tmp / "rank1.log").read_text()
@@ -358,13 +358,13 @@ def test_replies_carry_nothing_a_stranger_can_use(guard_env):
 
 
 class FakeLeader:
-    """Answers every report with a new invocation of rank 0, signed as ``how`` says."""
+    """Answers every report with a new invocation of rank 0 (its group forming), signed as ``how`` says."""
 
     def __init__(self, guard, port: int, how: str):
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                data = json.dumps({"accepted": True, "challenge": "c", "formed": True,
+                data = json.dumps({"accepted": True, "challenge": "c", "formed": False,
                                    "invocation": f"inv-{secrets.token_hex(4)}"}).encode()
                 key = (SECRET if how != "other-secret" else "cd" * 32).encode()
                 nonce = request["nonce"] if how == "right" else "an-earlier-nonce"
@@ -637,3 +637,22 @@ def test_followers_are_judged_by_their_latest_report_and_silence(monkeypatch):
     now = 1010.5 + 20
     assert guard.follower_verdicts(reports, 4, formed_at, window) == {
         1: "silent for 26s", 2: "silent for 40s", 3: "silent"}
+
+
+def test_a_follower_joins_rank0s_new_group_unless_it_formed_with_this_engine():
+    step = guard_module().follow_step
+    def said(invocation, formed=False, accepted=True):
+        return {"accepted": accepted, "invocation": invocation, "formed": formed}
+
+    assert step(None, said("inv-a")) == ("follow", "rank 0's engine invocation inv-a")
+    assert step("inv-a", said("inv-a", formed=True)) == ("wait", "")
+    # an answer that is no verified reply, or carries no invocation, changes nothing
+    assert step("inv-a", said("inv-b", accepted=False)) == ("wait", "")
+    assert step("inv-a", None) == ("wait", "")
+    # rank 0 restarted and its group is forming: this engine is in the old one, restart it to join
+    assert step("inv-a", said("inv-b")) == (
+        "restart", "rank 0 restarted (invocation inv-a -> inv-b): joining its new group")
+    # rank 0 restarted and its new group already formed: only with this engine (the one rank 1 engine running
+    # since this guard started), so restarting it would break the group it is in
+    action, why = step("inv-a", said("inv-b", formed=True))
+    assert action == "follow" and "(invocation inv-a -> inv-b) and its new group formed with this rank's engine" in why

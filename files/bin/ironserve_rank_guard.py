@@ -506,15 +506,31 @@ def follower(config: dict) -> None:
             challenge = str((answer or {}).get("challenge") or "")
             if not answer or answer.get("accepted"):
                 break
-        current = (answer or {}).get("invocation") if (answer or {}).get("accepted") else None
-        if current:
-            if seen is None:
-                seen = current
-                log(f"rank 0's engine invocation {seen}")
-                record_following(config, seen)
-            elif current != seen:
-                restart_engine(config, f"rank 0 restarted (invocation {seen} -> {current}): joining its new group")
+        step, why = follow_step(seen, answer)
+        if step == "restart":
+            restart_engine(config, why)
+        elif step == "follow":
+            seen = answer["invocation"]
+            log(why)
+            record_following(config, seen)
         time.sleep(poll)
+
+
+def follow_step(seen: str | None, answer: dict | None) -> tuple[str, str]:
+    """What a follower does with the leader's verified answer: ("follow", why) adopts rank 0's invocation as the
+    group this rank's engine is in, ("restart", why) restarts this rank to join rank 0's new group, ("wait", "")
+    changes nothing. The guard starts with its engine, so an invocation of rank 0 first seen after ``seen`` started
+    after this engine: when rank 0 says that group formed, it formed with this very engine (rank 0 answers /health
+    only with every rank joined), and restarting it would break the group it is in."""
+    current = (answer or {}).get("invocation") if (answer or {}).get("accepted") else None
+    if not current or current == seen:
+        return "wait", ""
+    if seen is None:
+        return "follow", f"rank 0's engine invocation {current}"
+    if answer.get("formed"):
+        return "follow", (f"rank 0 restarted (invocation {seen} -> {current}) and its new group formed with this "
+                          "rank's engine: following it")
+    return "restart", f"rank 0 restarted (invocation {seen} -> {current}): joining its new group"
 
 
 def main() -> int:

@@ -381,13 +381,19 @@ def test_3h_a_removed_key_stops_the_engine_instead_of_serving_keyless(lab):
           f"got {sorted(answers)}; the key back, the group serves again")
 
 
+def group_journals(lab, lines: int = 40) -> str:
+    """Both ranks' engine and guard journals, each host's in time order: what a failed group restart is read from."""
+    command = f"journalctl -u {UNIT} -u {GUARD} -n {lines} --no-pager -o short-precise"
+    return "\n".join(f"--- {host['name']}\n" + ssh(host, command, check=False).stdout for host in lab["hosts"])
+
+
 def _group_restart(lab, signal: str) -> None:
     rank0, rank1 = lab["hosts"]
     before = invocation(rank0)
     hit = time.monotonic()
     ssh(rank1, f"systemctl kill -s {signal} {UNIT}")
     recovered = wait_until(lambda: invocation(rank0) != before and serving(lab), 420)
-    assert recovered is not None, ssh(rank0, f"journalctl -u {GUARD} -n 30 --no-pager", check=False).stdout
+    assert recovered is not None, group_journals(lab)
     after = invocation(rank0)
     # rank 1 is in rank 0's new group: its guard followed the new invocation (a hung rank 1 is restarted by it;
     # a killed one was already restarting by systemd, and its new guard starts on the new invocation)
@@ -504,7 +510,7 @@ def test_7_a_prepared_configuration_never_runs_before_its_launch(lab, changed_re
     hit = time.monotonic()
     ssh(rank1, f"systemctl kill -s KILL {UNIT}")
     recovered = wait_until(lambda: invocation(rank0) != before and serving(lab), 420)
-    assert recovered is not None, ssh(rank0, f"journalctl -u {GUARD} -n 30 --no-pager", check=False).stdout
+    assert recovered is not None, group_journals(lab)
     # after the hung, killed and rolled-back groups of tests 4-6, the group restart (rank 0's guard's SIGKILL,
     # rank 1 following) is deliberate to the engines' restart backoff: no start waited
     for host, earlier in zip(lab["hosts"], waited):
