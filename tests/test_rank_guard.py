@@ -536,7 +536,8 @@ def leader_reports(guard, world: int = 3):
 def answer(guard, reports, peer: str, body: dict, secret: str = SECRET, state=None):
     """(status, reply JSON or None) of one report handled by the leader; the reply's MAC is checked."""
     payload, signature = signed(guard, body, secret)
-    status, data, reply_mac = reports.handle(peer, payload, signature, state or {"formed": True, "invocation": "i0"})
+    state = state or {"formed": True, "formed_in": "i0", "invocation": "i0"}
+    status, data, reply_mac = reports.handle(peer, payload, signature, state)
     if status != 200:
         assert data == b"" and reply_mac == ""
         return status, None
@@ -551,8 +552,8 @@ def test_the_leader_believes_one_signed_report_per_challenge_from_each_ranks_own
     status, first = answer(guard, reports, RANK1, report_body(False))
     assert status == 200 and first == {"accepted": False, "challenge": first["challenge"]} and first["challenge"]
     assert answer(guard, reports, RANK1, report_body(False))[1]["challenge"] == first["challenge"]  # still outstanding
-    _, accepted = answer(guard, reports, RANK1, report_body(True, first["challenge"]), state={"formed": True,
-                                                                                          "invocation": "inv-7"})
+    _, accepted = answer(guard, reports, RANK1, report_body(True, first["challenge"]),
+                         state={"formed": True, "formed_in": "inv-7", "invocation": "inv-7"})
     assert accepted["accepted"] and accepted["formed"] is True and accepted["invocation"] == "inv-7"
     assert accepted["challenge"] != first["challenge"] and reports.latest[1][1] is True
     _, replayed = answer(guard, reports, RANK1, report_body(False, first["challenge"]))
@@ -656,3 +657,14 @@ def test_a_follower_joins_rank0s_new_group_unless_it_formed_with_this_engine():
     # since this guard started), so restarting it would break the group it is in
     action, why = step("inv-a", said("inv-b", formed=True))
     assert action == "follow" and "(invocation inv-a -> inv-b) and its new group formed with this rank's engine" in why
+
+
+def test_the_leader_says_formed_only_of_the_invocation_its_group_formed_in():
+    """A group formed in an earlier engine invocation is no formed group of the current one (a follower reading
+    "formed" keeps its engine, ironserve_rank_guard.follow_step)."""
+    guard = guard_module()
+    reports = leader_reports(guard, world=2)
+    _, first = answer(guard, reports, RANK1, report_body(True))
+    state = {"formed": True, "formed_in": "inv-1", "invocation": "inv-2"}
+    _, reply = answer(guard, reports, RANK1, report_body(True, first["challenge"]), state=state)
+    assert reply["accepted"] and reply["invocation"] == "inv-2" and reply["formed"] is False

@@ -238,7 +238,9 @@ class Reports:
             self.challenges[rank] = current
             reply = {"accepted": accepted, "challenge": current}
             if accepted:
-                reply.update(formed=state["formed"], invocation=state["invocation"])
+                # formed: the group of the engine invocation named beside it (never an earlier one's)
+                reply.update(formed=state["formed"] and state.get("formed_in") == state["invocation"],
+                             invocation=state["invocation"])
         data = json.dumps(reply, sort_keys=True).encode()
         return 200, data, mac(self.secret, b"reply", nonce.encode(), data)
 
@@ -456,7 +458,7 @@ def leader(config: dict) -> None:
         if not state["formed"]:
             verdict = rank0_verdict(config, reports.refused)
             if verdict == "healthy":
-                state["formed"], formed_at = True, time.monotonic()
+                state["formed"], state["formed_in"], formed_at = True, state["invocation"], time.monotonic()
                 log(f"group formed after {formed_at - started:.0f}s: all {config['world']} ranks joined")
             elif time.monotonic() - started > float(config["formation_timeout_s"]):
                 restart_engine(config, f"the group did not form within {config['formation_timeout_s']}s", backoff)
