@@ -536,7 +536,7 @@ def leader_reports(guard, world: int = 3):
 def answer(guard, reports, peer: str, body: dict, secret: str = SECRET, state=None):
     """(status, reply JSON or None) of one report handled by the leader; the reply's MAC is checked."""
     payload, signature = signed(guard, body, secret)
-    state = state or {"formed": True, "formed_in": "i0", "invocation": "i0"}
+    state = state or {"formed_in": "i0", "invocation": "i0"}
     status, data, reply_mac = reports.handle(peer, payload, signature, state)
     if status != 200:
         assert data == b"" and reply_mac == ""
@@ -553,7 +553,7 @@ def test_the_leader_believes_one_signed_report_per_challenge_from_each_ranks_own
     assert status == 200 and first == {"accepted": False, "challenge": first["challenge"]} and first["challenge"]
     assert answer(guard, reports, RANK1, report_body(False))[1]["challenge"] == first["challenge"]  # still outstanding
     _, accepted = answer(guard, reports, RANK1, report_body(True, first["challenge"]),
-                         state={"formed": True, "formed_in": "inv-7", "invocation": "inv-7"})
+                         state={"formed_in": "inv-7", "invocation": "inv-7"})
     assert accepted["accepted"] and accepted["formed"] is True and accepted["invocation"] == "inv-7"
     assert accepted["challenge"] != first["challenge"] and reports.latest[1][1] is True
     _, replayed = answer(guard, reports, RANK1, report_body(False, first["challenge"]))
@@ -665,6 +665,6 @@ def test_the_leader_says_formed_only_of_the_invocation_its_group_formed_in():
     guard = guard_module()
     reports = leader_reports(guard, world=2)
     _, first = answer(guard, reports, RANK1, report_body(True))
-    state = {"formed": True, "formed_in": "inv-1", "invocation": "inv-2"}
+    state = {"formed_in": "inv-1", "invocation": "inv-2"}
     _, reply = answer(guard, reports, RANK1, report_body(True, first["challenge"]), state=state)
     assert reply["accepted"] and reply["invocation"] == "inv-2" and reply["formed"] is False

@@ -239,8 +239,7 @@ class Reports:
             reply = {"accepted": accepted, "challenge": current}
             if accepted:
                 # formed: the group of the engine invocation named beside it (never an earlier one's)
-                reply.update(formed=state["formed"] and state.get("formed_in") == state["invocation"],
-                             invocation=state["invocation"])
+                reply.update(formed=state["formed_in"] == state["invocation"], invocation=state["invocation"])
         data = json.dumps(reply, sort_keys=True).encode()
         return 200, data, mac(self.secret, b"reply", nonce.encode(), data)
 
@@ -439,7 +438,8 @@ def follower_verdicts(reports: "Reports", world: int, formed_at: float, window: 
 
 def leader(config: dict) -> None:
     unit, poll = config["unit"], float(config["poll_s"])
-    state = {"formed": False, "invocation": invocation(unit)}
+    # formed_in: the engine invocation the group formed in; None while it forms
+    state = {"formed_in": None, "invocation": invocation(unit)}
     backoff = Backoff(unit, float(config["backoff_base_s"]), float(config["backoff_max_s"]),
                       float(config["backoff_window_s"]), config.get("state_dir", STATE_DIR))
     reports = Reports(read_secret(config["secret_file"]), config["members"], int(config["world"]))
@@ -455,10 +455,10 @@ def leader(config: dict) -> None:
     while True:
         time.sleep(poll)
         state["invocation"] = invocation(unit) or state["invocation"]
-        if not state["formed"]:
+        if state["formed_in"] is None:
             verdict = rank0_verdict(config, reports.refused)
             if verdict == "healthy":
-                state["formed"], state["formed_in"], formed_at = True, state["invocation"], time.monotonic()
+                state["formed_in"], formed_at = state["invocation"], time.monotonic()
                 log(f"group formed after {formed_at - started:.0f}s: all {config['world']} ranks joined")
             elif time.monotonic() - started > float(config["formation_timeout_s"]):
                 restart_engine(config, f"the group did not form within {config['formation_timeout_s']}s", backoff)
