@@ -386,6 +386,10 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         config["bind"] = head.address
     else:
         config["source"] = proc.address
+    if proc.dist_init_addr and isinstance(proc.dist_init_port, int):
+        # rank 0's rendezvous (torch's store, which every rank stays connected to while in the group): a follower
+        # joining a new rank 0's group is never restarted out of it (files/bin/ironserve_rank_guard.py)
+        config["rendezvous"] = f"{proc.dist_init_addr}:{proc.dist_init_port}"
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
     text = _jinja().get_template("rank-guard.service.j2").render(
         recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,

@@ -165,11 +165,13 @@ def test_a_rank_that_stops_answering_restarts_rank0_and_the_follower_follows(gua
     assert kill in made and reset in made
     assert made.index(kill) < made.index(reset) < made.index("--no-block restart engine0.service")
     assert "rank 1 not answering /health" in (tmp / "rank0.log").read_text()
-    # rank 0 came back (new invocation, its group still forming): the follower restarts its own engine to join it
+    # rank 0 came back (new invocation, its group still forming: its server not up yet): the follower restarts its
+    # own engine to join it
     leader.kill()
     inv0.write_text("inv-b\n")
-    h0.code, h1.code = 503, 200
-    start(base_config(0, port, h0.url, tmp) | {"unit": "engine0"}, "inv-b")
+    h1.code = 200
+    forming = f"http://127.0.0.1:{free_port()}/health"  # nothing listens there
+    start(base_config(0, port, forming, tmp) | {"unit": "engine0"}, "inv-b")
     assert restart_asked(calls, "engine1")
     assert "rank 0 restarted (invocation inv-a -> inv-b)" in (tmp / "rank1.log").read_text()
 
@@ -184,9 +186,20 @@ def test_a_silent_follower_counts_as_failed_and_a_healthy_group_is_left_alone(gu
 
 def test_a_group_that_never_forms_is_restarted_after_the_formation_timeout(guard_env):
     start, calls, tmp = guard_env
+    nothing_listens = f"http://127.0.0.1:{free_port()}/health"
+    start(base_config(0, free_port(), nothing_listens, tmp) | {"formation_timeout_s": 1}, "inv-a")
+    assert restart_asked(calls, "engine0")
+    assert "the group did not form within 1s" in (tmp / "rank0.log").read_text()
+
+
+def test_a_group_that_formed_but_never_serves_is_restarted_after_the_formation_timeout(guard_env):
+    """Rank 0's server up (every rank joined) but /health never 200 (a warm-up hung on a lost rank): the group is
+    formed for the followers' replies, and restarted at the same timeout."""
+    start, calls, tmp = guard_env
     leader_alone(start, tmp, 503, formation_timeout_s=1)
     assert restart_asked(calls, "engine0")
-    assert "did not form within 1s" in (tmp / "rank0.log").read_text()
+    log = (tmp / "rank0.log").read_text()
+    assert "group formed after" in log and "the group formed but did not serve within 1s" in log
 
 
 def test_guard_config_from_the_render():
@@ -209,6 +222,8 @@ def test_guard_config_from_the_render():
     assert leader["bind"] == "10.0.0.1" and "source" not in leader  # the cluster address, never 0.0.0.0
     assert config["health_url"] == "http://127.0.0.1:30001/health"  # its own port, probed on its own host
     assert config["rank"] == 1 and config["world"] == 2
+    # both ends know rank 0's rendezvous (--dist-init-addr): a follower in it is never restarted out of it
+    assert config["rendezvous"] == leader["rendezvous"] == "10.0.0.1:5000"
     # the deploy's gate and rollback decide about a new group before the guard gives up on it: never a race
     from ironserve.units import RANK_FOLLOW_S
 
@@ -668,3 +683,77 @@ def test_the_leader_says_formed_only_of_the_invocation_its_group_formed_in():
     state = {"formed_in": "inv-1", "invocation": "inv-2"}
     _, reply = answer(guard, reports, RANK1, report_body(True, first["challenge"]), state=state)
     assert reply["accepted"] and reply["invocation"] == "inv-2" and reply["formed"] is False
+
+
+def test_a_follower_in_rank0s_new_rendezvous_is_not_restarted_out_of_it():
+    """Rank 0 restarted and its group still forms: a follower whose engine already connected to the new rank 0's
+    rendezvous follows it (a restart would break the group it joins, and rank 0 would wait until its formation
+    timeout); one whose engine is not in it restarts to join; one that cannot tell keeps the old rule."""
+    step = guard_module().follow_step
+    forming = {"accepted": True, "invocation": "inv-b", "formed": False}
+    action, why = step("inv-a", forming, True)
+    assert action == "follow" and why.endswith("and this rank's engine is in its rendezvous: following it")
+    assert step("inv-a", forming, False)[0] == step("inv-a", forming, None)[0] == "restart"
+    assert step("inv-a", {**forming, "formed": True}, False)[0] == "follow"  # formed: with this very engine
+    assert step("inv-b", forming, False) == ("wait", "")
+
+
+def test_in_the_rendezvous_only_when_rank0_holds_one_of_this_hosts_connections():
+    in_rendezvous = guard_module().in_rendezvous
+    mine = ["10.0.0.2:41000", "10.0.0.2:41002"]
+    assert in_rendezvous(mine, {"rendezvous": ["10.0.0.2:41002"]}) is True
+    assert in_rendezvous(mine, {"rendezvous": []}) is False  # stale: rank 0 no longer holds them
+    assert in_rendezvous([], {"rendezvous": ["10.0.0.2:41002"]}) is False
+    assert in_rendezvous(None, {"rendezvous": []}) is None  # this host's tables unreadable
+    assert in_rendezvous(mine, {}) is None and in_rendezvous(mine, None) is None  # rank 0 could not tell
+    assert in_rendezvous(mine, {"rendezvous": "10.0.0.2:41002"}) is None
+
+
+def test_the_kernels_tcp_tables_name_both_ends_of_a_rendezvous_connection():
+    """A real store-like connection on loopback: the follower's side names its end, rank 0's side holds it; once
+    closed, neither does. Addresses of both table formats are read in the host's byte order."""
+    guard = guard_module()
+    assert guard._table_address("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert guard._table_address("0000000000000000FFFF00000100007F:0050") == ("127.0.0.1", 80)
+    assert guard._table_address("00000000000000000000000001000000:0016") == ("::1", 22)
+    with socket.socket() as store:
+        store.bind(("127.0.0.1", 0))
+        store.listen()
+        rendezvous = f"127.0.0.1:{store.getsockname()[1]}"
+        client = socket.create_connection(store.getsockname())
+        held, _ = store.accept()
+        mine = guard.rendezvous_connections(rendezvous)
+        assert mine == [f"127.0.0.1:{client.getsockname()[1]}"]
+        assert guard.rendezvous_peers(rendezvous, mine + ["127.0.0.1:1"]) == mine
+        client.close()
+        held.close()
+        assert guard.rendezvous_connections(rendezvous) == [] and guard.rendezvous_peers(rendezvous, mine) == []
+    assert guard.established(("/nonexistent/tcp",)) is None
+
+
+def test_the_leaders_reply_names_the_followers_connections_its_rendezvous_holds(monkeypatch):
+    guard = guard_module()
+    reports = leader_reports(guard, world=2)
+    monkeypatch.setattr(guard, "established", lambda: [(("10.0.0.1", 5000), ("127.0.0.2", 41000)),
+                                                       (("10.0.0.1", 5000), ("127.0.0.3", 41001)),
+                                                       (("10.0.0.1", 22), ("127.0.0.2", 41002))])
+    state = {"formed_in": None, "invocation": "inv-2", "rendezvous": "10.0.0.1:5000"}
+    _, first = answer(guard, reports, RANK1, report_body(True))
+    assert "rendezvous" not in first  # nothing for a report it did not accept
+    body = {**report_body(True, first["challenge"]), "rendezvous": ["127.0.0.2:41000", "127.0.0.2:41002"]}
+    _, reply = answer(guard, reports, RANK1, body, state=state)
+    assert reply["accepted"] and reply["rendezvous"] == ["127.0.0.2:41000"] and reply["formed"] is False
+
+
+def test_the_probe_tells_a_server_that_takes_the_connection_from_none_listening():
+    """Rank 0's HTTP server up (SGLang starts it once every rank joined) is the group formed, whatever it answers;
+    nothing listening is a group still forming."""
+    guard = guard_module()
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        assert guard.http_status(f"http://127.0.0.1:{silent.getsockname()[1]}/health", timeout=0.3) == 0
+    assert guard.http_status(f"http://127.0.0.1:{free_port()}/health", timeout=0.3) is None
+    health = Health()
+    health.code = 503
+    assert guard.http_status(health.url) == 503

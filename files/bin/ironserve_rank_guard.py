@@ -45,6 +45,7 @@ import errno
 import hashlib
 import hmac
 import http.client
+import ipaddress
 import json
 import os
 import queue
@@ -65,6 +66,9 @@ READ_TIMEOUT_S = 5.0  # a member's request line, headers and body: each read wai
 WORKERS = 4  # connections served at once (a group's reports come one per rank per poll)
 QUEUE = 16  # accepted members' connections waiting for a worker; beyond it, closed at once
 MAX_REFUSED = 256  # peers and reasons remembered for the journal's rate limit
+MAX_RENDEZVOUS = 32  # a follower's connections to rank 0's rendezvous named in one report
+TCP_TABLES = ("/proc/self/net/tcp", "/proc/self/net/tcp6")
+TCP_ESTABLISHED = "01"
 # errors of the guard's own resources (descriptors, memory, local ports): no evidence about the engine
 OWN_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EADDRNOTAVAIL}
 
@@ -78,8 +82,9 @@ class GuardFault(Exception):
 
 
 def http_status(url: str, timeout: float = 5.0) -> int | None:
-    """The engine's answer to GET url; None when it does not answer (refused, reset, timed out). GuardFault when
-    the guard itself cannot ask: an error of the guard is never read as an unhealthy engine."""
+    """The engine's answer to GET url: its HTTP status; 0 when it took the connection but gave no answer (timed
+    out, reset); None when nothing listens (refused). GuardFault when the guard itself cannot ask: an error of the
+    guard is never read as an unhealthy engine."""
     parts = urllib.parse.urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     try:
@@ -87,18 +92,19 @@ def http_status(url: str, timeout: float = 5.0) -> int | None:
     except OSError as exc:
         raise GuardFault(f"cannot open a socket ({exc.strerror})") from None
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    connected = False
     try:
         sock.settimeout(timeout)
         sock.connect((host, port))
-        conn.sock = sock
+        connected, conn.sock = True, sock
         conn.request("GET", parts.path or "/")
         return conn.getresponse().status
     except OSError as exc:
         if exc.errno in OWN_ERRORS:
             raise GuardFault(f"cannot probe {url} ({exc.strerror})") from None
-        return None
+        return 0 if connected else None
     except http.client.HTTPException:
-        return None
+        return 0
     finally:
         conn.close()
         sock.close()
@@ -124,6 +130,71 @@ def addresses(name: str) -> set[str]:
         return {info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
     except OSError:
         return {name}
+
+
+def _table_address(field: str) -> tuple[str, int]:
+    """One address of /proc/net/tcp{,6} ("0100007F:1F90"): 32-bit words in the host's byte order, then the port;
+    an IPv4 address mapped into IPv6 is given as IPv4."""
+    hexaddr, port = field.split(":")
+    raw = bytes.fromhex(hexaddr)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.ip_address(raw)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address), int(port, 16)
+
+
+def established(tables: tuple[str, ...] = TCP_TABLES) -> list[tuple[tuple[str, int], tuple[str, int]]] | None:
+    """This host's established TCP connections as (local, remote) (address, port) pairs, read from the kernel's
+    tables (every process of the host's network namespace, the engine's included); None when none can be read."""
+    found, pairs = False, []
+    for table in tables:
+        try:
+            with open(table) as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        found = True
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == TCP_ESTABLISHED:
+                pairs.append((_table_address(fields[1]), _table_address(fields[2])))
+    return pairs if found else None
+
+
+def rendezvous_endpoint(rendezvous: str) -> tuple[set[str], int]:
+    """Rank 0's rendezvous (--dist-init-addr, "host:port"): the addresses it stands for and its port."""
+    host, _, port = rendezvous.rpartition(":")
+    normal = set()
+    for address in addresses(host.strip("[]")):
+        try:
+            normal.add(str(ipaddress.ip_address(address.split("%")[0])))
+        except ValueError:
+            pass
+    return normal, int(port)
+
+
+def rendezvous_connections(rendezvous: str) -> list[str] | None:
+    """A follower's connections to rank 0's rendezvous ("address:port" of this end): torch's store, which every
+    rank of a group keeps connected while it is in it. None when the kernel's tables cannot be read."""
+    hosts, port = rendezvous_endpoint(rendezvous)
+    pairs = established()
+    if pairs is None:
+        return None
+    return sorted(f"{local[0]}:{local[1]}" for local, remote in pairs if remote[1] == port and remote[0] in hosts)[
+        :MAX_RENDEZVOUS]
+
+
+def rendezvous_peers(rendezvous: str, theirs: list[str]) -> list[str] | None:
+    """Which of a follower's connections (their "address:port") rank 0's rendezvous holds established now: the
+    follower's engine is in the rendezvous of this very rank 0 (never a stale one of an earlier). None when the
+    kernel's tables cannot be read."""
+    _, port = rendezvous_endpoint(rendezvous)
+    pairs = established()
+    if pairs is None:
+        return None
+    held = {f"{remote[0]}:{remote[1]}" for local, remote in pairs if local[1] == port}
+    return sorted(held.intersection(theirs))
 
 
 def report(config: dict, secret: bytes, body: dict, timeout: float = 5.0) -> dict | None:
@@ -219,6 +290,7 @@ class Reports:
             body = json.loads(payload)
             rank, nonce = int(body["rank"]), str(body["nonce"])
             healthy, challenge = body["healthy"] is True, str(body.get("challenge") or "")
+            theirs = [str(c) for c in body.get("rendezvous") or []][:MAX_RENDEZVOUS]
         except (ValueError, KeyError, TypeError):
             self.refuse(peer, "malformed report")
             return 403, b"", ""
@@ -240,6 +312,10 @@ class Reports:
             if accepted:
                 # formed: the group of the engine invocation named beside it (never an earlier one's)
                 reply.update(formed=state["formed_in"] == state["invocation"], invocation=state["invocation"])
+        if accepted and state.get("rendezvous"):
+            peers = rendezvous_peers(state["rendezvous"], theirs)
+            if peers is not None:
+                reply["rendezvous"] = peers
         data = json.dumps(reply, sort_keys=True).encode()
         return 200, data, mac(self.secret, b"reply", nonce.encode(), data)
 
@@ -438,8 +514,8 @@ def follower_verdicts(reports: "Reports", world: int, formed_at: float, window: 
 
 def leader(config: dict) -> None:
     unit, poll = config["unit"], float(config["poll_s"])
-    # formed_in: the engine invocation the group formed in; None while it forms
-    state = {"formed_in": None, "invocation": invocation(unit)}
+    # formed_in: the engine invocation the group formed in (every rank joined); None while it forms
+    state = {"formed_in": None, "invocation": invocation(unit), "rendezvous": config.get("rendezvous")}
     backoff = Backoff(unit, float(config["backoff_base_s"]), float(config["backoff_max_s"]),
                       float(config["backoff_window_s"]), config.get("state_dir", STATE_DIR))
     reports = Reports(read_secret(config["secret_file"]), config["members"], int(config["world"]))
@@ -448,23 +524,14 @@ def leader(config: dict) -> None:
     log(f"rank 0 guard of {unit}: taking the group's signed reports on {config['bind']}:{config['guard_port']}, "
         f"engine invocation "
         f"{state['invocation']}; waiting for the group to form (up to {config['formation_timeout_s']}s)")
-    started = time.monotonic()
-    formed_at = 0.0
+    serving_at = wait_until_serving(config, state, reports.refused, backoff)
     threshold = int(config["failure_threshold"])
     failures: dict[int, int] = {}
     while True:
         time.sleep(poll)
         state["invocation"] = invocation(unit) or state["invocation"]
-        if state["formed_in"] is None:
-            verdict = rank0_verdict(config, reports.refused)
-            if verdict == "healthy":
-                state["formed_in"], formed_at = state["invocation"], time.monotonic()
-                log(f"group formed after {formed_at - started:.0f}s: all {config['world']} ranks joined")
-            elif time.monotonic() - started > float(config["formation_timeout_s"]):
-                restart_engine(config, f"the group did not form within {config['formation_timeout_s']}s", backoff)
-            continue
         verdicts = {0: rank0_verdict(config, reports.refused),
-                    **follower_verdicts(reports, int(config["world"]), formed_at, poll * (threshold + 1))}
+                    **follower_verdicts(reports, int(config["world"]), serving_at, poll * (threshold + 1))}
         for rank, verdict in verdicts.items():
             if verdict is None:
                 continue  # the guard's own fault: neither for nor against the rank
@@ -476,6 +543,31 @@ def leader(config: dict) -> None:
             if failures[rank] >= threshold:
                 restart_engine(config, f"rank {rank} {verdict} for {failures[rank]} polls in a row; a rank cannot "
                                        "rejoin its group alone", backoff)
+
+
+def wait_until_serving(config: dict, state: dict, refused: "Refusals", backoff: Backoff) -> float:
+    """Rank 0's engine forms its group, then serves; when it serves (monotonic). Formed: its HTTP server is up,
+    which SGLang starts only once every rank joined (from then on the group's members are fixed, and the replies
+    say so); serving: its /health answers 200. Neither within the formation timeout: the group restarts."""
+    started, poll = time.monotonic(), float(config["poll_s"])
+    while True:
+        time.sleep(poll)
+        state["invocation"] = invocation(config["unit"]) or state["invocation"]
+        try:
+            status = http_status(config["health_url"])
+        except GuardFault as fault:
+            refused.say("", f"rank 0's health probe did not run: {fault}", "probe")
+            status = None
+        if status is not None and state["formed_in"] is None:
+            state["formed_in"] = state["invocation"]
+            log(f"group formed after {time.monotonic() - started:.0f}s: all {config['world']} ranks joined "
+                f"(rank 0's server is up)")
+        if status == 200:
+            log(f"group serving after {time.monotonic() - started:.0f}s")
+            return time.monotonic()
+        if time.monotonic() - started > float(config["formation_timeout_s"]):
+            what = "did not form" if state["formed_in"] is None else "formed but did not serve"
+            restart_engine(config, f"the group {what} within {config['formation_timeout_s']}s", backoff)
 
 
 def record_following(config: dict, leader_invocation: str) -> None:
@@ -500,15 +592,16 @@ def follower(config: dict) -> None:
             healthy = http_status(config["health_url"]) == 200
         except GuardFault as fault:  # the guard's own fault: report what it knew, never "unhealthy" for it
             log(f"this rank's health probe did not run: {fault}; reporting the last answer")
+        mine = rendezvous_connections(config["rendezvous"]) if config.get("rendezvous") else None
         # at most twice: a report without a valid challenge (the first, or after either side restarted) only
         # gets one back; the second report carries it
         for _ in range(2):
             answer = report(config, secret, {"rank": rank, "healthy": healthy, "nonce": secrets.token_hex(16),
-                                             "challenge": challenge})
+                                             "challenge": challenge, "rendezvous": mine or []})
             challenge = str((answer or {}).get("challenge") or "")
             if not answer or answer.get("accepted"):
                 break
-        step, why = follow_step(seen, answer)
+        step, why = follow_step(seen, answer, in_rendezvous(mine, answer))
         if step == "restart":
             restart_engine(config, why)
         elif step == "follow":
@@ -518,21 +611,35 @@ def follower(config: dict) -> None:
         time.sleep(poll)
 
 
-def follow_step(seen: str | None, answer: dict | None) -> tuple[str, str]:
+def in_rendezvous(mine: list[str] | None, answer: dict | None) -> bool | None:
+    """Whether this rank's engine is in the rendezvous of rank 0's current engine: rank 0's side holds one of the
+    connections this host holds to it. None when either side could not tell (no tables, no rendezvous)."""
+    theirs = (answer or {}).get("rendezvous")
+    if mine is None or not isinstance(theirs, list):
+        return None
+    return bool(set(mine).intersection(theirs))
+
+
+def follow_step(seen: str | None, answer: dict | None, joining: bool | None = None) -> tuple[str, str]:
     """What a follower does with the leader's verified answer: ("follow", why) adopts rank 0's invocation as the
     group this rank's engine is in, ("restart", why) restarts this rank to join rank 0's new group, ("wait", "")
-    changes nothing. The guard starts with its engine, so an invocation of rank 0 first seen after ``seen`` started
-    after this engine: when rank 0 says that group formed, it formed with this very engine (rank 0 answers /health
-    only with every rank joined), and restarting it would break the group it is in."""
+    changes nothing. ``joining``: this engine is in the rendezvous of rank 0's current engine (in_rendezvous).
+
+    A new invocation of rank 0 is followed without a restart when its group formed (rank 0's server is up only
+    once every rank joined: with this very engine, the one running since this guard started) or when this engine
+    is already in its rendezvous (it connected to the new rank 0 while that one formed): restarting it then would
+    break the group it is joining, and rank 0 would wait for it until its formation timeout."""
     current = (answer or {}).get("invocation") if (answer or {}).get("accepted") else None
     if not current or current == seen:
         return "wait", ""
     if seen is None:
         return "follow", f"rank 0's engine invocation {current}"
+    change = f"rank 0 restarted (invocation {seen} -> {current})"
     if answer.get("formed"):
-        return "follow", (f"rank 0 restarted (invocation {seen} -> {current}) and its new group formed with this "
-                          "rank's engine: following it")
-    return "restart", f"rank 0 restarted (invocation {seen} -> {current}): joining its new group"
+        return "follow", f"{change} and its new group formed with this rank's engine: following it"
+    if joining:
+        return "follow", f"{change} and this rank's engine is in its rendezvous: following it"
+    return "restart", f"{change}: joining its new group"
 
 
 def main() -> int:

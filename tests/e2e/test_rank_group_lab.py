@@ -161,6 +161,21 @@ def test_2_right_interface_forms_the_group_and_serves(lab):
         assert state == "active", (host["name"], state, ssh(host, f"systemctl status {GUARD} --no-pager -l; "
                                                                   f"journalctl -u {GUARD} -n 40 --no-pager",
                                                              check=False).stdout[-4000:])
+    # rank 1's engine stays connected to rank 0's rendezvous (torch's store) while in the group, and rank 0's side
+    # holds that very connection: what keeps a follower that joined a new rank 0 from being restarted out of it
+    rank0, rank1 = lab["hosts"]
+    mine = guard_call(rank1, "g.rendezvous_connections(config['rendezvous'])")
+    held = guard_call(rank0, f"g.rendezvous_peers(config['rendezvous'], {mine!r})")
+    assert mine and held == mine, (mine, held)
+
+
+def guard_call(host: dict, expression: str):
+    """An expression over the guard script installed on a lab host (``g``) and its config (``config``), as JSON."""
+    from ironserve.units import RANK_GUARD
+
+    script = (f"import json, importlib.machinery as m; g = m.SourceFileLoader('g', {RANK_GUARD!r}).load_module(); "
+              f"config = json.load(open('/etc/ironserve/{UNIT}.rank-group.json')); print(json.dumps({expression}))")
+    return json.loads(ssh(host, f"python3 -c {shlex.quote(script)}").stdout)
 
 
 def test_3_second_run_plans_no_change_and_the_audit_is_clean(lab):
@@ -381,10 +396,25 @@ def test_3h_a_removed_key_stops_the_engine_instead_of_serving_keyless(lab):
           f"got {sorted(answers)}; the key back, the group serves again")
 
 
-def group_journals(lab, lines: int = 40) -> str:
-    """Both ranks' engine and guard journals, each host's in time order: what a failed group restart is read from."""
-    command = f"journalctl -u {UNIT} -u {GUARD} -n {lines} --no-pager -o short-precise"
-    return "\n".join(f"--- {host['name']}\n" + ssh(host, command, check=False).stdout for host in lab["hosts"])
+def group_journals(lab) -> str:
+    """What a failed group restart is read from, short enough to survive a CI log's tail: each rank's engine
+    journal (its last lines, a line repeated with new figures only once), then each rank's guard journal (its
+    decisions and restarts), last; each line its time and message."""
+    def journal(host: dict, unit: str, count: int, repeated: bool) -> list[str]:
+        out = ssh(host, f"journalctl -u {unit} -n 60 --no-pager -o short-precise", check=False).stdout
+        kept, seen = [], set()
+        for line in out.splitlines():
+            parts = line.split(" ", 4)  # month day time host message
+            message = f"{parts[2][:11]} {parts[4]}" if len(parts) == 5 else line
+            key = re.sub(r"[0-9:.]{4,}", "", parts[-1])
+            if repeated or key not in seen:
+                seen.add(key)
+                kept.append(message[:170])
+        return kept[-count:]
+
+    return "\n".join([f"--- {h['name']} engine" + "\n".join(["", *journal(h, UNIT, 8, False)]) for h in lab["hosts"]]
+                     + [f"--- {h['name']} guard" + "\n".join(["", *journal(h, GUARD, 22, True)])
+                        for h in lab["hosts"]])
 
 
 def _group_restart(lab, signal: str) -> None:
