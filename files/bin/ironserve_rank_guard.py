@@ -22,14 +22,18 @@ Rank 0 (leader) listens on ``guard_port`` of its cluster address (``bind``), for
 Followers send from their own cluster address (``source``) so that the leader sees the address it expects.
 
 The leader:
-- waits for its own /health (SGLang answers only once every rank joined): then the group is *formed*;
-- not formed within ``formation_timeout_s``: restarts its engine (a new group), with backoff;
-- once formed, every ``poll_s``: its own /health and each follower's latest report; a rank unhealthy (or silent)
+- probes its own /health: the group is *formed* once anything answers there (SGLang starts rank 0's HTTP server
+  only after every rank joined: the members are fixed from then on), *serving* at the first 200;
+- not serving within ``formation_timeout_s``: restarts its engine (a new group), with backoff;
+- once serving, every ``poll_s``: its own /health and each follower's latest report; a rank unhealthy (or silent)
   for ``failure_threshold`` polls in a row restarts rank 0's engine.
 Ranks > 0 (followers) probe their own /health on the host (SGLang's dummy health server of ranks > 0, which
 answers once the rank joined its group; the engine may bind loopback only, so nobody else probes it), report it
 to the leader and read back rank 0's invocation: when it changes (rank 0 restarted, for any reason) they restart
-their engine to join the new group. Only the guard port has to be open between the hosts.
+their engine to join the new group, unless that group formed, or their engine is already in its rendezvous (the
+report names this host's connections to rank 0's ``rendezvous``, torch's store at --dist-init-addr, and the reply
+those rank 0's side holds): a restart then would break the group they are joining. Only the guard port has to be
+open between the hosts.
 
 So any rank failing ends in one restart of the whole group, ordered by rank 0. Group restarts back off: the n-th
 within ``backoff_window_s`` waits min(backoff_base_s * 2**(n-1), backoff_max_s) first (state in /run, so it
