@@ -30,7 +30,9 @@ CONSOLE = "import sys; from ironserve.console import run; sys.exit(run())"
 
 def _cpu(argv: list[str], env: dict) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -47,8 +49,14 @@ def median_cpu(words: list[str], runs: int, env: dict, fresh_cache: bool = False
 
 def import_breakdown(words: list[str], env: dict, top: int) -> tuple[float, list[tuple[float, str]]]:
     """(total import ms, [(cumulative ms, module)] of the heaviest modules imported at top level or just below)."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", CONSOLE, *words], env=env, cwd=env["PYTHONPATH"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", CONSOLE, *words],
+        env=env,
+        cwd=env["PYTHONPATH"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = []
     for line in proc.stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
@@ -71,15 +79,22 @@ def main() -> None:
         # the checkout's ironserve first on the path, run from the checkout (its recipes/ is the catalogue)
         env = {**os.environ, "IRONSERVE_CACHE": cache, "PYTHONPATH": str(args.checkout.resolve())}
         env.pop("IRONSERVE_RECIPES", None)
-        subprocess.run([sys.executable, "-c", CONSOLE, "render", "--list"], env=env, cwd=env["PYTHONPATH"], check=True,
-                       stdout=subprocess.DEVNULL)  # the index, as any earlier listing leaves it
+        subprocess.run(
+            [sys.executable, "-c", CONSOLE, "render", "--list"],
+            env=env,
+            cwd=env["PYTHONPATH"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )  # the index, as any earlier listing leaves it
         floor = statistics.median(_cpu([sys.executable, "-c", "pass"], env) for _ in range(args.runs))
         figures = {
             "--help": median_cpu(["--help"], args.runs, env),
             "render --list": median_cpu(["render", "--list"], args.runs, env),
             "render --list (cold: empty cache)": median_cpu(["render", "--list"], args.runs, env, fresh_cache=True),
         }
-        print(f"{env['PYTHONPATH']}: CPU of the child (user+sys), median of {args.runs} runs; python -c pass: {floor:.3f} s")
+        print(
+            f"{env['PYTHONPATH']}: CPU of the child (user+sys), median of {args.runs} runs; python -c pass: {floor:.3f} s"
+        )
         for what, seconds in figures.items():
             target = TARGETS.get(what)
             verdict = f"  (target <= {target:.2f} s: {'ok' if seconds <= target else 'OVER'})" if target else ""

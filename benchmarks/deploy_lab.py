@@ -34,17 +34,25 @@ def bench(nodes: int) -> dict:
         planned = [op["name"] for op in json.loads(dry.stdout)["plan"] if op["hosts_with_change"]]
     finally:
         subprocess.run([str(BIN / "ironserve"), "lab", "down"], cwd=ROOT, capture_output=True)
-    return {"nodes": nodes, "lab_up_s": up_s, "first_run_s": first_s, "noop_run_s": noop_s, "dry_run_s": dry_s,
-            "changes_planned_after": len(planned)}
+    return {
+        "nodes": nodes,
+        "lab_up_s": up_s,
+        "first_run_s": first_s,
+        "noop_run_s": noop_s,
+        "dry_run_s": dry_s,
+        "changes_planned_after": len(planned),
+    }
 
 
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [2, 8]
     for n in sizes:
         r = bench(n)
-        print(f"{r['nodes']} hosts: lab up {r['lab_up_s']:.1f} s, first run {r['first_run_s']:.1f} s, "
-              f"no-op run {r['noop_run_s']:.1f} s, dry run {r['dry_run_s']:.1f} s, "
-              f"changes planned after: {r['changes_planned_after']}")
+        print(
+            f"{r['nodes']} hosts: lab up {r['lab_up_s']:.1f} s, first run {r['first_run_s']:.1f} s, "
+            f"no-op run {r['noop_run_s']:.1f} s, dry run {r['dry_run_s']:.1f} s, "
+            f"changes planned after: {r['changes_planned_after']}"
+        )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def lab(*args: str) -> float:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ironserve.lab", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ironserve.lab", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"lab {' '.join(args)} failed:\n{proc.stderr}")
@@ -36,14 +41,24 @@ def docker_timings() -> None:
     t_up = lab("up", "--nodes", "1", "--hardware", "rtx6000-pro-maxq")
     try:
         start = time.monotonic()
-        proc = subprocess.run([str(Path(sys.executable).with_name("pyinfra")), "-y", "inventories/lab.py",
-                               "deploys/glm5.py"], cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name("pyinfra")), "-y", "inventories/lab.py", "deploys/glm5.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             sys.exit(f"the glm5 deploy failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        steps = [line.strip() for line in proc.stdout.splitlines() if line.strip().endswith("s") and ": " in line
-                 and ("pulling" in line or "building" in line)]
-        print(f"docker (real engine): lab up {t_up:.1f}s, glm5 deploy {time.monotonic() - start:.1f}s; "
-              + "; ".join(steps), flush=True)
+        steps = [
+            line.strip()
+            for line in proc.stdout.splitlines()
+            if line.strip().endswith("s") and ": " in line and ("pulling" in line or "building" in line)
+        ]
+        print(
+            f"docker (real engine): lab up {t_up:.1f}s, glm5 deploy {time.monotonic() - start:.1f}s; "
+            + "; ".join(steps),
+            flush=True,
+        )
     finally:
         lab("down")
 

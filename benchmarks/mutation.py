@@ -19,8 +19,20 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
-          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    None: "not checked",
+}
 
 
 def scores(mutants: Path) -> dict[str, dict]:
@@ -55,12 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.run:
         mutmut = Path(sys.executable).with_name("mutmut")
-        subprocess.run([str(mutmut), "run", "--max-children", args.max_children, *args.globs], cwd=ROOT,
-                       check=False)
+        subprocess.run([str(mutmut), "run", "--max-children", args.max_children, *args.globs], cwd=ROOT, check=False)
     found = scores(ROOT / "mutants")
     print(table(found))
     if args.survivors:
-        for module, c in found.items():
+        for c in found.values():
             for name in c["survivors"]:
                 print(f"survived {name}")
     return 0

@@ -52,9 +52,20 @@ def lab_status() -> dict:
 
 
 def ssh_args(status: dict, host: dict) -> list[str]:
-    return ["ssh", "-i", host["ssh_key"], "-o", f"UserKnownHostsFile={status['known_hosts']}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            f"{host['ssh_user']}@{host['address']}"]
+    return [
+        "ssh",
+        "-i",
+        host["ssh_key"],
+        "-o",
+        f"UserKnownHostsFile={status['known_hosts']}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+        f"{host['ssh_user']}@{host['address']}",
+    ]
 
 
 def floor_commands(status: dict) -> dict[str, str]:
@@ -83,8 +94,12 @@ def timed(kind: str, status: dict, floors: dict[str, str]) -> float:
         if out.returncode != 0:
             sys.exit(f"audit not clean ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
     else:
-        procs = [subprocess.Popen(ssh_args(status, h) + [floors[h["name"]]], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for h in status["hosts"]]
+        procs = [
+            subprocess.Popen(
+                ssh_args(status, h) + [floors[h["name"]]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            for h in status["hosts"]
+        ]
         if any(p.wait() != 0 for p in procs):
             sys.exit("a floor read failed")
     return time.monotonic() - started
@@ -129,8 +144,13 @@ def bench(nodes: int, rounds: int) -> dict:
             commands[kind] = (min(per_host), max(per_host))
     finally:
         run(str(BIN / "ironserve"), "lab", "down", check=False)
-    return {"nodes": nodes, "apply_s": apply_s, "median": {k: statistics.median(v) for k, v in times.items()},
-            "commands": commands, "changes_planned_after": changes}
+    return {
+        "nodes": nodes,
+        "apply_s": apply_s,
+        "median": {k: statistics.median(v) for k, v in times.items()},
+        "commands": commands,
+        "changes_planned_after": changes,
+    }
 
 
 def main() -> None:
@@ -153,8 +173,14 @@ def main() -> None:
             cells.append(f"{r['median'][k]:5.2f} s{ratio} {count:>3}c".rjust(16))
         print(f"{r['nodes']:>5} | " + " | ".join(cells) + f" | {r['changes_planned_after']}")
         print(f"        (apply from fresh hosts: {r['apply_s']:.1f} s)")
-    print("Ansible: " + ("installed, but this repository has no playbook to time" if shutil.which("ansible-playbook")
-                         else "not installed"))
+    print(
+        "Ansible: "
+        + (
+            "installed, but this repository has no playbook to time"
+            if shutil.which("ansible-playbook")
+            else "not installed"
+        )
+    )
 
 
 if __name__ == "__main__":

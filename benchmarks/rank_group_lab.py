@@ -31,15 +31,29 @@ def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def on(host: dict, command: str) -> str:
-    return run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-               f"{host['ssh_user']}@{host['address']}", f"sudo sh -c {json.dumps(command)}", check=False).stdout.strip()
+    return run(
+        "ssh",
+        "-i",
+        host["ssh_key"],
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        f"{host['ssh_user']}@{host['address']}",
+        f"sudo sh -c {json.dumps(command)}",
+        check=False,
+    ).stdout.strip()
 
 
 def answers(host: dict) -> bool:
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
-    req = urllib.request.Request(f"http://{host['address']}:30000/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{host['address']}:30000/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status == 200
@@ -70,8 +84,12 @@ def main() -> None:
         text = out.stdout + out.stderr
         rendezvous = [float(s) for s in re.findall(r"met its group of 2 via \S+ in ([0-9.]+)s", text)]
         formed = re.search(r"healthy after (\d+)s", text)
-        figures = {"deploy_s": round(deploy_s, 1), "rendezvous_s": rendezvous,
-                   "group_healthy_after_start_s": int(formed.group(1)) if formed else None, "recoveries": []}
+        figures = {
+            "deploy_s": round(deploy_s, 1),
+            "rendezvous_s": rendezvous,
+            "group_healthy_after_start_s": int(formed.group(1)) if formed else None,
+            "recoveries": [],
+        }
         for _ in range(rounds):
             for signal in ("KILL", "STOP"):
                 took = recovery(hosts[0], hosts[1], signal)
@@ -82,8 +100,10 @@ def main() -> None:
                         print(on(host, f"journalctl -u {UNIT}-rank-guard -u {UNIT} -n 60 --no-pager"))
     finally:
         run(str(BIN / "ironserve"), "lab", "down", check=False)
-    print(f"first deploy (fresh hosts) {figures['deploy_s']} s; gloo rendezvous per rank {figures['rendezvous_s']} s; "
-          f"group healthy {figures['group_healthy_after_start_s']} s after its start")
+    print(
+        f"first deploy (fresh hosts) {figures['deploy_s']} s; gloo rendezvous per rank {figures['rendezvous_s']} s; "
+        f"group healthy {figures['group_healthy_after_start_s']} s after its start"
+    )
     for r in figures["recoveries"]:
         print(f"SIG{r['signal']} on rank 1: group restarted and serving again after {r['s']} s")
     print(json.dumps(figures))

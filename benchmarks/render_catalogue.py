@@ -32,8 +32,10 @@ def main() -> None:
     lint_ms = [r[1] * 1000 for r in runs]
     n = len(catalogue.catalogue())
     print(f"recipes: {n}, processes rendered: {runs[0][2]}")
-    print(f"load+validate+render whole catalogue: median {statistics.median(render_ms):.1f} ms, "
-          f"max {max(render_ms):.1f} ms (10 runs)")
+    print(
+        f"load+validate+render whole catalogue: median {statistics.median(render_ms):.1f} ms, "
+        f"max {max(render_ms):.1f} ms (10 runs)"
+    )
     print(f"lint whole catalogue (offline rules): median {statistics.median(lint_ms):.1f} ms")
 
 

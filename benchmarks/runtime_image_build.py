@@ -25,8 +25,18 @@ sys.path.insert(0, str(REPO))
 
 def tar_only(src: Path, excludes: tuple[str, ...]) -> tuple[float, int]:
     """Seconds and bytes of the layer's tar stream alone (the same tar flags as oci.layer_from_dir)."""
-    cmd = ["tar", "--sort=name", "--numeric-owner", "--one-file-system", "-C", str(src), "-cf", "-",
-           *(f"--exclude={p}" for p in excludes), "."]
+    cmd = [
+        "tar",
+        "--sort=name",
+        "--numeric-owner",
+        "--one-file-system",
+        "-C",
+        str(src),
+        "-cf",
+        "-",
+        *(f"--exclude={p}" for p in excludes),
+        ".",
+    ]
     start, size = time.monotonic(), 0
     with subprocess.Popen(cmd, stdout=subprocess.PIPE) as tar:
         while chunk := tar.stdout.read(1 << 20):
@@ -60,11 +70,15 @@ def main() -> None:
         t0 = time.monotonic()
         layer1 = oci.layer_from_dir(store, upper, ("./tmp/*",), normalize_mtime=True)
         t_layer = time.monotonic() - t0
-        print(f"base layer:  {t_base:6.1f}s  ({raw0 / 2**20:.0f} MiB tar -> {layer0['size'] / 2**20:.0f} MiB gzip; "
-              f"tar alone {tar0:.1f}s)")
+        print(
+            f"base layer:  {t_base:6.1f}s  ({raw0 / 2**20:.0f} MiB tar -> {layer0['size'] / 2**20:.0f} MiB gzip; "
+            f"tar alone {tar0:.1f}s)"
+        )
         print(f"venv install: {t_venv:6.1f}s")
-        print(f"venv layer:  {t_layer:6.1f}s  ({raw1 / 2**20:.0f} MiB tar -> {layer1['size'] / 2**20:.0f} MiB gzip; "
-              f"tar alone {tar1:.1f}s)")
+        print(
+            f"venv layer:  {t_layer:6.1f}s  ({raw1 / 2**20:.0f} MiB tar -> {layer1['size'] / 2**20:.0f} MiB gzip; "
+            f"tar alone {tar1:.1f}s)"
+        )
         print(f"total:       {t_base + t_venv + t_layer:6.1f}s")
     finally:
         if args.keep:

@@ -134,14 +134,20 @@ def build_venv(work: Path, wheelhouse: Path) -> Path:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_", "PIP_"))}
     env.update({"XDG_CONFIG_DIRS": str(xdg), "UV_OFFLINE": "1", "UV_NO_PROGRESS": "1"})
     if not (venv / "bin" / "python").exists():
-        subprocess.run([uv, "venv", "--quiet", "--python", cpu_runtime.PYTHON, str(venv)], check=True, env=env,
-                       cwd=work)
+        subprocess.run(
+            [uv, "venv", "--quiet", "--python", cpu_runtime.PYTHON, str(venv)], check=True, env=env, cwd=work
+        )
     cmd = cpu_runtime.install_command(uv, str(venv / "bin" / "python"), wheelhouse)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"offline install failed:\n{proc.stderr[-4000:]}")
-    freeze = subprocess.run([uv, "pip", "freeze", "--python", str(venv / "bin" / "python")], capture_output=True,
-                            text=True, env=env, check=True).stdout.split()
+    freeze = subprocess.run(
+        [uv, "pip", "freeze", "--python", str(venv / "bin" / "python")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.split()
     cuda = [f for f in freeze if cpu_runtime._CUDA_WHEEL.match(f)]
     if cuda:
         raise SystemExit(f"CUDA distributions in the CPU venv: {cuda}")
@@ -174,7 +180,7 @@ def processes(model: Path, venv: Path, ports: list[int], router_port: int) -> tu
     argv = list(router.argv)
     argv[0] = python
     i = argv.index("--worker-urls") + 1
-    argv[i:i + len(servers)] = [s["url"] for s in out]
+    argv[i : i + len(servers)] = [s["url"] for s in out]
     for flag, value in (("--host", HOST), ("--port", str(router_port))):
         argv[argv.index(flag) + 1] = value
     return out, {"argv": argv, "env": dict(router.env), "url": f"http://{HOST}:{router_port}"}
@@ -183,11 +189,19 @@ def processes(model: Path, venv: Path, ports: list[int], router_port: int) -> tu
 def start(spec: dict, logfile: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env.update(spec["env"])
-    env.update({"CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "NO_PROXY": HOST, "no_proxy": HOST})
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": "",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "NO_PROXY": HOST,
+            "no_proxy": HOST,
+        }
+    )
     fh = open(logfile, "wb")
-    return subprocess.Popen(spec["argv"], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=logfile.parent,
-                            start_new_session=True)
+    return subprocess.Popen(
+        spec["argv"], stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=logfile.parent, start_new_session=True
+    )
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 30.0) -> None:
@@ -217,8 +231,13 @@ def reference_text(venv: Path, model: Path, max_tokens: int) -> str | None:
         f"out = m.generate(torch.tensor([ids]), max_new_tokens={max_tokens}, do_sample=False)\n"
         "sys.stdout.write(tok.decode(out[0][len(ids):], skip_special_tokens=True))\n"
     )
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -226,8 +245,12 @@ def reference_text(venv: Path, model: Path, max_tokens: int) -> str | None:
 
 
 def run(work: Path, port_base: int, health_timeout: float, wheelhouse: Path | None = None) -> dict:
-    result: dict = {"sglang": cpu_runtime.SGLANG_VERSION, "router": cpu_runtime.ROUTER_VERSION,
-                    "torch": cpu_runtime.TORCH_VERSION, "checks": {}}
+    result: dict = {
+        "sglang": cpu_runtime.SGLANG_VERSION,
+        "router": cpu_runtime.ROUTER_VERSION,
+        "torch": cpu_runtime.TORCH_VERSION,
+        "checks": {},
+    }
     checks = result["checks"]
     cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
     wheelhouse = wheelhouse or cache / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
@@ -298,9 +321,13 @@ def run(work: Path, port_base: int, health_timeout: float, wheelhouse: Path | No
             if time.monotonic() - t0 > 180:
                 break
         elapsed = time.monotonic() - t0
-        result["sequential"] = {"requests": len(runs), "ok": sum(ok(r) for r in runs),
-                                "tokens": tokens, "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
-                                "latencies_s": [r["seconds"] for r in runs]}
+        result["sequential"] = {
+            "requests": len(runs),
+            "ok": sum(ok(r) for r in runs),
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / elapsed, 1) if elapsed else None,
+            "latencies_s": [r["seconds"] for r in runs],
+        }
         checks["sequential_200"] = all(ok(r) for r in runs)
 
         # kill one worker: its whole process group (launch_server, scheduler, detokenizer)
@@ -312,17 +339,21 @@ def run(work: Path, port_base: int, health_timeout: float, wheelhouse: Path | No
             after.append(chat(router["url"], timeout=60))
             if time.monotonic() - t0 > 240:
                 break
-        result["after_kill"] = {"requests": len(after), "ok": sum(ok(r) for r in after),
-                                "statuses": [r["status"] for r in after],
-                                "max_latency_s": max(r["seconds"] for r in after)}
+        result["after_kill"] = {
+            "requests": len(after),
+            "ok": sum(ok(r) for r in after),
+            "statuses": [r["status"] for r in after],
+            "max_latency_s": max(r["seconds"] for r in after),
+        }
         checks["survives_worker_kill"] = all(ok(r) for r in after)
         log(f"after the kill: {result['after_kill']}")
         # the router's health checks (recipe: every 5 s, 2 failures) take the dead worker out of rotation
         t1 = time.monotonic()
         while healthy_workers(router["url"]) > 1 and time.monotonic() - t1 < 90:
             time.sleep(0.5)
-        result["dead_worker_out_of_rotation_s"] = (round(time.monotonic() - t_kill, 1)
-                                                   if healthy_workers(router["url"]) == 1 else None)
+        result["dead_worker_out_of_rotation_s"] = (
+            round(time.monotonic() - t_kill, 1) if healthy_workers(router["url"]) == 1 else None
+        )
         checks["dead_worker_out_of_rotation"] = result["dead_worker_out_of_rotation_s"] is not None
         last = chat(router["url"], timeout=60)
         result["after_removal"] = last
@@ -353,9 +384,24 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(f"sglang {result['sglang']} + sglang-router {result['router']} + torch {result['torch']} on CPU")
-    for key in ("wheelhouse", "wheelhouse_s", "venv_s", "server_startup_s", "router_startup_s", "router_ready_s",
-                "router_readiness_endpoint", "first_request", "transformers_greedy", "matches_transformers_greedy",
-                "sequential", "after_kill", "dead_worker_out_of_rotation_s", "after_removal", "checks", "error"):
+    for key in (
+        "wheelhouse",
+        "wheelhouse_s",
+        "venv_s",
+        "server_startup_s",
+        "router_startup_s",
+        "router_ready_s",
+        "router_readiness_endpoint",
+        "first_request",
+        "transformers_greedy",
+        "matches_transformers_greedy",
+        "sequential",
+        "after_kill",
+        "dead_worker_out_of_rotation_s",
+        "after_removal",
+        "checks",
+        "error",
+    ):
         if key in result:
             print(f"  {key}: {result[key]}")
     print(json.dumps(result, sort_keys=True))

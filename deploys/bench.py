@@ -20,6 +20,14 @@ _model = host.data.get("model")
 if not _model and host.data.get("recipe"):
     _model = catalogue.get_recipe(host.data.get("recipe")).model.family
 if not _model:
-    raise SpecError([Problem("deploys/bench.py", "model", "no model to benchmark",
-                             "pass --data model=NAME (the deploy's model) or --data recipe=ID")])
+    raise SpecError(
+        [
+            Problem(
+                "deploys/bench.py",
+                "model",
+                "no model to benchmark",
+                "pass --data model=NAME (the deploy's model) or --data recipe=ID",
+            )
+        ]
+    )
 bench.apply(current(_model))

@@ -7,5 +7,4 @@ weights stay. Idempotent: a second run changes nothing.
 
 from roles import undeclared
 
-undeclared.undeclared_removed(name="Undeploy: every unit of ironserve's naming stopped, disabled, removed",
-                              declared=[])
+undeclared.undeclared_removed(name="Undeploy: every unit of ironserve's naming stopped, disabled, removed", declared=[])

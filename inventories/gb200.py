@@ -15,10 +15,10 @@ _common = {
     "_sudo": True,
     "hardware": "gb200",
     "nic": "enP6p3s0f0np0",
-    "model_source": "path",                 # weights on the shared filesystem, downloaded once
+    "model_source": "path",  # weights on the shared filesystem, downloaded once
     "model_path": "/model-store/nvidia/GLM-5-NVFP4",
     "api_key_file": "~/.config/ironserve/api_key",
-    "nvlink_domain": "nvl72-rack-a",        # IMEX domain: every host with this value (and only those)
+    "nvlink_domain": "nvl72-rack-a",  # IMEX domain: every host with this value (and only those)
     # Secure Boot on these trays? Ubuntu's signed modules instead of DKMS:
     # "nvidia_module_source": "precompiled",
 }

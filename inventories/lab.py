@@ -24,7 +24,7 @@ _state = json.loads(_state_file.read_text())
 _common = {
     "ssh_user": _state["ssh_user"],
     "ssh_key": _state["ssh_key"],
-    "ssh_known_hosts_file": _state["known_hosts"],   # host keys are stable per host name across down/up
+    "ssh_known_hosts_file": _state["known_hosts"],  # host keys are stable per host name across down/up
     "ssh_strict_host_key_checking": "yes",
     "_sudo": True,
     # the lab runs the aarch64 profiles (gb200, atlas-800i-a3) on x86_64 stand-in hosts
@@ -48,8 +48,11 @@ _common = {
     **({"model_root": _state["model_root"]} if _state.get("model_root") else {}),
     # The lab signs its repository with a key of its own: already on every host for signed-by, and published
     # next to the index for roles that fetch the mirror's key. Unsigned (no gpg on the lab machine): trusted.
-    **({"apt_signed_by": _state["apt_signed_by"], "nvidia_apt_key_name": "ironlab-archive-key.asc"}
-       if _state.get("apt_signed_by") else {"apt_trusted": True}),
+    **(
+        {"apt_signed_by": _state["apt_signed_by"], "nvidia_apt_key_name": "ironlab-archive-key.asc"}
+        if _state.get("apt_signed_by")
+        else {"apt_trusted": True}
+    ),
     # the key a role that fetches the mirror's key must find there: the lab's own, not NVIDIA's
     **({"nvidia_apt_key_fingerprint": _state["apt_key_fingerprint"]} if _state.get("apt_key_fingerprint") else {}),
 }
@@ -63,8 +66,11 @@ _launch = {"cpu-lab": True}
 # lab's site lock names in place of the recipes' upstream ones, as a site that rebuilds its images would.
 _docker = {
     "docker_packages": ["docker.io"],
-    **({"docker_registry_mirror": _state["registry"], "docker_registry_ca": _state["registry_ca"]}
-       if _state.get("registry") else {}),
+    **(
+        {"docker_registry_mirror": _state["registry"], "docker_registry_ca": _state["registry_ca"]}
+        if _state.get("registry")
+        else {}
+    ),
     **({"docker_image_lock": _state["image_lock"]} if _state.get("image_lock") else {}),
 }
 
@@ -78,8 +84,16 @@ def _role(h: dict) -> dict:
 
 
 lab_hosts = [
-    (h["name"], {**_common, "ssh_hostname": h["address"], "hardware": h["hardware"],
-                 "launch": _launch.get(h["hardware"], False), **_docker,
-                 **_role(h)})
+    (
+        h["name"],
+        {
+            **_common,
+            "ssh_hostname": h["address"],
+            "hardware": h["hardware"],
+            "launch": _launch.get(h["hardware"], False),
+            **_docker,
+            **_role(h),
+        },
+    )
     for h in _state["hosts"]
 ]

@@ -19,7 +19,7 @@ _common = {
     # weights already on shared storage ("path"), or downloaded once per host from the hub ("hub")
     "model_source": "hub",
     "hf_token_file": "~/.config/ironserve/hf_token",  # on this machine; uploaded 0600, never in argv
-    "api_key_file": "~/.config/ironserve/api_key",    # servers bound to 0.0.0.0 require a key
+    "api_key_file": "~/.config/ironserve/api_key",  # servers bound to 0.0.0.0 require a key
     # air-gapped clusters: point these at the internal mirrors (unset = the vendors' public repositories)
     # "nvidia_apt_mirror": "https://mirror.internal.example/nvidia/cuda/ubuntu2404/x86_64",
     # "docker_apt_mirror": "https://mirror.internal.example/docker/ubuntu",

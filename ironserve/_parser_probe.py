@@ -154,9 +154,11 @@ def check_argv(parser: argparse.ArgumentParser, argv: list[str], kind: str):
                 # e.g. "the following arguments are required: --model-path"
                 if "required" in msg:
                     missing = msg.split(":", 1)[-1].strip()
-                    findings.append(_finding(
-                        "engine-missing-required", "error",
-                        f"{msg} ({kind} parser)", f"add {missing}", missing))
+                    findings.append(
+                        _finding(
+                            "engine-missing-required", "error", f"{msg} ({kind} parser)", f"add {missing}", missing
+                        )
+                    )
                 else:
                     findings.append(_finding("engine-bad-value", "error", msg))
                 namespace = None
@@ -169,16 +171,30 @@ def check_argv(parser: argparse.ArgumentParser, argv: list[str], kind: str):
                 bad = msg.split("invalid choice:", 1)[1].split("(choose", 1)[0].strip().strip("'\"")
                 close = difflib.get_close_matches(bad, choices, n=3, cutoff=0.5)
                 hint = f"did you mean {' or '.join(close)}? " if close else ""
-                findings.append(_finding(
-                    "engine-bad-choice", "error",
-                    f"{flag} {bad!r} is not a valid choice",
-                    f"{hint}valid choices: {', '.join(choices)}", flag))
+                findings.append(
+                    _finding(
+                        "engine-bad-choice",
+                        "error",
+                        f"{flag} {bad!r} is not a valid choice",
+                        f"{hint}valid choices: {', '.join(choices)}",
+                        flag,
+                    )
+                )
             else:
-                findings.append(_finding(
-                    "engine-bad-value", "error", f"{flag}: {msg}",
-                    f"check the value given to {flag}"
-                    + (f" (expects {action.metavar or action.dest}, nargs={action.nargs})"
-                       if action.nargs is not None else ""), flag))
+                findings.append(
+                    _finding(
+                        "engine-bad-value",
+                        "error",
+                        f"{flag}: {msg}",
+                        f"check the value given to {flag}"
+                        + (
+                            f" (expects {action.metavar or action.dest}, nargs={action.nargs})"
+                            if action.nargs is not None
+                            else ""
+                        ),
+                        flag,
+                    )
+                )
             if idx is None or key in seen_errors:
                 namespace = None
                 break
@@ -193,36 +209,58 @@ def check_argv(parser: argparse.ArgumentParser, argv: list[str], kind: str):
         tok = extras[0]
         idx = _locate(argv, tok, opts)
         if _is_value_token(tok):
-            findings.append(_finding(
-                "engine-bad-value", "error", f"unexpected positional argument {tok!r}",
-                "remove it or put it after the flag it belongs to", tok))
-            argv = argv[:idx] + argv[idx + 1:]
+            findings.append(
+                _finding(
+                    "engine-bad-value",
+                    "error",
+                    f"unexpected positional argument {tok!r}",
+                    "remove it or put it after the flag it belongs to",
+                    tok,
+                )
+            )
+            argv = argv[:idx] + argv[idx + 1 :]
             continue
         name, eq, value = tok.partition("=")
         prefixed = [o for o in long_opts if o.startswith(name)] if name.startswith("--") else []
         if len(prefixed) == 1:
             full = prefixed[0]
-            findings.append(_finding(
-                "engine-abbreviated-flag", "warning",
-                f"{name} is an abbreviation of {full}; it only works because argparse expands "
-                "unique prefixes (allow_abbrev) and breaks when a flag with the same prefix is added",
-                f"write {full} in full", name))
+            findings.append(
+                _finding(
+                    "engine-abbreviated-flag",
+                    "warning",
+                    f"{name} is an abbreviation of {full}; it only works because argparse expands "
+                    "unique prefixes (allow_abbrev) and breaks when a flag with the same prefix is added",
+                    f"write {full} in full",
+                    name,
+                )
+            )
             argv[idx] = full + eq + value
             continue
         if len(prefixed) > 1:
-            findings.append(_finding(
-                "engine-abbreviated-flag", "error",
-                f"{name} is an ambiguous abbreviation (could be {', '.join(prefixed[:6])}"
-                + (", ..." if len(prefixed) > 6 else "") + "); the server refuses to start",
-                f"write the full flag, e.g. "
-                f"{difflib.get_close_matches(name, prefixed, n=1, cutoff=0)[0]}", name))
+            findings.append(
+                _finding(
+                    "engine-abbreviated-flag",
+                    "error",
+                    f"{name} is an ambiguous abbreviation (could be {', '.join(prefixed[:6])}"
+                    + (", ..." if len(prefixed) > 6 else "")
+                    + "); the server refuses to start",
+                    f"write the full flag, e.g. {difflib.get_close_matches(name, prefixed, n=1, cutoff=0)[0]}",
+                    name,
+                )
+            )
         else:
             close = difflib.get_close_matches(name, long_opts, n=3, cutoff=0.6)
-            findings.append(_finding(
-                "engine-unknown-flag", "error",
-                f"unknown flag {name}",
-                (f"did you mean {close[0]}?" + (f" (or {', '.join(close[1:])})" if close[1:] else ""))
-                if close else "remove it; this version's parser has no such option", name))
+            findings.append(
+                _finding(
+                    "engine-unknown-flag",
+                    "error",
+                    f"unknown flag {name}",
+                    (f"did you mean {close[0]}?" + (f" (or {', '.join(close[1:])})" if close[1:] else ""))
+                    if close
+                    else "remove it; this version's parser has no such option",
+                    name,
+                )
+            )
         argv = _drop_option(argv, idx)
         namespace = None
 
@@ -232,9 +270,15 @@ def check_argv(parser: argparse.ArgumentParser, argv: list[str], kind: str):
             action = opts.get(tok.split("=", 1)[0])
             note = _deprecation(action) if action is not None else None
             if note:
-                findings.append(_finding(
-                    "engine-deprecated-flag", "warning", f"{tok.split('=', 1)[0]}: {note}",
-                    "use the replacement flag", tok.split("=", 1)[0]))
+                findings.append(
+                    _finding(
+                        "engine-deprecated-flag",
+                        "warning",
+                        f"{tok.split('=', 1)[0]}: {note}",
+                        "use the replacement flag",
+                        tok.split("=", 1)[0],
+                    )
+                )
     return findings, namespace
 
 
@@ -255,8 +299,21 @@ def _post_init(args_cls, namespace, **kw):
     return obj
 
 
-_ENV_ERRORS = ("accelerator", "cuda", "npu", "gpu", "device", "nvidia", "torch_npu",
-               "huggingface", "config.json", "no such file", "repo", "connection", "offline")
+_ENV_ERRORS = (
+    "accelerator",
+    "cuda",
+    "npu",
+    "gpu",
+    "device",
+    "nvidia",
+    "torch_npu",
+    "huggingface",
+    "config.json",
+    "no such file",
+    "repo",
+    "connection",
+    "offline",
+)
 
 
 def _server_parser():
@@ -282,17 +339,26 @@ def _serve_prepare(argv: list[str], findings: list) -> list[str]:
     try:
         from sglang.cli import serve as serve_mod
     except Exception:  # noqa: BLE001 - old versions have no `sglang serve`
-        findings.append(_finding("engine-unknown-launcher", "error",
-                                 "this sglang version has no `sglang serve` command",
-                                 "use python3 -m sglang.launch_server", "sglang serve"))
+        findings.append(
+            _finding(
+                "engine-unknown-launcher",
+                "error",
+                "this sglang version has no `sglang serve` command",
+                "use python3 -m sglang.launch_server",
+                "sglang serve",
+            )
+        )
         return argv
     out = []
     i = 0
     while i < len(argv):  # --model-type is consumed by the serve dispatcher, not ServerArgs
         if argv[i] == "--model-type" and i + 1 < len(argv):
             if argv[i + 1] == "diffusion":
-                findings.append(_finding("engine-not-checked", "info",
-                                         "diffusion serve arguments are not checked", "", "--model-type"))
+                findings.append(
+                    _finding(
+                        "engine-not-checked", "info", "diffusion serve arguments are not checked", "", "--model-type"
+                    )
+                )
             i += 2
             continue
         if argv[i].startswith("--model-type="):
@@ -340,16 +406,23 @@ def main() -> int:
     try:
         parser, args_cls = _router_parser() if kind == "router" else _server_parser()
     except ModuleNotFoundError as err:
-        _answer({"ok": False, "missing_module": (err.name or "").split(".")[0],
-                 "error": traceback.format_exc()[-4000:]})
+        _answer(
+            {"ok": False, "missing_module": (err.name or "").split(".")[0], "error": traceback.format_exc()[-4000:]}
+        )
         return 3
     except Exception:  # noqa: BLE001
         _answer({"ok": False, "missing_module": None, "error": traceback.format_exc()[-4000:]})
         return 4
     import_s = time.time() - t0
     dist = "sglang-router" if kind == "router" else "sglang"
-    answer = {"ok": True, "package": dist, "version": _version(dist), "import_s": round(import_s, 2),
-              "python": sys.version.split()[0], "results": []}
+    answer = {
+        "ok": True,
+        "package": dist,
+        "version": _version(dist),
+        "import_s": round(import_s, 2),
+        "python": sys.version.split()[0],
+        "results": [],
+    }
     launchers = request.get("launchers") or []
     for n, argv in enumerate(request.get("argvs", [])):
         t1 = time.time()
@@ -368,21 +441,31 @@ def main() -> int:
             except Exception as err:  # noqa: BLE001
                 text = f"{type(err).__name__}: {err}".strip()
                 env_problem = isinstance(err, (ImportError, OSError, RuntimeError)) or any(
-                    k in text.lower() for k in _ENV_ERRORS)
+                    k in text.lower() for k in _ENV_ERRORS
+                )
                 if kind != "router" and env_problem:
                     post = "skipped"
-                    findings.append(_finding(
-                        "engine-post-init-skipped", "info",
-                        f"{args_cls.__name__}.from_cli_args needs the target hardware/model here: {text[:300]}",
-                        "", ""))
+                    findings.append(
+                        _finding(
+                            "engine-post-init-skipped",
+                            "info",
+                            f"{args_cls.__name__}.from_cli_args needs the target hardware/model here: {text[:300]}",
+                            "",
+                            "",
+                        )
+                    )
                 else:
                     post = "failed"
-                    findings.append(_finding(
-                        "engine-bad-value", "error",
-                        f"{args_cls.__name__} rejects this combination: {text[:500]}",
-                        "fix the values named in the message", ""))
-        answer["results"].append({"findings": findings, "post_init": post,
-                                  "seconds": round(time.time() - t1, 3)})
+                    findings.append(
+                        _finding(
+                            "engine-bad-value",
+                            "error",
+                            f"{args_cls.__name__} rejects this combination: {text[:500]}",
+                            "fix the values named in the message",
+                            "",
+                        )
+                    )
+        answer["results"].append({"findings": findings, "post_init": post, "seconds": round(time.time() - t1, 3)})
     if request.get("dump_flags"):
         answer["flags"] = dump_flags(parser)
     _answer(answer)

@@ -42,8 +42,10 @@ def compose(commands: list[str], nonce: str) -> str:
     ``echo`` before the closing marker ends an unterminated last line; :func:`split` drops the empty line it
     leaves after a terminated one.
     """
-    parts = [f"( {command}\n) </dev/null 2>/dev/null; __rc=$?; echo; echo \"{nonce} {i} $__rc\""
-             for i, command in enumerate(commands)]
+    parts = [
+        f'( {command}\n) </dev/null 2>/dev/null; __rc=$?; echo; echo "{nonce} {i} $__rc"'
+        for i, command in enumerate(commands)
+    ]
     return "\n".join(parts) + "\n"
 
 
@@ -54,7 +56,7 @@ def split(lines: list[str], count: int, nonce: str) -> list[Answer | None]:
     expect = 0  # markers close the reads in order: any other marker line is output
     for line in lines:
         if expect < count and line.startswith(f"{nonce} {expect} "):
-            rc = line[len(f"{nonce} {expect} "):]
+            rc = line[len(f"{nonce} {expect} ") :]
             if rc.lstrip("-").isdigit():
                 if current and current[-1] == "":
                     current.pop()

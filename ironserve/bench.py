@@ -23,8 +23,9 @@ RESULT_FILE = f"{BENCH_DIR}/result.jsonl"
 LOG_FILE = f"{BENCH_DIR}/bench.log"
 
 
-def bench_argv(recipe: Recipe, base_url: str, tokenizer: str, overrides: dict | None = None,
-               output_file: str = RESULT_FILE) -> list[str]:
+def bench_argv(
+    recipe: Recipe, base_url: str, tokenizer: str, overrides: dict | None = None, output_file: str = RESULT_FILE
+) -> list[str]:
     """``python3 -m sglang.bench_serving`` with the recipe's shape, as the seeds run it (``--backend sglang``).
 
     overrides: ``num_prompts``, ``max_concurrency``, ``dataset_name``, ``dataset_path`` (an air-gapped cluster
@@ -32,8 +33,17 @@ def bench_argv(recipe: Recipe, base_url: str, tokenizer: str, overrides: dict | 
     shape = recipe.benchmark or Benchmark()
     values = shape.model_dump(exclude_none=True, exclude={"tool"})
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    argv = ["python3", "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", base_url,
-            "--tokenizer", tokenizer]
+    argv = [
+        "python3",
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        base_url,
+        "--tokenizer",
+        tokenizer,
+    ]
     served = recipe.server.served_model_name
     if served:
         argv += ["--model", served]
@@ -93,16 +103,21 @@ def public_result(result: dict) -> dict:
     """bench_serving's result without anything secret (a field named like a key or token, or a value shaped like
     one): what the bench report keeps and prints. bench_serving gets the key from its environment and does not
     write it today; this keeps a future version echoing its arguments out of the report."""
-    return {k: v for k, v in result.items()
-            if not SECRET_NAME.search(k) and not (isinstance(v, str) and SECRET_VALUE.match(v.strip()))}
+    return {
+        k: v
+        for k, v in result.items()
+        if not SECRET_NAME.search(k) and not (isinstance(v, str) and SECRET_VALUE.match(v.strip()))
+    }
 
 
 def report(recipe: Recipe, result: dict, min_ratio: float = MIN_RATIO) -> tuple[str, bool]:
     """(text, passed): a table of measured vs expected with ratios; passed = no ratio below min_ratio."""
     rows = compare(recipe.expected, result)
-    lines = [f"bench_serving against {recipe.id}: {result.get('completed', '?')} requests completed in "
-             f"{result.get('duration', 0):.1f}s",
-             f"{'metric':<20} {'measured':>12} {'expected':>12} {'ratio':>7}  verdict"]
+    lines = [
+        f"bench_serving against {recipe.id}: {result.get('completed', '?')} requests completed in "
+        f"{result.get('duration', 0):.1f}s",
+        f"{'metric':<20} {'measured':>12} {'expected':>12} {'ratio':>7}  verdict",
+    ]
     passed = True
     for row in rows:
         if row.ratio is None:
@@ -118,6 +133,8 @@ def report(recipe: Recipe, result: dict, min_ratio: float = MIN_RATIO) -> tuple[
     if all(r.ratio is None for r in rows):
         lines.append(f"(the recipe has no expected figures: {recipe.expected.note or 'none given'})")
     elif not passed:
-        lines.append(f"slower than the seed's figures (ratio < {min_ratio}): check the node (clocks, governor, "
-                     f"NCCL topology, thermal) with `ironserve audit` and compare the hosts")
+        lines.append(
+            f"slower than the seed's figures (ratio < {min_ratio}): check the node (clocks, governor, "
+            f"NCCL topology, thermal) with `ironserve audit` and compare the hosts"
+        )
     return "\n".join(lines), passed

@@ -18,16 +18,28 @@ from . import imagelock
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE
 from .problems import Problem, SpecError, message_and_fix
 from .recipe_dirs import SITE_DIR, recipe_dirs, recipes_dir, use_recipe_dirs  # noqa: F401  (their home before)
-from .spec import (DIST_INIT_DERIVED, RANK_GUARD_PORT_OFFSET, DockerRuntime, HardwareProfile, Recipe, devices_per_node,
-                   effective_tuning, is_set)
+from .spec import (
+    DIST_INIT_DERIVED,
+    RANK_GUARD_PORT_OFFSET,
+    DockerRuntime,
+    HardwareProfile,
+    Recipe,
+    devices_per_node,
+    effective_tuning,
+    is_set,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _clash(kind: str, key: str, first: Path, again: Path) -> Problem:
-    return Problem(_display(again), key, f"{kind} '{key}' is also defined in {_display(first)}",
-                   f"give the site's {kind} another id (and its file that name): site directories add to the "
-                   "catalogue, they never replace its entries")
+    return Problem(
+        _display(again),
+        key,
+        f"{kind} '{key}' is also defined in {_display(first)}",
+        f"give the site's {kind} another id (and its file that name): site directories add to the "
+        "catalogue, they never replace its entries",
+    )
 
 
 def _allowed_keys(model: type[BaseModel], path: tuple) -> list[str]:
@@ -78,8 +90,11 @@ def problems_from_validation(file: str, model: type[BaseModel], err: ValidationE
                 # validators say what to write ('; write ...'), or name the expected form with an example
                 msg, fix = message_and_fix(msg)
                 example = re.search(r"\(e\.g\. ([^)]*)\)", msg)
-                fix = fix or (f"write it in that form, e.g. {example.group(1)}" if example else
-                              "change the value as the message says")
+                fix = fix or (
+                    f"write it in that form, e.g. {example.group(1)}"
+                    if example
+                    else "change the value as the message says"
+                )
             out.append(Problem(file, field, msg, fix))
     return out
 
@@ -132,31 +147,64 @@ def load_yaml_text(raw: bytes, where: str):
     """Parse one YAML document strictly: size-bounded, UTF-8, alias expansion bounded, no duplicate keys.
     Every failure is a SpecError naming the file, the line and the fix."""
     if len(raw) > MAX_YAML_BYTES:
-        raise SpecError([Problem(where, "", f"{len(raw)} bytes is larger than the {MAX_YAML_BYTES} a recipe may be",
-                                 "split it, or check that this is the right file")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    "",
+                    f"{len(raw)} bytes is larger than the {MAX_YAML_BYTES} a recipe may be",
+                    "split it, or check that this is the right file",
+                )
+            ]
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise SpecError([Problem(where, f"line {line}", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
-                                 f"{exc.start})", "save the file as UTF-8")])
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"line {line}",
+                    f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                    "save the file as UTF-8",
+                )
+            ]
+        ) from None
     loader = _StrictLoader(text)
     try:
         root = loader.get_single_node()
         if _expanded_nodes(root) > MAX_YAML_NODES:
-            raise SpecError([Problem(where, "", f"anchors and aliases expand to more than {MAX_YAML_NODES} nodes",
-                                     "write the values out, or use fewer nested aliases")])
+            raise SpecError(
+                [
+                    Problem(
+                        where,
+                        "",
+                        f"anchors and aliases expand to more than {MAX_YAML_NODES} nodes",
+                        "write the values out, or use fewer nested aliases",
+                    )
+                ]
+            )
         return loader.construct_document(root) if root is not None else None
     except _DuplicateKey as dup:
-        raise SpecError([Problem(where, f"line {dup.again.line + 1}", f"duplicate key '{dup.key}' (first on line "
-                                 f"{dup.first.line + 1})", "keep one of them")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"line {dup.again.line + 1}",
+                    f"duplicate key '{dup.key}' (first on line {dup.first.line + 1})",
+                    "keep one of them",
+                )
+            ]
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}" if mark else ""
-        raise SpecError([Problem(where, at, f"not valid YAML ({getattr(exc, 'problem', None) or exc})",
-                                 "fix the syntax")])
+        raise SpecError(
+            [Problem(where, at, f"not valid YAML ({getattr(exc, 'problem', None) or exc})", "fix the syntax")]
+        ) from None
     except RecursionError:
-        raise SpecError([Problem(where, "", "nested too deeply", "flatten the document")])
+        raise SpecError([Problem(where, "", "nested too deeply", "flatten the document")]) from None
     finally:
         loader.dispose()
 
@@ -166,7 +214,7 @@ def _load_yaml(path: Path):
         with open(path, "rb") as fh:
             raw = fh.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
-        raise SpecError([Problem(str(path), "", f"cannot read ({exc.strerror})", "check the path")])
+        raise SpecError([Problem(str(path), "", f"cannot read ({exc.strerror})", "check the path")]) from None
     return load_yaml_text(raw, str(path))
 
 
@@ -203,7 +251,7 @@ def parse_recipe(data, file: str) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
-        raise SpecError(problems_from_validation(file, Recipe, err))
+        raise SpecError(problems_from_validation(file, Recipe, err)) from None
 
 
 def load_recipe_file(path: Path, hardware: dict[str, HardwareProfile] | None = None, *, locked: bool = True) -> Recipe:
@@ -217,7 +265,9 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
     """Cross-field checks the schema cannot express: hardware ids, devices per node, file name."""
     problems: list[Problem] = []
     if Path(file).suffix in (".yaml", ".yml") and Path(file).stem != recipe.id:
-        problems.append(Problem(file, "id", f"id '{recipe.id}' differs from the file name", f"rename to {recipe.id}.yaml"))
+        problems.append(
+            Problem(file, "id", f"id '{recipe.id}' differs from the file name", f"rename to {recipe.id}.yaml")
+        )
     for i, hw in enumerate(recipe.hardware):
         if hw not in hardware:
             close = difflib.get_close_matches(hw, list(hardware), n=1)
@@ -257,21 +307,34 @@ def _literal_secret_problems(recipe: Recipe, file: str) -> list[Problem]:
     every copy of the catalogue: an error, before anything renders. Names only, never the value."""
     out = []
     args = [("server.extra_args", recipe.server.extra_args)]
-    args += [(f"topology.groups[{i}].server.extra_args", g.server.extra_args) for i, g in enumerate(recipe.topology.groups)]
+    args += [
+        (f"topology.groups[{i}].server.extra_args", g.server.extra_args) for i, g in enumerate(recipe.topology.groups)
+    ]
     if recipe.topology.router:
         args.append(("topology.router.extra_args", recipe.topology.router.extra_args))
     for where, extra in args:
         for flag in SECRET_FLAGS:
             if any(a == flag or a.startswith(f"{flag}=") for a in extra):
-                out.append(Problem(file, where, f"{flag} with a literal key: it would reach argv, the unit file and ps",
-                                   "remove it; set server.api_key_file (a 0600 file on the host) or host data "
-                                   "api_key_file"))
+                out.append(
+                    Problem(
+                        file,
+                        where,
+                        f"{flag} with a literal key: it would reach argv, the unit file and ps",
+                        "remove it; set server.api_key_file (a 0600 file on the host) or host data api_key_file",
+                    )
+                )
     envs = [("env", recipe.env)] + [(f"topology.groups[{i}].env", g.env) for i, g in enumerate(recipe.topology.groups)]
     for where, env in envs:
         for key, value in env.items():
             if (SECRET_NAME.search(key) and value and not value.startswith("<")) or SECRET_VALUE.match(value or ""):
-                out.append(Problem(file, f"{where}.{key}", "holds a literal secret (value not shown)",
-                                   f"remove {key}; keep it in a 0600 file (the hub token: host data hf_token_file)"))
+                out.append(
+                    Problem(
+                        file,
+                        f"{where}.{key}",
+                        "holds a literal secret (value not shown)",
+                        f"remove {key}; keep it in a 0600 file (the hub token: host data hf_token_file)",
+                    )
+                )
     return out
 
 
@@ -286,16 +349,34 @@ def _host_ports(recipe: Recipe, gi: int) -> list[tuple[int, str, str]]:
     if group.nodes > 1 and is_set(group.dist_init_port):
         d = group.dist_init_port
         last = d + DIST_INIT_DERIVED + (server.dp_size or 1) - 1
-        out += [(port, f"SGLang's port dist_init_port + {port - d}" if port != d else "the dist-init port",
-                 f"{where}.dist_init_port") for port in range(d, last + 1)]
-        out.append((d + RANK_GUARD_PORT_OFFSET, f"the rank guard's port (dist_init_port + {RANK_GUARD_PORT_OFFSET})",
-                    f"{where}.dist_init_port"))
+        out += [
+            (
+                port,
+                f"SGLang's port dist_init_port + {port - d}" if port != d else "the dist-init port",
+                f"{where}.dist_init_port",
+            )
+            for port in range(d, last + 1)
+        ]
+        out.append(
+            (
+                d + RANK_GUARD_PORT_OFFSET,
+                f"the rank guard's port (dist_init_port + {RANK_GUARD_PORT_OFFSET})",
+                f"{where}.dist_init_port",
+            )
+        )
     if group.bootstrap_port is not None:
-        out += [(group.bootstrap_port + i, f"bootstrap port of instance {i}", f"{where}.bootstrap_port")
-                for i in range(group.instances)][:1]
+        out += [
+            (group.bootstrap_port + i, f"bootstrap port of instance {i}", f"{where}.bootstrap_port")
+            for i in range(group.instances)
+        ][:1]
         if group.bootstrap_port + group.instances - 1 > 65535:
-            out.append((group.bootstrap_port + group.instances - 1, "the last instance's bootstrap port",
-                        f"{where}.bootstrap_port"))
+            out.append(
+                (
+                    group.bootstrap_port + group.instances - 1,
+                    "the last instance's bootstrap port",
+                    f"{where}.bootstrap_port",
+                )
+            )
     return out
 
 
@@ -309,12 +390,24 @@ def _port_problems(recipe: Recipe, file: str) -> list[Problem]:
         seen: dict[int, tuple[str, str]] = {}
         for port, what, field in ports:
             if port > 65535:
-                problems.append(Problem(file, field, f"{what} would be {port}, past 65535",
-                                        f"lower {field.rsplit('.', 1)[-1]} so every derived port stays below 65536"))
+                problems.append(
+                    Problem(
+                        file,
+                        field,
+                        f"{what} would be {port}, past 65535",
+                        f"lower {field.rsplit('.', 1)[-1]} so every derived port stays below 65536",
+                    )
+                )
             elif port in seen and seen[port][0] != what:
-                problems.append(Problem(file, field, f"{what} ({port}) is also {seen[port][0]} on the same host",
-                                        f"move {field.rsplit('.', 1)[-1]} or {seen[port][1].rsplit('.', 1)[-1]} so "
-                                        "no two listeners share a port"))
+                problems.append(
+                    Problem(
+                        file,
+                        field,
+                        f"{what} ({port}) is also {seen[port][0]} on the same host",
+                        f"move {field.rsplit('.', 1)[-1]} or {seen[port][1].rsplit('.', 1)[-1]} so "
+                        "no two listeners share a port",
+                    )
+                )
             else:
                 seen.setdefault(port, (what, field))
     return problems
@@ -333,14 +426,26 @@ def _repeated_flag_problems(recipe: Recipe, file: str) -> list[Problem]:
         for i, arg in enumerate(server.extra_args):
             flag = arg.split("=", 1)[0]
             if flag in typed:
-                problems.append(Problem(file, f"topology.groups[{gi}] server.extra_args[{i}]", f"{flag} is also set "
-                                        "by a typed field (or by ironserve)", f"remove it from extra_args and set "
-                                        f"server.{flag[2:].replace('-', '_')} (or let ironserve derive it)"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"topology.groups[{gi}] server.extra_args[{i}]",
+                        f"{flag} is also set by a typed field (or by ironserve)",
+                        f"remove it from extra_args and set "
+                        f"server.{flag[2:].replace('-', '_')} (or let ironserve derive it)",
+                    )
+                )
     if recipe.topology.router:
         for i, arg in enumerate(recipe.topology.router.extra_args):
             if arg.split("=", 1)[0] in typed_router:
-                problems.append(Problem(file, f"topology.router.extra_args[{i}]", f"{arg.split('=', 1)[0]} is set by "
-                                        "the router's typed fields", "remove it from extra_args"))
+                problems.append(
+                    Problem(
+                        file,
+                        f"topology.router.extra_args[{i}]",
+                        f"{arg.split('=', 1)[0]} is set by the router's typed fields",
+                        "remove it from extra_args",
+                    )
+                )
     return problems
 
 
@@ -354,8 +459,14 @@ def _memlock_problems(recipe: Recipe, profiles: list[HardwareProfile], file: str
     wanting = [p.id for p in profiles if effective_tuning(recipe, p).limits.memlock == "unlimited"]
     if not wanting:
         return []
-    return [Problem(file, "runtime.run.ulimits.memlock", f"{', '.join(wanting)} needs unlimited locked memory "
-                    "inside the container", "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)")]
+    return [
+        Problem(
+            file,
+            "runtime.run.ulimits.memlock",
+            f"{', '.join(wanting)} needs unlimited locked memory inside the container",
+            "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)",
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -397,8 +508,16 @@ def _layered_defaults(dirs: tuple[Path, ...]) -> dict[str, dict[str, str]]:
             continue
         models = (_load_yaml(path) or {}).get("defaults") or {}
         if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
-            raise SpecError([Problem(_display(path), "defaults", "not a mapping of model -> hardware -> recipe id",
-                                     "write e.g. defaults: {glm5: {h100-sxm: my-glm5-h100}}")])
+            raise SpecError(
+                [
+                    Problem(
+                        _display(path),
+                        "defaults",
+                        "not a mapping of model -> hardware -> recipe id",
+                        "write e.g. defaults: {glm5: {h100-sxm: my-glm5-h100}}",
+                    )
+                ]
+            )
         for model, per_hw in models.items():
             for hw, rid in per_hw.items():
                 if (model, hw) in where:

@@ -57,8 +57,14 @@ def _remembered(path: Path) -> list[Row] | None:
         rows = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    ok = isinstance(rows, list) and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and
-                                        isinstance(r[1], list) and isinstance(r[2], str) for r in rows)
+    ok = isinstance(rows, list) and all(
+        isinstance(r, list)
+        and len(r) == 3
+        and isinstance(r[0], str)
+        and isinstance(r[1], list)
+        and isinstance(r[2], str)
+        for r in rows
+    )
     return [(r[0], r[1], r[2]) for r in rows] if ok else None
 
 

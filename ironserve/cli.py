@@ -27,11 +27,17 @@ if TYPE_CHECKING:
 
 def _engine_version(text: str | None) -> str | None:
     from .problems import Problem, SpecError
+
     if not text:
         return None
     if not text.startswith("sglang=="):
-        raise SpecError([Problem("--engine", "", f"'{text}' is not of the form sglang==VERSION",
-                                           "write e.g. --engine sglang==0.5.23")])
+        raise SpecError(
+            [
+                Problem(
+                    "--engine", "", f"'{text}' is not of the form sglang==VERSION", "write e.g. --engine sglang==0.5.23"
+                )
+            ]
+        )
     return text.split("==", 1)[1]
 
 
@@ -80,11 +86,21 @@ def cmd_render(args) -> int:
 
 def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
     from .findings import Severity
+
     errors = sum(f.severity is Severity.error for f in findings)
     warnings = sum(f.severity is Severity.warning for f in findings)
     if fmt == "json":
-        print(json.dumps({"subject": subject, "errors": errors, "warnings": warnings,
-                          "findings": [f.as_dict() for f in findings]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "subject": subject,
+                    "errors": errors,
+                    "warnings": warnings,
+                    "findings": [f.as_dict() for f in findings],
+                },
+                indent=2,
+            )
+        )
         return
     for f in findings:
         print(f.line())
@@ -94,22 +110,39 @@ def _print_findings(findings: list[Finding], fmt: str, subject: str) -> None:
 def _parser_findings(version: str, argvs: list[list[str]], router_version: str | None = None) -> list[Finding]:
     """Every argv (servers and routers) through the real parsers in one subprocess per venv; duplicates across
     ranks of a group are reported once."""
-    from .findings import Finding, Severity
     from . import engine_parser
+    from .findings import Finding, Severity
 
     try:
         per_argv = engine_parser.check_many(version, argvs, router_version=router_version)
     except engine_parser.EngineNotAvailable as exc:
         nearest = getattr(exc, "nearest", None)
-        fix = f"check with --engine sglang=={nearest} (the PyPI release of that time)" if nearest else \
-            "pick a PyPI version with --engine"
+        fix = (
+            f"check with --engine sglang=={nearest} (the PyPI release of that time)"
+            if nearest
+            else "pick a PyPI version with --engine"
+        )
         return [Finding("engine-not-available", Severity.error, str(exc), fix, "engine")]
     except engine_parser.UvMissing as exc:
-        return [Finding("engine-parser-unavailable", Severity.error, str(exc),
-                        "install uv (pip install uv, or see https://docs.astral.sh/uv/), or use --offline", "engine")]
+        return [
+            Finding(
+                "engine-parser-unavailable",
+                Severity.error,
+                str(exc),
+                "install uv (pip install uv, or see https://docs.astral.sh/uv/), or use --offline",
+                "engine",
+            )
+        ]
     except engine_parser.ParserEnvError as exc:
-        return [Finding("engine-parser-unavailable", Severity.error, f"the SGLang parser could not run: {exc}",
-                        "check network access to the package index, or use --offline", "engine")]
+        return [
+            Finding(
+                "engine-parser-unavailable",
+                Severity.error,
+                f"the SGLang parser could not run: {exc}",
+                "check network access to the package index, or use --offline",
+                "engine",
+            )
+        ]
     seen, out = set(), []
     for findings in per_argv:
         for f in findings:
@@ -120,10 +153,11 @@ def _parser_findings(version: str, argvs: list[list[str]], router_version: str |
     return out
 
 
-def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str | None = None,
-                     data: list[str] | None = None) -> list[Finding]:
-    from .findings import Finding, Severity
+def lint_recipe_full(
+    recipe, engine: str | None, offline: bool, inventory: str | None = None, data: list[str] | None = None
+) -> list[Finding]:
     from . import catalogue
+    from .findings import Finding, Severity
     from .lint import lint_recipe
     from .pins import resolve_findings
     from .render import render
@@ -134,7 +168,9 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str |
     hosts = _hosts_from(inventory, data)
     rendered = render(recipe, hosts, inventory or "inventory")
     # do the runtime's pins resolve (against the indexes the inventory maps, when one is given)?
-    indexes = next((dict(h.data.get("package_indexes") or {}) for h in hosts or [] if h.data.get("package_indexes")), {})
+    indexes = next(
+        (dict(h.data.get("package_indexes") or {}) for h in hosts or [] if h.data.get("package_indexes")), {}
+    )
     findings += resolve_findings(recipe, catalogue.hardware_profiles(), offline=offline, package_indexes=indexes)
     if version and not offline:
         argvs = [p.argv for p in rendered.processes]
@@ -142,9 +178,17 @@ def lint_recipe_full(recipe, engine: str | None, offline: bool, inventory: str |
         if not engine and not recipe.engine.is_pypi:
             # The recipe runs an image era (a nightly build); the PyPI parser closest to it is evidence, not the
             # verdict: what it rejects is said, as a warning, so drift is visible without failing the recipe.
-            parsed = [Finding(f.rule, Severity.warning if f.severity is Severity.error else f.severity,
-                              f"{f.message} (parser of sglang {version}, nearest PyPI release to the image era "
-                              f"{recipe.engine.sglang})", f.fix, f.where) for f in parsed]
+            parsed = [
+                Finding(
+                    f.rule,
+                    Severity.warning if f.severity is Severity.error else f.severity,
+                    f"{f.message} (parser of sglang {version}, nearest PyPI release to the image era "
+                    f"{recipe.engine.sglang})",
+                    f.fix,
+                    f.where,
+                )
+                for f in parsed
+            ]
         findings += parsed
     return findings
 
@@ -153,6 +197,7 @@ def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> lis
     """The real parser on a pasted command: the version named with --engine, else the PyPI release of the hardware's
     seed era (or the newest ironserve knows), whose refusals are then warnings: evidence, not the verdict."""
     from .findings import Finding, Severity
+
     if engine:
         return _parser_findings(engine, [argv])
     from .commandline import parse_command
@@ -160,13 +205,21 @@ def _pasted_parser_findings(engine: str | None, argv: list[str], profile) -> lis
 
     command = parse_command(argv)  # the release import would choose: image tag, the flags' releases, seed era
     version, why, _ = choose_engine(profile.accelerator.arch, None, command.docker, [command], detect=False)
-    return [Finding(f.rule, Severity.warning if f.severity is Severity.error else f.severity,
-                    f"{f.message} (parser of sglang {version}, {why}; name --engine to judge for your version)",
-                    f.fix, f.where) for f in _parser_findings(version, [argv])]
+    return [
+        Finding(
+            f.rule,
+            Severity.warning if f.severity is Severity.error else f.severity,
+            f"{f.message} (parser of sglang {version}, {why}; name --engine to judge for your version)",
+            f.fix,
+            f.where,
+        )
+        for f in _parser_findings(version, [argv])
+    ]
 
 
 def _where(f: Finding, recipe_id: str) -> Finding:
     from .findings import Finding
+
     return Finding(f.rule, f.severity, f.message, f.fix, f"{recipe_id} {f.where}".strip())
 
 
@@ -176,8 +229,10 @@ def cmd_lint(args) -> int:
     engine = _engine_version(args.engine)
     if args.rules:
         for row in rule_table():
-            print(f"{row['rule']:36s} {row['severity']:8s} {row['summary']}\n{'':45s}scope: {row['scope']}; "
-                  f"source: {row['source']}")
+            print(
+                f"{row['rule']:36s} {row['severity']:8s} {row['summary']}\n{'':45s}scope: {row['scope']}; "
+                f"source: {row['source']}"
+            )
         return 0
     if args.command or args.file:
         return _lint_pasted_commands(args, engine)
@@ -186,15 +241,29 @@ def cmd_lint(args) -> int:
 
 def _pasted_profile(args):
     """The hardware profile a pasted command is linted for (--hardware, with --gpus overriding its count)."""
-    from .problems import Problem, SpecError
     from . import catalogue
+    from .problems import Problem, SpecError
+
     if not args.hardware:
-        raise SpecError([Problem("command line", "--hardware", "a pasted command needs the hardware",
-                                           f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}")])
+        raise SpecError(
+            [
+                Problem(
+                    "command line",
+                    "--hardware",
+                    "a pasted command needs the hardware",
+                    f"add --hardware with one of {', '.join(catalogue.hardware_profiles())}",
+                )
+            ]
+        )
     profiles = catalogue.hardware_profiles()
     if args.hardware not in profiles:
-        raise SpecError([Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
-                                           f"one of {', '.join(profiles)}")])
+        raise SpecError(
+            [
+                Problem(
+                    "command line", "--hardware", f"unknown hardware '{args.hardware}'", f"one of {', '.join(profiles)}"
+                )
+            ]
+        )
     profile = profiles[args.hardware]
     if args.gpus is not None:
         accel = profile.accelerator.model_copy(update={"count": args.gpus})
@@ -204,26 +273,34 @@ def _pasted_profile(args):
 
 def _pasted_launches(args) -> list[list[str]]:
     """The launch commands to lint: the one after --, then those of --file's script."""
-    from .problems import Problem, SpecError
     from .commandline import CommandError, parse_script
+    from .problems import Problem, SpecError
 
     launches = [args.command] if args.command else []
     if args.file:
         try:
             launches += [words for _, words in parse_script(open(args.file).read()).commands]
         except (OSError, CommandError) as exc:
-            raise SpecError([Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))])
+            raise SpecError([Problem(args.file, "", str(exc), getattr(exc, "fix", "check the path"))]) from None
         if not launches:
-            raise SpecError([Problem(args.file, "", "no SGLang launch command in the script",
-                                               "lint a script that runs python3 -m sglang.launch_server ...")])
+            raise SpecError(
+                [
+                    Problem(
+                        args.file,
+                        "",
+                        "no SGLang launch command in the script",
+                        "lint a script that runs python3 -m sglang.launch_server ...",
+                    )
+                ]
+            )
     return launches
 
 
 def _lint_pasted_commands(args, engine) -> int:
-    from .findings import Finding, has_errors
-    from .problems import Problem, SpecError
     from .commandline import CommandError, parse_command
+    from .findings import Finding, has_errors
     from .lint import lint_pasted
+    from .problems import Problem, SpecError
 
     profile, launches = _pasted_profile(args), _pasted_launches(args)
     findings = []
@@ -231,7 +308,7 @@ def _lint_pasted_commands(args, engine) -> int:
         try:
             found = lint_pasted(words, profile, engine)
         except ValueError as exc:
-            raise SpecError([Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")])
+            raise SpecError([Problem("command", "", str(exc), "paste ENV=VAL ... COMMAND after --")]) from None
         if not args.offline and not has_errors(found):
             try:
                 found += _pasted_parser_findings(engine, parse_command(words).argv, profile)
@@ -245,8 +322,9 @@ def _lint_pasted_commands(args, engine) -> int:
 
 
 def _lint_recipes(args, engine) -> int:
-    from .findings import has_errors
     from . import catalogue
+    from .findings import has_errors
+
     targets = list(catalogue.catalogue()) if args.all or not args.recipe else [args.recipe]
     worst = 0
     everything: list[Finding] = []
@@ -267,6 +345,7 @@ def _lint_recipes(args, engine) -> int:
 
 def _read_script(name: str) -> str:
     from .problems import Problem, SpecError
+
     try:
         with open(name) as fh:
             return fh.read()
@@ -275,20 +354,30 @@ def _read_script(name: str) -> str:
 
 
 def cmd_import(args) -> int:
-    from .findings import Severity, has_errors
-    from .problems import Problem, SpecError
     from . import catalogue
     from .commandline import CommandError, parse_command
+    from .findings import Severity, has_errors
     from .importer import import_commands, import_script, to_yaml
+    from .problems import Problem, SpecError
 
     profiles = catalogue.hardware_profiles()
     if args.hardware not in profiles:
-        raise SpecError([Problem("command line", "--hardware", f"unknown hardware '{args.hardware}'",
-                                           f"one of {', '.join(profiles)}")])
+        raise SpecError(
+            [
+                Problem(
+                    "command line", "--hardware", f"unknown hardware '{args.hardware}'", f"one of {', '.join(profiles)}"
+                )
+            ]
+        )
     words = args.command
     if not words and not args.file:
-        raise SpecError([Problem("command line", "", "no command to import",
-                                           "paste it after --, or name a launch script with --file")])
+        raise SpecError(
+            [
+                Problem(
+                    "command line", "", "no command to import", "paste it after --, or name a launch script with --file"
+                )
+            ]
+        )
     arch = profiles[args.hardware].accelerator.arch
     engine = _engine_version(args.engine)
     args.id = _import_id(args.id, args.output)
@@ -297,11 +386,12 @@ def cmd_import(args) -> int:
             texts = [_read_script(name) for name in args.file] + ([shlex.join(words)] if words else [])
             result = import_script("\n".join(texts), args.hardware, args.id, engine, arch, detect=not args.offline)
         else:
-            result = import_commands([parse_command(words)], args.hardware, args.id, engine, arch,
-                                     detect=not args.offline)
+            result = import_commands(
+                [parse_command(words)], args.hardware, args.id, engine, arch, detect=not args.offline
+            )
     except CommandError as exc:
         source = ", ".join(args.file or ["command"])
-        raise SpecError([Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)])
+        raise SpecError([Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)]) from None
     text = to_yaml(result.data)
     for f in result.findings:
         print(f.line(), file=sys.stderr)
@@ -319,8 +409,10 @@ def cmd_import(args) -> int:
         if f.severity is Severity.error:
             print(f.line(), file=sys.stderr)
     if any(h for h in result.hosts):
-        print(f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
-              file=sys.stderr)
+        print(
+            f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
+            file=sys.stderr,
+        )
     if args.inventory_out:
         from .importer import inventory_text
 
@@ -339,15 +431,23 @@ def cmd_import(args) -> int:
 def _import_id(given: str | None, output: str | None) -> str | None:
     """-o FILE names the recipe: its id is the file's name (what the catalogue and `render FILE` require)."""
     from .problems import Problem, SpecError
+
     if not output:
         return given
     stem = Path(output).stem
     if not Path(output).name.endswith((".yaml", ".yml")):
-        raise SpecError([Problem("command line", "--output", f"{output} is not a .yaml file",
-                                           f"write to {stem}.yaml")])
+        raise SpecError([Problem("command line", "--output", f"{output} is not a .yaml file", f"write to {stem}.yaml")])
     if given and given != stem:
-        raise SpecError([Problem("command line", "--id", f"--id {given} differs from the file name {output}",
-                                           f"drop --id (the id is the file name), or write to {given}.yaml")])
+        raise SpecError(
+            [
+                Problem(
+                    "command line",
+                    "--id",
+                    f"--id {given} differs from the file name {output}",
+                    f"drop --id (the id is the file name), or write to {given}.yaml",
+                )
+            ]
+        )
     return stem
 
 
@@ -357,7 +457,9 @@ def cmd_schema(args) -> int:
     if args.host_data:
         from .hostdata import json_schema, markdown_table
 
-        print(markdown_table() if args.markdown else json.dumps(json_schema(), indent=2), end="\n" * (not args.markdown))
+        print(
+            markdown_table() if args.markdown else json.dumps(json_schema(), indent=2), end="\n" * (not args.markdown)
+        )
         return 0
     schema = (HardwareProfile if args.hardware else Recipe).model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
@@ -369,8 +471,9 @@ def cmd_schema(args) -> int:
 
 
 def _recipe_files(args) -> list[Path]:
-    from .problems import Problem, SpecError
     from . import catalogue
+    from .problems import Problem, SpecError
+
     if args.all:
         return [catalogue.recipe_file(i) for i in sorted(catalogue.catalogue())]
     if not args.recipe:
@@ -380,9 +483,8 @@ def _recipe_files(args) -> list[Path]:
 
 def cmd_lock(args) -> int:
     """Resolve each recipe's runtime (docker tag -> digest; uv pins -> hashes) and write <recipe>.lock.json."""
+    from . import catalogue, imagelock
     from .problems import Problem, SpecError
-    from . import catalogue
-    from . import imagelock
     from .spec import DockerRuntime, UvRuntime
 
     mirror, ca_file, index = args.registry, args.registry_ca, args.index
@@ -405,13 +507,23 @@ def cmd_lock(args) -> int:
             what = f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})"
         elif isinstance(raw.runtime, UvRuntime):
             if not index:
-                raise SpecError([Problem(str(path), "runtime", "no package index to lock against",
-                                                   "give --index URL or an inventory with pip_index_url")])
+                raise SpecError(
+                    [
+                        Problem(
+                            str(path),
+                            "runtime",
+                            "no package index to lock against",
+                            "give --index URL or an inventory with pip_index_url",
+                        )
+                    ]
+                )
             profiles = catalogue.hardware_profiles()
             arches = args.arch or sorted({profiles[h].cpu_arch for h in raw.hardware if h in profiles})
             data["uv"] = imagelock.resolve_uv(raw, index, arches)
-            what = ", ".join(f"{len(locked)} distributions for {arch}" for arch, locked in
-                             data["uv"]["platforms"].items()) + f", with their sha256 in {index}"
+            what = (
+                ", ".join(f"{len(locked)} distributions for {arch}" for arch, locked in data["uv"]["platforms"].items())
+                + f", with their sha256 in {index}"
+            )
         else:
             continue
         if imagelock.read(lock_path) != data:
@@ -425,8 +537,7 @@ def cmd_lock(args) -> int:
 def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
     """--site FILE: the digests the site's registry holds for the docker recipes' images (host data
     docker_image_lock), each replacing the digest its recipe pins (recipe or lock file)."""
-    from . import catalogue
-    from . import imagelock
+    from . import catalogue, imagelock
     from .spec import DockerRuntime
 
     data: dict = {"docker": {}}
@@ -435,9 +546,11 @@ def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
         if not isinstance(recipe.runtime, DockerRuntime) or recipe.runtime.image in data["docker"]:
             continue
         entry = data["docker"][recipe.runtime.image] = imagelock.resolve_site(recipe, mirror, ca_file)
-        print(f"{recipe.id}: {recipe.runtime.image} -> {entry['digest']}"
-              + (f" (in place of {entry['replaces']})" if entry["replaces"] else "")
-              + (f" from {entry['repository']}" if entry["repository"] else ""))
+        print(
+            f"{recipe.id}: {recipe.runtime.image} -> {entry['digest']}"
+            + (f" (in place of {entry['replaces']})" if entry["replaces"] else "")
+            + (f" from {entry['repository']}" if entry["repository"] else "")
+        )
     imagelock.write(Path(args.site), data)
     print(f"site lock: {len(data['docker'])} image(s) -> {args.site}")
     return 0
@@ -453,8 +566,10 @@ def cmd_init(args) -> int:
     print(f"wrote {len(written)} files into {args.directory}:")
     for path in written:
         print(f"  {path}")
-    print(f"next: cd {args.directory}; edit inventory.py and group_data/all.py; ironserve render --list; "
-          "pyinfra inventory.py deploys/MODEL.py --dry")
+    print(
+        f"next: cd {args.directory}; edit inventory.py and group_data/all.py; ironserve render --list; "
+        "pyinfra inventory.py deploys/MODEL.py --dry"
+    )
     return 0
 
 
@@ -477,25 +592,35 @@ class _Version(argparse.Action):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; `command` (the subcommand about to run) is the one optional module imported."""
-    parser = argparse.ArgumentParser(prog="ironserve", description=__doc__.splitlines()[0], allow_abbrev=False,
-                                     epilog="exit codes: 0 ok, 1 findings (lint errors, drift), 2 bad input or an "
-                                     "unreachable host, 130 interrupted")
+    parser = argparse.ArgumentParser(
+        prog="ironserve",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
+        epilog="exit codes: 0 ok, 1 findings (lint errors, drift), 2 bad input or an unreachable host, 130 interrupted",
+    )
     parser.add_argument("--version", action=_Version, nargs=0, help="show program's version number and exit")
-    parser.add_argument("--recipes", action="append", default=[], metavar="DIR",
-                        help="a site directory of recipes / hardware.yaml / defaults.yaml layered over the catalogue "
-                        "(repeatable; also IRONSERVE_RECIPES and the project's recipes/)")
+    parser.add_argument(
+        "--recipes",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a site directory of recipes / hardware.yaml / defaults.yaml layered over the catalogue "
+        "(repeatable; also IRONSERVE_RECIPES and the project's recipes/)",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     _add_recipe_parsers(sub)
     _add_catalogue_parsers(sub)
 
-    p = sub.add_parser("init", help="write a project to start from: inventory, group_data, deploys, recipes/",
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "init", help="write a project to start from: inventory, group_data, deploys, recipes/", allow_abbrev=False
+    )
     p.add_argument("directory")
     p.set_defaults(func=cmd_init)
 
-    sub.add_parser("pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY",
-                   add_help=False)
+    sub.add_parser(
+        "pyinfra", help="run the pyinfra installed beside ironserve: ironserve pyinfra INVENTORY DEPLOY", add_help=False
+    )
 
     _add_optional(sub, command)
     return parser
@@ -506,8 +631,13 @@ def _add_recipe_parsers(sub) -> None:
     p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
     p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
     p.add_argument("--inventory", help="pyinfra inventory file: hosts, addresses, ranks")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="host data for every host of "
-                   "--inventory, as pyinfra's --data")
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="host data for every host of --inventory, as pyinfra's --data",
+    )
     p.add_argument("--format", choices=["json", "shell", "systemd"], default="json")
     p.add_argument("--list", action="store_true", help="list the catalogue")
     p.set_defaults(func=cmd_render)
@@ -520,8 +650,13 @@ def _add_recipe_parsers(sub) -> None:
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
     p.add_argument("--inventory", help="pyinfra inventory: validate its host data and render for its hosts")
-    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE", help="host data for every host of "
-                   "--inventory, as pyinfra's --data")
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="host data for every host of --inventory, as pyinfra's --data",
+    )
     p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")
@@ -531,8 +666,12 @@ def _add_recipe_parsers(sub) -> None:
     p.add_argument("--hardware", required=True)
     p.add_argument("--id", help="recipe id (default: the -o file's name, else derived)")
     p.add_argument("--engine", help="sglang==VERSION (default: the newest cached parser that accepts the command)")
-    p.add_argument("--file", action="append", help="a launch script: its engine commands and router become one "
-                   "recipe; repeat it for scripts of one deployment (prefill, decode, router)")
+    p.add_argument(
+        "--file",
+        action="append",
+        help="a launch script: its engine commands and router become one "
+        "recipe; repeat it for scripts of one deployment (prefill, decode, router)",
+    )
     p.add_argument("--offline", action="store_true", help="choose no engine by parsing (no parser run)")
     p.add_argument("--inventory-out", help="also write a pyinfra inventory with the hosts the commands name")
     p.add_argument("--output", "-o", help="write to this .yaml file instead of stdout (the recipe's id is its name)")
@@ -547,19 +686,31 @@ def _add_catalogue_parsers(sub) -> None:
     p.add_argument("--markdown", action="store_true", help="with --host-data: the table of docs/host-data.md")
     p.set_defaults(func=cmd_schema)
 
-    p = sub.add_parser("lock", help="pin each recipe's image digest / package hashes in <recipe>.lock.json",
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "lock", help="pin each recipe's image digest / package hashes in <recipe>.lock.json", allow_abbrev=False
+    )
     p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
     p.add_argument("--all", action="store_true", help="every recipe of the catalogue")
-    p.add_argument("--inventory", help="pyinfra inventory naming the registry (docker_registry_mirror, "
-                   "docker_registry_ca) and the package index (pip_index_url)")
+    p.add_argument(
+        "--inventory",
+        help="pyinfra inventory naming the registry (docker_registry_mirror, "
+        "docker_registry_ca) and the package index (pip_index_url)",
+    )
     p.add_argument("--registry", help="host[:port] to resolve Docker Hub names at (default: the inventory's)")
     p.add_argument("--registry-ca", help="CA file of that registry")
     p.add_argument("--index", help="PEP 503 index URL for uv runtimes (default: the inventory's pip_index_url)")
-    p.add_argument("--arch", action="append", choices=["x86_64", "aarch64"], help="machines to resolve a uv "
-                   "runtime for (repeatable; default: those of the recipe's hardware profiles)")
-    p.add_argument("--site", metavar="FILE", help="write a site lock instead: the digests the registry holds for "
-                   "the recipes' images, in place of theirs (host data docker_image_lock)")
+    p.add_argument(
+        "--arch",
+        action="append",
+        choices=["x86_64", "aarch64"],
+        help="machines to resolve a uv runtime for (repeatable; default: those of the recipe's hardware profiles)",
+    )
+    p.add_argument(
+        "--site",
+        metavar="FILE",
+        help="write a site lock instead: the digests the registry holds for "
+        "the recipes' images, in place of theirs (host data docker_image_lock)",
+    )
     p.set_defaults(func=cmd_lock)
 
 
@@ -607,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = build_parser(_subcommand(argv)).parse_args(argv)
     args.command = command
     from .problems import SpecError

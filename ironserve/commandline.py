@@ -35,10 +35,12 @@ ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
 SGLANG_BIN = re.compile(r"^(.*/)?sglang$")
 # a shell variable or a documentation placeholder in a value: $x, ${x}, ${x:-default}, <PREFILL_HOST_IP>
-SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}"  # ${x}, ${x:-default}: groups 1, 2
-                       r"|\$([A-Za-z_][A-Za-z0-9_]*)"  # $x: group 3
-                       r"|<([A-Za-z_][A-Za-z0-9_]*)>"  # <PLACEHOLDER> of a guide: group 4
-                       r"|\$\{([A-Za-z_][A-Za-z0-9_]*)\[(\d+|\$?[A-Za-z_][A-Za-z0-9_]*)\]\}")  # ${x[0]}, ${x[$i]}: 5, 6
+SHELL_VAR = re.compile(
+    r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}"  # ${x}, ${x:-default}: groups 1, 2
+    r"|\$([A-Za-z_][A-Za-z0-9_]*)"  # $x: group 3
+    r"|<([A-Za-z_][A-Za-z0-9_]*)>"  # <PLACEHOLDER> of a guide: group 4
+    r"|\$\{([A-Za-z_][A-Za-z0-9_]*)\[(\d+|\$?[A-Za-z_][A-Za-z0-9_]*)\]\}"
+)  # ${x[0]}, ${x[$i]}: 5, 6
 # NAME=(a b c): a bash array, whose elements launch lines name as ${NAME[0]}
 ARRAY_ASSIGNMENT = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=\((.*)\)$", re.S)
 
@@ -51,11 +53,16 @@ def var_name(m: re.Match) -> str:
 
 
 # Secrets in pasted commands (env names and values that are keys or tokens): never copied into a recipe
-SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
-                         r"(?:_|$)", re.I)
+SECRET_NAME = re.compile(
+    r"(?:^|_)(?:TOKEN|API_KEY|APIKEY|SECRET|SECRET_KEY|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)"
+    r"(?:_|$)",
+    re.I,
+)
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
-SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{16,}|gh[pousr]_[A-Za-z0-9]{30,}|"
-                          r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,})$")
+SECRET_VALUE = re.compile(
+    r"^(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{16,}|gh[pousr]_[A-Za-z0-9]{30,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abp]-[A-Za-z0-9-]{10,})$"
+)
 
 # launcher module -> (kind, launcher). kind: server (one engine), router (sglang-router alone),
 # router-server (sglang_router.launch_server: the router and --dp-size engines in one process)
@@ -78,11 +85,37 @@ WRAPPERS = {"nohup", "exec", "time", "command", "stdbuf", "nice", "ionice", "set
 _WRAPPER_VALUE_OPTS = {
     "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "--user", "--group"},
     "env": {"-u", "--unset", "-C", "--chdir", "-S", "--split-string"},
-    "numactl": {"-N", "-m", "-C", "-p", "-i", "--cpunodebind", "--membind", "--physcpubind", "--preferred",
-                "--interleave", "--cpubind"},
+    "numactl": {
+        "-N",
+        "-m",
+        "-C",
+        "-p",
+        "-i",
+        "--cpunodebind",
+        "--membind",
+        "--physcpubind",
+        "--preferred",
+        "--interleave",
+        "--cpubind",
+    },
     "taskset": set(),
-    "uv": {"--with", "--python", "-p", "--project", "--directory", "--env-file", "--index", "--extra", "--group",
-           "--with-requirements", "--default-index", "--extra-index-url", "--index-url", "-i", "--package"},
+    "uv": {
+        "--with",
+        "--python",
+        "-p",
+        "--project",
+        "--directory",
+        "--env-file",
+        "--index",
+        "--extra",
+        "--group",
+        "--with-requirements",
+        "--default-index",
+        "--extra-index-url",
+        "--index-url",
+        "-i",
+        "--package",
+    },
     "nice": {"-n", "--adjustment"},
     "ionice": {"-c", "-n", "--class", "--classdata"},
     "stdbuf": {"-i", "-o", "-e"},
@@ -92,17 +125,90 @@ _PYTHON_VALUE_OPTS = {"-X", "-W", "-c"}
 
 # docker run options that take a value (everything else starting with '-' is a switch)
 _DOCKER_VALUE_OPTS = {
-    "-e", "--env", "--env-file", "-v", "--volume", "--device", "--gpus", "--shm-size", "--ipc", "--network", "--net",
-    "--ulimit", "--name", "--entrypoint", "-p", "--publish", "--cpuset-cpus", "--cpuset-mems", "--runtime",
-    "--security-opt", "--cap-add", "--cap-drop", "-w", "--workdir", "-u", "--user", "--mount", "--restart",
-    "--pids-limit", "-m", "--memory", "-h", "--hostname", "-l", "--label", "--log-driver", "--log-opt",
-    "--group-add", "--add-host", "--dns", "--pid", "--uts", "--cgroupns", "--platform", "--pull", "--stop-signal",
-    "--stop-timeout", "--cpus", "--device-cgroup-rule", "--memory-swap", "--oom-score-adj", "--label-file",
-    "--annotation", "--tmpfs", "--volumes-from", "--link", "--cidfile", "--sysctl", "--storage-opt",
-    "--health-cmd", "--health-interval", "--userns", "--cgroup-parent", "--expose", "--mac-address", "--ip",
+    "-e",
+    "--env",
+    "--env-file",
+    "-v",
+    "--volume",
+    "--device",
+    "--gpus",
+    "--shm-size",
+    "--ipc",
+    "--network",
+    "--net",
+    "--ulimit",
+    "--name",
+    "--entrypoint",
+    "-p",
+    "--publish",
+    "--cpuset-cpus",
+    "--cpuset-mems",
+    "--runtime",
+    "--security-opt",
+    "--cap-add",
+    "--cap-drop",
+    "-w",
+    "--workdir",
+    "-u",
+    "--user",
+    "--mount",
+    "--restart",
+    "--pids-limit",
+    "-m",
+    "--memory",
+    "-h",
+    "--hostname",
+    "-l",
+    "--label",
+    "--log-driver",
+    "--log-opt",
+    "--group-add",
+    "--add-host",
+    "--dns",
+    "--pid",
+    "--uts",
+    "--cgroupns",
+    "--platform",
+    "--pull",
+    "--stop-signal",
+    "--stop-timeout",
+    "--cpus",
+    "--device-cgroup-rule",
+    "--memory-swap",
+    "--oom-score-adj",
+    "--label-file",
+    "--annotation",
+    "--tmpfs",
+    "--volumes-from",
+    "--link",
+    "--cidfile",
+    "--sysctl",
+    "--storage-opt",
+    "--health-cmd",
+    "--health-interval",
+    "--userns",
+    "--cgroup-parent",
+    "--expose",
+    "--mac-address",
+    "--ip",
 }
-_DOCKER_SWITCHES = {"-d", "--detach", "-i", "--interactive", "-t", "--tty", "--rm", "--privileged", "--init",
-                    "-P", "--publish-all", "--read-only", "--no-healthcheck", "--oom-kill-disable", "--sig-proxy"}
+_DOCKER_SWITCHES = {
+    "-d",
+    "--detach",
+    "-i",
+    "--interactive",
+    "-t",
+    "--tty",
+    "--rm",
+    "--privileged",
+    "--init",
+    "-P",
+    "--publish-all",
+    "--read-only",
+    "--no-healthcheck",
+    "--oom-kill-disable",
+    "--sig-proxy",
+}
 # what ends the command proper: pipes, lists, redirections, backgrounding
 _SHELL_END = {"|", "||", "&&", ";", "&", "|&"}
 _REDIRECT = re.compile(r"^(\d*|&)>>?(&\d+)?.*$|^<<?$")
@@ -153,8 +259,11 @@ class Command:
     def argv(self) -> list[str]:
         """The engine's argv as a service runs it: interpreter, launcher, flags."""
         if self.launcher == "serve":
-            return [*self.interpreter, "serve", *self.flags] if self.interpreter[-1:] != ["serve"] else \
-                [*self.interpreter, *self.flags]
+            return (
+                [*self.interpreter, "serve", *self.flags]
+                if self.interpreter[-1:] != ["serve"]
+                else [*self.interpreter, *self.flags]
+            )
         return [*self.interpreter, "-m", self.module, *self.flags]
 
 
@@ -192,13 +301,16 @@ def parse_command(words: list[str]) -> Command:
             i += 1
             continue
         if word == "export":
-            raise CommandError("'export' in a pasted command", "pass variables as NAME=VALUE before the command, "
-                               "or import a script with --file (export lines are read there)")
+            raise CommandError(
+                "'export' in a pasted command",
+                "pass variables as NAME=VALUE before the command, "
+                "or import a script with --file (export lines are read there)",
+            )
         base = word.rsplit("/", 1)[-1]
         j = _wrapper_end(words, i, base)
         if j is not None:
             if base == "env":
-                env_unset += _env_unsets(words[i + 1:j])
+                env_unset += _env_unsets(words[i + 1 : j])
             wrappers.append(shlex.join(words[i:j]))
             i = j
             continue
@@ -206,8 +318,9 @@ def parse_command(words: list[str]) -> Command:
             wrappers.append(word)
             i += 1
             continue
-        if base in ("docker", "podman", "nerdctl") and (words[i + 1:i + 2] == ["run"]
-                                                        or words[i + 1:i + 3] == ["container", "run"]):
+        if base in ("docker", "podman", "nerdctl") and (
+            words[i + 1 : i + 2] == ["run"] or words[i + 1 : i + 3] == ["container", "run"]
+        ):
             if docker is not None:
                 raise CommandError("two 'docker run' in one command", "paste one launch per command")
             start = i + (2 if words[i + 1] == "run" else 3)
@@ -224,9 +337,11 @@ def parse_command(words: list[str]) -> Command:
         break
     rest = words[i:]
     if not rest:
-        raise CommandError("no command found after the environment and wrappers",
-                           "paste 'python3 -m sglang.launch_server --model-path ...' (or sglang serve, "
-                           "python3 -m sglang_router.launch_router ...)")
+        raise CommandError(
+            "no command found after the environment and wrappers",
+            "paste 'python3 -m sglang.launch_server --model-path ...' (or sglang serve, "
+            "python3 -m sglang_router.launch_router ...)",
+        )
     interpreter, module, flags = _launcher(rest)
     kind, launcher = _launch_kind(module, rest)
     return Command(env, wrappers, docker, interpreter, module, kind, launcher, flags, tail, env_unset)
@@ -241,13 +356,17 @@ def _launch_kind(module: str, rest: list[str]) -> tuple[str, str]:
     if module in OTHER_SGLANG:
         raise CommandError(f"'{module}' is not a server launch ironserve imports", f"use {OTHER_SGLANG[module]}")
     if module.startswith(("sglang.", "sglang_router.")) or module in ("sglang", "sglang_router"):
-        raise CommandError(f"no SGLang release has a launcher '{module}'",
-                           "use python3 -m sglang.launch_server (or sglang serve, "
-                           "python3 -m sglang_router.launch_router / launch_server)")
-    raise CommandError(f"'{shlex.join(rest[:3])}' is not an SGLang server command",
-                       "paste 'python3 -m sglang.launch_server ...', 'sglang serve ...' or "
-                       "'python3 -m sglang_router.launch_router ...' (docker run, nohup, numactl, taskset, env "
-                       "and uv run in front are understood)")
+        raise CommandError(
+            f"no SGLang release has a launcher '{module}'",
+            "use python3 -m sglang.launch_server (or sglang serve, "
+            "python3 -m sglang_router.launch_router / launch_server)",
+        )
+    raise CommandError(
+        f"'{shlex.join(rest[:3])}' is not an SGLang server command",
+        "paste 'python3 -m sglang.launch_server ...', 'sglang serve ...' or "
+        "'python3 -m sglang_router.launch_router ...' (docker run, nohup, numactl, taskset, env "
+        "and uv run in front are understood)",
+    )
 
 
 def _wrapper_end(words: list[str], i: int, base: str) -> int | None:
@@ -257,7 +376,7 @@ def _wrapper_end(words: list[str], i: int, base: str) -> int | None:
         return j + 1 if base == "chrt" and j < len(words) and words[j].isdigit() else j
     if base == "taskset":
         return _skip_options(words, i + 1, set()) + 1  # the mask or cpu list
-    if base == "uv" and words[i + 1:i + 2] == ["run"]:
+    if base == "uv" and words[i + 1 : i + 2] == ["run"]:
         return _skip_options(words, i + 2, _WRAPPER_VALUE_OPTS["uv"])
     return None
 
@@ -282,14 +401,14 @@ def _launcher(rest: list[str]) -> tuple[list[str], str, list[str]]:
         j = 1
         while j < len(rest) and rest[j].startswith("-") and rest[j] != "-m":
             j += 2 if rest[j] in _PYTHON_VALUE_OPTS else 1
-        if rest[j:j + 1] == ["-m"] and j + 1 < len(rest):
+        if rest[j : j + 1] == ["-m"] and j + 1 < len(rest):
             module = rest[j + 1]
-            if module in ("sglang", "sglang.cli.main") and rest[j + 2:j + 3] == ["serve"]:
-                return rest[:j] + ["-m", module], "sglang serve", rest[j + 3:]
-            return rest[:j], module, rest[j + 2:]
+            if module in ("sglang", "sglang.cli.main") and rest[j + 2 : j + 3] == ["serve"]:
+                return rest[:j] + ["-m", module], "sglang serve", rest[j + 3 :]
+            return rest[:j], module, rest[j + 2 :]
         script = rest[j] if j < len(rest) else ""
         module = script[:-3].replace("/", ".").lstrip(".") if script.endswith(".py") else script
-        return rest[:j], module, rest[j + 1:]
+        return rest[:j], module, rest[j + 1 :]
     if SGLANG_BIN.match(first) and rest[1:2] == ["serve"]:
         return ["sglang"], "sglang serve", rest[2:]
     return [], first, rest[1:]
@@ -317,8 +436,10 @@ def _parse_docker(words: list[str], i: int) -> tuple[DockerOptions, int]:
             i += 1
             continue
         if name not in _DOCKER_VALUE_OPTS:
-            raise CommandError(f"docker run option {name} is not known to ironserve",
-                               "remove it, or write it as --option=value so it is kept as written")
+            raise CommandError(
+                f"docker run option {name} is not known to ironserve",
+                "remove it, or write it as --option=value so it is kept as written",
+            )
         if eq:
             value = inline
             i += 1

@@ -53,20 +53,57 @@ BUILD_TIMEOUT_S = 1800
 # Packages whose import sglang.srt.server_args needs (found by importing it, 0.5.9 .. 0.5.23). Installed
 # in one go to save resolver rounds; anything a version additionally needs is discovered at build time.
 _BASE_IMPORTS = [
-    "numpy", "tqdm", "pybase64", "requests", "IPython", "pydantic", "aiohttp", "safetensors",
-    "orjson", "triton", "zmq", "packaging", "PIL", "starlette", "openai", "partial_json_parser",
-    "huggingface_hub", "transformers", "dill", "sentencepiece", "psutil", "yaml", "msgspec",
+    "numpy",
+    "tqdm",
+    "pybase64",
+    "requests",
+    "IPython",
+    "pydantic",
+    "aiohttp",
+    "safetensors",
+    "orjson",
+    "triton",
+    "zmq",
+    "packaging",
+    "PIL",
+    "starlette",
+    "openai",
+    "partial_json_parser",
+    "huggingface_hub",
+    "transformers",
+    "dill",
+    "sentencepiece",
+    "psutil",
+    "yaml",
+    "msgspec",
 ]
 # import name -> distribution name where they differ
 _DIST_OF = {
-    "zmq": "pyzmq", "PIL": "pillow", "yaml": "pyyaml", "IPython": "ipython", "google": "protobuf",
-    "sklearn": "scikit-learn", "cv2": "opencv-python-headless", "dateutil": "python-dateutil",
-    "multipart": "python-multipart", "jwt": "pyjwt", "sentencepiece": "sentencepiece",
-    "setproctitle": "setproctitle", "huggingface_hub": "huggingface-hub", "attr": "attrs",
-    "grpc": "grpcio", "grpc_reflection": "grpcio-reflection", "grpc_health": "grpcio-health-checking",
-    "decord": "decord2", "openai_harmony": "openai-harmony", "compressed_tensors": "compressed-tensors",
-    "prometheus_client": "prometheus-client", "smg_grpc_proto": "smg-grpc-proto",
-    "mistral_common": "mistral-common", "xxhash": "xxhash", "zstandard": "zstandard",
+    "zmq": "pyzmq",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "IPython": "ipython",
+    "google": "protobuf",
+    "sklearn": "scikit-learn",
+    "cv2": "opencv-python-headless",
+    "dateutil": "python-dateutil",
+    "multipart": "python-multipart",
+    "jwt": "pyjwt",
+    "sentencepiece": "sentencepiece",
+    "setproctitle": "setproctitle",
+    "huggingface_hub": "huggingface-hub",
+    "attr": "attrs",
+    "grpc": "grpcio",
+    "grpc_reflection": "grpcio-reflection",
+    "grpc_health": "grpcio-health-checking",
+    "decord": "decord2",
+    "openai_harmony": "openai-harmony",
+    "compressed_tensors": "compressed-tensors",
+    "prometheus_client": "prometheus-client",
+    "smg_grpc_proto": "smg-grpc-proto",
+    "mistral_common": "mistral-common",
+    "xxhash": "xxhash",
+    "zstandard": "zstandard",
 }
 # Never installed into a parser venv: CUDA-only, GPU kernels or torch itself. If a version's
 # server_args import chain needs one of them, the build fails loudly (a shim would be needed).
@@ -122,7 +159,7 @@ def normalize_version(version: str, package: str = "sglang") -> str:
     v = str(version).strip()
     for prefix in (f"{package}==", f"{package.replace('-', '_')}==", "=="):
         if v.startswith(prefix):
-            v = v[len(prefix):]
+            v = v[len(prefix) :]
     v = v.lstrip("vV")
     if not _RELEASE.match(v):
         era = release_for_era(v) if package == "sglang" else None
@@ -317,8 +354,14 @@ def _build_sglang(tmp: Path, version: str) -> dict:
     try:
         _pip(tmp, "-c", str(constraints), *base, what="installing parser deps", find_links=wheels)
     except ParserEnvError:  # a pin of this sglang does not resolve with torch 2.13: take latest
-        _pip(tmp, "-c", str(constraints), *[_DIST_OF.get(m, m) for m in _BASE_IMPORTS],
-             what="installing parser deps (unpinned)", find_links=wheels)
+        _pip(
+            tmp,
+            "-c",
+            str(constraints),
+            *[_DIST_OF.get(m, m) for m in _BASE_IMPORTS],
+            what="installing parser deps (unpinned)",
+            find_links=wheels,
+        )
     _write_shim(tmp)
     discovered = []
     for _ in range(40):
@@ -335,14 +378,27 @@ def _build_sglang(tmp: Path, version: str) -> dict:
                 f"cannot (or must not) install; a shim would be needed:\n{answer.get('error')}"
             )
         discovered.append(module)
-        _pip(tmp, "-c", str(constraints), _requirement(module, pins),
-             what=f"installing {dist} (imported by sglang {version})", find_links=wheels)
+        _pip(
+            tmp,
+            "-c",
+            str(constraints),
+            _requirement(module, pins),
+            what=f"installing {dist} (imported by sglang {version})",
+            find_links=wheels,
+        )
     else:
         raise ParserEnvError(f"sglang {version}: import chain did not settle after 40 installs")
     _check_no_cuda(tmp)
     (tmp / "flags.json").write_text(json.dumps(answer["flags"], indent=0, sort_keys=True))
-    return {"package": "sglang", "version": version, "torch": TORCH_PIN, "import_s": answer["import_s"],
-            "discovered_imports": discovered, "shims": ["torchvision"], "freeze": _freeze(tmp)}
+    return {
+        "package": "sglang",
+        "version": version,
+        "torch": TORCH_PIN,
+        "import_s": answer["import_s"],
+        "discovered_imports": discovered,
+        "shims": ["torchvision"],
+        "freeze": _freeze(tmp),
+    }
 
 
 def _build_router(tmp: Path, version: str) -> dict:
@@ -354,8 +410,13 @@ def _build_router(tmp: Path, version: str) -> dict:
         raise ParserEnvError(f"sglang-router {version}: import failed:\n{answer.get('error')}")
     _check_no_cuda(tmp)
     (tmp / "flags.json").write_text(json.dumps(answer["flags"], indent=0, sort_keys=True))
-    return {"package": "sglang-router", "version": version, "import_s": answer["import_s"],
-            "shims": [], "freeze": _freeze(tmp)}
+    return {
+        "package": "sglang-router",
+        "version": version,
+        "import_s": answer["import_s"],
+        "shims": [],
+        "freeze": _freeze(tmp),
+    }
 
 
 def _freeze(path: Path) -> list[str]:
@@ -377,20 +438,23 @@ def _check_no_cuda(path: Path) -> None:
 
 def _probe_raw(path: Path, request: dict, timeout: int = PROBE_TIMEOUT_S) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update({
-        "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false", "SGLANG_IS_IN_CI": "false",
-    })
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": "",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "SGLANG_IS_IN_CI": "false",
+        }
+    )
     cmd = [str(_python(path)), "-I", "-W", "ignore", str(PROBE)]
     try:
-        proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as err:
         raise ParserEnvError(f"parser probe in {path} timed out after {timeout}s") from err
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        raise ParserEnvError(f"parser probe in {path} gave no answer (rc={proc.returncode}):\n"
-                             f"{proc.stderr[-3000:]}")
+        raise ParserEnvError(f"parser probe in {path} gave no answer (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 
@@ -432,7 +496,7 @@ def _router_flags(argv: list[str] | str) -> list[str]:
         if arg.startswith("--"):
             keep = arg.startswith("--router-")
             if keep:
-                arg = "--" + arg[len("--router-"):]
+                arg = "--" + arg[len("--router-") :]
         if keep:
             out.append(arg)
     return out
@@ -447,8 +511,9 @@ def _router_prefixed(f: Finding) -> Finding:
 
 def cached_versions() -> list[str]:
     """SGLang versions with a built parser venv, newest first."""
-    versions = [p.name for p in parsers_dir().glob("*") if not p.name.startswith((".", "router-"))
-                and _manifest(p).is_file()]
+    versions = [
+        p.name for p in parsers_dir().glob("*") if not p.name.startswith((".", "router-")) and _manifest(p).is_file()
+    ]
     return sorted(versions, key=_vkey, reverse=True)
 
 
@@ -456,12 +521,14 @@ def _to_finding(d: dict, version: str, package: str) -> Finding:
     msg = d["message"]
     if d["rule"].startswith("engine-") and d["rule"] != "engine-post-init-skipped":
         msg = f"{msg} [{package} {version}]"
-    return Finding(rule=d["rule"], severity=Severity(d["severity"]), message=msg, fix=d.get("fix", ""),
-                   where=d.get("where", ""))
+    return Finding(
+        rule=d["rule"], severity=Severity(d["severity"]), message=msg, fix=d.get("fix", ""), where=d.get("where", "")
+    )
 
 
-def check_many(version: str, argvs: list, *, router_version: str | None = None,
-               post_init: bool = False) -> list[list[Finding]]:
+def check_many(
+    version: str, argvs: list, *, router_version: str | None = None, post_init: bool = False
+) -> list[list[Finding]]:
     """Check many full engine commands in one subprocess per parser venv; one findings list per argv.
 
     Server commands (``python3 -m sglang.launch_server ...``, ``sglang serve ...``) are parsed by
@@ -476,9 +543,16 @@ def check_many(version: str, argvs: list, *, router_version: str | None = None,
         try:
             kind, launcher, flags = split_launcher(argv)
         except (ValueError, IndexError) as err:
-            results[n].append(Finding("engine-unknown-launcher", Severity.error, str(err),
-                                      getattr(err, "fix", "") or "use python3 -m sglang.launch_server, sglang serve "
-                                      "or python3 -m sglang_router.launch_router", ""))
+            results[n].append(
+                Finding(
+                    "engine-unknown-launcher",
+                    Severity.error,
+                    str(err),
+                    getattr(err, "fix", "")
+                    or "use python3 -m sglang.launch_server, sglang serve or python3 -m sglang_router.launch_router",
+                    "",
+                )
+            )
             continue
         groups[kind].append((n, launcher, flags))
         if launcher == "router_launch_server":  # its --router-X flags are launch_router's --X: that parser checks them
@@ -492,12 +566,18 @@ def check_many(version: str, argvs: list, *, router_version: str | None = None,
         package = "sglang-router" if kind == "router" else "sglang"
         path = parser_env(v, router=(kind == "router"))
         v = path.name.removeprefix("router-")
-        answer = _probe_raw(path, {"kind": kind, "argvs": [f for _, _, f in items],
-                                   "launchers": [launcher for _, launcher, _ in items],
-                                   "post_init": post_init})
+        answer = _probe_raw(
+            path,
+            {
+                "kind": kind,
+                "argvs": [f for _, _, f in items],
+                "launchers": [launcher for _, launcher, _ in items],
+                "post_init": post_init,
+            },
+        )
         if not answer.get("ok"):
             raise ParserEnvError(f"{package} {v} parser probe failed:\n{answer.get('error')}")
-        for (n, launcher, _), res in zip(items, answer["results"]):
+        for (n, _launcher, _), res in zip(items, answer["results"]):
             found = [_enrich(_to_finding(d, v, package), v, kind) for d in res["findings"]]
             if kind == "router" and split_launcher(argvs[n])[1] == "router_launch_server":
                 found = [_router_prefixed(f) for f in found]
@@ -521,12 +601,15 @@ def check_router_argv(version: str, argv) -> list[Finding]:
 def _enrich(f: Finding, version: str, kind: str) -> Finding:
     """Unknown flag / ambiguous abbreviation: say which other cached versions accept the spelling and
     what a deprecation note names as its replacement (no builds are triggered for this)."""
-    if kind != "server" or not f.where or not (
-        f.rule == "engine-unknown-flag" or (f.rule == "engine-abbreviated-flag" and f.severity is Severity.error)
+    if (
+        kind != "server"
+        or not f.where
+        or not (
+            f.rule == "engine-unknown-flag" or (f.rule == "engine-abbreviated-flag" and f.severity is Severity.error)
+        )
     ):
         return f
-    have = sorted((v for v, flags in _cached_flag_tables().items() if v != version and f.where in flags),
-                  key=_vkey)
+    have = sorted((v for v, flags in _cached_flag_tables().items() if v != version and f.where in flags), key=_vkey)
     if not have:
         return f
     message, fix = f.message, f.fix
@@ -545,9 +628,16 @@ def _enrich(f: Finding, version: str, kind: str) -> Finding:
 # Nightly/dev images of a month run code at or ahead of that release; its parser is the nearest
 # PyPI stand-in, not an exact one.
 RELEASE_AT_MONTH_END = {
-    "2026-01": "0.5.8", "2026-02": "0.5.9", "2026-03": "0.5.9", "2026-04": "0.5.10.post1",
-    "2026-05": "0.5.12.post1", "2026-06": "0.5.14", "2026-07": "0.5.16", "2026-08": "0.5.18",
-    "2026-09": "0.5.20", "2026-10": "0.5.23",
+    "2026-01": "0.5.8",
+    "2026-02": "0.5.9",
+    "2026-03": "0.5.9",
+    "2026-04": "0.5.10.post1",
+    "2026-05": "0.5.12.post1",
+    "2026-06": "0.5.14",
+    "2026-07": "0.5.16",
+    "2026-08": "0.5.18",
+    "2026-09": "0.5.20",
+    "2026-10": "0.5.23",
 }
 
 
@@ -581,8 +671,10 @@ def replacement_hint(flag: str, new_version: str | None = None) -> str | None:
     --cuda-graph-max-bs-decode"; 0.5.23 drops it. With ``new_version`` the replacement must exist there.
     """
     new = flag_table(new_version) if new_version else None
-    notes = [(table.get(flag) or {}).get("deprecated") or ""
-             for _, table in sorted(_cached_flag_tables().items(), key=lambda kv: _vkey(kv[0]), reverse=True)]
+    notes = [
+        (table.get(flag) or {}).get("deprecated") or ""
+        for _, table in sorted(_cached_flag_tables().items(), key=lambda kv: _vkey(kv[0]), reverse=True)
+    ]
     if flag in KNOWN_RENAMES:
         notes.append(KNOWN_RENAMES[flag])
     for note in notes:
@@ -600,11 +692,11 @@ KNOWN_RENAMES = {
     "--mamba-scheduler-strategy": "Deprecated alias for --mamba-radix-cache-strategy. (0.5.15-0.5.19)",
     "--enable-nsa-prefill-context-parallel": "[Deprecated] Use --enable-prefill-cp instead. (0.5.15-0.5.19)",
     "--nsa-prefill-cp-mode": "[Deprecated] Use --cp-strategy {zigzag,interleave} instead. 'in-seq-split' "
-                             "maps to 'zigzag'; 'round-robin-split' maps to 'interleave'. (0.5.15-0.5.19)",
+    "maps to 'zigzag'; 'round-robin-split' maps to 'interleave'. (0.5.15-0.5.19)",
     "--nsa-decode-backend": "[Deprecated] Use --dsa-decode-backend instead. (0.5.15-0.5.19)",
     "--nsa-prefill-backend": "[Deprecated] Use --dsa-prefill-backend instead. (0.5.15-0.5.19)",
     "--prefill-round-robin-balance": "Note: --prefill-round-robin-balance is deprecated now. (0.5.9-0.5.19; "
-                                     "no replacement)",
+    "no replacement)",
     "--hybrid-kvcache-ratio": "Please use --swa-full-tokens-ratio instead. (0.5.12)",
     "--stream-output": "[Deprecated] Use --incremental-streaming-output instead. (0.5.12)",
     "--piecewise-cuda-graph-max-tokens": "Deprecated alias for --cuda-graph-max-bs-prefill. (0.5.15)",
@@ -640,11 +732,24 @@ def known_flags(version: str, *, router: bool = False) -> set[str]:
 
 
 CHOICE_FLAGS = (
-    "--tool-call-parser", "--reasoning-parser", "--attention-backend", "--moe-runner-backend",
-    "--fp4-gemm-backend", "--fp8-gemm-backend", "--quantization", "--device", "--moe-a2a-backend",
-    "--deepep-mode", "--disaggregation-transfer-backend", "--load-balance-method",
-    "--speculative-algorithm", "--kv-cache-dtype", "--mamba-scheduler-strategy",
-    "--nsa-prefill-cp-mode", "--sampling-backend", "--speculative-draft-model-quantization",
+    "--tool-call-parser",
+    "--reasoning-parser",
+    "--attention-backend",
+    "--moe-runner-backend",
+    "--fp4-gemm-backend",
+    "--fp8-gemm-backend",
+    "--quantization",
+    "--device",
+    "--moe-a2a-backend",
+    "--deepep-mode",
+    "--disaggregation-transfer-backend",
+    "--load-balance-method",
+    "--speculative-algorithm",
+    "--kv-cache-dtype",
+    "--mamba-scheduler-strategy",
+    "--nsa-prefill-cp-mode",
+    "--sampling-backend",
+    "--speculative-draft-model-quantization",
 )
 
 
@@ -689,11 +794,20 @@ def flag_changes(old_version: str, new_version: str, *, router: bool = False) ->
         a, b = set(a or []), set(b)
         if a != b:
             choices[opt] = {"removed": sorted(a - b), "added": sorted(b - a)}
-    deprecated = {o: new[o]["deprecated"] for o in set(old) & set(new)
-                  if new[o].get("deprecated") and not old[o].get("deprecated")}
-    return {"old": normalize_version(old_version), "new": normalize_version(new_version),
-            "removed": removed, "replacement_basis": basis, "added": added_set, "choices": choices,
-            "now_deprecated": dict(sorted(deprecated.items()))}
+    deprecated = {
+        o: new[o]["deprecated"]
+        for o in set(old) & set(new)
+        if new[o].get("deprecated") and not old[o].get("deprecated")
+    }
+    return {
+        "old": normalize_version(old_version),
+        "new": normalize_version(new_version),
+        "removed": removed,
+        "replacement_basis": basis,
+        "added": added_set,
+        "choices": choices,
+        "now_deprecated": dict(sorted(deprecated.items())),
+    }
 
 
 def env_info(version: str, *, router: bool = False) -> dict:
@@ -702,8 +816,22 @@ def env_info(version: str, *, router: bool = False) -> dict:
 
 
 __all__ = [
-    "cached_versions", "DEFAULT_ROUTER_VERSION", "EngineNotAvailable", "ParserEnvError", "check_many",
-    "check_router_argv", "check_server_argv", "env_info", "flag_changes", "flag_table",
-    "KNOWN_RENAMES", "known_flags", "normalize_version", "parser_env", "release_for_era", "replacement_hint", "router_env",
+    "cached_versions",
+    "DEFAULT_ROUTER_VERSION",
+    "EngineNotAvailable",
+    "ParserEnvError",
+    "check_many",
+    "check_router_argv",
+    "check_server_argv",
+    "env_info",
+    "flag_changes",
+    "flag_table",
+    "KNOWN_RENAMES",
+    "known_flags",
+    "normalize_version",
+    "parser_env",
+    "release_for_era",
+    "replacement_hint",
+    "router_env",
     "split_launcher",
 ]

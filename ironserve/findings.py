@@ -11,7 +11,7 @@ from enum import Enum
 
 
 class Severity(str, Enum):
-    error = "error"      # crashes, corrupts output or cannot start
+    error = "error"  # crashes, corrupts output or cannot start
     warning = "warning"  # runs, but slower, fragile or unsafe
     info = "info"
 

@@ -13,8 +13,24 @@ from dataclasses import dataclass
 from .flags import canonical, split_flags
 
 # PyPI releases ironserve knows, oldest first: the 0.4 line's last, the 0.5 releases the field guides' months map to
-RELEASES = ("0.4.6.post5", "0.4.10.post2", "0.5.2", "0.5.3", "0.5.4", "0.5.5", "0.5.8", "0.5.9", "0.5.10.post1",
-            "0.5.12.post1", "0.5.14", "0.5.16", "0.5.18", "0.5.19", "0.5.20", "0.5.23")
+RELEASES = (
+    "0.4.6.post5",
+    "0.4.10.post2",
+    "0.5.2",
+    "0.5.3",
+    "0.5.4",
+    "0.5.5",
+    "0.5.8",
+    "0.5.9",
+    "0.5.10.post1",
+    "0.5.12.post1",
+    "0.5.14",
+    "0.5.16",
+    "0.5.18",
+    "0.5.19",
+    "0.5.20",
+    "0.5.23",
+)
 
 
 def _version(release: str):

@@ -28,8 +28,15 @@ CANONICAL = {
 
 # Spellings that are prefixes accepted only through argparse's allow_abbrev (not registered names); checked
 # with every SGLang parser 0.5.9 .. 0.5.23 (docs/engine-flags.md). --model and --ep are registered aliases.
-ABBREVIATIONS = {"--tp", "--dp", "--speculative-algo", "--moe-dense-tp", "--trust-remote", "--disable-overlap",
-                 "--disable-radix"}
+ABBREVIATIONS = {
+    "--tp",
+    "--dp",
+    "--speculative-algo",
+    "--moe-dense-tp",
+    "--trust-remote",
+    "--disable-overlap",
+    "--disable-radix",
+}
 # Prefixes several flags share: argparse refuses them, so the server does not start.
 AMBIGUOUS = {"--pp"}
 

@@ -29,20 +29,38 @@ def pyinfra_inventory(path: str | Path, data: dict | None = None):
 
     path = Path(path)
     if not path.is_file():
-        raise SpecError([Problem(str(path), "", "inventory file not found", "give the path of a pyinfra inventory .py")])
+        raise SpecError(
+            [Problem(str(path), "", "inventory file not found", "give the path of a pyinfra inventory .py")]
+        )
     try:
         with ctx_state.use(State()):  # pyinfra executes inventory files within a state, as its CLI does
             # absolute: pyinfra keeps the code of files it ran by the path it was given
             return make_inventory(str(path.resolve()), override_data=dict(data or {}), cwd=os.getcwd())
     except SystemExit as exc:  # sys.exit(0) in an inventory is not "no hosts, all fine"
-        raise SpecError([Problem(str(path), "", f"the inventory exited (sys.exit({exc.code!r})) while being read",
-                                 "an inventory defines host lists; make it run to the end")])
+        raise SpecError(
+            [
+                Problem(
+                    str(path),
+                    "",
+                    f"the inventory exited (sys.exit({exc.code!r})) while being read",
+                    "an inventory defines host lists; make it run to the end",
+                )
+            ]
+        ) from None
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # the inventory and its group data are user code: report, do not crash
         cause = getattr(exc, "exception", None) or exc.__cause__ or exc  # pyinfra wraps errors of exec'd files
-        raise SpecError([Problem(str(path), "", f"inventory raised {type(cause).__name__}: {str(cause)[:200]}",
-                                 "fix the inventory (or its group_data/)")])
+        raise SpecError(
+            [
+                Problem(
+                    str(path),
+                    "",
+                    f"inventory raised {type(cause).__name__}: {str(cause)[:200]}",
+                    "fix the inventory (or its group_data/)",
+                )
+            ]
+        ) from None
 
 
 @dataclass
@@ -66,7 +84,9 @@ def read_fleet(path: str | Path, data: dict | None = None) -> Fleet:
         groups = [g for g in host.groups if g != "all"]
         hosts.append(InventoryHost(host.name, merged, groups))
     if not hosts:
-        raise SpecError([Problem(str(path), "", "no hosts found", "define a list like: gpu_nodes = [('node0', {...})]")])
+        raise SpecError(
+            [Problem(str(path), "", "no hosts found", "define a list like: gpu_nodes = [('node0', {...})]")]
+        )
     validate_inventory_data([(h.name, h.data) for h in hosts], str(path))
     return Fleet(hosts, inventory)
 
@@ -78,6 +98,14 @@ def limit_hosts(hosts: list[InventoryHost], patterns: list[str] | None, where: s
     unmatched = [p for p in patterns if not any(p in h.groups or fnmatch(h.name, p) for h in hosts)]
     if unmatched:
         groups = sorted({g for h in hosts for g in h.groups})
-        raise SpecError([Problem(where, "--limit", f"no host or group matches {', '.join(unmatched)}",
-                                 f"name a host, a glob of names, or a group ({', '.join(groups)})")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    "--limit",
+                    f"no host or group matches {', '.join(unmatched)}",
+                    f"name a host, a glob of names, or a group ({', '.join(groups)})",
+                )
+            ]
+        )
     return [h for h in hosts if any(p in h.groups or fnmatch(h.name, p) for p in patterns)]

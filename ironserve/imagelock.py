@@ -39,8 +39,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .problems import Problem, SpecError
 from . import pins
+from .problems import Problem, SpecError
 from .registry import DOCKER_HUB, Registry, repository_path
 from .spec import DockerRuntime, Recipe, UvRuntime
 from .units import runtime_digest
@@ -58,7 +58,9 @@ def read(path: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise SpecError([Problem(str(path), "", f"unreadable lock file: {exc}", "run `ironserve lock` again")])
+        raise SpecError(
+            [Problem(str(path), "", f"unreadable lock file: {exc}", "run `ironserve lock` again")]
+        ) from None
     return data if isinstance(data, dict) else None
 
 
@@ -101,21 +103,44 @@ def apply_site(recipe: Recipe, site_lock: str | Path | None) -> Recipe:
         return recipe
     data = read(Path(site_lock).expanduser())
     if data is None:
-        raise SpecError([Problem(str(site_lock), "", "docker_image_lock names no file",
-                                 "run `ironserve lock --all --site FILE --inventory INVENTORY`, or unset it")])
+        raise SpecError(
+            [
+                Problem(
+                    str(site_lock),
+                    "",
+                    "docker_image_lock names no file",
+                    "run `ironserve lock --all --site FILE --inventory INVENTORY`, or unset it",
+                )
+            ]
+        )
     entry = (data.get("docker") or {}).get(runtime.image)
     if not isinstance(entry, dict):
         return recipe
     digest = entry.get("digest")
     if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-        raise SpecError([Problem(str(site_lock), f"docker.{runtime.image}.digest", f"not a digest: {digest!r}",
-                                 "run `ironserve lock --all --site FILE` again")])
+        raise SpecError(
+            [
+                Problem(
+                    str(site_lock),
+                    f"docker.{runtime.image}.digest",
+                    f"not a digest: {digest!r}",
+                    "run `ironserve lock --all --site FILE` again",
+                )
+            ]
+        )
     if entry.get("replaces") != runtime.digest:
-        raise SpecError([Problem(str(site_lock), f"docker.{runtime.image}.replaces",
-                                 f"the site's image replaces {entry.get('replaces') or 'the bare tag'}, but recipe "
-                                 f"{recipe.id} pins {runtime.digest or 'no digest'}: the site lock is stale",
-                                 "push the recipe's image to the site registry and run `ironserve lock --all --site "
-                                 "FILE --inventory INVENTORY` again")])
+        raise SpecError(
+            [
+                Problem(
+                    str(site_lock),
+                    f"docker.{runtime.image}.replaces",
+                    f"the site's image replaces {entry.get('replaces') or 'the bare tag'}, but recipe "
+                    f"{recipe.id} pins {runtime.digest or 'no digest'}: the site lock is stale",
+                    "push the recipe's image to the site registry and run `ironserve lock --all --site "
+                    "FILE --inventory INVENTORY` again",
+                )
+            ]
+        )
     update = {"digest": digest}
     repository = entry.get("repository")
     if repository:
@@ -125,9 +150,17 @@ def apply_site(recipe: Recipe, site_lock: str | Path | None) -> Recipe:
         sited = DockerRuntime.model_validate({**runtime.model_dump(), **update})
     except ValidationError as exc:
         fields = {"image": "repository"}  # the site lock's own field names
-        raise SpecError([Problem(str(site_lock), f"docker.{runtime.image}.{fields.get(e['loc'][-1], e['loc'][-1])}",
-                                 f"{e['msg']}: {e.get('input')!r}", "run `ironserve lock --all --site FILE` again")
-                         for e in exc.errors()]) from None
+        raise SpecError(
+            [
+                Problem(
+                    str(site_lock),
+                    f"docker.{runtime.image}.{fields.get(e['loc'][-1], e['loc'][-1])}",
+                    f"{e['msg']}: {e.get('input')!r}",
+                    "run `ironserve lock --all --site FILE` again",
+                )
+                for e in exc.errors()
+            ]
+        ) from None
     return recipe.model_copy(update={"runtime": sited})
 
 
@@ -151,8 +184,16 @@ def resolve_docker(recipe: Recipe, mirror: str | None, ca_file: str | None) -> d
         registry = mirror
     digest = Registry(registry, ca_file).digest(repo, tag)
     if not digest:
-        raise SpecError([Problem(recipe.id, "runtime.image", f"{runtime.image}: the registry {registry} has no "
-                                 f"tag {tag}", "push the image there, or fix the tag")])
+        raise SpecError(
+            [
+                Problem(
+                    recipe.id,
+                    "runtime.image",
+                    f"{runtime.image}: the registry {registry} has no tag {tag}",
+                    "push the image there, or fix the tag",
+                )
+            ]
+        )
     return {"image": runtime.image, "digest": digest, "registry": registry}
 
 
@@ -165,8 +206,16 @@ def resolve_site(recipe: Recipe, mirror: str | None, ca_file: str | None) -> dic
     where = mirror or registry
     digest = Registry(where, ca_file).digest(path, tag)
     if not digest:
-        raise SpecError([Problem(recipe.id, "runtime.image", f"{runtime.image}: the registry {where} has no "
-                                 f"{path}:{tag}", "push the site's image there, or fix the tag")])
+        raise SpecError(
+            [
+                Problem(
+                    recipe.id,
+                    "runtime.image",
+                    f"{runtime.image}: the registry {where} has no {path}:{tag}",
+                    "push the site's image there, or fix the tag",
+                )
+            ]
+        )
     repository = f"{mirror}/{path}" if mirror and registry != DOCKER_HUB else None
     return site_entry(digest, runtime.digest, repository)
 
@@ -205,14 +254,29 @@ def _compile_hashed(uv: str, runtime: UvRuntime, platform: str, idx: list[str], 
         env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
         proc = runner(cmd, capture_output=True, text=True, timeout=pins.TIMEOUT_S, env=env)
     if proc.returncode != 0:
-        raise SpecError([Problem(recipe_id, "runtime.packages", f"uv pip compile for {platform} failed: "
-                                 f"{' '.join(proc.stderr.split())[:600]}",
-                                 "make the pins resolve against the index (ironserve lint says why)")])
+        raise SpecError(
+            [
+                Problem(
+                    recipe_id,
+                    "runtime.packages",
+                    f"uv pip compile for {platform} failed: {' '.join(proc.stderr.split())[:600]}",
+                    "make the pins resolve against the index (ironserve lint says why)",
+                )
+            ]
+        )
     try:
         return parse_hashed_requirements(proc.stdout)
     except ValueError as exc:  # a direct URL or a file without a sha256 in the index: nothing to check it by
-        raise SpecError([Problem(recipe_id, "runtime.packages", f"{exc} (resolved for {platform})",
-                                 "serve every distribution from a PEP 503 index that publishes sha256 hashes")])
+        raise SpecError(
+            [
+                Problem(
+                    recipe_id,
+                    "runtime.packages",
+                    f"{exc} (resolved for {platform})",
+                    "serve every distribution from a PEP 503 index that publishes sha256 hashes",
+                )
+            ]
+        ) from None
 
 
 def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.run) -> dict:
@@ -220,14 +284,25 @@ def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.
     ``index``, for each machine of ``arches`` (x86_64, aarch64)."""
     runtime = recipe.runtime
     assert isinstance(runtime, UvRuntime)
-    problems = [Problem(recipe.id, f"runtime.packages[{i}]", f"{requirement!r} is not pinned", "write name==version")
-                for i, requirement in enumerate(runtime.packages) if not _PIN.fullmatch(requirement.strip())]
+    problems = [
+        Problem(recipe.id, f"runtime.packages[{i}]", f"{requirement!r} is not pinned", "write name==version")
+        for i, requirement in enumerate(runtime.packages)
+        if not _PIN.fullmatch(requirement.strip())
+    ]
     if problems:
         raise SpecError(problems)
     uv = pins.uv_binary()
     if not uv:
-        raise SpecError([Problem(recipe.id, "runtime", "no uv on this machine to resolve the pins",
-                                 "install uv (scripts/env.sh does)")])
+        raise SpecError(
+            [
+                Problem(
+                    recipe.id,
+                    "runtime",
+                    "no uv on this machine to resolve the pins",
+                    "install uv (scripts/env.sh does)",
+                )
+            ]
+        )
     idx = ["--index-url", index, *(["--prerelease", "allow"] if runtime.prerelease else [])]  # as the role installs
     platforms = {arch: _compile_hashed(uv, runtime, pins.PLATFORMS[arch], idx, recipe.id, runner) for arch in arches}
     return {"index": index, "runtime": runtime_digest(runtime), "platforms": platforms}
@@ -249,9 +324,20 @@ def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:
         return None, f"the lock file {path.name} records no resolution"
     for arch, locked in platforms.items():
         if not isinstance(locked, dict) or not all(
-                _PIN.fullmatch(req) and isinstance(hashes, list) and hashes
-                and all(isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes)
-                for req, hashes in locked.items()):
-            raise SpecError([Problem(str(path), f"uv.platforms.{arch}", "not a list of name==version with sha256 "
-                                     "hashes", "run `ironserve lock` again")])
+            _PIN.fullmatch(req)
+            and isinstance(hashes, list)
+            and hashes
+            and all(isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes)
+            for req, hashes in locked.items()
+        ):
+            raise SpecError(
+                [
+                    Problem(
+                        str(path),
+                        f"uv.platforms.{arch}",
+                        "not a list of name==version with sha256 hashes",
+                        "run `ironserve lock` again",
+                    )
+                ]
+            )
     return platforms, ""

@@ -17,9 +17,20 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .commandline import (SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, SHELL_VAR, Command, CommandError, DockerOptions,
-                          parse_command, parse_script, shell_vars, var_name)
 from . import flag_releases
+from .commandline import (
+    SECRET_FLAGS,
+    SECRET_NAME,
+    SECRET_VALUE,
+    SHELL_VAR,
+    Command,
+    CommandError,
+    DockerOptions,
+    parse_command,
+    parse_script,
+    shell_vars,
+    var_name,
+)
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
@@ -33,8 +44,13 @@ _SPECULATIVE = {
     "--speculative-draft-model-path": "draft_model_path",
     "--speculative-draft-model-quantization": "draft_model_quantization",
 }
-_TOPOLOGY_FLAGS = {"--dist-init-addr", "--nnodes", "--node-rank", "--disaggregation-mode",
-                   "--disaggregation-bootstrap-port"}
+_TOPOLOGY_FLAGS = {
+    "--dist-init-addr",
+    "--nnodes",
+    "--node-rank",
+    "--disaggregation-mode",
+    "--disaggregation-bootstrap-port",
+}
 # SGLang's and sglang-router's defaults, made explicit where ironserve always emits the value
 DEFAULT_BOOTSTRAP_PORT = 8998
 ROUTER_DEFAULTS = {"host": "127.0.0.1", "port": 30000, "policy": "cache_aware"}
@@ -43,9 +59,12 @@ API_KEY_FILE = "/etc/ironserve/{id}.api_key"
 # sglang resolves to; the container gets the NPU devices and the host's driver as SGLang's Ascend docs run it.
 ASCEND_IMAGE = "lmsysorg/sglang:main-cann{toolkit}-a3"
 ASCEND_DEVICES = ["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
-ASCEND_VOLUMES = ["/usr/local/sbin:/usr/local/sbin", "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
-                  "/usr/local/Ascend/firmware:/usr/local/Ascend/firmware",
-                  "/etc/ascend_install.info:/etc/ascend_install.info"]
+ASCEND_VOLUMES = [
+    "/usr/local/sbin:/usr/local/sbin",
+    "/usr/local/Ascend/driver:/usr/local/Ascend/driver",
+    "/usr/local/Ascend/firmware:/usr/local/Ascend/firmware",
+    "/etc/ascend_install.info:/etc/ascend_install.info",
+]
 # The image each hardware's seeds run, used when a command is imported without --engine or docker run.
 ERA_IMAGE = {"sm120": "lmsysorg/sglang:dev-cu13", "sm100": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"}
 DEFAULT_ENGINE = "0.5.23"  # newest PyPI release ironserve knows; used when no parser is cached to choose one
@@ -80,13 +99,25 @@ class _Values:
         if not names:
             return text
         if placeholder:
-            self.findings.append(_note("import-placeholder", f"{where} was {text!r}: rendered per host as "
-                                       f"{placeholder}", "", where, Severity.info))
+            self.findings.append(
+                _note(
+                    "import-placeholder",
+                    f"{where} was {text!r}: rendered per host as {placeholder}",
+                    "",
+                    where,
+                    Severity.info,
+                )
+            )
             return SHELL_VAR.sub(placeholder, text)
         out = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", text)
-        self.findings.append(_note("import-set-value", f"{where} is the shell variable {', '.join(names)} "
-                                   f"(no value in the command); imported as {out!r}",
-                                   f"set this value in the recipe ({where})", where))
+        self.findings.append(
+            _note(
+                "import-set-value",
+                f"{where} is the shell variable {', '.join(names)} (no value in the command); imported as {out!r}",
+                f"set this value in the recipe ({where})",
+                where,
+            )
+        )
         return out
 
 
@@ -122,8 +153,9 @@ def _secret_env(key: str, values: _Values, where: str) -> None:
         fix = "put the token in a 0600 file on the controller and set host data hf_token_file to it"
     else:
         fix = f"keep {key} in a 0600 file (never in a recipe): see docs on secrets"
-    values.findings.append(_note("import-secret", f"{where}: {key} holds a secret; it is not written into the "
-                                 "recipe", fix, f"env {key}"))
+    values.findings.append(
+        _note("import-secret", f"{where}: {key} holds a secret; it is not written into the recipe", fix, f"env {key}")
+    )
 
 
 # --------------------------------------------------------------------------- one engine command
@@ -226,16 +258,25 @@ def _flag_name(name: str, vals: list[str], where: str) -> str:
     if not name:
         raise CommandError(f"{' '.join(vals)!r} before any flag", "start with a flag (--model-path ...)", where)
     if "_" in name.split("=")[0]:
-        raise CommandError(f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
-                           f"write {name.replace('_', '-')} (check the name with --help)", where)
+        raise CommandError(
+            f"flag {name}: SGLang flags are written with dashes, no release accepts {name}",
+            f"write {name.replace('_', '-')} (check the name with --help)",
+            where,
+        )
     return canonical(name)
 
 
 def _secret_flag(flag: str, values: _Values) -> None:
     values.api_key = True
-    values.findings.append(_note("import-secret", f"{flag} on the command line: the key is not written into "
-                                 "the recipe", f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
-                                 "(0600) on each host: server.api_key_file points there", flag))
+    values.findings.append(
+        _note(
+            "import-secret",
+            f"{flag} on the command line: the key is not written into the recipe",
+            f"put the key in {API_KEY_FILE.format(id=values.recipe_id)} "
+            "(0600) on each host: server.api_key_file points there",
+            flag,
+        )
+    )
 
 
 def _topology_flag(out: _Server, flag: str, vals: list[str], where: str) -> None:
@@ -249,8 +290,11 @@ def _topology_flag(out: _Server, flag: str, vals: list[str], where: str) -> None
         out.dist_init = value
     elif flag == "--disaggregation-mode":
         if value not in ("prefill", "decode", "null"):  # a variable role: the recipe's groups need to know it
-            raise CommandError(f"--disaggregation-mode {value}: expected prefill or decode",
-                               "write --disaggregation-mode prefill (or decode): one command per role", where)
+            raise CommandError(
+                f"--disaggregation-mode {value}: expected prefill or decode",
+                "write --disaggregation-mode prefill (or decode): one command per role",
+                where,
+            )
         out.mode = value if value != "null" else None
     else:
         out.bootstrap_port = _int(flag, vals, where)
@@ -258,9 +302,16 @@ def _topology_flag(out: _Server, flag: str, vals: list[str], where: str) -> None
 
 def _node_address(out: _Server, address: str, values: _Values) -> None:
     out.address = address
-    values.findings.append(_note("import-placeholder", f"--host {address} is this node's address: rendered "
-                                 "per host as {node_address} (list the host in the inventory)", "", "--host",
-                                 Severity.info))
+    values.findings.append(
+        _note(
+            "import-placeholder",
+            f"--host {address} is this node's address: rendered "
+            "per host as {node_address} (list the host in the inventory)",
+            "",
+            "--host",
+            Severity.info,
+        )
+    )
     out.server["host"] = "{node_address}"
 
 
@@ -274,13 +325,17 @@ def _typed_value(server: dict, flag: str, vals: list[str], typed: tuple[str, Any
             server[field_name] = vals[0]
             return True
         if flag in DERIVED_FLAGS:  # sizes: they decide the devices per node, so the recipe needs the number
-            raise CommandError(f"{flag} {vals[0]}: the recipe needs the number (it decides how many accelerators "
-                               "each node drives)", f"write {flag} N, the value the shell variable holds", where)
+            raise CommandError(
+                f"{flag} {vals[0]}: the recipe needs the number (it decides how many accelerators each node drives)",
+                f"write {flag} N, the value the shell variable holds",
+                where,
+            )
         return False
     converted = _convert(annotation, vals)
     if converted is ValueError or (converted is not None and not _valid(field_name, converted)):
-        raise CommandError(f"{flag} {' '.join(vals)}: {_expected(field_name)}",
-                           f"write {flag} {_example(field_name)}", where)
+        raise CommandError(
+            f"{flag} {' '.join(vals)}: {_expected(field_name)}", f"write {flag} {_example(field_name)}", where
+        )
     if converted is None:
         return False
     server[field_name] = converted
@@ -289,8 +344,14 @@ def _typed_value(server: dict, flag: str, vals: list[str], typed: tuple[str, Any
 
 def _is_node_address(value: str) -> bool:
     """A literal address of one machine (not a wildcard or loopback), which only fits one host of an inventory."""
-    return bool(value) and not SHELL_VAR.search(value) and not binds_every_address(value) and value != "localhost" and \
-        not value.startswith("127.") and value != "::1"
+    return (
+        bool(value)
+        and not SHELL_VAR.search(value)
+        and not binds_every_address(value)
+        and value != "localhost"
+        and not value.startswith("127.")
+        and value != "::1"
+    )
 
 
 def _valid(field_name: str, value) -> bool:
@@ -308,8 +369,9 @@ def _expected(field_name: str) -> str:
     if "float" in kind:
         return "expected a fraction between 0 and 1" if "Gt" in bounds else "expected a number"
     if "int" in kind:
-        return "expected a whole number" + (" between 1 and 65535" if field_name == "port" else
-                                            " of at least 1" if "Ge" in bounds else "")
+        return "expected a whole number" + (
+            " between 1 and 65535" if field_name == "port" else " of at least 1" if "Ge" in bounds else ""
+        )
     return "expected a value"
 
 
@@ -322,8 +384,11 @@ def _example(field_name: str) -> str:
 
 def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> dict:
     if SHELL_VAR.search(d.image):
-        raise CommandError(f"the docker image is the shell variable {d.image!r}",
-                           "write the image as repository:tag (and @sha256:... to pin it) in the command", "docker")
+        raise CommandError(
+            f"the docker image is the shell variable {d.image!r}",
+            "write the image as repository:tag (and @sha256:... to pin it) in the command",
+            "docker",
+        )
     d.volumes = [values.unset(v, "docker -v") for v in d.volumes]
     d.devices = [values.unset(v, "docker --device") for v in d.devices]
     d.env_files = [values.unset(v, "docker --env-file") for v in d.env_files]
@@ -351,22 +416,42 @@ def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> d
         run["extra_options"] = extra
     if d.env_files:
         run["env_files"] = list(d.env_files)
-        notes.append(_note("import-env-file", f"--env-file {', '.join(d.env_files)} is passed by reference: the "
-                           "file must exist on each host (0600 if it holds secrets)", "", "docker", Severity.info))
+        notes.append(
+            _note(
+                "import-env-file",
+                f"--env-file {', '.join(d.env_files)} is passed by reference: the "
+                "file must exist on each host (0600 if it holds secrets)",
+                "",
+                "docker",
+                Severity.info,
+            )
+        )
     if d.entrypoint:
         run["entrypoint"] = d.entrypoint
     for name in d.env_from_host:
         if SECRET_NAME.search(name):
             _secret_env(name, values, "docker -e")
         else:
-            values.findings.append(_note("import-set-value", f"docker -e {name} takes the value from the shell that "
-                                         "ran docker; a service has none", f"set env {name} in the recipe",
-                                         f"env {name}"))
+            values.findings.append(
+                _note(
+                    "import-set-value",
+                    f"docker -e {name} takes the value from the shell that ran docker; a service has none",
+                    f"set env {name} in the recipe",
+                    f"env {name}",
+                )
+            )
     dropped = [*d.dropped, *(["-d"] if d.detach else []), *([f"--name {d.name}"] if d.name else [])]
     if dropped:
-        notes.append(_note("import-docker-dropped", f"docker run {' '.join(dropped)} not kept: the systemd unit runs "
-                           "the container in the foreground, removes it on exit and names it after the unit", "",
-                           "docker", Severity.info))
+        notes.append(
+            _note(
+                "import-docker-dropped",
+                f"docker run {' '.join(dropped)} not kept: the systemd unit runs "
+                "the container in the foreground, removes it on exit and names it after the unit",
+                "",
+                "docker",
+                Severity.info,
+            )
+        )
     runtime: dict[str, Any] = {"kind": "docker", "image": d.image}
     if d.digest:
         runtime["digest"] = d.digest
@@ -403,8 +488,11 @@ def _router_of(command: Command, values: _Values) -> _Router:
             pd = True
         elif name == "--prefill":
             if not vals or len(vals) > 2:
-                raise CommandError(f"--prefill {' '.join(vals)}: expected URL [BOOTSTRAP_PORT]",
-                                   "write --prefill http://HOST:PORT 8998", "router")
+                raise CommandError(
+                    f"--prefill {' '.join(vals)}: expected URL [BOOTSTRAP_PORT]",
+                    "write --prefill http://HOST:PORT 8998",
+                    "router",
+                )
             boot = _int("--prefill bootstrap port", vals[1:], "router") if len(vals) == 2 else None
             prefill.append((vals[0], boot))
         elif name == "--decode":
@@ -417,8 +505,14 @@ def _router_of(command: Command, values: _Values) -> _Router:
             router["port"] = vals[0] if vals and UNSET_VALUE.fullmatch(vals[0]) else _int(name, vals, "router")
         elif name in SECRET_FLAGS:
             values.api_key = True
-            values.findings.append(_note("import-secret", f"router {name}: the key is not written into the recipe",
-                                         "the router gets the engines' key from server.api_key_file", name))
+            values.findings.append(
+                _note(
+                    "import-secret",
+                    f"router {name}: the key is not written into the recipe",
+                    "the router gets the engines' key from server.api_key_file",
+                    name,
+                )
+            )
         else:
             extra += [name, *vals] if name else vals
     if extra:
@@ -433,8 +527,9 @@ def _url(url: str, where: str) -> tuple[str | None, int | str]:
     """(host, port) of a worker URL; host None when it is a shell variable (the inventory says which host)."""
     m = re.match(r"^(?:[a-z]+://)?(\[[^\]]+\]|[^/:]+):(\d+|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?)/?$", url)
     if not m:
-        raise CommandError(f"{where} {url!r}: expected http://HOST:PORT", f"write {where} http://10.0.0.1:30000",
-                           "router")
+        raise CommandError(
+            f"{where} {url!r}: expected http://HOST:PORT", f"write {where} http://10.0.0.1:30000", "router"
+        )
     host, port = m.group(1), m.group(2)
     # a variable port is the worker's port, still to set (<PORT>)
     return (None if SHELL_VAR.search(host) else host), (int(port) if port.isdigit() else f"<{shell_vars(port)[0]}>")
@@ -443,8 +538,9 @@ def _url(url: str, where: str) -> tuple[str | None, int | str]:
 # --------------------------------------------------------------------------- assembling
 
 
-def _groups_from_servers(servers: list[_Server], role: str,
-                         notes: list[Finding] | None = None) -> tuple[list[dict], list[str | None], list[int]]:
+def _groups_from_servers(
+    servers: list[_Server], role: str, notes: list[Finding] | None = None
+) -> tuple[list[dict], list[str | None], list[int]]:
     """Engine commands of one role -> groups: one instance per command (multi-node: per dist-init address)."""
     instances: dict[str, list[_Server]] = {}
     for n, s in enumerate(servers):
@@ -464,17 +560,31 @@ def _groups_from_servers(servers: list[_Server], role: str,
             if port is not None:
                 group["dist_init_port"] = port
             if isinstance(port, str) and notes is not None:
-                notes.append(_note("import-set-value", f"--dist-init-addr {head.dist_init}: the port is a shell "
-                                   f"variable; imported as dist_init_port '{port}' (the address is rank 0's, from "
-                                   "the inventory)", "set topology.groups[].dist_init_port in the recipe",
-                                   "--dist-init-addr"))
+                notes.append(
+                    _note(
+                        "import-set-value",
+                        f"--dist-init-addr {head.dist_init}: the port is a shell "
+                        f"variable; imported as dist_init_port '{port}' (the address is rank 0's, from "
+                        "the inventory)",
+                        "set topology.groups[].dist_init_port in the recipe",
+                        "--dist-init-addr",
+                    )
+                )
         else:
             if head.explicit_nnodes and role != "server":
                 group["explicit_single_node_rank"] = True
             if head.dist_init and notes is not None:
-                notes.append(_note("import-dist-init-dropped", f"--dist-init-addr {head.dist_init} on a one-node "
-                                   f"{role}: not kept (a single node needs no rendezvous; ironserve adds it for "
-                                   "multi-node groups from the inventory)", "", "--dist-init-addr", Severity.info))
+                notes.append(
+                    _note(
+                        "import-dist-init-dropped",
+                        f"--dist-init-addr {head.dist_init} on a one-node "
+                        f"{role}: not kept (a single node needs no rendezvous; ironserve adds it for "
+                        "multi-node groups from the inventory)",
+                        "",
+                        "--dist-init-addr",
+                        Severity.info,
+                    )
+                )
         if role == "prefill":
             group["bootstrap_port"] = head.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
         group["server"] = head.server
@@ -482,8 +592,11 @@ def _groups_from_servers(servers: list[_Server], role: str,
             group["env"] = head.env
         same = (json.dumps(head.server, sort_keys=True), json.dumps(head.env, sort_keys=True), nodes)
         prev = groups[-1] if groups else None
-        if prev is not None and last == same and (role != "prefill" or prev["bootstrap_port"] + prev.get(
-                "instances", 1) == group["bootstrap_port"]):
+        if (
+            prev is not None
+            and last == same
+            and (role != "prefill" or prev["bootstrap_port"] + prev.get("instances", 1) == group["bootstrap_port"])
+        ):
             prev["instances"] = prev.get("instances", 1) + 1
         else:
             groups.append(group)
@@ -515,10 +628,16 @@ def _check_bootstrap(groups: list[dict], entries: list[tuple[str, int | None]], 
     ports = [g["bootstrap_port"] + i for g in groups for i in range(g.get("instances", 1))]
     for (url, boot), port in zip(entries, ports):
         if (boot or DEFAULT_BOOTSTRAP_PORT) != port:
-            notes.append(_note("import-bootstrap-mismatch", f"the router gives {url} bootstrap port "
-                               f"{boot or DEFAULT_BOOTSTRAP_PORT}, the prefill command listens on {port}: as pasted, "
-                               "requests would not reach it; the recipe uses the prefill's port for both",
-                               "check --disaggregation-bootstrap-port on the prefill command", "router"))
+            notes.append(
+                _note(
+                    "import-bootstrap-mismatch",
+                    f"the router gives {url} bootstrap port "
+                    f"{boot or DEFAULT_BOOTSTRAP_PORT}, the prefill command listens on {port}: as pasted, "
+                    "requests would not reach it; the recipe uses the prefill's port for both",
+                    "check --disaggregation-bootstrap-port on the prefill command",
+                    "router",
+                )
+            )
 
 
 def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple[list[dict], list[str | None]]:
@@ -528,9 +647,14 @@ def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple
         host, port = _url(url, f"--{role}")
         hosts.append(host)
         prev = groups[-1] if groups else None
-        if prev and prev["server"]["port"] == port and (
-                role != "prefill" or prev["bootstrap_port"] + prev.get("instances", 1) == (boot or
-                                                                                         DEFAULT_BOOTSTRAP_PORT)):
+        if (
+            prev
+            and prev["server"]["port"] == port
+            and (
+                role != "prefill"
+                or prev["bootstrap_port"] + prev.get("instances", 1) == (boot or DEFAULT_BOOTSTRAP_PORT)
+            )
+        ):
             prev["instances"] = prev.get("instances", 1) + 1
             continue
         group: dict[str, Any] = {"role": role, "server": {"port": port}}
@@ -545,10 +669,16 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
         return _pd_topology(servers, router, notes)
     modes = {s.mode for s in servers} - {None}
     if modes == {"prefill", "decode"}:
-        notes.append(_note("import-router-added", "PD commands without a router: the recipe adds sglang-router "
-                           f"(--pd-disaggregation, policy {ROUTER_DEFAULTS['policy']}, port "
-                           f"{ROUTER_DEFAULTS['port']}) in front of them", "set topology.router to your router's "
-                           "address, port and policy", "topology.router"))
+        notes.append(
+            _note(
+                "import-router-added",
+                "PD commands without a router: the recipe adds sglang-router "
+                f"(--pd-disaggregation, policy {ROUTER_DEFAULTS['policy']}, port "
+                f"{ROUTER_DEFAULTS['port']}) in front of them",
+                "set topology.router to your router's address, port and policy",
+                "topology.router",
+            )
+        )
         return _pd_topology(servers, _Router(True, [], [], [], dict(ROUTER_DEFAULTS)), notes)
     if modes:
         return _pd_half(servers, modes.pop(), notes)
@@ -556,13 +686,22 @@ def _topology(servers: list[_Server], router: _Router | None, notes: list[Findin
         return _router_topology(servers, router, notes)
     groups, hosts, _ = _groups_from_servers(servers, "server", notes)
     if len(groups) != 1:
-        raise CommandError(f"{len(groups)} different engine commands and no router",
-                           "import one launch (or one multi-node group) per recipe, or add the router command")
+        raise CommandError(
+            f"{len(groups)} different engine commands and no router",
+            "import one launch (or one multi-node group) per recipe, or add the router command",
+        )
     g = groups[0]
     if g.get("instances", 1) > 1:
         g.pop("instances")
-        notes.append(_note("import-duplicate-command", "the same engine command appears several times without a "
-                           "router: imported once", "", "command", Severity.info))
+        notes.append(
+            _note(
+                "import-duplicate-command",
+                "the same engine command appears several times without a router: imported once",
+                "",
+                "command",
+                Severity.info,
+            )
+        )
     if g.get("nodes", 1) > 1:
         return {"kind": "multinode-tp", "groups": [g]}, hosts
     return {"kind": "single", "groups": [g]}, hosts[:1]
@@ -573,14 +712,24 @@ def _pd_half(servers: list[_Server], role: str, notes: list[Finding]) -> tuple[d
     time. The recipe is that half, without a router (it runs with the other half), and says how to get the whole."""
     other = "decode" if role == "prefill" else "prefill"
     if any(s.mode is None for s in servers):
-        raise CommandError(f"{role} commands beside plain server commands", f"import the {role} and {other} "
-                           "commands of one PD deployment (and its router), or one plain server")
+        raise CommandError(
+            f"{role} commands beside plain server commands",
+            f"import the {role} and {other} commands of one PD deployment (and its router), or one plain server",
+        )
     groups, hosts, _ = _groups_from_servers(servers, role, notes)
-    notes.append(_note("import-pd-half", f"only {role} commands: imported as the {role} half of a PD deployment; "
-                       f"its {other} half and the router are not in this recipe (deployed alone, nothing routes "
-                       f"requests to it)", f"import the whole deployment at once (--file repeated: the {role} and "
-                       f"{other} commands and the router, or one launch script with all of them); or add a {other} "
-                       "group and topology.router to this recipe", "topology", Severity.warning))
+    notes.append(
+        _note(
+            "import-pd-half",
+            f"only {role} commands: imported as the {role} half of a PD deployment; "
+            f"its {other} half and the router are not in this recipe (deployed alone, nothing routes "
+            f"requests to it)",
+            f"import the whole deployment at once (--file repeated: the {role} and "
+            f"{other} commands and the router, or one launch script with all of them); or add a {other} "
+            "group and topology.router to this recipe",
+            "topology",
+            Severity.warning,
+        )
+    )
     return {"kind": "pd-disaggregation", "groups": groups}, hosts
 
 
@@ -598,22 +747,29 @@ def _pd_topology(servers: list[_Server], router: _Router, notes: list[Finding]) 
                 if role == "prefill":
                     _check_bootstrap(g, entries, notes)
             elif entries:
-                notes.append(_note("import-router-mismatch", f"the router names {len(urls)} {role} URL(s), the "
-                                   f"commands give {len(heads)} {role} instance(s): the recipe follows the commands",
-                                   "check the router's --prefill/--decode list", "router"))
+                notes.append(
+                    _note(
+                        "import-router-mismatch",
+                        f"the router names {len(urls)} {role} URL(s), the "
+                        f"commands give {len(heads)} {role} instance(s): the recipe follows the commands",
+                        "check the router's --prefill/--decode list",
+                        "router",
+                    )
+                )
         else:
             g, h = _groups_from_urls(entries, role)
         groups += g
         hosts += h
     if not any(g["role"] == "prefill" for g in groups) or not any(g["role"] == "decode" for g in groups):
-        raise CommandError("--pd-disaggregation without both --prefill and --decode",
-                           "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
-                           "router")
+        raise CommandError(
+            "--pd-disaggregation without both --prefill and --decode",
+            "name every prefill (--prefill URL BOOTSTRAP) and decode (--decode URL) worker",
+            "router",
+        )
     return {"kind": "pd-disaggregation", "groups": groups, "router": router.router}, hosts
 
 
-def _router_topology(servers: list[_Server], router: _Router,
-                     notes: list[Finding]) -> tuple[dict, list[str | None]]:
+def _router_topology(servers: list[_Server], router: _Router, notes: list[Finding]) -> tuple[dict, list[str | None]]:
     """A router over plain workers: replicas of one engine command (or of the router's worker URLs)."""
     if servers:
         groups, _, _ = _groups_from_servers(servers[:1], "server")
@@ -623,10 +779,16 @@ def _router_topology(servers: list[_Server], router: _Router,
     hosts = [_url(u, "--worker-urls")[0] for u in router.workers]
     ports = sorted({_url(u, "--worker-urls")[1] for u in router.workers}, key=str)
     if len(ports) > 1:
-        notes.append(_note("import-worker-ports", f"the router's workers listen on different ports "
-                           f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
-                           f"{groups[0]['server'].get('port', ports[0])}", "run every replica on the same port "
-                           "(each on its own host)", "router"))
+        notes.append(
+            _note(
+                "import-worker-ports",
+                f"the router's workers listen on different ports "
+                f"({', '.join(map(str, ports))}); a recipe's replicas share one port: "
+                f"{groups[0]['server'].get('port', ports[0])}",
+                "run every replica on the same port (each on its own host)",
+                "router",
+            )
+        )
     count = max(len(router.workers), 1)
     groups[0]["instances"] = count
     if count == 1:
@@ -644,8 +806,14 @@ def _flat_single(topology: dict) -> tuple[dict, dict, dict]:
     return topology, server, env
 
 
-def import_commands(commands: list[Command], hardware: str, recipe_id: str | None = None,
-                    engine: str | None = None, hardware_arch: str | None = None, detect: bool = False) -> Imported:
+def import_commands(
+    commands: list[Command],
+    hardware: str,
+    recipe_id: str | None = None,
+    engine: str | None = None,
+    hardware_arch: str | None = None,
+    detect: bool = False,
+) -> Imported:
     """Commands of one deployment (engine commands, at most one router) -> recipe data and findings.
 
     hardware_arch defaults to the arch of the hardware profile `hardware` names ("none" for unknown ids)."""
@@ -662,8 +830,9 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     family = model_family(first_model) or "unknown"
     rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
     values = _Values(rid)
-    servers = [_server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command")
-               for n, c in enumerate(engines)]
+    servers = [
+        _server_of(c, values, f"command {n + 1}" if len(engines) > 1 else "command") for n, c in enumerate(engines)
+    ]
     router = _router_of(router_command, values) if router_command else None
     topology, hosts = _topology(servers, router, notes)
     server: dict[str, Any] = {}
@@ -673,17 +842,23 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
     if values.api_key:
         server["api_key_file"] = API_KEY_FILE.format(id=rid)
     model = _model(next((s.model_path for s in servers if s.model_path), ""), family, values)
-    runtime, engine_data, engine_note = _engine_runtime(hardware_arch, engine, launch,
-                                                        dockers[0] if dockers else None, values, notes,
-                                                        commands, detect)
+    runtime, engine_data, engine_note = _engine_runtime(
+        hardware_arch, engine, launch, dockers[0] if dockers else None, values, notes, commands, detect
+    )
     if router:
         from .engine_parser import DEFAULT_ROUTER_VERSION
 
         engine_data["router"] = DEFAULT_ROUTER_VERSION
     data: dict[str, Any] = {
-        "id": rid, "description": f"Imported from a pasted command ({family} on {hardware})",
-        "source": {"seed": "pasted", "section": "ironserve import"}, "hardware": [hardware], "model": model,
-        "engine": engine_data, "runtime": runtime, "topology": topology, "server": server,
+        "id": rid,
+        "description": f"Imported from a pasted command ({family} on {hardware})",
+        "source": {"seed": "pasted", "section": "ironserve import"},
+        "hardware": [hardware],
+        "model": model,
+        "engine": engine_data,
+        "runtime": runtime,
+        "topology": topology,
+        "server": server,
     }
     _process_env(data, env, commands, notes)
     _memlock(data, hardware, notes)
@@ -691,8 +866,10 @@ def import_commands(commands: list[Command], hardware: str, recipe_id: str | Non
         Recipe.model_validate(data)  # what import writes must load
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise CommandError(f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: "
-                           f"{err['msg']}", "report this command: import should have refused it earlier") from exc
+        raise CommandError(
+            f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: {err['msg']}",
+            "report this command: import should have refused it earlier",
+        ) from exc
     return Imported(data, values.findings + notes, hosts, engine_note)
 
 
@@ -706,8 +883,10 @@ def _deployment_commands(commands: list[Command]) -> tuple[list[Command], Comman
         raise CommandError(f"{len(routers)} router commands", "import one router per deployment")
     launchers = {c.launcher for c in engines}
     if len(launchers) > 1:
-        raise CommandError(f"engine commands with different launchers ({', '.join(sorted(launchers))})",
-                           "use one launcher for every engine of a deployment")
+        raise CommandError(
+            f"engine commands with different launchers ({', '.join(sorted(launchers))})",
+            "use one launcher for every engine of a deployment",
+        )
     return engines, (routers[0] if routers else None), next(iter(launchers), "launch_server")
 
 
@@ -720,8 +899,16 @@ def _process_env(data: dict, env: dict[str, str], commands: list[Command], notes
         data["env_unset"] = env_unset
     wrappers = sorted({w for c in commands for w in c.wrappers})
     if wrappers:
-        notes.append(_note("import-wrapper", f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "
-                           "runs the engine; CPU/NUMA placement is host tuning)", "", "command", Severity.info))
+        notes.append(
+            _note(
+                "import-wrapper",
+                f"launch wrappers not kept: {'; '.join(wrappers)} (the systemd unit "
+                "runs the engine; CPU/NUMA placement is host tuning)",
+                "",
+                "command",
+                Severity.info,
+            )
+        )
 
 
 def _first_model(command: Command) -> str:
@@ -733,28 +920,45 @@ def _first_model(command: Command) -> str:
 
 def _model(model_path: str, family: str, values: _Values) -> dict:
     if not model_path:
-        values.findings.append(_note("import-set-value", "no --model-path in the commands (a router alone names no "
-                                     "model)", "set model.hub_id or model.path in the recipe", "model"))
+        values.findings.append(
+            _note(
+                "import-set-value",
+                "no --model-path in the commands (a router alone names no model)",
+                "set model.hub_id or model.path in the recipe",
+                "model",
+            )
+        )
         return {"family": family, "path": "/models/set-me"}
     if SHELL_VAR.search(model_path):  # carried as <NAME> (lint's unset-value), never a path made up here
         path = SHELL_VAR.sub(lambda m: f"<{var_name(m)}>", model_path)
         try:
             ModelSource.model_validate({"family": family, "path": path})
         except ValidationError as exc:
-            raise CommandError(f"--model-path {model_path}: a path import cannot carry as {path!r}",
-                               "write the absolute path of the weights (the value the variable holds)",
-                               "--model-path") from exc
-        values.findings.append(_note("import-set-value", f"--model-path is the shell variable "
-                                     f"{', '.join(shell_vars(model_path))}: imported as model.path {path!r}",
-                                     "set model.hub_id or model.path in the recipe, or host data model_path in the "
-                                     "inventory", "model"))
+            raise CommandError(
+                f"--model-path {model_path}: a path import cannot carry as {path!r}",
+                "write the absolute path of the weights (the value the variable holds)",
+                "--model-path",
+            ) from exc
+        values.findings.append(
+            _note(
+                "import-set-value",
+                f"--model-path is the shell variable "
+                f"{', '.join(shell_vars(model_path))}: imported as model.path {path!r}",
+                "set model.hub_id or model.path in the recipe, or host data model_path in the inventory",
+                "model",
+            )
+        )
         return {"family": family, "path": path}
     if model_path.startswith("/"):
         return {"family": family, "path": model_path}
     if model_path.startswith(("~", ".")) or model_path.count("/") > 1:  # not org/name: relative to the shell's cwd
-        raise CommandError(f"--model-path {model_path}: a relative path (to the directory the command ran in), "
-                           "not a Hugging Face id (org/name)", "write the absolute path of the weights on the host "
-                           f"(e.g. /models/{model_path.rstrip('/').rsplit('/', 1)[-1]}) or the hub id", "--model-path")
+        raise CommandError(
+            f"--model-path {model_path}: a relative path (to the directory the command ran in), "
+            "not a Hugging Face id (org/name)",
+            "write the absolute path of the weights on the host "
+            f"(e.g. /models/{model_path.rstrip('/').rsplit('/', 1)[-1]}) or the hub id",
+            "--model-path",
+        )
     return {"family": family, "hub_id": model_path}
 
 
@@ -767,15 +971,33 @@ def _memlock(data: dict, hardware: str, notes: list[Finding]) -> None:
 
     profile = hardware_profiles().get(hardware)
     ulimits = runtime["run"]["ulimits"]
-    if profile and profile.tuning.limits.memlock == "unlimited" and str(ulimits.get("memlock")) not in (
-            "-1", "unlimited"):
+    if (
+        profile
+        and profile.tuning.limits.memlock == "unlimited"
+        and str(ulimits.get("memlock")) not in ("-1", "unlimited")
+    ):
         ulimits["memlock"] = "-1"
-        notes.append(_note("import-added-memlock", f"added --ulimit memlock=-1: {hardware} needs unlimited locked "
-                           "memory inside the container (RDMA, pinned buffers)", "", "runtime.run.ulimits"))
+        notes.append(
+            _note(
+                "import-added-memlock",
+                f"added --ulimit memlock=-1: {hardware} needs unlimited locked "
+                "memory inside the container (RDMA, pinned buffers)",
+                "",
+                "runtime.run.ulimits",
+            )
+        )
 
 
-def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOptions | None, values: _Values,
-                    notes: list[Finding], commands: list[Command], detect: bool) -> tuple[dict, dict, str]:
+def _engine_runtime(
+    arch: str,
+    engine: str | None,
+    launch: str,
+    docker: DockerOptions | None,
+    values: _Values,
+    notes: list[Finding],
+    commands: list[Command],
+    detect: bool,
+) -> tuple[dict, dict, str]:
     version, how, by_flags = choose_engine(arch, engine, docker, commands, detect)
     if not how.startswith(("named with", "the newest cached")):
         how += "; not checked: `ironserve lint` runs its parser"
@@ -793,26 +1015,45 @@ def _engine_runtime(arch: str, engine: str | None, launch: str, docker: DockerOp
         from .catalogue import hardware_profiles
 
         profile = next(p for p in hardware_profiles().values() if p.accelerator.arch == arch)
-        npu = DockerOptions(image=ASCEND_IMAGE.format(toolkit=(profile.toolkit or "8.3.RC1").lower()),
-                            privileged=True, network="host", ipc="host", shm_size="16g",
-                            devices=[f"/dev/davinci{n}" for n in range(profile.accelerator.count)] + ASCEND_DEVICES,
-                            volumes=list(ASCEND_VOLUMES))
+        npu = DockerOptions(
+            image=ASCEND_IMAGE.format(toolkit=(profile.toolkit or "8.3.RC1").lower()),
+            privileged=True,
+            network="host",
+            ipc="host",
+            shm_size="16g",
+            devices=[f"/dev/davinci{n}" for n in range(profile.accelerator.count)] + ASCEND_DEVICES,
+            volumes=list(ASCEND_VOLUMES),
+        )
         runtime = docker_runtime(npu, values, notes)
-        notes.append(_note("import-npu-runtime", f"Ascend NPU runtime: SGLang's NPU image {npu.image} (CANN "
-                           f"{profile.toolkit}, torch-npu) with the {profile.accelerator.count} NPU dies and the host "
-                           "driver mounted, not a CUDA PyPI stack", "pin runtime.digest, or import the docker run "
-                           "line you use", "runtime", Severity.info))
+        notes.append(
+            _note(
+                "import-npu-runtime",
+                f"Ascend NPU runtime: SGLang's NPU image {npu.image} (CANN "
+                f"{profile.toolkit}, torch-npu) with the {profile.accelerator.count} NPU dies and the host "
+                "driver mounted, not a CUDA PyPI stack",
+                "pin runtime.digest, or import the docker run line you use",
+                "runtime",
+                Severity.info,
+            )
+        )
         tag = npu.image.rsplit(":", 1)[1]
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch in ERA_IMAGE and not engine and not by_flags:  # flags of another release: that release, from PyPI
-        return ({"kind": "docker", "image": ERA_IMAGE[arch]},
-                {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version}, note)
-    return ({"kind": "uv", "python": "3.12", "packages": [f"sglang=={version}"]},
-            {"sglang": version, "launcher": launch}, note)
+        return (
+            {"kind": "docker", "image": ERA_IMAGE[arch]},
+            {"sglang": SEED_ERA[arch], "launcher": launch, "parser_version": version},
+            note,
+        )
+    return (
+        {"kind": "uv", "python": "3.12", "packages": [f"sglang=={version}"]},
+        {"sglang": version, "launcher": launch},
+        note,
+    )
 
 
-def choose_engine(arch: str, engine: str | None, docker: DockerOptions | None, commands: list[Command],
-                  detect: bool) -> tuple[str, str, bool]:
+def choose_engine(
+    arch: str, engine: str | None, docker: DockerOptions | None, commands: list[Command], detect: bool
+) -> tuple[str, str, bool]:
     """(release, why, chosen by the command's flags): --engine, else the image tag's release, else the newest cached
     parser that accepts every command (online), else the release the command's flags belong to (the hardware's
     seed-era release when its parser takes them, the newest one that does otherwise), else the seed era's."""
@@ -832,17 +1073,29 @@ def choose_engine(arch: str, engine: str | None, docker: DockerOptions | None, c
     unchecked = f" ({cached_note})" if cached_note else ""
     if releases.deciding and release_for_era(era) not in releases.releases:
         if not releases.releases:
-            return release_for_era(era) or DEFAULT_ENGINE, f"no release takes every flag ({releases.reason()})" \
-                                                           f"{unchecked}", False
-        return releases.newest(), f"the newest release whose parser takes every flag: {releases.reason()}" \
-                                  f"{unchecked}", True
+            return (
+                release_for_era(era) or DEFAULT_ENGINE,
+                f"no release takes every flag ({releases.reason()}){unchecked}",
+                False,
+            )
+        return (
+            releases.newest(),
+            f"the newest release whose parser takes every flag: {releases.reason()}{unchecked}",
+            True,
+        )
     if release_for_era(era):
         fits = f", whose parser takes the command's flags ({releases.reason()})" if releases.deciding else ""
-        return release_for_era(era), f"the PyPI release of the seeds' {era} era for this hardware{fits}" \
-                                     f"{unchecked}", False
+        return (
+            release_for_era(era),
+            f"the PyPI release of the seeds' {era} era for this hardware{fits}{unchecked}",
+            False,
+        )
     if releases.deciding:
-        return releases.newest(), f"the newest release whose parser takes every flag: {releases.reason()}" \
-                                  f"{unchecked}", True
+        return (
+            releases.newest(),
+            f"the newest release whose parser takes every flag: {releases.reason()}{unchecked}",
+            True,
+        )
     return DEFAULT_ENGINE, f"the newest release ironserve knows{unchecked}", False
 
 
@@ -852,9 +1105,17 @@ def _renamed_flags(commands: list[Command], version: str) -> list[Finding]:
     for flag, span in flag_releases.renamed([c.flags for c in commands if c.kind != "router"], version):
         later = f"later releases take {span.successor}" if span.successor else "later releases have no such flag"
         severity = Severity.info if span.holds(version) else Severity.warning
-        out.append(_note("import-renamed-flag", f"{flag} is a flag of SGLang {span.text()}: {later}",
-                         f"write {span.successor} to run a newer release" if span.successor else
-                         f"remove {flag} to run a newer release", flag, severity))
+        out.append(
+            _note(
+                "import-renamed-flag",
+                f"{flag} is a flag of SGLang {span.text()}: {later}",
+                f"write {span.successor} to run a newer release"
+                if span.successor
+                else f"remove {flag} to run a newer release",
+                flag,
+                severity,
+            )
+        )
     return out
 
 
@@ -866,8 +1127,10 @@ def detect_engine(argvs: list[list[str]], releases: flag_releases.Fit | None = N
     cached = engine_parser.cached_versions()
     fitting = [v for v in cached if releases is None or releases.takes(v)]
     if not fitting:
-        return None, f"no cached parser of those releases ({', '.join(cached)} cached)" if cached else \
-            "no parser cached"
+        return (
+            None,
+            f"no cached parser of those releases ({', '.join(cached)} cached)" if cached else "no parser cached",
+        )
     for version in fitting:
         try:
             results = engine_parser.check_many(version, argvs)
@@ -881,28 +1144,49 @@ def detect_engine(argvs: list[list[str]], releases: flag_releases.Fit | None = N
 # --------------------------------------------------------------------------- entry points
 
 
-def import_command(words: list[str], hardware: str, recipe_id: str | None = None,
-                   engine: str | None = None, hardware_arch: str | None = None) -> dict:
+def import_command(
+    words: list[str],
+    hardware: str,
+    recipe_id: str | None = None,
+    engine: str | None = None,
+    hardware_arch: str | None = None,
+) -> dict:
     """One pasted command (as the shell split it) -> recipe data."""
     return import_commands([parse_command(words)], hardware, recipe_id, engine, hardware_arch).data
 
 
-def import_script(text: str, hardware: str, recipe_id: str | None = None, engine: str | None = None,
-                  hardware_arch: str | None = None, detect: bool = False) -> Imported:
+def import_script(
+    text: str,
+    hardware: str,
+    recipe_id: str | None = None,
+    engine: str | None = None,
+    hardware_arch: str | None = None,
+    detect: bool = False,
+) -> Imported:
     """A launch script (the engine commands and the router of one deployment) -> recipe data and findings."""
     script = parse_script(text)
     if not script.commands:
-        raise CommandError("no SGLang launch command in the script", "the script must run python3 -m "
-                           "sglang.launch_server, sglang serve or python3 -m sglang_router.launch_router", "file")
+        raise CommandError(
+            "no SGLang launch command in the script",
+            "the script must run python3 -m "
+            "sglang.launch_server, sglang serve or python3 -m sglang_router.launch_router",
+            "file",
+        )
     result = import_commands([c for c, _ in script.commands], hardware, recipe_id, engine, hardware_arch, detect)
     if script.sourced:
         runtime = result.data["runtime"]
         runtime["source_env"] = list(dict.fromkeys([*runtime.get("source_env", []), *script.sourced]))
     if script.skipped:
-        result.findings.append(_note("import-skipped", f"{len(script.skipped)} line(s) of the script are not launches "
-                                     f"and were not imported (first: {script.skipped[0]!r})",
-                                     "host tuning lines (sysctl, governor) are in the hardware profile", "file",
-                                     Severity.info))
+        result.findings.append(
+            _note(
+                "import-skipped",
+                f"{len(script.skipped)} line(s) of the script are not launches "
+                f"and were not imported (first: {script.skipped[0]!r})",
+                "host tuning lines (sysctl, governor) are in the hardware profile",
+                "file",
+                Severity.info,
+            )
+        )
     return result
 
 
@@ -912,16 +1196,19 @@ def inventory_text(result: Imported) -> str:
     from .spec import Recipe
 
     recipe = Recipe.model_validate(result.data)
-    lines = [f"# pyinfra inventory for recipe {recipe.id} (written by ironserve import): hosts in render order.",
-             "# Replace every SET-ME; multi-node groups need each host's cluster NIC (nic)."]
+    lines = [
+        f"# pyinfra inventory for recipe {recipe.id} (written by ironserve import): hosts in render order.",
+        "# Replace every SET-ME; multi-node groups need each host's cluster NIC (nic).",
+    ]
     n = 0
     for group in recipe.topology.groups:
         env = recipe.group_env(group)
-        nic = next((v for k, v in env.items() if k.endswith("SOCKET_IFNAME") and not v.startswith(("{", "<"))),
-                   "SET-ME")
+        nic = next(
+            (v for k, v in env.items() if k.endswith("SOCKET_IFNAME") and not v.startswith(("{", "<"))), "SET-ME"
+        )
         hosts = []
-        for instance in range(group.instances):
-            for rank in range(group.nodes):
+        for _instance in range(group.instances):
+            for _rank in range(group.nodes):
                 address = result.hosts[n] if n < len(result.hosts) and result.hosts[n] else "SET-ME"
                 data = {"ssh_hostname": address}
                 if group.nodes > 1:

@@ -8,13 +8,13 @@ the seed statement it encodes, so a finding can be traced to the field experienc
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, CommandError, parse_command
 from .findings import Finding, Severity
-from .pins import RULES as PIN_RULES
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
+from .pins import RULES as PIN_RULES
 from .spec import UNSET_VALUE, DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime, binds_every_address
 
 # The engine era the seeds use per accelerator arch, for pasted commands linted without --engine.
@@ -24,6 +24,7 @@ LATEST_ERA = SEED_ERA["none"]  # architectures no seed covers (sm90, sm103, ...)
 
 def seed_era(arch: str) -> str:
     return SEED_ERA.get(arch, LATEST_ERA)
+
 
 # Flags the seeds use that SGLang 0.5.23 no longer accepts, found by its own parser (docs/engine-flags.md).
 DROPPED_IN = {
@@ -45,9 +46,16 @@ DROPPED_CHOICES = {"0.5.23": {("--tool-call-parser", "qwen3"): "use --tool-call-
 
 # model path pattern -> family, first match wins (more specific first)
 FAMILIES = (
-    (r"glm-?5\.1", "glm5.1"), (r"glm-?5", "glm5"), (r"kimi", "kimi-k2.5"), (r"minimax", "minimax-m2.5"),
-    (r"qwen3[._-]?5", "qwen3.5"), (r"qwen3-?next", "qwen3-next"), (r"llama-?4", "llama4"),
-    (r"deepseek-(v3|r1)", "deepseek-v3"), (r"llama", "llama3"), (r"qwen3", "qwen3"),
+    (r"glm-?5\.1", "glm5.1"),
+    (r"glm-?5", "glm5"),
+    (r"kimi", "kimi-k2.5"),
+    (r"minimax", "minimax-m2.5"),
+    (r"qwen3[._-]?5", "qwen3.5"),
+    (r"qwen3-?next", "qwen3-next"),
+    (r"llama-?4", "llama4"),
+    (r"deepseek-(v3|r1)", "deepseek-v3"),
+    (r"llama", "llama3"),
+    (r"qwen3", "qwen3"),
 )
 
 
@@ -133,8 +141,9 @@ def rule(rule_id: str, severity: Severity, summary: str, scope: str = "any launc
 
 def _f(rule_id: str, launch: Launch, message: str, fix: str, severity: Severity | None = None) -> Finding:
     info = RULES[rule_id]
-    return Finding(rule_id, severity or info.severity, f"{message} [scope: {info.scope}; source: {info.source}]", fix,
-                   launch.where)
+    return Finding(
+        rule_id, severity or info.severity, f"{message} [scope: {info.scope}; source: {info.source}]", fix, launch.where
+    )
 
 
 def _truthy(value: str | None) -> bool:
@@ -144,18 +153,36 @@ def _truthy(value: str | None) -> bool:
 # --------------------------------------------------------------------------- model/hardware pitfalls
 
 
-@rule("glm5-kv-cache-sm120", Severity.error, "GLM-5 on SM120 needs --kv-cache-dtype bf16; FP8 KV garbles output",
-      scope="GLM-5 on SM120 (RTX PRO 6000), 2026-03 images", source="seed 000 (GLM-5 NVFP4 commands)")
-def glm5_kv_cache(l: Launch) -> list[Finding]:
-    if l.family != "glm5" or l.arch != "sm120":
+@rule(
+    "glm5-kv-cache-sm120",
+    Severity.error,
+    "GLM-5 on SM120 needs --kv-cache-dtype bf16; FP8 KV garbles output",
+    scope="GLM-5 on SM120 (RTX PRO 6000), 2026-03 images",
+    source="seed 000 (GLM-5 NVFP4 commands)",
+)
+def glm5_kv_cache(launch: Launch) -> list[Finding]:
+    if launch.family != "glm5" or launch.arch != "sm120":
         return []
-    kv = l.value("--kv-cache-dtype")
+    kv = launch.value("--kv-cache-dtype")
     if kv and kv.startswith("fp8"):
-        return [_f("glm5-kv-cache-sm120", l, f"--kv-cache-dtype {kv} on GLM-5/SM120 produces garbled output or stops"
-                   " after 1 token", "use --kv-cache-dtype bf16")]
+        return [
+            _f(
+                "glm5-kv-cache-sm120",
+                launch,
+                f"--kv-cache-dtype {kv} on GLM-5/SM120 produces garbled output or stops after 1 token",
+                "use --kv-cache-dtype bf16",
+            )
+        ]
     if kv != "bf16":
-        return [_f("glm5-kv-cache-sm120", l, "GLM-5 on SM120 without --kv-cache-dtype bf16 (mandatory on SM120)",
-                   "add --kv-cache-dtype bf16", Severity.warning)]
+        return [
+            _f(
+                "glm5-kv-cache-sm120",
+                launch,
+                "GLM-5 on SM120 without --kv-cache-dtype bf16 (mandatory on SM120)",
+                "add --kv-cache-dtype bf16",
+                Severity.warning,
+            )
+        ]
     return []
 
 
@@ -163,346 +190,682 @@ def glm5_kv_cache(l: Launch) -> list[Finding]:
 SPEC_V2_FAMILIES = ("glm5", "glm5.1", "qwen3.5")
 
 
-@rule("nextn-needs-spec-v2", Severity.error, "NEXTN/EAGLE without SGLANG_ENABLE_SPEC_V2 loads the model twice (OOM)",
-      scope="GLM-5/GLM-5.1/Qwen3.5 on 96 GB SM120 cards (RTX PRO 6000), engines of 2026-03 and later; a warning for "
-      "other models on SM120", source="seed 000 (SGLANG_ENABLE_SPEC_V2 table and 'Critical' note)")
-def nextn_spec_v2(l: Launch) -> list[Finding]:
-    algo = l.value("--speculative-algorithm")
-    if algo not in ("NEXTN", "EAGLE") or l.arch != "sm120" or _truthy(l.env.get("SGLANG_ENABLE_SPEC_V2")):
+@rule(
+    "nextn-needs-spec-v2",
+    Severity.error,
+    "NEXTN/EAGLE without SGLANG_ENABLE_SPEC_V2 loads the model twice (OOM)",
+    scope="GLM-5/GLM-5.1/Qwen3.5 on 96 GB SM120 cards (RTX PRO 6000), engines of 2026-03 and later; a warning for "
+    "other models on SM120",
+    source="seed 000 (SGLANG_ENABLE_SPEC_V2 table and 'Critical' note)",
+)
+def nextn_spec_v2(launch: Launch) -> list[Finding]:
+    algo = launch.value("--speculative-algorithm")
+    if algo not in ("NEXTN", "EAGLE") or launch.arch != "sm120" or _truthy(launch.env.get("SGLANG_ENABLE_SPEC_V2")):
         return []
-    if l.family in SPEC_V2_FAMILIES:
-        return [_f("nextn-needs-spec-v2", l, f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2: SGLang "
-                   "converts NEXTN to EAGLE and loads a second copy of the model as draft (instant OOM: 57 GB x 2 per "
-                   "GPU on 96 GB cards)", "set SGLANG_ENABLE_SPEC_V2=True")]
-    return [_f("nextn-needs-spec-v2", l, f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2 on 96 GB "
-               "SM120 cards: for GLM-5/Qwen3.5 this loaded a second copy of the model as draft (OOM); not observed "
-               "for this model", "set SGLANG_ENABLE_SPEC_V2=True if memory runs out at load", Severity.warning)]
+    if launch.family in SPEC_V2_FAMILIES:
+        return [
+            _f(
+                "nextn-needs-spec-v2",
+                launch,
+                f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2: SGLang "
+                "converts NEXTN to EAGLE and loads a second copy of the model as draft (instant OOM: 57 GB x 2 per "
+                "GPU on 96 GB cards)",
+                "set SGLANG_ENABLE_SPEC_V2=True",
+            )
+        ]
+    return [
+        _f(
+            "nextn-needs-spec-v2",
+            launch,
+            f"--speculative-algorithm {algo} without SGLANG_ENABLE_SPEC_V2 on 96 GB "
+            "SM120 cards: for GLM-5/Qwen3.5 this loaded a second copy of the model as draft (OOM); not observed "
+            "for this model",
+            "set SGLANG_ENABLE_SPEC_V2=True if memory runs out at load",
+            Severity.warning,
+        )
+    ]
 
 
 # Checkpoints whose MTP layers the seeds state; recipes carry model.has_mtp_weights instead.
 KNOWN_MTP = {"lukealonso/glm-5-nvfp4": False, "festr2/glm-5-nvfp4-mtp": True, "nvidia/qwen3.5-397b-a17b-nvfp4": True}
 
 
-@rule("mtp-without-mtp-weights", Severity.error, "MTP speculative decoding on a checkpoint without MTP weights",
-      scope="NEXTN on any hardware; checkpoints the seeds name", source="seed 000 (MTP checkpoints)")
-def mtp_weights(l: Launch) -> list[Finding]:
-    if l.value("--speculative-algorithm") != "NEXTN":
+@rule(
+    "mtp-without-mtp-weights",
+    Severity.error,
+    "MTP speculative decoding on a checkpoint without MTP weights",
+    scope="NEXTN on any hardware; checkpoints the seeds name",
+    source="seed 000 (MTP checkpoints)",
+)
+def mtp_weights(launch: Launch) -> list[Finding]:
+    if launch.value("--speculative-algorithm") != "NEXTN":
         return []
-    has = l.has_mtp_weights
+    has = launch.has_mtp_weights
     if has is None:
-        key = l.model_path.lower().rstrip("/")
+        key = launch.model_path.lower().rstrip("/")
         has = next((v for k, v in KNOWN_MTP.items() if key.endswith(k) or key.endswith(k.split("/")[1])), None)
     if has is False:
-        return [_f("mtp-without-mtp-weights", l, f"{l.model_path} has no MTP weights; NEXTN cannot run on it",
-                   "use a checkpoint with MTP layers (e.g. festr2/GLM-5-NVFP4-MTP) or drop the speculative flags")]
+        return [
+            _f(
+                "mtp-without-mtp-weights",
+                launch,
+                f"{launch.model_path} has no MTP weights; NEXTN cannot run on it",
+                "use a checkpoint with MTP layers (e.g. festr2/GLM-5-NVFP4-MTP) or drop the speculative flags",
+            )
+        ]
     return []
 
 
-@rule("expandable-segments-oneshot", Severity.error, "expandable_segments crashes PCIe one-shot allreduce",
-      scope="PCIe one-shot allreduce (patched SM120 images)", source="seed 000 (pcie_allreduce.cu:321 crash)")
-def expandable_oneshot(l: Launch) -> list[Finding]:
-    conf = l.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + l.env.get("PYTORCH_ALLOC_CONF", "")
-    if "expandable_segments:true" in conf.lower().replace(" ", "") and l.has("--enable-pcie-oneshot-allreduce"):
-        return [_f("expandable-segments-oneshot", l, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True with "
-                   "--enable-pcie-oneshot-allreduce crashes at pcie_allreduce.cu:321",
-                   "remove expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF")]
+@rule(
+    "expandable-segments-oneshot",
+    Severity.error,
+    "expandable_segments crashes PCIe one-shot allreduce",
+    scope="PCIe one-shot allreduce (patched SM120 images)",
+    source="seed 000 (pcie_allreduce.cu:321 crash)",
+)
+def expandable_oneshot(launch: Launch) -> list[Finding]:
+    conf = launch.env.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + launch.env.get("PYTORCH_ALLOC_CONF", "")
+    if "expandable_segments:true" in conf.lower().replace(" ", "") and launch.has("--enable-pcie-oneshot-allreduce"):
+        return [
+            _f(
+                "expandable-segments-oneshot",
+                launch,
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True with "
+                "--enable-pcie-oneshot-allreduce crashes at pcie_allreduce.cu:321",
+                "remove expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF",
+            )
+        ]
     return []
 
 
-@rule("deep-gemm-sm120", Severity.warning, "DeepGemm is not supported on SM120",
-      scope="SM120 (RTX PRO 6000)", source="seed 000 (DeepGemm on SM120)")
-def deep_gemm_sm120(l: Launch) -> list[Finding]:
-    if l.arch != "sm120":
+@rule(
+    "deep-gemm-sm120",
+    Severity.warning,
+    "DeepGemm is not supported on SM120",
+    scope="SM120 (RTX PRO 6000)",
+    source="seed 000 (DeepGemm on SM120)",
+)
+def deep_gemm_sm120(launch: Launch) -> list[Finding]:
+    if launch.arch != "sm120":
         return []
     out = []
-    if l.value("--moe-runner-backend") == "deep_gemm":
-        out.append(_f("deep-gemm-sm120", l, "--moe-runner-backend deep_gemm does not use DeepGemm on SM120; it falls"
-                      " back to cutlass (misleading in logs)", "use --moe-runner-backend cutlass"))
-    if "SGL_ENABLE_JIT_DEEPGEMM" in l.env and "SGLANG_ENABLE_JIT_DEEPGEMM" not in l.env:
-        out.append(_f("deep-gemm-sm120", l, "SGL_ENABLE_JIT_DEEPGEMM is the old spelling; current engines read "
-                      "SGLANG_ENABLE_JIT_DEEPGEMM", "set SGLANG_ENABLE_JIT_DEEPGEMM=0 (keep the old one for old images)"))
+    if launch.value("--moe-runner-backend") == "deep_gemm":
+        out.append(
+            _f(
+                "deep-gemm-sm120",
+                launch,
+                "--moe-runner-backend deep_gemm does not use DeepGemm on SM120; it falls"
+                " back to cutlass (misleading in logs)",
+                "use --moe-runner-backend cutlass",
+            )
+        )
+    if "SGL_ENABLE_JIT_DEEPGEMM" in launch.env and "SGLANG_ENABLE_JIT_DEEPGEMM" not in launch.env:
+        out.append(
+            _f(
+                "deep-gemm-sm120",
+                launch,
+                "SGL_ENABLE_JIT_DEEPGEMM is the old spelling; current engines read SGLANG_ENABLE_JIT_DEEPGEMM",
+                "set SGLANG_ENABLE_JIT_DEEPGEMM=0 (keep the old one for old images)",
+            )
+        )
     return out
 
 
-@rule("fp4-gemm-cutlass-race", Severity.warning, "flashinfer_cutlass FP4 GEMM race (flashinfer#2708)",
-      scope="NVFP4 checkpoints on SM120, flashinfer of 2026-03", source="seed 000 (flashinfer#2708)")
-def fp4_race(l: Launch) -> list[Finding]:
-    if not l.nvfp4 or l.arch not in ("sm120",):
+@rule(
+    "fp4-gemm-cutlass-race",
+    Severity.warning,
+    "flashinfer_cutlass FP4 GEMM race (flashinfer#2708)",
+    scope="NVFP4 checkpoints on SM120, flashinfer of 2026-03",
+    source="seed 000 (flashinfer#2708)",
+)
+def fp4_race(launch: Launch) -> list[Finding]:
+    if not launch.nvfp4 or launch.arch not in ("sm120",):
         return []
-    backend = l.value("--fp4-gemm-backend") or "flashinfer_cutlass"
+    backend = launch.value("--fp4-gemm-backend") or "flashinfer_cutlass"
     if backend != "flashinfer_cutlass":
         return []
-    how = "explicitly" if l.has("--fp4-gemm-backend") else "by default"
-    return [_f("fp4-gemm-cutlass-race", l, f"FP4 GEMMs use flashinfer_cutlass {how}: its race condition "
-               "(flashinfer#2708) silently corrupts memory", "use --fp4-gemm-backend flashinfer_cudnn "
-               "(needs nvidia-cudnn-cu13==9.19.1.2)")]
+    how = "explicitly" if launch.has("--fp4-gemm-backend") else "by default"
+    return [
+        _f(
+            "fp4-gemm-cutlass-race",
+            launch,
+            f"FP4 GEMMs use flashinfer_cutlass {how}: its race condition (flashinfer#2708) silently corrupts memory",
+            "use --fp4-gemm-backend flashinfer_cudnn (needs nvidia-cudnn-cu13==9.19.1.2)",
+        )
+    ]
 
 
-@rule("cudnn-for-fp4", Severity.warning, "flashinfer_cudnn needs nvidia-cudnn-cu13==9.19.1.2",
-      scope="flashinfer_cudnn FP4 GEMMs in a uv venv, CUDA 13", source="seed 000 (cuDNN 9.19 pin)")
-def cudnn_for_fp4(l: Launch) -> list[Finding]:
-    if l.value("--fp4-gemm-backend") != "flashinfer_cudnn" or not isinstance(l.runtime, UvRuntime):
+@rule(
+    "cudnn-for-fp4",
+    Severity.warning,
+    "flashinfer_cudnn needs nvidia-cudnn-cu13==9.19.1.2",
+    scope="flashinfer_cudnn FP4 GEMMs in a uv venv, CUDA 13",
+    source="seed 000 (cuDNN 9.19 pin)",
+)
+def cudnn_for_fp4(launch: Launch) -> list[Finding]:
+    if launch.value("--fp4-gemm-backend") != "flashinfer_cudnn" or not isinstance(launch.runtime, UvRuntime):
         return []
-    if any(p.startswith("nvidia-cudnn-cu13==9.19") for p in l.runtime.packages):
+    if any(p.startswith("nvidia-cudnn-cu13==9.19") for p in launch.runtime.packages):
         return []
-    return [_f("cudnn-for-fp4", l, "--fp4-gemm-backend flashinfer_cudnn without nvidia-cudnn-cu13 9.19 in the venv",
-               "add nvidia-cudnn-cu13==9.19.1.2 to runtime.packages")]
+    return [
+        _f(
+            "cudnn-for-fp4",
+            launch,
+            "--fp4-gemm-backend flashinfer_cudnn without nvidia-cudnn-cu13 9.19 in the venv",
+            "add nvidia-cudnn-cu13==9.19.1.2 to runtime.packages",
+        )
+    ]
 
 
-@rule("minimax-nvfp4-ep", Severity.error, "Expert parallelism makes MiniMax M2 NVFP4 fail to load",
-      scope="MiniMax M2/M2.5 NVFP4", source="seed 003 (MiniMax M2.5 NVFP4 on 2x RTX PRO 6000)")
-def minimax_ep(l: Launch) -> list[Finding]:
-    if l.family == "minimax-m2.5" and l.nvfp4 and l.int_value("--ep-size") > 1:
-        return [_f("minimax-nvfp4-ep", l, "--ep-size with MiniMax M2 NVFP4 can make the model fail to load",
-                   "remove --ep-size; use --tp-size only")]
+@rule(
+    "minimax-nvfp4-ep",
+    Severity.error,
+    "Expert parallelism makes MiniMax M2 NVFP4 fail to load",
+    scope="MiniMax M2/M2.5 NVFP4",
+    source="seed 003 (MiniMax M2.5 NVFP4 on 2x RTX PRO 6000)",
+)
+def minimax_ep(launch: Launch) -> list[Finding]:
+    if launch.family == "minimax-m2.5" and launch.nvfp4 and launch.int_value("--ep-size") > 1:
+        return [
+            _f(
+                "minimax-nvfp4-ep",
+                launch,
+                "--ep-size with MiniMax M2 NVFP4 can make the model fail to load",
+                "remove --ep-size; use --tp-size only",
+            )
+        ]
     return []
 
 
-@rule("kimi-fp8-kv-slow", Severity.warning, "FP8 KV cache on the original Kimi K2.5 checkpoint drops to 16 tok/s",
-      scope="original Kimi K2.5 INT4 checkpoint on SM120", source="seed 000 (Kimi K2.5 figures)")
-def kimi_fp8(l: Launch) -> list[Finding]:
-    kv = l.value("--kv-cache-dtype") or ""
-    if l.family == "kimi-k2.5" and l.arch == "sm120" and not l.nvfp4 and kv.startswith("fp8"):
-        return [_f("kimi-fp8-kv-slow", l, f"--kv-cache-dtype {kv} with the original Kimi K2.5 checkpoint drops decode"
-                   " to about 16 tok/s (unusable)", "use the BF16 KV cache (drop --kv-cache-dtype)")]
+@rule(
+    "kimi-fp8-kv-slow",
+    Severity.warning,
+    "FP8 KV cache on the original Kimi K2.5 checkpoint drops to 16 tok/s",
+    scope="original Kimi K2.5 INT4 checkpoint on SM120",
+    source="seed 000 (Kimi K2.5 figures)",
+)
+def kimi_fp8(launch: Launch) -> list[Finding]:
+    kv = launch.value("--kv-cache-dtype") or ""
+    if launch.family == "kimi-k2.5" and launch.arch == "sm120" and not launch.nvfp4 and kv.startswith("fp8"):
+        return [
+            _f(
+                "kimi-fp8-kv-slow",
+                launch,
+                f"--kv-cache-dtype {kv} with the original Kimi K2.5 checkpoint drops decode"
+                " to about 16 tok/s (unusable)",
+                "use the BF16 KV cache (drop --kv-cache-dtype)",
+            )
+        ]
     return []
 
 
-@rule("ep-on-pcie", Severity.warning, "Expert parallel over PCIe needs custom allreduce patches",
-      scope="SM120 PCIe-only GPUs (RTX PRO 6000, no NVLink)", source="seed 000 (--ep-size needs custom allreduce patches on PCIe)")
-def ep_pcie(l: Launch) -> list[Finding]:
-    if l.sm120_pcie and l.int_value("--ep-size") > 1 and l.family != "minimax-m2.5":
-        return [_f("ep-on-pcie", l, "--ep-size on PCIe-only GPUs requires custom allreduce patches",
-                   "use an image with the PCIe custom-allreduce patches, or drop --ep-size")]
+@rule(
+    "ep-on-pcie",
+    Severity.warning,
+    "Expert parallel over PCIe needs custom allreduce patches",
+    scope="SM120 PCIe-only GPUs (RTX PRO 6000, no NVLink)",
+    source="seed 000 (--ep-size needs custom allreduce patches on PCIe)",
+)
+def ep_pcie(launch: Launch) -> list[Finding]:
+    if launch.sm120_pcie and launch.int_value("--ep-size") > 1 and launch.family != "minimax-m2.5":
+        return [
+            _f(
+                "ep-on-pcie",
+                launch,
+                "--ep-size on PCIe-only GPUs requires custom allreduce patches",
+                "use an image with the PCIe custom-allreduce patches, or drop --ep-size",
+            )
+        ]
     return []
 
 
-@rule("legacy-disable-custom-all-reduce", Severity.warning, "--disable-custom-all-reduce is the legacy PCIe setting",
-      scope="SM120 PCIe-only GPUs with the one-shot allreduce image", source="seed 000 (flag table)")
-def legacy_car(l: Launch) -> list[Finding]:
-    if l.has("--disable-custom-all-reduce") and l.sm120_pcie:
-        return [_f("legacy-disable-custom-all-reduce", l, "--disable-custom-all-reduce is no longer needed on PCIe",
-                   "use --enable-pcie-oneshot-allreduce instead")]
+@rule(
+    "legacy-disable-custom-all-reduce",
+    Severity.warning,
+    "--disable-custom-all-reduce is the legacy PCIe setting",
+    scope="SM120 PCIe-only GPUs with the one-shot allreduce image",
+    source="seed 000 (flag table)",
+)
+def legacy_car(launch: Launch) -> list[Finding]:
+    if launch.has("--disable-custom-all-reduce") and launch.sm120_pcie:
+        return [
+            _f(
+                "legacy-disable-custom-all-reduce",
+                launch,
+                "--disable-custom-all-reduce is no longer needed on PCIe",
+                "use --enable-pcie-oneshot-allreduce instead",
+            )
+        ]
     return []
 
 
-@rule("glm5-dcp-unavailable", Severity.warning, "Decode context parallel is not available for GLM-5",
-      scope="GLM-5, 2026-03 engines", source="seed 000 (DCP note)")
-def glm5_dcp(l: Launch) -> list[Finding]:
-    if l.family == "glm5" and "SGLANG_DCP" in l.env:
-        return [_f("glm5-dcp-unavailable", l, "SGLANG_DCP has no effect for GLM-5 (DCP for GLM-5 is not available)",
-                   "remove SGLANG_DCP")]
+@rule(
+    "glm5-dcp-unavailable",
+    Severity.warning,
+    "Decode context parallel is not available for GLM-5",
+    scope="GLM-5, 2026-03 engines",
+    source="seed 000 (DCP note)",
+)
+def glm5_dcp(launch: Launch) -> list[Finding]:
+    if launch.family == "glm5" and "SGLANG_DCP" in launch.env:
+        return [
+            _f(
+                "glm5-dcp-unavailable",
+                launch,
+                "SGLANG_DCP has no effect for GLM-5 (DCP for GLM-5 is not available)",
+                "remove SGLANG_DCP",
+            )
+        ]
     return []
 
 
 # --------------------------------------------------------------------------- parallelism and topology
 
 
-@rule("tp-exceeds-devices", Severity.error, "TP x PP needs more devices per node than the hardware has",
-      scope="any GPU/NPU hardware profile", source="hardware profiles")
-def tp_devices(l: Launch) -> list[Finding]:
-    have = l.hardware.accelerator.count
-    if l.hardware.accelerator.vendor == "none":
+@rule(
+    "tp-exceeds-devices",
+    Severity.error,
+    "TP x PP needs more devices per node than the hardware has",
+    scope="any GPU/NPU hardware profile",
+    source="hardware profiles",
+)
+def tp_devices(launch: Launch) -> list[Finding]:
+    have = launch.hardware.accelerator.count
+    if launch.hardware.accelerator.vendor == "none":
         return []
-    nnodes = l.int_value("--nnodes")
-    replicas = l.int_value("--dp-size") if l.launcher == "router_launch_server" else 1
-    need = -(-(l.int_value("--tp-size") * l.int_value("--pp-size") * replicas) // nnodes)
+    nnodes = launch.int_value("--nnodes")
+    replicas = launch.int_value("--dp-size") if launch.launcher == "router_launch_server" else 1
+    need = -(-(launch.int_value("--tp-size") * launch.int_value("--pp-size") * replicas) // nnodes)
     if need > have:
         dp = f" x --dp-size {replicas} (router replicas)" if replicas > 1 else ""
-        return [_f("tp-exceeds-devices", l, f"--tp-size {l.int_value('--tp-size')} x --pp-size "
-                   f"{l.int_value('--pp-size')}{dp} over {nnodes} node(s) needs {need} devices per node; "
-                   f"{l.hardware.id} has {have}", f"lower --tp-size or spread over more nodes (--nnodes)")]
+        return [
+            _f(
+                "tp-exceeds-devices",
+                launch,
+                f"--tp-size {launch.int_value('--tp-size')} x --pp-size "
+                f"{launch.int_value('--pp-size')}{dp} over {nnodes} node(s) needs {need} devices per node; "
+                f"{launch.hardware.id} has {have}",
+                "lower --tp-size or spread over more nodes (--nnodes)",
+            )
+        ]
     return []
 
 
-@rule("tp-not-power-of-2", Severity.warning, "Non-power-of-2 TP fails for most models",
-      scope="most models", source="seed 000 (flag table: TP power of 2)")
-def tp_pow2(l: Launch) -> list[Finding]:
-    tp = l.int_value("--tp-size")
+@rule(
+    "tp-not-power-of-2",
+    Severity.warning,
+    "Non-power-of-2 TP fails for most models",
+    scope="most models",
+    source="seed 000 (flag table: TP power of 2)",
+)
+def tp_pow2(launch: Launch) -> list[Finding]:
+    tp = launch.int_value("--tp-size")
     if tp & (tp - 1):
-        return [_f("tp-not-power-of-2", l, f"--tp-size {tp} is not a power of 2; most models need one",
-                   "use a power-of-2 TP with --pp-size for the rest (e.g. --tp-size 2 --pp-size 3 for 6 GPUs)")]
+        return [
+            _f(
+                "tp-not-power-of-2",
+                launch,
+                f"--tp-size {tp} is not a power of 2; most models need one",
+                "use a power-of-2 TP with --pp-size for the rest (e.g. --tp-size 2 --pp-size 3 for 6 GPUs)",
+            )
+        ]
     return []
 
 
-@rule("multinode-without-dist-init", Severity.error, "Multi-node launch without --dist-init-addr/--node-rank hangs",
-      scope="multi-node launches, any engine", source="seed 002 (multi-node TP)")
-def multinode_init(l: Launch) -> list[Finding]:
-    if l.int_value("--nnodes") <= 1:
+@rule(
+    "multinode-without-dist-init",
+    Severity.error,
+    "Multi-node launch without --dist-init-addr/--node-rank hangs",
+    scope="multi-node launches, any engine",
+    source="seed 002 (multi-node TP)",
+)
+def multinode_init(launch: Launch) -> list[Finding]:
+    if launch.int_value("--nnodes") <= 1:
         return []
-    missing = [f for f in ("--dist-init-addr", "--node-rank") if not l.has(f)]
+    missing = [f for f in ("--dist-init-addr", "--node-rank") if not launch.has(f)]
     if missing:
-        return [_f("multinode-without-dist-init", l, f"--nnodes {l.value('--nnodes')} without {' and '.join(missing)}:"
-                   " the ranks never meet", "add --dist-init-addr RANK0_IP:PORT and --node-rank N on each node "
-                   "(ironserve render adds them per host)")]
+        return [
+            _f(
+                "multinode-without-dist-init",
+                launch,
+                f"--nnodes {launch.value('--nnodes')} without {' and '.join(missing)}: the ranks never meet",
+                "add --dist-init-addr RANK0_IP:PORT and --node-rank N on each node "
+                "(ironserve render adds them per host)",
+            )
+        ]
     return []
 
 
-@rule("multinode-socket-ifname", Severity.warning, "Multi-node without the socket interface set",
-      scope="multi-node launches (GLOO; HCCL on Ascend)", source="seed 004 (HCCL/GLOO_SOCKET_IFNAME)")
-def socket_ifname(l: Launch) -> list[Finding]:
-    if l.int_value("--nnodes") <= 1 or l.from_recipe:  # render sets them from the inventory's nic
+@rule(
+    "multinode-socket-ifname",
+    Severity.warning,
+    "Multi-node without the socket interface set",
+    scope="multi-node launches (GLOO; HCCL on Ascend)",
+    source="seed 004 (HCCL/GLOO_SOCKET_IFNAME)",
+)
+def socket_ifname(launch: Launch) -> list[Finding]:
+    if launch.int_value("--nnodes") <= 1 or launch.from_recipe:  # render sets them from the inventory's nic
         return []
-    wanted = ["GLOO_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"] if l.hardware.accelerator.vendor == "huawei" else [
-        "GLOO_SOCKET_IFNAME"]
-    missing = [w for w in wanted if not l.env.get(w) or l.env[w].startswith("<")]
+    wanted = (
+        ["GLOO_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"]
+        if launch.hardware.accelerator.vendor == "huawei"
+        else ["GLOO_SOCKET_IFNAME"]
+    )
+    missing = [w for w in wanted if not launch.env.get(w) or launch.env[w].startswith("<")]
     if missing:
-        return [_f("multinode-socket-ifname", l, f"multi-node launch without {', '.join(missing)}: ranks may pick the"
-                   " wrong NIC and hang", "set them to the interface that carries the cluster network (host data 'nic')")]
+        return [
+            _f(
+                "multinode-socket-ifname",
+                launch,
+                f"multi-node launch without {', '.join(missing)}: ranks may pick the wrong NIC and hang",
+                "set them to the interface that carries the cluster network (host data 'nic')",
+            )
+        ]
     return []
 
 
-@rule("pd-ascend-transfer-backend", Severity.error, "PD disaggregation on Ascend needs the ascend transfer backend",
-      scope="PD disaggregation on Ascend NPUs", source="seed 004 (Atlas 800I A3 PD scripts)")
-def pd_ascend(l: Launch) -> list[Finding]:
-    if l.hardware.accelerator.vendor == "huawei" and l.has("--disaggregation-mode"):
-        if l.value("--disaggregation-transfer-backend") != "ascend":
-            return [_f("pd-ascend-transfer-backend", l, "PD disaggregation on NPUs without "
-                       "--disaggregation-transfer-backend ascend", "add --disaggregation-transfer-backend ascend")]
+@rule(
+    "pd-ascend-transfer-backend",
+    Severity.error,
+    "PD disaggregation on Ascend needs the ascend transfer backend",
+    scope="PD disaggregation on Ascend NPUs",
+    source="seed 004 (Atlas 800I A3 PD scripts)",
+)
+def pd_ascend(launch: Launch) -> list[Finding]:
+    if launch.hardware.accelerator.vendor == "huawei" and launch.has("--disaggregation-mode"):
+        if launch.value("--disaggregation-transfer-backend") != "ascend":
+            return [
+                _f(
+                    "pd-ascend-transfer-backend",
+                    launch,
+                    "PD disaggregation on NPUs without --disaggregation-transfer-backend ascend",
+                    "add --disaggregation-transfer-backend ascend",
+                )
+            ]
     return []
 
 
-@rule("nixl-silent-tcp", Severity.warning, "NIXL KV transfer silently falls back to TCP without its backend env",
-      scope="NIXL KV transfer, kernel 6.8+", source="seed 001 (GB200 NIXL/UCX, LIBFABRIC)")
-def nixl_tcp(l: Launch) -> list[Finding]:
-    if l.value("--disaggregation-transfer-backend") != "nixl":
+@rule(
+    "nixl-silent-tcp",
+    Severity.warning,
+    "NIXL KV transfer silently falls back to TCP without its backend env",
+    scope="NIXL KV transfer, kernel 6.8+",
+    source="seed 001 (GB200 NIXL/UCX, LIBFABRIC)",
+)
+def nixl_tcp(launch: Launch) -> list[Finding]:
+    if launch.value("--disaggregation-transfer-backend") != "nixl":
         return []
-    if "UCX_TLS" in l.env or "SGLANG_DISAGGREGATION_NIXL_BACKEND" in l.env:
+    if "UCX_TLS" in launch.env or "SGLANG_DISAGGREGATION_NIXL_BACKEND" in launch.env:
         return []
-    return [_f("nixl-silent-tcp", l, "NIXL transfer without UCX_TLS or SGLANG_DISAGGREGATION_NIXL_BACKEND: KV traffic "
-               "can silently fall back to TCP on kernel 6.8+", "set UCX_TLS=cuda_copy,cuda_ipc,tcp (UCX) or "
-               "SGLANG_DISAGGREGATION_NIXL_BACKEND=LIBFABRIC (EFA)")]
+    return [
+        _f(
+            "nixl-silent-tcp",
+            launch,
+            "NIXL transfer without UCX_TLS or SGLANG_DISAGGREGATION_NIXL_BACKEND: KV traffic "
+            "can silently fall back to TCP on kernel 6.8+",
+            "set UCX_TLS=cuda_copy,cuda_ipc,tcp (UCX) or SGLANG_DISAGGREGATION_NIXL_BACKEND=LIBFABRIC (EFA)",
+        )
+    ]
 
 
-@rule("proxy-env", Severity.warning, "Proxy variables reach the engine's cluster traffic",
-      scope="multi-node and PD launches", source="seed 004 (unset http(s)_proxy)")
-def proxy_env(l: Launch) -> list[Finding]:
-    present = [k for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY") if k in l.env]
+@rule(
+    "proxy-env",
+    Severity.warning,
+    "Proxy variables reach the engine's cluster traffic",
+    scope="multi-node and PD launches",
+    source="seed 004 (unset http(s)_proxy)",
+)
+def proxy_env(launch: Launch) -> list[Finding]:
+    present = [k for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY") if k in launch.env]
     if present:
-        return [_f("proxy-env", l, f"{', '.join(present)} set for the engine: bootstrap/HCCL/NCCL traffic may go "
-                   "through the proxy", "unset them for the service (recipe env_unset)")]
+        return [
+            _f(
+                "proxy-env",
+                launch,
+                f"{', '.join(present)} set for the engine: bootstrap/HCCL/NCCL traffic may go through the proxy",
+                "unset them for the service (recipe env_unset)",
+            )
+        ]
     return []
 
 
-@rule("speculative-draft-tokens", Severity.warning, "num_draft_tokens should be num_steps + 1 with topk 1",
-      scope="EAGLE/NEXTN with topk 1", source="seeds 000 and 004 (steps 3, draft tokens 4)")
-def draft_tokens(l: Launch) -> list[Finding]:
-    steps, topk, draft = (l.value(f"--speculative-{x}") for x in ("num-steps", "eagle-topk", "num-draft-tokens"))
+@rule(
+    "speculative-draft-tokens",
+    Severity.warning,
+    "num_draft_tokens should be num_steps + 1 with topk 1",
+    scope="EAGLE/NEXTN with topk 1",
+    source="seeds 000 and 004 (steps 3, draft tokens 4)",
+)
+def draft_tokens(launch: Launch) -> list[Finding]:
+    steps, topk, draft = (launch.value(f"--speculative-{x}") for x in ("num-steps", "eagle-topk", "num-draft-tokens"))
     if steps and draft and (topk in (None, "1")) and int(draft) != int(steps) + 1:
-        return [_f("speculative-draft-tokens", l, f"--speculative-num-draft-tokens {draft} with --speculative-num-steps"
-                   f" {steps} and topk 1 wastes or starves drafts", f"use --speculative-num-draft-tokens {int(steps) + 1}")]
+        return [
+            _f(
+                "speculative-draft-tokens",
+                launch,
+                f"--speculative-num-draft-tokens {draft} with --speculative-num-steps"
+                f" {steps} and topk 1 wastes or starves drafts",
+                f"use --speculative-num-draft-tokens {int(steps) + 1}",
+            )
+        ]
     return []
 
 
 # --------------------------------------------------------------------------- spelling, engine and security
 
 
-@rule("abbreviated-flag", Severity.warning, "Abbreviated flag: breaks when SGLang adds a flag with the same prefix",
-      scope="SGLang 0.5.9 .. 0.5.23 parsers", source="docs/engine-flags.md")
-def abbreviated(l: Launch) -> list[Finding]:
-    out = [_f("abbreviated-flag", l, f"{flag} is a prefix that argparse expands today", f"write {canonical(flag)}")
-           for flag in l.written_flags if flag in ABBREVIATIONS]
-    out += [_f("abbreviated-flag", l, f"{flag} is a prefix of several flags: argparse refuses it and the server does"
-               " not start", f"write {canonical(flag)}", Severity.error) for flag in l.written_flags if flag in AMBIGUOUS]
+@rule(
+    "abbreviated-flag",
+    Severity.warning,
+    "Abbreviated flag: breaks when SGLang adds a flag with the same prefix",
+    scope="SGLang 0.5.9 .. 0.5.23 parsers",
+    source="docs/engine-flags.md",
+)
+def abbreviated(launch: Launch) -> list[Finding]:
+    out = [
+        _f("abbreviated-flag", launch, f"{flag} is a prefix that argparse expands today", f"write {canonical(flag)}")
+        for flag in launch.written_flags
+        if flag in ABBREVIATIONS
+    ]
+    out += [
+        _f(
+            "abbreviated-flag",
+            launch,
+            f"{flag} is a prefix of several flags: argparse refuses it and the server does not start",
+            f"write {canonical(flag)}",
+            Severity.error,
+        )
+        for flag in launch.written_flags
+        if flag in AMBIGUOUS
+    ]
     return out
 
 
-@rule("engine-dropped-flag", Severity.error, "Flag or choice the target SGLang version no longer accepts",
-      scope="the target SGLang release", source="docs/engine-flags.md (real parsers)")
-def dropped(l: Launch) -> list[Finding]:
+@rule(
+    "engine-dropped-flag",
+    Severity.error,
+    "Flag or choice the target SGLang version no longer accepts",
+    scope="the target SGLang release",
+    source="docs/engine-flags.md (real parsers)",
+)
+def dropped(launch: Launch) -> list[Finding]:
     out = []
-    for flag, fix in DROPPED_IN.get(l.engine, {}).items():
-        if l.has(flag):
-            out.append(_f("engine-dropped-flag", l, f"{flag} is not accepted by sglang {l.engine}", fix))
-    for (flag, choice), fix in DROPPED_CHOICES.get(l.engine, {}).items():
-        if l.value(flag) == choice:
-            out.append(_f("engine-dropped-flag", l, f"{flag} {choice} is not accepted by sglang {l.engine}", fix))
+    for flag, fix in DROPPED_IN.get(launch.engine, {}).items():
+        if launch.has(flag):
+            out.append(_f("engine-dropped-flag", launch, f"{flag} is not accepted by sglang {launch.engine}", fix))
+    for (flag, choice), fix in DROPPED_CHOICES.get(launch.engine, {}).items():
+        if launch.value(flag) == choice:
+            out.append(
+                _f("engine-dropped-flag", launch, f"{flag} {choice} is not accepted by sglang {launch.engine}", fix)
+            )
     return out
 
 
 LOOPBACK = ("127.", "localhost", "::1")
 
 
-@rule("bind-without-api-key", Severity.warning, "Server on a non-loopback address without an API key",
-      scope="any launch", source="the brief's security rules")
-def bind_key(l: Launch) -> list[Finding]:
-    host = l.value("--host") or "127.0.0.1"
-    if host.startswith(LOOPBACK) or l.has("--api-key") or l.has_api_key:
+@rule(
+    "bind-without-api-key",
+    Severity.warning,
+    "Server on a non-loopback address without an API key",
+    scope="any launch",
+    source="the brief's security rules",
+)
+def bind_key(launch: Launch) -> list[Finding]:
+    host = launch.value("--host") or "127.0.0.1"
+    if host.startswith(LOOPBACK) or launch.has("--api-key") or launch.has_api_key:
         return []
     every = binds_every_address(host)
-    shown = f"{host} (every address)" if every else "the node's own address" if l.from_recipe else host
-    return [_f("bind-without-api-key", l, f"--host {shown} serves the API to the network without an API key",
-               "set an API key (recipe server.api_key_file, kept in the unit's 0600 env file) or bind 127.0.0.1")]
+    shown = f"{host} (every address)" if every else "the node's own address" if launch.from_recipe else host
+    return [
+        _f(
+            "bind-without-api-key",
+            launch,
+            f"--host {shown} serves the API to the network without an API key",
+            "set an API key (recipe server.api_key_file, kept in the unit's 0600 env file) or bind 127.0.0.1",
+        )
+    ]
 
 
-@rule("api-key-in-argv", Severity.warning, "API key on the command line is visible in ps",
-      scope="any launch", source="the brief's security rules")
-def key_argv(l: Launch) -> list[Finding]:
-    if l.has("--api-key"):
-        return [_f("api-key-in-argv", l, "--api-key on the command line is readable by every user through ps",
-                   "use server.api_key_file (the unit passes it through a 0600 env file)")]
+@rule(
+    "api-key-in-argv",
+    Severity.warning,
+    "API key on the command line is visible in ps",
+    scope="any launch",
+    source="the brief's security rules",
+)
+def key_argv(launch: Launch) -> list[Finding]:
+    if launch.has("--api-key"):
+        return [
+            _f(
+                "api-key-in-argv",
+                launch,
+                "--api-key on the command line is readable by every user through ps",
+                "use server.api_key_file (the unit passes it through a 0600 env file)",
+            )
+        ]
     return []
 
 
-@rule("unpinned-image", Severity.warning, "Container image by tag only: the tag moves under you",
-      scope="docker runtimes", source="ironserve (reproducible deploys)")
-def unpinned_image(l: Launch) -> list[Finding]:
-    if isinstance(l.runtime, DockerRuntime) and not l.runtime.digest:
-        return [_f("unpinned-image", l, f"image {l.runtime.image} is not pinned by digest",
-                   "add runtime.digest (ironserve deploy records the digest it pulled)")]
+@rule(
+    "unpinned-image",
+    Severity.warning,
+    "Container image by tag only: the tag moves under you",
+    scope="docker runtimes",
+    source="ironserve (reproducible deploys)",
+)
+def unpinned_image(launch: Launch) -> list[Finding]:
+    if isinstance(launch.runtime, DockerRuntime) and not launch.runtime.digest:
+        return [
+            _f(
+                "unpinned-image",
+                launch,
+                f"image {launch.runtime.image} is not pinned by digest",
+                "add runtime.digest (ironserve deploy records the digest it pulled)",
+            )
+        ]
     return []
 
 
-@rule("prerelease-install", Severity.warning, "Pre-release installs (-U --pre) are not reproducible",
-      scope="uv runtimes", source="seed 003 (sglang --pre)")
-def prerelease(l: Launch) -> list[Finding]:
-    if isinstance(l.runtime, UvRuntime) and l.runtime.prerelease:
-        return [_f("prerelease-install", l, "runtime allows pre-releases: the next install can differ",
-                   "pin every package with == and drop prerelease")]
+@rule(
+    "prerelease-install",
+    Severity.warning,
+    "Pre-release installs (-U --pre) are not reproducible",
+    scope="uv runtimes",
+    source="seed 003 (sglang --pre)",
+)
+def prerelease(launch: Launch) -> list[Finding]:
+    if isinstance(launch.runtime, UvRuntime) and launch.runtime.prerelease:
+        return [
+            _f(
+                "prerelease-install",
+                launch,
+                "runtime allows pre-releases: the next install can differ",
+                "pin every package with == and drop prerelease",
+            )
+        ]
     return []
 
 
-@rule("not-an-sglang-launch", Severity.error, "A command no SGLang launcher of any release accepts",
-      scope="every SGLang release (launch_server, sglang serve, sglang_router)", source="SGLang's entry points")
-def not_a_launch(l: Launch) -> list[Finding]:
+@rule(
+    "not-an-sglang-launch",
+    Severity.error,
+    "A command no SGLang launcher of any release accepts",
+    scope="every SGLang release (launch_server, sglang serve, sglang_router)",
+    source="SGLang's entry points",
+)
+def not_a_launch(launch: Launch) -> list[Finding]:
     out = []
-    if l.launch_error:
-        out.append(_f("not-an-sglang-launch", l, l.launch_error, l.launch_fix))
-    for flag in l.written_flags:
+    if launch.launch_error:
+        out.append(_f("not-an-sglang-launch", launch, launch.launch_error, launch.launch_fix))
+    for flag in launch.written_flags:
         if flag.startswith("--") and "_" in flag.split("=")[0]:
-            out.append(_f("not-an-sglang-launch", l, f"{flag}: no SGLang release registers flags with underscores",
-                          f"write {flag.replace('_', '-')} (check the name with --help)"))
+            out.append(
+                _f(
+                    "not-an-sglang-launch",
+                    launch,
+                    f"{flag}: no SGLang release registers flags with underscores",
+                    f"write {flag.replace('_', '-')} (check the name with --help)",
+                )
+            )
     return out
 
 
-@rule("literal-secret", Severity.error, "A secret written into a recipe (argv or env)",
-      scope="recipes", source="the brief's security rules (secrets only in 0600 files)")
-def literal_secret(l: Launch) -> list[Finding]:
-    if not l.from_recipe:
+@rule(
+    "literal-secret",
+    Severity.error,
+    "A secret written into a recipe (argv or env)",
+    scope="recipes",
+    source="the brief's security rules (secrets only in 0600 files)",
+)
+def literal_secret(launch: Launch) -> list[Finding]:
+    if not launch.from_recipe:
         return []
     out = []
     for flag in SECRET_FLAGS:
-        if l.value(flag):
-            out.append(_f("literal-secret", l, f"{flag} with a literal key in the recipe: it reaches argv, the unit "
-                          "file and ps", "remove it from extra_args; set server.api_key_file (a 0600 file on the "
-                          "host)"))
-    for key, value in l.env.items():
+        if launch.value(flag):
+            out.append(
+                _f(
+                    "literal-secret",
+                    launch,
+                    f"{flag} with a literal key in the recipe: it reaches argv, the unit file and ps",
+                    "remove it from extra_args; set server.api_key_file (a 0600 file on the host)",
+                )
+            )
+    for key, value in launch.env.items():
         if (SECRET_NAME.search(key) and value and not value.startswith("<")) or SECRET_VALUE.match(value):
-            out.append(_f("literal-secret", l, f"env {key} holds a literal secret in the recipe",
-                          f"remove {key} from the recipe; keep it in a 0600 file (HF_TOKEN: host data hf_token_file)"))
+            out.append(
+                _f(
+                    "literal-secret",
+                    launch,
+                    f"env {key} holds a literal secret in the recipe",
+                    f"remove {key} from the recipe; keep it in a 0600 file (HF_TOKEN: host data hf_token_file)",
+                )
+            )
     return out
 
 
-@rule("unset-value", Severity.error, "A value import could not know (a shell variable) is still unset",
-      scope="imported recipes", source="ironserve import")
-def unset_value(l: Launch) -> list[Finding]:
-    if not l.from_recipe:
+@rule(
+    "unset-value",
+    Severity.error,
+    "A value import could not know (a shell variable) is still unset",
+    scope="imported recipes",
+    source="ironserve import",
+)
+def unset_value(launch: Launch) -> list[Finding]:
+    if not launch.from_recipe:
         return []
-    places = [f"{flag} {' '.join(v)}" for flag, v in l.flags.items() if any(UNSET_VALUE.search(x) for x in v)]
-    places += [f"env {k}={v}" for k, v in l.env.items() if UNSET_VALUE.search(v) and v != "<nic>"]
-    return [_f("unset-value", l, f"{p} was a shell variable when imported and still has no value",
-               "set it in the recipe (or use a placeholder: {node_address}, {nic}, {model_path}, ...)")
-            for p in places]
+    places = [f"{flag} {' '.join(v)}" for flag, v in launch.flags.items() if any(UNSET_VALUE.search(x) for x in v)]
+    places += [f"env {k}={v}" for k, v in launch.env.items() if UNSET_VALUE.search(v) and v != "<nic>"]
+    return [
+        _f(
+            "unset-value",
+            launch,
+            f"{p} was a shell variable when imported and still has no value",
+            "set it in the recipe (or use a placeholder: {node_address}, {nic}, {model_path}, ...)",
+        )
+        for p in places
+    ]
 
 
 # --------------------------------------------------------------------------- recipe-level rules
@@ -512,18 +875,40 @@ def recipe_findings(recipe: Recipe, hardware: HardwareProfile, where: str) -> li
     out: list[Finding] = []
     tuning = recipe.tuning
     if tuning and tuning.gpu_memory_clock_offset_mhz and not hardware.accelerator.max_q:
-        out.append(Finding("clock-offset-not-maxq", Severity.error,
-                           f"gpu_memory_clock_offset_mhz on {hardware.id}: memory-clock offsets are for Max-Q cards "
-                           "only (nvmlDeviceSetMemClkVfOffset fails elsewhere)",
-                           "drop tuning.gpu_memory_clock_offset_mhz or target rtx6000-pro-maxq", where))
+        out.append(
+            Finding(
+                "clock-offset-not-maxq",
+                Severity.error,
+                f"gpu_memory_clock_offset_mhz on {hardware.id}: memory-clock offsets are for Max-Q cards "
+                "only (nvmlDeviceSetMemClkVfOffset fails elsewhere)",
+                "drop tuning.gpu_memory_clock_offset_mhz or target rtx6000-pro-maxq",
+                where,
+            )
+        )
     if tuning and tuning.nccl_graph:
-        graph_env = {p for g in recipe.topology.groups for k, p in recipe.group_env(g).items() if k == "NCCL_GRAPH_FILE"}
+        graph_env = {
+            p for g in recipe.topology.groups for k, p in recipe.group_env(g).items() if k == "NCCL_GRAPH_FILE"
+        }
         if graph_env and graph_env != {tuning.nccl_graph.path}:
-            out.append(Finding("nccl-graph-path", Severity.error, f"NCCL_GRAPH_FILE {sorted(graph_env)} is not where "
-                               f"the graph is placed ({tuning.nccl_graph.path})", "make them the same path", where))
+            out.append(
+                Finding(
+                    "nccl-graph-path",
+                    Severity.error,
+                    f"NCCL_GRAPH_FILE {sorted(graph_env)} is not where the graph is placed ({tuning.nccl_graph.path})",
+                    "make them the same path",
+                    where,
+                )
+            )
         if not tuning.nccl_graph.sha256:
-            out.append(Finding("nccl-graph-unpinned", Severity.warning, "NCCL graph XML has no sha256",
-                               "add tuning.nccl_graph.sha256 so a changed file is detected", where))
+            out.append(
+                Finding(
+                    "nccl-graph-unpinned",
+                    Severity.warning,
+                    "NCCL graph XML has no sha256",
+                    "add tuning.nccl_graph.sha256 so a changed file is detected",
+                    where,
+                )
+            )
     return out
 
 
@@ -545,9 +930,16 @@ def _router_unset(recipe: Recipe, proc) -> list[Finding]:
     """The router's values import could not know (its port, address, env): the rule the engines get."""
     from .render import Rendered, unset_values
 
-    return [Finding("unset-value", Severity.error, f"{word} was a shell variable when imported and still has no "
-                    "value", "set it in the recipe (topology.router)", f"{recipe.id} router")
-            for _, word in unset_values(Rendered(recipe, [proc]))]
+    return [
+        Finding(
+            "unset-value",
+            Severity.error,
+            f"{word} was a shell variable when imported and still has no value",
+            "set it in the recipe (topology.router)",
+            f"{recipe.id} router",
+        )
+        for _, word in unset_values(Rendered(recipe, [proc]))
+    ]
 
 
 def lint_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], engine: str | None = None) -> list[Finding]:
@@ -605,8 +997,15 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
     except CommandError as exc:
         if str(exc).startswith("'export'"):
             raise
-        launch = Launch(hardware=hardware, flags={}, env={}, engine=engine or seed_era(hardware.accelerator.arch),
-                        where="command", launch_error=str(exc), launch_fix=exc.fix)
+        launch = Launch(
+            hardware=hardware,
+            flags={},
+            env={},
+            engine=engine or seed_era(hardware.accelerator.arch),
+            where="command",
+            launch_error=str(exc),
+            launch_fix=exc.fix,
+        )
         return lint_launch(launch)
     if command.kind == "router":
         return []  # router flags are the real sglang-router parser's to check (--engine)
@@ -616,8 +1015,9 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
     runtime = None
     if command.docker:
         try:
-            runtime = DockerRuntime.model_validate({"kind": "docker", "image": command.docker.image,
-                                                    "digest": command.docker.digest})
+            runtime = DockerRuntime.model_validate(
+                {"kind": "docker", "image": command.docker.image, "digest": command.docker.digest}
+            )
         except ValueError:
             runtime = None
     launch = Launch(
@@ -635,10 +1035,22 @@ def lint_pasted(words: list[str], hardware: HardwareProfile, engine: str | None 
 
 
 def rule_table() -> list[dict]:
-    rows = [{"rule": k, "severity": v.severity.value, "summary": v.summary, "scope": v.scope, "source": v.source}
-            for k, v in RULES.items()]
-    rows += [{"rule": k, "severity": v[0].value, "summary": v[1], "scope": "recipes", "source": "seed 000"}
-             for k, v in RECIPE_RULES.items()]
-    rows += [{"rule": k, "severity": sev.value, "summary": summary, "scope": "uv runtimes of recipes (online)",
-              "source": source} for k, (sev, summary, source) in PIN_RULES.items()]
+    rows = [
+        {"rule": k, "severity": v.severity.value, "summary": v.summary, "scope": v.scope, "source": v.source}
+        for k, v in RULES.items()
+    ]
+    rows += [
+        {"rule": k, "severity": v[0].value, "summary": v[1], "scope": "recipes", "source": "seed 000"}
+        for k, v in RECIPE_RULES.items()
+    ]
+    rows += [
+        {
+            "rule": k,
+            "severity": sev.value,
+            "summary": summary,
+            "scope": "uv runtimes of recipes (online)",
+            "source": source,
+        }
+        for k, (sev, summary, source) in PIN_RULES.items()
+    ]
     return rows

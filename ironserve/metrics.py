@@ -101,19 +101,28 @@ class DeployOutcome:
 
 def deploy_samples(outcome: DeployOutcome) -> list[Sample]:
     recipe = {"recipe": outcome.recipe}
-    samples = [Sample("ironserve_deploy_last_timestamp_seconds", round(outcome.finished_at, 3), recipe),
-               Sample("ironserve_deploy_last_success", outcome.success, recipe),
-               Sample("ironserve_deploy_seconds", round(sum(outcome.stages.values()), 3), recipe)]
-    samples += [Sample("ironserve_deploy_stage_seconds", seconds, {**recipe, "stage": stage})
-                for stage, seconds in outcome.stages.items()]
+    samples = [
+        Sample("ironserve_deploy_last_timestamp_seconds", round(outcome.finished_at, 3), recipe),
+        Sample("ironserve_deploy_last_success", outcome.success, recipe),
+        Sample("ironserve_deploy_seconds", round(sum(outcome.stages.values()), 3), recipe),
+    ]
+    samples += [
+        Sample("ironserve_deploy_stage_seconds", seconds, {**recipe, "stage": stage})
+        for stage, seconds in outcome.stages.items()
+    ]
     samples += [Sample("ironserve_gate_passed", ok, {**recipe, "unit": unit}) for unit, ok in outcome.gates.items()]
     return samples
 
 
 def unit_info_lines(recipe: str, unit: str, role: str, generation: str) -> str:
     """The ironserve_unit_live_info sample of one unit (its generation is read on the host, so one line apiece)."""
-    return exposition([Sample("ironserve_unit_live_info", 1, {"recipe": recipe, "unit": unit, "role": role,
-                                                              "generation": generation})]).splitlines()[-1]
+    return exposition(
+        [
+            Sample(
+                "ironserve_unit_live_info", 1, {"recipe": recipe, "unit": unit, "role": role, "generation": generation}
+            )
+        ]
+    ).splitlines()[-1]
 
 
 def timing_table(stages: dict[str, float]) -> str:
@@ -128,16 +137,28 @@ def timing_table(stages: dict[str, float]) -> str:
 
 
 def timing_json(recipe: str, success: bool, stages: dict[str, float]) -> str:
-    return json.dumps({"recipe": recipe, "success": success, "time_to_serving_s": round(sum(stages.values()), 3),
-                       "stages": [{"stage": s, "seconds": round(v, 3)} for s, v in stages.items()]}, indent=2)
+    return json.dumps(
+        {
+            "recipe": recipe,
+            "success": success,
+            "time_to_serving_s": round(sum(stages.values()), 3),
+            "stages": [{"stage": s, "seconds": round(v, 3)} for s, v in stages.items()],
+        },
+        indent=2,
+    )
 
 
 def audit_samples(results: dict[tuple[str, str], bool], when: float) -> list[Sample]:
     """``results``: (host, check id) -> drift found; a check id's other characters become _ in its label."""
     samples = [Sample("ironserve_audit_last_timestamp_seconds", round(when, 3))]
-    return samples + [Sample("ironserve_audit_drift", drift,
-                             {"host": host, "check": re.sub(r"[^A-Za-z0-9_.:@/\[\]+=-]", "_", check)[:200]})
-                      for (host, check), drift in sorted(results.items())]
+    return samples + [
+        Sample(
+            "ironserve_audit_drift",
+            drift,
+            {"host": host, "check": re.sub(r"[^A-Za-z0-9_.:@/\[\]+=-]", "_", check)[:200]},
+        )
+        for (host, check), drift in sorted(results.items())
+    ]
 
 
 def write_textfile(path: str, text: str) -> str | None:
@@ -173,9 +194,19 @@ def file_sd(recipe: str, processes: list, exporters: list[tuple[str, str, int]])
     for proc in processes:
         if proc.metrics_port is None:
             continue
-        groups.append({"targets": [scrape_address(proc)],
-                       "labels": {"recipe": recipe, "role": proc.role, "group": str(proc.group),
-                                  "rank": str(proc.node_rank), "host": proc.host, "unit": proc.unit}})
+        groups.append(
+            {
+                "targets": [scrape_address(proc)],
+                "labels": {
+                    "recipe": recipe,
+                    "role": proc.role,
+                    "group": str(proc.group),
+                    "rank": str(proc.node_rank),
+                    "host": proc.host,
+                    "unit": proc.unit,
+                },
+            }
+        )
     for host, address, port in exporters:
         target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
         groups.append({"targets": [target], "labels": {"recipe": recipe, "role": "node", "host": host}})

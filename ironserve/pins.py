@@ -29,23 +29,35 @@ from .spec import HardwareProfile, Recipe, UvRuntime, resolve_index
 PYPI_SIMPLE = "https://pypi.org/simple"
 # for `ironserve lint --rules`: rule id -> (severity, summary, source)
 RULES = {
-    "uv-pins-unresolvable": (Severity.error, "A uv runtime's pins cannot be installed together (uv pip compile)",
-                             "issue 19: Atlas pins sglang 0.5.23 with torch 2.8.0"),
-    "uv-pins-not-resolved": (Severity.warning, "A uv runtime's pins were not resolved (offline, an index "
-                             "unreachable or unmapped)", "issue 19"),
+    "uv-pins-unresolvable": (
+        Severity.error,
+        "A uv runtime's pins cannot be installed together (uv pip compile)",
+        "issue 19: Atlas pins sglang 0.5.23 with torch 2.8.0",
+    ),
+    "uv-pins-not-resolved": (
+        Severity.warning,
+        "A uv runtime's pins were not resolved (offline, an index unreachable or unmapped)",
+        "issue 19",
+    ),
 }
 # manylinux level of the oldest OS the seeds' clusters run (Ubuntu 22.04, glibc 2.35)
 PLATFORMS = {"x86_64": "x86_64-manylinux_2_35", "aarch64": "aarch64-manylinux_2_35"}
 TIMEOUT_S = 180
 # what uv says when it could not ask an index (as opposed to a resolution that failed on the pins themselves)
-_UNREACHABLE = re.compile(r"(dns error|failed to (fetch|connect|download)|connection (refused|reset)|"
-                          r"network is unreachable|offline|request failed|timed out|error sending request)", re.I)
+_UNREACHABLE = re.compile(
+    r"(dns error|failed to (fetch|connect|download)|connection (refused|reset)|"
+    r"network is unreachable|offline|request failed|timed out|error sending request)",
+    re.I,
+)
 
 
 def index_options(runtime: UvRuntime, package_indexes: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """(uv index options, index:NAME references left without a URL)."""
     indexes, missing, args = package_indexes or {}, [], []
-    for ref, option in [(runtime.index_url, "--index-url"), *((r, "--extra-index-url") for r in runtime.extra_index_urls)]:
+    for ref, option in [
+        (runtime.index_url, "--index-url"),
+        *((r, "--extra-index-url") for r in runtime.extra_index_urls),
+    ]:
         if not ref:
             continue
         try:
@@ -66,8 +78,20 @@ def index_options(runtime: UvRuntime, package_indexes: dict[str, str] | None = N
 def compile_command(uv: str, runtime: UvRuntime, platform: str, idx: list[str], workdir: Path) -> list[str]:
     """`uv pip compile` of the pins as the uv role installs them (overrides, excludes), for one target platform."""
     (workdir / "requirements.in").write_text("".join(f"{p}\n" for p in runtime.packages))
-    cmd = [uv, "pip", "compile", str(workdir / "requirements.in"), "--no-config", "--quiet", "--no-header",
-           "--python-version", runtime.python, "--python-platform", platform, *idx]
+    cmd = [
+        uv,
+        "pip",
+        "compile",
+        str(workdir / "requirements.in"),
+        "--no-config",
+        "--quiet",
+        "--no-header",
+        "--python-version",
+        runtime.python,
+        "--python-platform",
+        platform,
+        *idx,
+    ]
     for option, lines in (("--overrides", runtime.overrides), ("--excludes", runtime.excludes)):
         if lines:
             path = workdir / option.strip("-")
@@ -82,8 +106,14 @@ def _explanation(stderr: str) -> str:
     return " ".join(keep)[:900]
 
 
-def resolve_findings(recipe: Recipe, profiles: dict[str, HardwareProfile], *, offline: bool = False,
-                     package_indexes: dict[str, str] | None = None, timeout: int = TIMEOUT_S) -> list[Finding]:
+def resolve_findings(
+    recipe: Recipe,
+    profiles: dict[str, HardwareProfile],
+    *,
+    offline: bool = False,
+    package_indexes: dict[str, str] | None = None,
+    timeout: int = TIMEOUT_S,
+) -> list[Finding]:
     runtime = recipe.runtime
     if not isinstance(runtime, UvRuntime):
         return []
@@ -93,12 +123,16 @@ def resolve_findings(recipe: Recipe, profiles: dict[str, HardwareProfile], *, of
         return [Finding("uv-pins-not-resolved", Severity.warning, f"pins not resolved: {why}", fix, where)]
 
     if offline:
-        return not_resolved("offline lint asks no index", "run `ironserve lint` without --offline where the "
-                            "recipe's indexes are reachable")
+        return not_resolved(
+            "offline lint asks no index",
+            "run `ironserve lint` without --offline where the recipe's indexes are reachable",
+        )
     idx, missing = index_options(runtime, package_indexes)
     if missing:
-        return not_resolved(f"{', '.join(missing)} has no URL here", "map it with --inventory (host data "
-                            "package_indexes) to resolve against it")
+        return not_resolved(
+            f"{', '.join(missing)} has no URL here",
+            "map it with --inventory (host data package_indexes) to resolve against it",
+        )
     uv = uv_binary()
     if not uv:
         return not_resolved("no uv on this machine", "install uv (scripts/env.sh does)")
@@ -118,16 +152,28 @@ def resolve_findings(recipe: Recipe, profiles: dict[str, HardwareProfile], *, of
             continue
         text = _explanation(proc.stderr)
         if "No solution found" in proc.stderr or "unsatisfiable" in proc.stderr:
-            findings.append(Finding(
-                "uv-pins-unresolvable", Severity.error,
-                f"the runtime's pins cannot be installed together on {platform} (Python {runtime.python}): {text}",
-                "pin versions that resolve (uv pip compile), or add runtime.overrides / runtime.excludes where the "
-                "build's published metadata names another platform's dependencies", where))
+            findings.append(
+                Finding(
+                    "uv-pins-unresolvable",
+                    Severity.error,
+                    f"the runtime's pins cannot be installed together on {platform} (Python {runtime.python}): {text}",
+                    "pin versions that resolve (uv pip compile), or add runtime.overrides / runtime.excludes where the "
+                    "build's published metadata names another platform's dependencies",
+                    where,
+                )
+            )
         elif _UNREACHABLE.search(proc.stderr):
-            findings += not_resolved(f"an index could not be reached ({text[:300]})",
-                                     "run lint where the recipe's indexes are reachable")
+            findings += not_resolved(
+                f"an index could not be reached ({text[:300]})", "run lint where the recipe's indexes are reachable"
+            )
         else:
-            findings.append(Finding("uv-pins-unresolvable", Severity.error,
-                                    f"uv could not resolve the runtime's pins on {platform}: {text}",
-                                    "fix the pins or the indexes", where))
+            findings.append(
+                Finding(
+                    "uv-pins-unresolvable",
+                    Severity.error,
+                    f"uv could not resolve the runtime's pins on {platform}: {text}",
+                    "fix the pins or the indexes",
+                    where,
+                )
+            )
     return findings

@@ -37,4 +37,4 @@ def message_and_fix(message: str) -> tuple[str, str | None]:
     """A validator's message split into what is wrong and what to write: the validators of ironserve.spec end a
     message with '; write ...' (or ': write ...'), which becomes the fix; None when the message has none."""
     found = _WRITE.search(message)
-    return (message[:found.start()], found.group(1)) if found else (message, None)
+    return (message[: found.start()], found.group(1)) if found else (message, None)

@@ -18,8 +18,11 @@ TEMPLATE = Path(__file__).resolve().parent / "project_template"
 
 def project_files() -> dict[str, bytes]:
     """Relative path -> content of every file init writes."""
-    out = {str(p.relative_to(TEMPLATE)): p.read_bytes() for p in sorted(TEMPLATE.rglob("*"))
-           if p.is_file() and "__pycache__" not in p.parts}
+    out = {
+        str(p.relative_to(TEMPLATE)): p.read_bytes()
+        for p in sorted(TEMPLATE.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     for deploy in sorted(resources.deploys_dir().glob("*.py")):
         out[f"deploys/{deploy.name}"] = deploy.read_bytes()
     return out
@@ -31,8 +34,16 @@ def init_project(directory: str) -> list[Path]:
     files = project_files()
     present = [name for name in files if (root / name).exists() or (root / name).is_symlink()]
     if present:
-        raise SpecError([Problem(str(root / present[0]), "", f"already exists ({len(present)} of the project's "
-                                 "files are there)", "init a new directory, or move those files away")])
+        raise SpecError(
+            [
+                Problem(
+                    str(root / present[0]),
+                    "",
+                    f"already exists ({len(present)} of the project's files are there)",
+                    "init a new directory, or move those files away",
+                )
+            ]
+        )
     if root.exists() and not root.is_dir():
         raise SpecError([Problem(str(root), "", "is not a directory", "give a directory to create")])
     written = []

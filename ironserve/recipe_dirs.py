@@ -35,8 +35,16 @@ def recipe_dirs() -> tuple[Path, ...]:
     named = [Path(p) for p in os.environ.get("IRONSERVE_RECIPES", "").split(os.pathsep) if p] + _given_dirs
     for d in named:
         if not d.is_dir():
-            raise SpecError([Problem(str(d), "", "recipe directory not found", "give a directory of recipe YAML "
-                                     "files (IRONSERVE_RECIPES or --recipes), or create it")])
+            raise SpecError(
+                [
+                    Problem(
+                        str(d),
+                        "",
+                        "recipe directory not found",
+                        "give a directory of recipe YAML files (IRONSERVE_RECIPES or --recipes), or create it",
+                    )
+                ]
+            )
     out = [base.resolve()]
     builtin = resources.catalogue_dir().resolve()  # a checkout's recipes/ is the catalogue, even when replaced
     for d in named + [Path(SITE_DIR)]:

@@ -42,8 +42,9 @@ class Registry:
         self.token: str | None = None
 
     def _request(self, method: str, url: str, *, data=None, headers: dict | None = None, length: int | None = None):
-        req = urllib.request.Request(url if url.startswith("http") else self.base + url, data=data, method=method,
-                                     headers=dict(headers or {}))
+        req = urllib.request.Request(
+            url if url.startswith("http") else self.base + url, data=data, method=method, headers=dict(headers or {})
+        )
         if length is not None:
             req.add_header("Content-Length", str(length))
         if self.token:
@@ -77,8 +78,9 @@ class Registry:
         return resp.headers["Docker-Content-Digest"]
 
     def put_manifest(self, repo: str, tag: str, blob: bytes, media_type: str) -> None:
-        resp = self._request("PUT", f"/v2/{repo}/manifests/{tag}", data=blob, length=len(blob),
-                             headers={"Content-Type": media_type})
+        resp = self._request(
+            "PUT", f"/v2/{repo}/manifests/{tag}", data=blob, length=len(blob), headers={"Content-Type": media_type}
+        )
         if resp.status != 201:
             raise RegistryError(f"PUT {self.base}/v2/{repo}/manifests/{tag}: HTTP {resp.status}")
 
@@ -98,7 +100,12 @@ class Registry:
         location = urllib.parse.urljoin(self.base + "/", start.headers["Location"])
         sep = "&" if "?" in location else "?"
         with open(path, "rb") as fh:
-            done = self._request("PUT", f"{location}{sep}digest={digest}", data=fh, length=path.stat().st_size,
-                                 headers={"Content-Type": "application/octet-stream"})
+            done = self._request(
+                "PUT",
+                f"{location}{sep}digest={digest}",
+                data=fh,
+                length=path.stat().st_size,
+                headers={"Content-Type": "application/octet-stream"},
+            )
         if done.status != 201:
             raise RegistryError(f"PUT blob {digest} to {self.base}/v2/{repo}: HTTP {done.status}")

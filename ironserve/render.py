@@ -11,15 +11,26 @@ fields, and its argv is built from them. Later stages read the fields; nothing d
 from __future__ import annotations
 
 import json
-import shlex
 import re
+import shlex
 from dataclasses import asdict, dataclass, field
 
-from .problems import Problem, SpecError
 from .inventory import InventoryHost
 from .nvidia import gpu_access
-from .spec import (DIST_INIT_DERIVED, ENV_NAME, RANK_GUARD_PORT_OFFSET, DockerRuntime, Group, Recipe, ServerOptions,
-                   UNSET_VALUE, binds_every_address, devices_per_node, is_set)
+from .problems import Problem, SpecError
+from .spec import (
+    DIST_INIT_DERIVED,
+    ENV_NAME,
+    RANK_GUARD_PORT_OFFSET,
+    UNSET_VALUE,
+    DockerRuntime,
+    Group,
+    Recipe,
+    ServerOptions,
+    binds_every_address,
+    devices_per_node,
+    is_set,
+)
 
 LAUNCH_SERVER = ["python3", "-m", "sglang.launch_server"]
 SERVE = ["sglang", "serve"]
@@ -96,7 +107,7 @@ class Process:
     @property
     def engine_args(self) -> list[str]:
         """argv without its launcher."""
-        return self.argv[len(self.launcher):]
+        return self.argv[len(self.launcher) :]
 
     def local_url(self, path: str) -> str:
         """Where the host itself reaches the process's HTTP port: 127.0.0.1 unless it binds one specific address.
@@ -254,7 +265,14 @@ def _assign(recipe: Recipe, hosts: list[InventoryHost], where: str) -> tuple[lis
         if topo.router.host_placement == "dedicated":
             if not routers:
                 raise SpecError(
-                    [Problem(where, "hosts", "the recipe's router needs a dedicated host", "add a host with ironserve_role='router'")]
+                    [
+                        Problem(
+                            where,
+                            "hosts",
+                            "the recipe's router needs a dedicated host",
+                            "add a host with ironserve_role='router'",
+                        )
+                    ]
                 )
             router_host = routers[0]
         else:
@@ -269,9 +287,15 @@ def _distinct_addresses(slots: list[_Slot], recipe: Recipe, where: str) -> None:
     for slot in slots:
         key = (slot.group_index, slot.instance, slot.host.address)
         if key in seen and seen[key] != slot.host.name:
-            problems.append(Problem(where, f"{slot.host.name}.ssh_hostname", f"{slot.host.name} and {seen[key]} are "
-                                    f"ranks of one {recipe.id} group on the same address {slot.host.address}",
-                                    "give every rank of a multi-node group its own host (ssh_hostname)"))
+            problems.append(
+                Problem(
+                    where,
+                    f"{slot.host.name}.ssh_hostname",
+                    f"{slot.host.name} and {seen[key]} are "
+                    f"ranks of one {recipe.id} group on the same address {slot.host.address}",
+                    "give every rank of a multi-node group its own host (ssh_hostname)",
+                )
+            )
         seen.setdefault(key, slot.host.name)
     if problems:
         raise SpecError(problems)
@@ -285,8 +309,9 @@ def _on_every_address(bind: str | None) -> bool:
 def _listeners(recipe: Recipe, proc: Process) -> list[tuple[str | None, int, str]]:
     """(bind address, port, what) for every port a process listens on."""
     # an unset port (<PORT>, lint's unset-value) clashes with nothing yet
-    out = [(proc.bind, proc.port or 30000, f"{proc.unit} (node rank {proc.node_rank}) port")] if is_set(
-        proc.port) else []
+    out = (
+        [(proc.bind, proc.port or 30000, f"{proc.unit} (node rank {proc.node_rank}) port")] if is_set(proc.port) else []
+    )
     if proc.role == "router":
         return out + [(proc.bind, recipe.topology.router.prometheus_port, f"{proc.unit} Prometheus port")]
     group = recipe.topology.groups[proc.group]
@@ -294,8 +319,9 @@ def _listeners(recipe: Recipe, proc: Process) -> list[tuple[str | None, int, str
         out.append((proc.bind, group.bootstrap_port + proc.instance, f"{proc.unit} bootstrap port"))
     if proc.in_rank_group and proc.node_rank == 0 and proc.dist_init_port and is_set(proc.dist_init_port):
         d, dp = proc.dist_init_port, recipe.group_server(group).dp_size or 1
-        out += [(None, port, f"{proc.unit} dist-init port + {port - d}")
-                for port in range(d, d + DIST_INIT_DERIVED + dp)]
+        out += [
+            (None, port, f"{proc.unit} dist-init port + {port - d}") for port in range(d, d + DIST_INIT_DERIVED + dp)
+        ]
         out.append((proc.address, d + RANK_GUARD_PORT_OFFSET, f"{proc.unit} rank guard"))
     return out
 
@@ -307,13 +333,20 @@ def _port_clashes(recipe: Recipe, processes: list[Process], where: str) -> None:
     for proc in processes:
         mine = by_address.setdefault(proc.address, [])
         for bind, port, what in _listeners(recipe, proc):
-            for other_bind, other_port, other_what, other in mine:
-                if port == other_port and (bind == other_bind or _on_every_address(bind)
-                                            or _on_every_address(other_bind)):
-                    problems.append(Problem(where, f"{proc.host}", f"{what} and {other_what} both listen on "
-                                            f"{proc.address}:{port}", "give one of them another port (recipe "
-                                            "server.port, topology.router.port, dist_init_port, bootstrap_port) or "
-                                            "the router a host of its own (ironserve_role='router')"))
+            for other_bind, other_port, other_what, _other in mine:
+                if port == other_port and (
+                    bind == other_bind or _on_every_address(bind) or _on_every_address(other_bind)
+                ):
+                    problems.append(
+                        Problem(
+                            where,
+                            f"{proc.host}",
+                            f"{what} and {other_what} both listen on {proc.address}:{port}",
+                            "give one of them another port (recipe "
+                            "server.port, topology.router.port, dist_init_port, bootstrap_port) or "
+                            "the router a host of its own (ironserve_role='router')",
+                        )
+                    )
                     break
             mine.append((bind, port, what, proc))
     if problems:
@@ -334,8 +367,9 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
     _distinct_addresses(slots, recipe, where)
     heads = {(slot.group_index, slot.instance): slot.host for slot in slots if slot.node_rank == 0}
     deployment_head = slots[0].host.address
-    processes = [_slot_process(recipe, slot, heads[(slot.group_index, slot.instance)], deployment_head, where)
-                 for slot in slots]
+    processes = [
+        _slot_process(recipe, slot, heads[(slot.group_index, slot.instance)], deployment_head, where) for slot in slots
+    ]
     if recipe.topology.router and router_host is not None:
         processes.append(_router_process(recipe, processes, router_host))
     _port_clashes(recipe, processes, where)
@@ -346,8 +380,9 @@ def render(recipe: Recipe, hosts: list[InventoryHost] | None = None, where: str 
     return Rendered(recipe, processes, {k: sorted(v, key=lambda p: p.node_rank) for k, v in rank_groups.items()})
 
 
-def _topology_flags(recipe: Recipe, group: Group, node_rank: int, instance: int,
-                    dist_init: tuple[str, int] | None) -> list[str]:
+def _topology_flags(
+    recipe: Recipe, group: Group, node_rank: int, instance: int, dist_init: tuple[str, int] | None
+) -> list[str]:
     """Where the engine stands in the deployment: dist-init, nodes and rank, its disaggregation role."""
     argv: list[str] = []
     if dist_init:
@@ -368,9 +403,16 @@ def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: st
     server = recipe.group_server(group)
     launcher = LAUNCHERS[recipe.engine.launcher]
     host_model_path = model_path_on(recipe, slot.host)
-    values = _Placeholders({"node_address": slot.host.address, "group_head": head.address,
-                            "deployment_head": deployment_head, "nic": slot.host.nic or NIC_FROM_INVENTORY,
-                            "model_path": host_model_path}, f"{where}: {slot.host.name}")
+    values = _Placeholders(
+        {
+            "node_address": slot.host.address,
+            "group_head": head.address,
+            "deployment_head": deployment_head,
+            "nic": slot.host.nic or NIC_FROM_INVENTORY,
+            "model_path": host_model_path,
+        },
+        f"{where}: {slot.host.name}",
+    )
     model_path = _fill(server.model_path or host_model_path, values)
     bind = _fill(server.host, values) if server.host else None
     dist_init = (head.address, group.dist_init_port) if group.nodes > 1 else None
@@ -382,14 +424,28 @@ def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: st
         env.update(_socket_ifname_env(recipe, slot.host, env, where))
     runtime = recipe.runtime
     return Process(
-        host=slot.host.name, address=slot.host.address, role=group.role, node_rank=slot.node_rank, argv=argv,
-        env=env, group=slot.group_index, instance=slot.instance, nnodes=group.nodes, port=server.port or 30000,
+        host=slot.host.name,
+        address=slot.host.address,
+        role=group.role,
+        node_rank=slot.node_rank,
+        argv=argv,
+        env=env,
+        group=slot.group_index,
+        instance=slot.instance,
+        nnodes=group.nodes,
+        port=server.port or 30000,
         serves_http=slot.node_rank == 0,
         unit=_unit_name(recipe, group.role, slot.group_index, slot.instance, groups),
-        source_env=list(runtime.source_env), env_unset=list(recipe.env_unset), launcher=list(launcher), bind=bind,
-        dist_init_addr=dist_init[0] if dist_init else None, dist_init_port=dist_init[1] if dist_init else None,
-        head=head.name if group.nodes > 1 else None, devices=devices_per_node(server, group.nodes),
-        model_path=model_path, gpu_access=_gpu_access(runtime, slot.host),
+        source_env=list(runtime.source_env),
+        env_unset=list(recipe.env_unset),
+        launcher=list(launcher),
+        bind=bind,
+        dist_init_addr=dist_init[0] if dist_init else None,
+        dist_init_port=dist_init[1] if dist_init else None,
+        head=head.name if group.nodes > 1 else None,
+        devices=devices_per_node(server, group.nodes),
+        model_path=model_path,
+        gpu_access=_gpu_access(runtime, slot.host),
         metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,
     )
 
@@ -416,13 +472,23 @@ def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str],
     """
     if host.nic is None:
         if not host.placeholder:
-            raise SpecError([Problem(where, f"{host.name}.nic", f"{host.name} is in a multi-node group of "
-                                     f"{recipe.id} but has no 'nic' host data", "set nic='<interface of the cluster "
-                                     "network>' so GLOO/NCCL/HCCL use it")])
+            raise SpecError(
+                [
+                    Problem(
+                        where,
+                        f"{host.name}.nic",
+                        f"{host.name} is in a multi-node group of {recipe.id} but has no 'nic' host data",
+                        "set nic='<interface of the cluster network>' so GLOO/NCCL/HCCL use it",
+                    )
+                ]
+            )
         return {}
     names = ["GLOO_SOCKET_IFNAME"]
-    names.append("HCCL_SOCKET_IFNAME" if recipe.server.device == "npu" or any(
-        g.server.device == "npu" for g in recipe.topology.groups) else "NCCL_SOCKET_IFNAME")
+    names.append(
+        "HCCL_SOCKET_IFNAME"
+        if recipe.server.device == "npu" or any(g.server.device == "npu" for g in recipe.topology.groups)
+        else "NCCL_SOCKET_IFNAME"
+    )
     return {n: host.nic for n in names if n not in env}
 
 
@@ -441,9 +507,20 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
                 argv += ["--decode", f"http://{p.address}:{p.port}"]
     else:
         argv += ["--worker-urls", *[f"http://{p.address}:{p.port}" for p in heads]]
-    argv += ["--host", router.host, "--port", str(router.port), "--policy", router.policy,
-             # sglang-router always serves its metrics (default 0.0.0.0:29000): bound like the router itself
-             "--prometheus-host", router.host, "--prometheus-port", str(router.prometheus_port), *router.extra_args]
+    argv += [
+        "--host",
+        router.host,
+        "--port",
+        str(router.port),
+        "--policy",
+        router.policy,
+        # sglang-router always serves its metrics (default 0.0.0.0:29000): bound like the router itself
+        "--prometheus-host",
+        router.host,
+        "--prometheus-port",
+        str(router.prometheus_port),
+        *router.extra_args,
+    ]
     return Process(
         host=host.name,
         address=host.address,
@@ -472,9 +549,15 @@ def unset_values(rendered: Rendered) -> list[tuple[str, str]]:
 
 def require_set(rendered: Rendered) -> None:
     """Units and deploys need every value: SpecError naming each one import left unset (lint lists them too)."""
-    problems = [Problem(f"recipe {rendered.recipe.id}", unit, f"{word} was a shell variable when the command was "
-                        "imported and has no value yet", "set it in the recipe (ironserve lint lists each)")
-                for unit, word in unset_values(rendered)]
+    problems = [
+        Problem(
+            f"recipe {rendered.recipe.id}",
+            unit,
+            f"{word} was a shell variable when the command was imported and has no value yet",
+            "set it in the recipe (ironserve lint lists each)",
+        )
+        for unit, word in unset_values(rendered)
+    ]
     if problems:
         raise SpecError(problems)
 

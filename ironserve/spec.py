@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -61,21 +61,33 @@ def _grammar(pattern: str, what: str, example: str):
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EnvName = Annotated[str, AfterValidator(_grammar(ENV_NAME.pattern, "an environment variable name", "NCCL_DEBUG"))]
 # Linux interface names: 1-15 bytes, no '/', ':' or whitespace (dev_valid_name); '.' and '..' are not names
-Interface = Annotated[str, AfterValidator(_grammar(r"(?!\.{1,2}$)[A-Za-z0-9_][A-Za-z0-9_.\-]{0,14}",
-                                                   "a network interface name", "enp65s0f0"))]
+Interface = Annotated[
+    str,
+    AfterValidator(_grammar(r"(?!\.{1,2}$)[A-Za-z0-9_][A-Za-z0-9_.\-]{0,14}", "a network interface name", "enp65s0f0")),
+]
 # unit names are built from these: sglang-<recipe id>-<role>
 UnitPart = Annotated[str, AfterValidator(_grammar(r"[a-z0-9][a-z0-9.\-]*", "a unit-name part", "glm5-nvfp4"))]
 # PyPI versions, Debian versions (epoch:upstream-revision, ~), vendor versions (8.3.RC1), image eras
-Version = Annotated[str, AfterValidator(_grammar(r"[A-Za-z0-9][A-Za-z0-9.+~_:\-]{0,127}", "a version",
-                                                 "0.5.9 or 580.95.05-1"))]
+Version = Annotated[
+    str, AfterValidator(_grammar(r"[A-Za-z0-9][A-Za-z0-9.+~_:\-]{0,127}", "a version", "0.5.9 or 580.95.05-1"))
+]
 # docker's reference grammar (distribution/reference): [domain[:port]/]path[:tag]
 _IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-ImageRef = Annotated[str, AfterValidator(_grammar(
-    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
-    rf"{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,127}})?",
-    "an image reference", "lmsysorg/sglang:v0.5.9"))]
-_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*\.?")
+ImageRef = Annotated[
+    str,
+    AfterValidator(
+        _grammar(
+            rf"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
+            rf"{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,127}})?",
+            "an image reference",
+            "lmsysorg/sglang:v0.5.9",
+        )
+    ),
+]
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*\.?"
+)
 
 
 def check_address(value: str) -> str:
@@ -135,8 +147,10 @@ def refuse_shell_syntax(value: str, allowed: re.Pattern, what: str, write: str) 
     for i, char in enumerate(value):
         if not allowed.fullmatch(char):
             shown = repr(char) if char.isprintable() and not char.isspace() else f"U+{ord(char):04X}"
-            raise ValueError(f"{value!r} holds {shown} at position {i}, which is not {what} character here (shell "
-                             f"syntax, spaces and quotes are refused); {write}")
+            raise ValueError(
+                f"{value!r} holds {shown} at position {i}, which is not {what} character here (shell "
+                f"syntax, spaces and quotes are refused); {write}"
+            )
 
 
 def check_abs_path(value: str) -> str:
@@ -148,8 +162,10 @@ def check_abs_path(value: str) -> str:
     if value != "/" and any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"{value!r} is not a normalised path: no '.', '..' or '//' (e.g. /mnt/models/GLM-5)")
     if ":" in value:
-        raise ValueError(f"{value!r}: a path cannot hold ':' (docker volumes and search paths split on it); write "
-                         "it without (e.g. /mnt/models/GLM-5)")
+        raise ValueError(
+            f"{value!r}: a path cannot hold ':' (docker volumes and search paths split on it); write "
+            "it without (e.g. /mnt/models/GLM-5)"
+        )
     refuse_shell_syntax(value, _PATH_CHARS, "a path", f"{_WRITE_PATH} (e.g. /mnt/models/GLM-5)")
     return value
 
@@ -160,10 +176,15 @@ _URL = re.compile(r"(https?|file)://[^/?#]*(?:[/?#].*)?")
 
 def check_url(value: str) -> str:
     if not _URL.fullmatch(value):
-        raise ValueError(f"{value!r} is not a URL: write https://host/path or file:///path "
-                         "(e.g. https://mirror.example/pypi/simple)")
-    refuse_shell_syntax(value, _URL_CHARS, "a URL", "write the URL without it, or percent-encoded "
-                        "(e.g. https://mirror.example/pypi/simple)")
+        raise ValueError(
+            f"{value!r} is not a URL: write https://host/path or file:///path (e.g. https://mirror.example/pypi/simple)"
+        )
+    refuse_shell_syntax(
+        value,
+        _URL_CHARS,
+        "a URL",
+        "write the URL without it, or percent-encoded (e.g. https://mirror.example/pypi/simple)",
+    )
     return value
 
 
@@ -180,8 +201,10 @@ def check_unset_path(value: str) -> str:
     read as a plain component (a leading one as under /), the rest is an absolute path's grammar."""
     parts = value.split("/")
     if any("<" in p or ">" in p for p in parts if not UNSET_VALUE.fullmatch(p)):
-        raise ValueError(f"{value!r}: a <NAME> stands for a whole path component (e.g. <MODEL_ROOT>/GLM-5); write "
-                         "the absolute path of the weights")
+        raise ValueError(
+            f"{value!r}: a <NAME> stands for a whole path component (e.g. <MODEL_ROOT>/GLM-5); write "
+            "the absolute path of the weights"
+        )
     known = UNSET_VALUE.sub(lambda m: m.group(0)[1:-1], value)
     check_abs_path(known if value.startswith("/") else f"/{known}")
     return value
@@ -212,7 +235,7 @@ class Strict(BaseModel):
         return value
 
 
-Scalar = Union[str, int, float]
+Scalar = str | int | float
 
 
 def _env_scalar(value: Any) -> Any:
@@ -274,25 +297,41 @@ def _check_env_value(value: str) -> str:
 
 # env maps: each key and each value validated on its own, so an error names the exact key (env.NAME)
 EnvValue = Annotated[str, BeforeValidator(_env_scalar), AfterValidator(_check_env_value)]
-EnvKey = Annotated[str, AfterValidator(_grammar(ENV_NAME.pattern, "an environment variable name (letters, digits, "
-                                                "_; not first a digit)", "NCCL_DEBUG"))]
+EnvKey = Annotated[
+    str,
+    AfterValidator(
+        _grammar(ENV_NAME.pattern, "an environment variable name (letters, digits, _; not first a digit)", "NCCL_DEBUG")
+    ),
+]
 
 
 # --------------------------------------------------------------------------- hardware
 
 
-# Compute architectures: NVIDIA's SM versions (sm80 A100, sm86/sm89 Ampere/Ada workstation, sm90 Hopper, sm100 B200/GB200,
+# Compute architectures: NVIDIA's SM versions (sm80 A100, sm86/sm89 Ampere/Ada workstation, sm90 Hopper, sm100
+# B200/GB200,
 # sm103 B300/GB300, sm120 RTX PRO 6000 Blackwell, ...), Huawei's Ascend generations (ascend-a3), or none (CPU only).
 ARCH_PATTERN = r"sm[0-9]{2,3}[a-z]?|ascend-[a-z0-9]+|none"
 ARCH_VENDOR = {"sm": "nvidia", "ascend-": "huawei", "none": "none"}
-Arch = Annotated[str, AfterValidator(_grammar(ARCH_PATTERN, "an accelerator architecture (smNN for NVIDIA, "
-                                              "ascend-NAME for Huawei, none)", "sm90, sm100, sm120, ascend-a3"))]
+Arch = Annotated[
+    str,
+    AfterValidator(
+        _grammar(
+            ARCH_PATTERN,
+            "an accelerator architecture (smNN for NVIDIA, ascend-NAME for Huawei, none)",
+            "sm90, sm100, sm120, ascend-a3",
+        )
+    ),
+]
 
 
 class Accelerator(Strict):
     vendor: Literal["nvidia", "huawei", "none"]
-    arch: Arch = Field(description=f"compute architecture, one of the forms {ARCH_PATTERN} (e.g. sm80, sm86, sm89, "
-                       "sm90, sm100, sm103, sm120, ascend-a3, none)", json_schema_extra={"pattern": f"^({ARCH_PATTERN})$"})
+    arch: Arch = Field(
+        description=f"compute architecture, one of the forms {ARCH_PATTERN} (e.g. sm80, sm86, sm89, "
+        "sm90, sm100, sm103, sm120, ascend-a3, none)",
+        json_schema_extra={"pattern": f"^({ARCH_PATTERN})$"},
+    )
     name: str = Field(description="Device name as the driver reports it (nvidia-smi / npu-smi)")
     count: int = Field(ge=0, description="Devices per node (NPU dies for Ascend)")
     memory_gib: int = Field(ge=0, description="Memory per device")
@@ -300,11 +339,13 @@ class Accelerator(Strict):
     max_q: bool = Field(False, description="Max-Q cards: the only ones where memory-clock offsets are supported")
 
     @model_validator(mode="after")
-    def _arch_of_vendor(self) -> "Accelerator":
+    def _arch_of_vendor(self) -> Accelerator:
         expected = next(v for prefix, v in ARCH_VENDOR.items() if self.arch.startswith(prefix))
         if expected != self.vendor:
-            raise ValueError(f"arch {self.arch} is not an architecture of vendor {self.vendor} (smNN: nvidia, "
-                             "ascend-NAME: huawei, none: none)")
+            raise ValueError(
+                f"arch {self.arch} is not an architecture of vendor {self.vendor} (smNN: nvidia, "
+                "ascend-NAME: huawei, none: none)"
+            )
         return self
 
 
@@ -313,19 +354,26 @@ class HardwareProfile(Strict):
     description: str
     accelerator: Accelerator
     cpu_arch: Literal["x86_64", "aarch64"]
-    driver_branch: str | None = Field(None, description="NVIDIA driver branch (580 for Blackwell) or Ascend HDK version")
+    driver_branch: str | None = Field(
+        None, description="NVIDIA driver branch (580 for Blackwell) or Ascend HDK version"
+    )
     toolkit: str | None = Field(None, description="CUDA toolkit (13.0) or CANN version")
-    fabric_manager: bool = Field(False, description="NVIDIA Fabric Manager must run (HGX/DGX boards whose GPUs meet "
-                                 "through NVSwitch: without it CUDA cannot use them); not on PCIe cards nor on "
-                                 "GB200/GB300 trays, whose NVLink switches are managed outside the node (IMEX there)")
-    tuning: "HostTuning" = Field(default_factory=lambda: HostTuning())
+    fabric_manager: bool = Field(
+        False,
+        description="NVIDIA Fabric Manager must run (HGX/DGX boards whose GPUs meet "
+        "through NVSwitch: without it CUDA cannot use them); not on PCIe cards nor on "
+        "GB200/GB300 trays, whose NVLink switches are managed outside the node (IMEX there)",
+    )
+    tuning: HostTuning = Field(default_factory=lambda: HostTuning())
 
     @model_validator(mode="after")
-    def _fabric_manager_on_nvswitch(self) -> "HardwareProfile":
+    def _fabric_manager_on_nvswitch(self) -> HardwareProfile:
         if self.fabric_manager and (self.accelerator.vendor, self.accelerator.interconnect) != ("nvidia", "nvswitch"):
-            raise ValueError(f"fabric_manager: true is for NVIDIA boards with interconnect nvswitch, not "
-                             f"{self.accelerator.vendor} {self.accelerator.interconnect}; write fabric_manager: false "
-                             "(or leave it out)")
+            raise ValueError(
+                f"fabric_manager: true is for NVIDIA boards with interconnect nvswitch, not "
+                f"{self.accelerator.vendor} {self.accelerator.interconnect}; write fabric_manager: false "
+                "(or leave it out)"
+            )
         return self
 
 
@@ -336,8 +384,10 @@ class NcclGraph(Strict):
     """NCCL topology graph XML (NCCL_GRAPH_FILE): measured +11% on Genoa with 2 NUMA nodes."""
 
     path: AbsPath = Field(description="Where the file lives on the host; NCCL_GRAPH_FILE points here")
-    source: str = Field(description="files/ path in this repo, a file beside the recipe or in the recipe catalogue "
-                        "(a relative path, never outside them), or a URL on the cluster's mirror")
+    source: str = Field(
+        description="files/ path in this repo, a file beside the recipe or in the recipe catalogue "
+        "(a relative path, never outside them), or a URL on the cluster's mirror"
+    )
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("source")
@@ -348,9 +398,11 @@ class NcclGraph(Strict):
         # a controller file uploaded to every host, world-readable: only from the directories ironserve owns
         # (roles/nccl.graph_source_file confines it, symlinks resolved)
         if value.startswith(("/", "~")) or ".." in value.split("/"):
-            raise ValueError(f"{value!r} names a file outside the recipe directories; write a path relative to the "
-                             "checkout's files/ or to the recipe's directory, without '..' (e.g. "
-                             "files/nccl/nccl_graph_opt.xml)")
+            raise ValueError(
+                f"{value!r} names a file outside the recipe directories; write a path relative to the "
+                "checkout's files/ or to the recipe's directory, without '..' (e.g. "
+                "files/nccl/nccl_graph_opt.xml)"
+            )
         refuse_shell_syntax(value, _PATH_CHARS, "a path", f"{_WRITE_PATH} (e.g. files/nccl/nccl_graph_opt.xml)")
         return value
 
@@ -394,15 +446,20 @@ class DockerRun(Strict):
     gpus: str | None = "all"
     privileged: bool = False
     cpuset_cpus: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
-    ulimits: dict[Annotated[str, Field(pattern=r"^[a-z]+$")], Annotated[str, Field(pattern=r"^(-?[0-9]+(:-?[0-9]+)?|unlimited)$")]] = \
-        Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
+    ulimits: dict[
+        Annotated[str, Field(pattern=r"^[a-z]+$")], Annotated[str, Field(pattern=r"^(-?[0-9]+(:-?[0-9]+)?|unlimited)$")]
+    ] = Field(default_factory=lambda: {"memlock": "-1", "stack": "67108864"})
     volumes: list[str] = Field(default_factory=list, description="host:container[:ro] mounts")
     devices: list[AbsPath] = Field(default_factory=list)
-    env_files: list[AbsPath] = Field(default_factory=list, description="host env files passed with --env-file, by "
-                                     "reference (after the unit's own env file)")
+    env_files: list[AbsPath] = Field(
+        default_factory=list,
+        description="host env files passed with --env-file, by reference (after the unit's own env file)",
+    )
     entrypoint: str | None = Field(None, description="--entrypoint: the first words of the engine argv it replaces")
-    extra_options: list[str] = Field(default_factory=list, description="other docker run options, as written "
-                                     "(--runtime=nvidia, -p 30000:30000, --cap-add=...)")
+    extra_options: list[str] = Field(
+        default_factory=list,
+        description="other docker run options, as written (--runtime=nvidia, -p 30000:30000, --cap-add=...)",
+    )
 
     @field_validator("ulimits", mode="before")
     @classmethod
@@ -449,11 +506,17 @@ class UvRuntime(Strict):
     index_strategy: Literal["first-index", "unsafe-first-match", "unsafe-best-match"] | None = None
     prerelease: bool = False
     source_env: list[AbsPath] = Field(default_factory=list, description="scripts sourced before the engine starts")
-    overrides: list[str] = Field(default_factory=list, description="pins that replace every requirement on the "
-                                 "same package, the packages' own included (uv --overrides): a build whose published "
-                                 "metadata names another platform's dependencies (SGLang's NPU path)")
-    excludes: list[str] = Field(default_factory=list, description="distributions left out of resolution (uv "
-                                "--excludes): the CUDA-only dependencies a non-CUDA build never imports")
+    overrides: list[str] = Field(
+        default_factory=list,
+        description="pins that replace every requirement on the "
+        "same package, the packages' own included (uv --overrides): a build whose published "
+        "metadata names another platform's dependencies (SGLang's NPU path)",
+    )
+    excludes: list[str] = Field(
+        default_factory=list,
+        description="distributions left out of resolution (uv "
+        "--excludes): the CUDA-only dependencies a non-CUDA build never imports",
+    )
 
     @field_validator("index_url", "extra_index_urls")
     @classmethod
@@ -466,7 +529,9 @@ class UvRuntime(Strict):
                 # index:NAME to an internal http mirror with allow_http_index=true
                 raise ValueError(f"index {ref!r} is plain http: use https, or index:NAME mapped by the inventory")
             if not (ref.startswith("index:") or re.match(r"^(https|file)://", ref)):
-                raise ValueError(f"index {ref!r}: write index:NAME (mapped by the inventory's package_indexes) or a URL")
+                raise ValueError(
+                    f"index {ref!r}: write index:NAME (mapped by the inventory's package_indexes) or a URL"
+                )
             check_url(ref)
         return value
 
@@ -478,12 +543,15 @@ class UvRuntime(Strict):
         pattern = r"[A-Za-z0-9][A-Za-z0-9_.\-]*" if names else r"[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+\-]+"
         for req in value:
             if not re.fullmatch(pattern, req):
-                raise ValueError(f"exclude {req!r} is not a distribution name" if names else
-                                 f"package {req!r} is not pinned: write name==version")
+                raise ValueError(
+                    f"exclude {req!r} is not a distribution name"
+                    if names
+                    else f"package {req!r} is not pinned: write name==version"
+                )
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "UvRuntime":
+    def _consistent(self) -> UvRuntime:
         # a package pinned at one version and overridden to another can never install as written
         norm = lambda n: re.sub(r"[-_.]+", "-", n.split("[", 1)[0]).lower()  # noqa: E731
         pinned = {norm(r.partition("==")[0]): r.partition("==")[2] for r in self.packages}
@@ -497,7 +565,7 @@ class UvRuntime(Strict):
         return self
 
 
-Runtime = Annotated[Union[DockerRuntime, UvRuntime], Field(discriminator="kind")]
+Runtime = Annotated[DockerRuntime | UvRuntime, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- engine and server
@@ -509,8 +577,10 @@ PYPI_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+|rc[0-9]+)?$")
 class Engine(Strict):
     sglang: Version = Field(description="A PyPI version (0.5.9) or a named image era (dev-cu13-2026-03)")
     launcher: Literal["launch_server", "serve", "router_launch_server"] = Field(
-        "launch_server", description="router_launch_server: python -m sglang_router.launch_server, the router and "
-        "--dp-size engines in one process")
+        "launch_server",
+        description="router_launch_server: python -m sglang_router.launch_server, the router and "
+        "--dp-size engines in one process",
+    )
     parser_version: Version | None = Field(
         None, description="PyPI version whose parser checks this command when `sglang` is an image era"
     )
@@ -579,8 +649,9 @@ class ServerOptions(Strict):
     mamba_scheduler_strategy: str | None = None
     disaggregation_transfer_backend: str | None = None
     enable_pcie_oneshot_allreduce: bool = False
-    enable_metrics: bool = Field(True, description="SGLang's Prometheus /metrics on the engine's own port (on by "
-                                 "default; false turns it off)")
+    enable_metrics: bool = Field(
+        True, description="SGLang's Prometheus /metrics on the engine's own port (on by default; false turns it off)"
+    )
     enable_mixed_chunk: bool = False
     sleep_on_idle: bool = False
     skip_server_warmup: bool = False
@@ -604,8 +675,12 @@ class ServerOptions(Strict):
             raise ValueError(f"extra_args must start with a flag (--name), got {value[0]!r}")
         derived = derived_flag_problems(value)
         if derived:
-            raise ValueError("; ".join(f"{flag} does not belong in extra_args: render derives it from {where} "
-                                       f"(set that instead)" for flag, where in derived))
+            raise ValueError(
+                "; ".join(
+                    f"{flag} does not belong in extra_args: render derives it from {where} (set that instead)"
+                    for flag, where in derived
+                )
+            )
         return value
 
     @field_validator("host")
@@ -626,13 +701,23 @@ class ServerOptions(Strict):
 # flags render derives from typed fields and the topology, which later stages read as the process's fields
 # (bind address, dist-init address, ranks, devices, model path): in extra_args they would contradict them
 DERIVED_FLAGS = {
-    "--host": "server.host", "--port": "server.port", "--model-path": "server.model_path",
-    "--model": "server.model_path", "--tp-size": "server.tp_size", "--tp": "server.tp_size",
-    "--tensor-parallel-size": "server.tp_size", "--pp-size": "server.pp_size", "--pp": "server.pp_size",
-    "--pipeline-parallel-size": "server.pp_size", "--dp-size": "server.dp_size", "--dp": "server.dp_size",
-    "--data-parallel-size": "server.dp_size", "--enable-dp-attention": "server.enable_dp_attention",
+    "--host": "server.host",
+    "--port": "server.port",
+    "--model-path": "server.model_path",
+    "--model": "server.model_path",
+    "--tp-size": "server.tp_size",
+    "--tp": "server.tp_size",
+    "--tensor-parallel-size": "server.tp_size",
+    "--pp-size": "server.pp_size",
+    "--pp": "server.pp_size",
+    "--pipeline-parallel-size": "server.pp_size",
+    "--dp-size": "server.dp_size",
+    "--dp": "server.dp_size",
+    "--data-parallel-size": "server.dp_size",
+    "--enable-dp-attention": "server.enable_dp_attention",
     "--dist-init-addr": "topology.groups[].dist_init_port (the address is rank 0's)",
-    "--nnodes": "topology.groups[].nodes", "--node-rank": "the inventory order of the group's hosts",
+    "--nnodes": "topology.groups[].nodes",
+    "--node-rank": "the inventory order of the group's hosts",
     "--disaggregation-mode": "topology.groups[].role",
     "--disaggregation-bootstrap-port": "topology.groups[].bootstrap_port",
 }
@@ -657,11 +742,16 @@ class Router(Strict):
     policy: Literal["round_robin", "random", "cache_aware", "power_of_two"] = "round_robin"
     host: Address | Unset = "127.0.0.1"
     port: Port | Unset = 30000
-    prometheus_port: int = Field(29000, ge=1, le=65535, description="sglang-router's Prometheus endpoint, bound "
-                                 "to the router's own address (--prometheus-host)")
+    prometheus_port: int = Field(
+        29000,
+        ge=1,
+        le=65535,
+        description="sglang-router's Prometheus endpoint, bound to the router's own address (--prometheus-host)",
+    )
     extra_args: list[str] = Field(default_factory=list)
-    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="the router's own environment "
-                                "(SGLANG_DP_ROUND_ROBIN=1, RUST_LOG=...)")
+    env: dict[EnvKey, EnvValue] = Field(
+        default_factory=dict, description="the router's own environment (SGLANG_DP_ROUND_ROBIN=1, RUST_LOG=...)"
+    )
     host_placement: Literal["deployment_head", "dedicated"] = Field(
         "deployment_head",
         description="deployment_head: runs on the first worker host; dedicated: needs an inventory host with"
@@ -704,7 +794,7 @@ class Topology(Strict):
     router: Router | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Topology":
+    def _consistent(self) -> Topology:
         roles = [g.role for g in self.groups]
         if self.kind == "pd-disaggregation":
             halves = {"prefill", "decode"} & set(roles)
@@ -716,8 +806,10 @@ class Topology(Strict):
                 raise ValueError("pd-disaggregation needs a router (topology.router)")
             if len(halves) == 1 and self.router is not None:
                 other = ({"prefill", "decode"} - halves).pop()
-                raise ValueError(f"a {halves.pop()}-only pd-disaggregation (no {other} group) has no router: it "
-                                 f"runs with the {other} half (add a {other} group, or leave topology.router out)")
+                raise ValueError(
+                    f"a {halves.pop()}-only pd-disaggregation (no {other} group) has no router: it "
+                    f"runs with the {other} half (add a {other} group, or leave topology.router out)"
+                )
             for g in self.groups:
                 if g.role == "prefill" and g.bootstrap_port is None:
                     raise ValueError("prefill groups need bootstrap_port (--disaggregation-bootstrap-port)")
@@ -748,12 +840,14 @@ class Deviation(Strict):
 
     env: str | None = Field(None, description="env var added or changed")
     flag: str | None = Field(None, description="flag added or changed (full name)")
-    runtime: str | None = Field(None, description="runtime field chosen where the seed names no install "
-                                "(runtime.packages, runtime.overrides, ...)")
+    runtime: str | None = Field(
+        None,
+        description="runtime field chosen where the seed names no install (runtime.packages, runtime.overrides, ...)",
+    )
     reason: str
 
     @model_validator(mode="after")
-    def _one(self) -> "Deviation":
+    def _one(self) -> Deviation:
         if sum(bool(x) for x in (self.env, self.flag, self.runtime)) != 1:
             raise ValueError("a deviation names exactly one env var, one flag or one runtime field")
         return self
@@ -765,7 +859,7 @@ class Source(Strict):
     deviations: list[Deviation] = Field(default_factory=list)
 
 
-Range = Union[float, tuple[float, float]]
+Range = float | tuple[float, float]
 
 
 class Expected(Strict):
@@ -782,7 +876,8 @@ class Expected(Strict):
 class Benchmark(Strict):
     tool: Literal["bench_serving", "aiperf"] = "bench_serving"
     dataset_name: Literal["random", "random-ids", "generated-shared-prefix", "sharegpt"] = Field(
-        "random", description="random samples ShareGPT texts (a download, or --dataset-path); random-ids needs no file")
+        "random", description="random samples ShareGPT texts (a download, or --dataset-path); random-ids needs no file"
+    )
     random_input_len: int | None = None
     random_output_len: int | None = None
     random_range_ratio: float | None = None
@@ -797,8 +892,11 @@ class Benchmark(Strict):
 
 
 class ModelSource(Strict):
-    hub_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$",
-                               description="Hugging Face repository id")
+    hub_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$",
+        description="Hugging Face repository id",
+    )
     path: ModelPath | None = Field(None, description="path of the weights on the host (as in the seed)")
     revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
@@ -806,7 +904,7 @@ class ModelSource(Strict):
     generate: Literal["tiny-llama"] | None = Field(None, description="weights generated locally (lab), no hub")
 
     @model_validator(mode="after")
-    def _some_source(self) -> "ModelSource":
+    def _some_source(self) -> ModelSource:
         if not (self.hub_id or self.path or self.generate):
             raise ValueError("model needs hub_id, path or generate")
         return self

@@ -38,8 +38,14 @@ def _probe(spec: str, units: list[dict]) -> tuple[list[dict], str | None]:
         return [], f"{type(exc).__name__}: {exc}"[:160]
 
 
-def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout, fmt: str = "json",
-           limit: list[str] | None = None) -> int:
+def status(
+    inventory: str,
+    deploy: str,
+    data: dict | None = None,
+    out=sys.stdout,
+    fmt: str = "json",
+    limit: list[str] | None = None,
+) -> int:
     from roles.context import build_context
 
     model = deploy_model(deploy)
@@ -51,8 +57,15 @@ def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout
     plans = {}
     for h in hosts:
         ctx = contexts[h.name]
-        plans[h.name] = [{"unit": p.unit, "role": p.role, "node_rank": p.node_rank,
-                          "health_url": p.health_url if ctx.launch else None} for p in ctx.processes]
+        plans[h.name] = [
+            {
+                "unit": p.unit,
+                "role": p.role,
+                "node_rank": p.node_rank,
+                "health_url": p.health_url if ctx.launch else None,
+            }
+            for p in ctx.processes
+        ]
     specs = connection.open_hosts(fleet, [h.name for h in hosts])  # pyinfra's connector, strict host keys
     try:
         with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
@@ -66,13 +79,20 @@ def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout
         if error:
             entry["error"] = error
             worst = 2
-        elif any(u["active"] != ("active" if contexts[h.name].launch else "inactive")
-                 or (u["health"] not in (None, "200")) for u in units):
+        elif any(
+            u["active"] != ("active" if contexts[h.name].launch else "inactive") or (u["health"] not in (None, "200"))
+            for u in units
+        ):
             worst = max(worst, 1)
         report_hosts.append(entry)
     server = first.recipe.group_server(first.recipe.topology.groups[0])
-    report = {"recipe": first.recipe.id, "endpoint": first.rendered.endpoint, "launch": first.launch,
-              "served_model_name": server.served_model_name or first.model_path, "hosts": report_hosts}
+    report = {
+        "recipe": first.recipe.id,
+        "endpoint": first.rendered.endpoint,
+        "launch": first.launch,
+        "served_model_name": server.served_model_name or first.model_path,
+        "hosts": report_hosts,
+    }
     if fmt == "json":
         print(json.dumps(report, indent=2), file=out)
     else:
@@ -81,8 +101,11 @@ def status(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout
             if "error" in entry:
                 print(f"  {entry['name']}: unreachable ({entry['error']})", file=out)
             for u in entry["units"]:
-                print(f"  {entry['name']} {u['unit']} [{u['role']} rank {u['node_rank']}]: {u['active']}"
-                      f"{'' if u['health'] is None else ', health ' + u['health']}", file=out)
+                print(
+                    f"  {entry['name']} {u['unit']} [{u['role']} rank {u['node_rank']}]: {u['active']}"
+                    f"{'' if u['health'] is None else ', health ' + u['health']}",
+                    file=out,
+                )
     return worst
 
 
@@ -96,8 +119,9 @@ def prometheus_targets(inventory: str, deploy: str, data: dict | None = None, ou
     hosts = read_fleet(inventory, data).hosts  # pyinfra's loader: group_data/ and --data as the deploy sees them
     pairs = [(h.name, h.data) for h in hosts]
     contexts = [build_context(model, h.name, pairs, inventory) for h in hosts]
-    exporters = [(h.name, h.address, ctx.host.node_exporter_port) for h, ctx in zip(hosts, contexts)
-                 if ctx.host.node_exporter]
+    exporters = [
+        (h.name, h.address, ctx.host.node_exporter_port) for h, ctx in zip(hosts, contexts) if ctx.host.node_exporter
+    ]
     first = contexts[0]
     print(json.dumps(file_sd(first.recipe.id, first.rendered.processes, exporters), indent=2), file=out)
     return 0
@@ -107,11 +131,18 @@ def add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="endpoint, served model and unit state per host", allow_abbrev=False)
     p.add_argument("inventory")
     p.add_argument("deploy")
-    p.add_argument("--format", choices=["json", "text", "prometheus"], default="text",
-                   help="prometheus: the scrape targets as Prometheus file_sd JSON (offline)")
+    p.add_argument(
+        "--format",
+        choices=["json", "text", "prometheus"],
+        default="text",
+        help="prometheus: the scrape targets as Prometheus file_sd JSON (offline)",
+    )
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
-    p.add_argument("--limit", action="append", help="only these hosts: a host name, a glob of names or a group, as "
-                   "pyinfra's --limit (repeatable)")
+    p.add_argument(
+        "--limit",
+        action="append",
+        help="only these hosts: a host name, a glob of names or a group, as pyinfra's --limit (repeatable)",
+    )
     p.set_defaults(func=_run)
 
 

@@ -115,7 +115,8 @@ def router_venv(recipe: Recipe) -> str | None:
         return None
     runtime = recipe.runtime
     if isinstance(runtime, UvRuntime) and any(
-            re.sub(r"[-_.]+", "-", p.partition("==")[0]).lower() == ROUTER_DIST for p in runtime.packages):
+        re.sub(r"[-_.]+", "-", p.partition("==")[0]).lower() == ROUTER_DIST for p in runtime.packages
+    ):
         return None
     return f"{VENV_ROOT}/{ROUTER_DIST}-{version}"
 
@@ -147,7 +148,7 @@ def jit_cache_directory(recipe: Recipe) -> str:
     or follows anything inside a directory the engine's user can write."""
     path = jit_dir(recipe)
     assert path.startswith(CACHE_ROOT + "/") and " " not in path, path
-    return path[len(CACHE_ROOT) + 1:]
+    return path[len(CACHE_ROOT) + 1 :]
 
 
 def _limit(value) -> str:
@@ -227,11 +228,13 @@ def _runtime_argv(recipe: Recipe, proc: Process, api_key: bool) -> tuple[list[st
     if api_key:
         docker += ["-v", f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro"]
     if sourced:
-        return (docker + ["--entrypoint", "/bin/bash", image_ref(recipe)],
-                ["-c", sourcing_script(sourced), proc.unit, *argv])
-    if run.entrypoint and argv[:len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
+        return (
+            docker + ["--entrypoint", "/bin/bash", image_ref(recipe)],
+            ["-c", sourcing_script(sourced), proc.unit, *argv],
+        )
+    if run.entrypoint and argv[: len(shlex.split(run.entrypoint))] == shlex.split(run.entrypoint):
         # the image's entrypoint replaced by the argv's first words, as the pasted line had it
-        return docker + ["--entrypoint", run.entrypoint, image_ref(recipe)], argv[len(shlex.split(run.entrypoint)):]
+        return docker + ["--entrypoint", run.entrypoint, image_ref(recipe)], argv[len(shlex.split(run.entrypoint)) :]
     return docker + [image_ref(recipe)], argv
 
 
@@ -391,12 +394,30 @@ def rank_guard_files(recipe: Recipe, proc: Process, members: list[Process]) -> R
         # joining a new rank 0's group is never restarted out of it (files/bin/ironserve_rank_guard.py)
         config["rendezvous"] = f"{proc.dist_init_addr}:{proc.dist_init_port}"
     config_path = f"{ETC_DIR}/{proc.unit}.rank-group.json"
-    text = _jinja().get_template("rank-guard.service.j2").render(
-        recipe=recipe, proc=proc, world=len(members), guard=RANK_GUARD, config_path=config_path, backoff=BACKOFF,
-        unit=rank_guard_unit(proc), state_dir=RANK_GROUP_STATE_DIR, backoff_dir=BACKOFF_DIR,
-        nofile=RANK_GUARD_NOFILE, allow=guard_allowed(members))
-    return RankGuardFiles(f"{rank_guard_unit(proc)}.service", text, config_path,
-                          json.dumps(config, indent=2, sort_keys=True) + "\n", rank_group_secret_path(proc))
+    text = (
+        _jinja()
+        .get_template("rank-guard.service.j2")
+        .render(
+            recipe=recipe,
+            proc=proc,
+            world=len(members),
+            guard=RANK_GUARD,
+            config_path=config_path,
+            backoff=BACKOFF,
+            unit=rank_guard_unit(proc),
+            state_dir=RANK_GROUP_STATE_DIR,
+            backoff_dir=BACKOFF_DIR,
+            nofile=RANK_GUARD_NOFILE,
+            allow=guard_allowed(members),
+        )
+    )
+    return RankGuardFiles(
+        f"{rank_guard_unit(proc)}.service",
+        text,
+        config_path,
+        json.dumps(config, indent=2, sort_keys=True) + "\n",
+        rank_group_secret_path(proc),
+    )
 
 
 def _one_line(value):
@@ -410,8 +431,14 @@ def _one_line(value):
 
 
 def _jinja() -> Environment:
-    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined, finalize=_one_line,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        undefined=StrictUndefined,
+        finalize=_one_line,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["systemd_word"] = systemd_quote  # one argument of a command line (ExecStart=...)
     return env
 
@@ -420,31 +447,35 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
     # an API key among the secrets switches ExecStart to ironserve-exec (see exec_argv), which fails closed
     keyed = any(k in (secrets or {}) for k in KEY_ENV)
     argv = exec_argv(recipe, proc, api_key=keyed)
-    text = _jinja().get_template("sglang.service.j2").render(
-        recipe=recipe,
-        proc=proc,
-        exec_start=" ".join(systemd_quote(a) for a in argv),
-        env_file=env_path(proc),
-        is_docker=in_container(recipe, proc),
-        memlock=_limit(tuning.limits.memlock),
-        stack=_limit(tuning.limits.stack),
-        nofile=_limit(tuning.limits.nofile),
-        unset=proc.env_unset,
-        jit_dir=jit_dir(recipe),
-        cache_directory=jit_cache_directory(recipe),
-        protect_home=protect_home(proc),
-        backoff=BACKOFF,
-        # the backoff's wait counts against TimeoutStartSec: keep it well inside
-        backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),
-        rank_guard=f"{rank_guard_unit(proc)}.service" if proc.in_rank_group else None,
-        start_timeout=recipe.health_timeout_s,
-        user=ENGINE_USER if runs_as_user(recipe, proc) else None,
-        groups=device_groups(recipe, proc),
-        key_file=(secrets or {}).get(API_KEY_FILE_ENV, "").replace("%", "%%"),
-        key_credential=API_KEY_CREDENTIAL,
-        keyed=keyed,
-        no_key_status=NO_KEY_EXIT,
-        low_port=isinstance(proc.port, int) and proc.port < 1024,
+    text = (
+        _jinja()
+        .get_template("sglang.service.j2")
+        .render(
+            recipe=recipe,
+            proc=proc,
+            exec_start=" ".join(systemd_quote(a) for a in argv),
+            env_file=env_path(proc),
+            is_docker=in_container(recipe, proc),
+            memlock=_limit(tuning.limits.memlock),
+            stack=_limit(tuning.limits.stack),
+            nofile=_limit(tuning.limits.nofile),
+            unset=proc.env_unset,
+            jit_dir=jit_dir(recipe),
+            cache_directory=jit_cache_directory(recipe),
+            protect_home=protect_home(proc),
+            backoff=BACKOFF,
+            # the backoff's wait counts against TimeoutStartSec: keep it well inside
+            backoff_max=min(BACKOFF_MAX_S, recipe.health_timeout_s // 2),
+            rank_guard=f"{rank_guard_unit(proc)}.service" if proc.in_rank_group else None,
+            start_timeout=recipe.health_timeout_s,
+            user=ENGINE_USER if runs_as_user(recipe, proc) else None,
+            groups=device_groups(recipe, proc),
+            key_file=(secrets or {}).get(API_KEY_FILE_ENV, "").replace("%", "%%"),
+            key_credential=API_KEY_CREDENTIAL,
+            keyed=keyed,
+            no_key_status=NO_KEY_EXIT,
+            low_port=isinstance(proc.port, int) and proc.port < 1024,
+        )
     )
     return UnitFiles(f"{proc.unit}.service", text, env_path(proc), env_text(proc, secrets))
 

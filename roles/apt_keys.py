@@ -18,9 +18,11 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 # primary key fingerprints of a key file (armored or binary); gpg needs a home, never root's own
-_SHOW_KEYS = ("home=$(mktemp -d) && gpg --homedir \"$home\" --batch --quiet --show-keys --with-colons {path} "
-              "2>/dev/null | awk -F: '$1 == \"pub\" {{p = 1}} $1 == \"fpr\" && p {{print $10; p = 0}}'; "
-              "rm -rf \"$home\"")
+_SHOW_KEYS = (
+    'home=$(mktemp -d) && gpg --homedir "$home" --batch --quiet --show-keys --with-colons {path} '
+    '2>/dev/null | awk -F: \'$1 == "pub" {{p = 1}} $1 == "fpr" && p {{print $10; p = 0}}\'; '
+    'rm -rf "$home"'
+)
 
 
 class KeyFingerprints(FactBase):
@@ -39,12 +41,18 @@ def fetch_verified_command(url: str, dest: str, fingerprint: str, host_name: str
     q = shlex.quote
     tmp = dest + ".download"
     message = f"{host_name}: apt key {url}: expected the key {fingerprint}, found "
-    install = (f"if grep -q 'BEGIN PGP' {q(tmp)}; then gpg --batch --yes --dearmor -o {q(dest)} {q(tmp)}; "
-               f"else mv {q(tmp)} {q(dest)}; fi" if dearmor else f"mv {q(tmp)} {q(dest)}")
-    return (f"curl -fsSL {q(url)} -o {q(tmp)} && "
-            f"found=$({_SHOW_KEYS.format(path=q(tmp))}) && "
-            f"if [ \"$found\" != {q(fingerprint)} ]; then echo {q(message)}\"${{found:-no key}}\" | tr '\\n' ' ' >&2; "
-            f"rm -f {q(tmp)}; exit 1; fi && {install} && rm -f {q(tmp)} && chmod 644 {q(dest)}")
+    install = (
+        f"if grep -q 'BEGIN PGP' {q(tmp)}; then gpg --batch --yes --dearmor -o {q(dest)} {q(tmp)}; "
+        f"else mv {q(tmp)} {q(dest)}; fi"
+        if dearmor
+        else f"mv {q(tmp)} {q(dest)}"
+    )
+    return (
+        f"curl -fsSL {q(url)} -o {q(tmp)} && "
+        f"found=$({_SHOW_KEYS.format(path=q(tmp))}) && "
+        f"if [ \"$found\" != {q(fingerprint)} ]; then echo {q(message)}\"${{found:-no key}}\" | tr '\\n' ' ' >&2; "
+        f"rm -f {q(tmp)}; exit 1; fi && {install} && rm -f {q(tmp)} && chmod 644 {q(dest)}"
+    )
 
 
 @operation()

@@ -46,8 +46,8 @@ from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.facts.server import Arch
 from pyinfra.operations import files, server
 
-from roles import preflight
 from ironserve.hostdata import DEFAULTS
+from roles import preflight
 from roles.common import sha256_checked
 from roles.context import DeploymentContext
 from roles.preflight import plain
@@ -85,12 +85,12 @@ class AscendVersions(FactBase):
     def command(self, install_path: str = INSTALL_PATH) -> str:
         p = shlex.quote(install_path)  # data: quoted, and never inside double quotes outside a $(...)
         return (
-            "v() { [ -f \"$1\" ] && sed -n 's/^[[:space:]]*[Vv]ersion[[:space:]]*[=:][[:space:]]*//p' \"$1\" | head -n 1; }; "
+            'v() { [ -f "$1" ] && sed -n \'s/^[[:space:]]*[Vv]ersion[[:space:]]*[=:][[:space:]]*//p\' "$1" | head -n 1; }; '
             f'echo "driver=$(v {p}/driver/version.info)"; '
             f'echo "firmware=$(v {p}/firmware/version.info)"; '
             f'echo "toolkit=$(for f in {p}/ascend-toolkit/latest/*/ascend_toolkit_install.info; do v "$f"; done | head -n 1)"; '
             f'echo "nnal=$(v {p}/nnal/atb/latest/version.info)"; '
-            + "".join(f'[ -f {p}/{s} ] && echo set_env={p}/{s}; ' for s in SET_ENV)
+            + "".join(f"[ -f {p}/{s} ] && echo set_env={p}/{s}; " for s in SET_ENV)
             + "true"
         )
 
@@ -120,11 +120,17 @@ def same_version(installed: str | None, want: str) -> bool:
 
 def version_problems(installed: dict | None, wants: dict, install_path: str = INSTALL_PATH) -> list[str]:
     installed = installed or {}
-    problems = [f"{component}: expected {want}, found {installed.get(component) or 'nothing'}"
-                for component, want in wants.items() if not same_version(installed.get(component), want)]
+    problems = [
+        f"{component}: expected {want}, found {installed.get(component) or 'nothing'}"
+        for component, want in wants.items()
+        if not same_version(installed.get(component), want)
+    ]
     present = set(installed.get("set_env") or [])
-    problems += [f"{install_path}/{s}: expected (sourced by the service units), found missing"
-                 for s in SET_ENV if f"{install_path}/{s}" not in present]
+    problems += [
+        f"{install_path}/{s}: expected (sourced by the service units), found missing"
+        for s in SET_ENV
+        if f"{install_path}/{s}" not in present
+    ]
     return problems
 
 
@@ -144,8 +150,13 @@ def store_location(store: str, filename: str) -> str:
 
 
 @operation()
-def run_package(component: str, version: str, store: str | None = None, install_path: str = INSTALL_PATH,
-                sha256: dict[str, str] | None = None):
+def run_package(
+    component: str,
+    version: str,
+    store: str | None = None,
+    install_path: str = INSTALL_PATH,
+    sha256: dict[str, str] | None = None,
+):
     """Install one ``.run`` package from the store unless ``version`` is already installed; it runs as root only
     when its file's sha256 is the one ``sha256`` ({file name: sha256}, host data ascend_package_sha256) gives."""
     installed = (plain(host.get_fact(AscendVersions, install_path=install_path)) or {}).get(component)
@@ -154,14 +165,18 @@ def run_package(component: str, version: str, store: str | None = None, install_
         return
     filename = run_file(component, version, plain(host.get_fact(Arch)))
     if not store:
-        raise OperationError(f"{host.name}: {component} {version} must be installed ({filename}) but no "
-                             "ascend_package_store is set. Fix: --data ascend_package_store=<URL or directory>")
+        raise OperationError(
+            f"{host.name}: {component} {version} must be installed ({filename}) but no "
+            "ascend_package_store is set. Fix: --data ascend_package_store=<URL or directory>"
+        )
     want = (sha256 or {}).get(filename)
     if not want:
-        raise OperationError(f"{host.name}: {component} {version} must be installed ({filename}) but no sha256 is "
-                             "known for it, and an installer runs as root only when its file is the one vetted. "
-                             f"Fix: add \"{filename}\": \"<its sha256>\" to host data ascend_package_sha256 (the sum "
-                             "from the vendor's download page, or `sha256sum` of the file you vetted)")
+        raise OperationError(
+            f"{host.name}: {component} {version} must be installed ({filename}) but no sha256 is "
+            "known for it, and an installer runs as root only when its file is the one vetted. "
+            f'Fix: add "{filename}": "<its sha256>" to host data ascend_package_sha256 (the sum '
+            "from the vendor's download page, or `sha256sum` of the file you vetted)"
+        )
     dest = f"{CACHE_DIR}/{filename}"
     if store.startswith(("http://", "https://")):
         yield from files.directory._inner(CACHE_DIR)
@@ -171,8 +186,10 @@ def run_package(component: str, version: str, store: str | None = None, install_
         if not local.is_file():
             raise OperationError(f"{host.name}: {local} not found on the controller (ascend_package_store)")
         yield from files.put._inner(str(local), dest, mode="755", add_deploy_dir=False)
-    yield f"{sha256_checked(dest, want, f'Ascend {component} installer', host.name)} && " \
-          f"{run_command(component, dest, install_path)}"
+    yield (
+        f"{sha256_checked(dest, want, f'Ascend {component} installer', host.name)} && "
+        f"{run_command(component, dest, install_path)}"
+    )
 
 
 @operation()
@@ -185,8 +202,13 @@ def check_versions(wants: dict, install_path: str = INSTALL_PATH):
     if not host.state.is_executing:
         host.noop("Ascend versions are checked after the installers ran")
         return
-    raise OperationError("\n".join(f"{host.name}: Ascend {p}. Fix: check the installer's log under "
-                                   "/var/log/ascend_seclog/ and the files in ascend_package_store" for p in problems))
+    raise OperationError(
+        "\n".join(
+            f"{host.name}: Ascend {p}. Fix: check the installer's log under "
+            "/var/log/ascend_seclog/ and the files in ascend_package_store"
+            for p in problems
+        )
+    )
     yield
 
 
@@ -208,14 +230,24 @@ def apply(ctx: DeploymentContext) -> None:
     store = ctx.host.ascend_package_store
     wants = pinned_versions(ctx)
     server.group(name=f"{DRIVER_USER} group (Ascend driver)", group=DRIVER_USER)
-    server.user(name=f"{DRIVER_USER} user (Ascend driver)", user=DRIVER_USER, group=DRIVER_USER,
-                home=f"/home/{DRIVER_USER}", shell="/sbin/nologin", create_home=True)
+    server.user(
+        name=f"{DRIVER_USER} user (Ascend driver)",
+        user=DRIVER_USER,
+        group=DRIVER_USER,
+        home=f"/home/{DRIVER_USER}",
+        shell="/sbin/nologin",
+        create_home=True,
+    )
     for component in COMPONENTS:
         if component in wants:
-            run_package(name=f"Ascend {component} {wants[component]}", component=component,
-                        version=wants[component], store=store, install_path=install_path,
-                        sha256=dict(ctx.host.ascend_package_sha256))
+            run_package(
+                name=f"Ascend {component} {wants[component]}",
+                component=component,
+                version=wants[component],
+                store=store,
+                install_path=install_path,
+                sha256=dict(ctx.host.ascend_package_sha256),
+            )
     check_versions(name="Ascend versions and set_env.sh", wants=wants, install_path=install_path)
     # On a fresh host preflight could not see the NPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)
-

@@ -56,17 +56,32 @@ def command(ctx: DeploymentContext) -> str:
     recipe = ctx.recipe
     endpoint = ctx.rendered.endpoint
     engine = next(p for p in ctx.rendered.processes if p.host == ctx.host_name and p.role != "router")
-    overrides = {key: getattr(ctx.host, f"bench_{key}") for key in ("num_prompts", "max_concurrency", "dataset_name",
-                                                           "dataset_path")}
+    overrides = {
+        key: getattr(ctx.host, f"bench_{key}")
+        for key in ("num_prompts", "max_concurrency", "dataset_name", "dataset_path")
+    }
     argv = bench.bench_argv(recipe, endpoint, ctx.model_path, overrides)
     runtime = recipe.runtime
     if isinstance(runtime, DockerRuntime):
         # the container sees the weights and a dataset file read-only, and only the bench's own directory
         # writable (its result file): never the host's /tmp
         mounts = [ctx.model_path] + ([ctx.host.bench_dataset_path] if ctx.host.bench_dataset_path else [])
-        wrapper = ["docker", "run", "--rm", "--network", "host", "-e", "OPENAI_API_KEY",
-                   *[arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")],
-                   "-v", f"{bench.BENCH_DIR}:{bench.BENCH_DIR}", "--entrypoint", argv[0], image_ref(recipe), *argv[1:]]
+        wrapper = [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "-e",
+            "OPENAI_API_KEY",
+            *[arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")],
+            "-v",
+            f"{bench.BENCH_DIR}:{bench.BENCH_DIR}",
+            "--entrypoint",
+            argv[0],
+            image_ref(recipe),
+            *argv[1:],
+        ]
     else:
         wrapper = [f"{venv_path(recipe)}/bin/{argv[0]}", *argv[1:]]
     if runtime.source_env:
@@ -77,9 +92,11 @@ def command(ctx: DeploymentContext) -> str:
     run = shlex.join(wrapper)
     where, result, log = (shlex.quote(p) for p in (bench.BENCH_DIR, bench.RESULT_FILE, bench.LOG_FILE))
     # the bench's directory: root's, 0700 (install -d sets owner and mode on an existing one too)
-    return (f"install -d -m 0700 -o root -g root {where} || exit 1; rm -f {result}; ( {key_env}{run} ) > {log} 2>&1; "
-            f"rc=$?; tail -n 40 {log}; echo ironserve-bench-rc=$rc; "
-            f"echo ironserve-bench-result; tail -n 1 {result} 2>/dev/null; true")
+    return (
+        f"install -d -m 0700 -o root -g root {where} || exit 1; rm -f {result}; ( {key_env}{run} ) > {log} 2>&1; "
+        f"rc=$?; tail -n 40 {log}; echo ironserve-bench-rc=$rc; "
+        f"echo ironserve-bench-result; tail -n 1 {result} 2>/dev/null; true"
+    )
 
 
 def _run(ctx: DeploymentContext, cmd: str) -> None:
@@ -89,7 +106,7 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
     _, out = host.run_shell_command(f"timeout {timeout} sh -c {shlex.quote(cmd)}", _sudo=True)
     lines = out.stdout_lines
     marker = lines.index("ironserve-bench-result") if "ironserve-bench-result" in lines else len(lines)
-    log, tail = lines[:marker], lines[marker + 1:]
+    log, tail = lines[:marker], lines[marker + 1 :]
     result = None
     for line in tail:
         try:
@@ -105,9 +122,19 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
     target = ctx.host.bench_report
     if target:
         rows = [dict(r.__dict__, verdict=r.verdict) for r in bench.compare(ctx.recipe.expected, result)]
-        Path(target).write_text(json.dumps({"recipe": ctx.recipe.id, "endpoint": ctx.rendered.endpoint,
-                                            "host": ctx.host_name, "result": result, "rows": rows,
-                                            "passed": passed}, indent=2))
+        Path(target).write_text(
+            json.dumps(
+                {
+                    "recipe": ctx.recipe.id,
+                    "endpoint": ctx.rendered.endpoint,
+                    "host": ctx.host_name,
+                    "result": result,
+                    "rows": rows,
+                    "passed": passed,
+                },
+                indent=2,
+            )
+        )
     if not passed:
         raise RuntimeError(f"{ctx.recipe.id}: slower than the recipe's expected figures (see the table above)")
 
@@ -116,5 +143,9 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
 def apply(ctx: DeploymentContext) -> None:
     if ctx.host_name != bench_host(ctx):
         return
-    python.call(name=f"bench_serving ({ctx.recipe.id}) against {ctx.rendered.endpoint}", function=_run, ctx=ctx,
-                cmd=command(ctx))
+    python.call(
+        name=f"bench_serving ({ctx.recipe.id}) against {ctx.rendered.endpoint}",
+        function=_run,
+        ctx=ctx,
+        cmd=command(ctx),
+    )

@@ -19,7 +19,6 @@ import gevent
 from pyinfra import context, host
 from pyinfra.api import FactBase, StringCommand, operation
 
-
 PROGRESS_EVERY_S = 30  # how often a long wait (pull, build, download, install) says it is still running
 
 # --------------------------------------------------------------------------- the per-host deploy lock
@@ -37,10 +36,12 @@ def host_locked(command: str) -> str:
     """``command`` run under the host's deploy lock (waiting for another deploy's locked command to end), as one
     quoted ``sh -c`` word; a wait past DEPLOY_LOCK_WAIT_S fails, saying so."""
     lock = shlex.quote(DEPLOY_LOCK)
-    return (f"mkdir -p {shlex.quote(DEPLOY_LOCK.rsplit('/', 1)[0])} && flock -E {DEPLOY_LOCK_TIMEOUT_RC} "
-            f"-w {DEPLOY_LOCK_WAIT_S} {lock} sh -c {shlex.quote(command)}; rc=$?; "
-            f"if [ $rc -eq {DEPLOY_LOCK_TIMEOUT_RC} ]; then echo \"ironserve: another deploy held {DEPLOY_LOCK} for "
-            f"{DEPLOY_LOCK_WAIT_S}s\" >&2; fi; exit $rc")
+    return (
+        f"mkdir -p {shlex.quote(DEPLOY_LOCK.rsplit('/', 1)[0])} && flock -E {DEPLOY_LOCK_TIMEOUT_RC} "
+        f"-w {DEPLOY_LOCK_WAIT_S} {lock} sh -c {shlex.quote(command)}; rc=$?; "
+        f'if [ $rc -eq {DEPLOY_LOCK_TIMEOUT_RC} ]; then echo "ironserve: another deploy held {DEPLOY_LOCK} for '
+        f'{DEPLOY_LOCK_WAIT_S}s" >&2; fi; exit $rc'
+    )
 
 
 class LongCommand(StringCommand):
@@ -150,12 +151,20 @@ def sha256_checked(path: str, sha256: str, what: str, host_name: str) -> str:
     download's own server supplies. The failure names host, file, expected and found sums."""
     q = shlex.quote
     message = f"{host_name}: {what} {path}: sha256 expected {sha256}, found "
-    return (f"{{ found=$(sha256sum {q(path)} | cut -d' ' -f1); [ \"$found\" = {q(sha256)} ] || "
-            f"{{ echo {q(message)}\"$found\" >&2; rm -f {q(path)}; exit 1; }}; }}")
+    return (
+        f"{{ found=$(sha256sum {q(path)} | cut -d' ' -f1); [ \"$found\" = {q(sha256)} ] || "
+        f'{{ echo {q(message)}"$found" >&2; rm -f {q(path)}; exit 1; }}; }}'
+    )
 
 
-def deb822_source(uris: str, suite: str, components: str | None = None, signed_by: str | None = None,
-                  trusted: bool = False, comment: str = "# managed by ironserve") -> str:
+def deb822_source(
+    uris: str,
+    suite: str,
+    components: str | None = None,
+    signed_by: str | None = None,
+    trusted: bool = False,
+    comment: str = "# managed by ironserve",
+) -> str:
     """An apt source in deb822 form. A flat repository (suite ending in "/") has no components; ``trusted`` (a
     cluster's own unsigned mirror, reached only inside it) replaces the keyring."""
     lines = [comment, "Types: deb", f"URIs: {uris}", f"Suites: {suite}"]
@@ -183,8 +192,10 @@ class UnitState(FactBase):
 
     def command(self, unit, paths):
         stat = f"stat -c 'mtime %Y %n' {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; " if paths else ""
-        return (f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
-                f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true")
+        return (
+            f"systemctl show -p ActiveState -p SubState -p ActiveEnterTimestamp --timestamp=unix "
+            f"{shlex.quote(unit)}.service 2>/dev/null; {stat}true"
+        )
 
     def process(self, output):
         state = UnitState.default()

@@ -64,8 +64,8 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, deploy, operation
-from pyinfra.facts.files import Sha256File
 from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd
 
@@ -93,10 +93,12 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 IMAGES_DIR = f"{ETC_DIR}/images"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 DEV_CHAR_RULE = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
-DEV_CHAR_RULE_TEXT = ("# Managed by ironserve (roles/container_runtime.py): /dev/char links for the NVIDIA devices, so\n"
-                      "# containers keep their GPUs across systemctl daemon-reload (NVIDIA/nvidia-container-toolkit#48)\n"
-                      'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
-                      'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
+DEV_CHAR_RULE_TEXT = (
+    "# Managed by ironserve (roles/container_runtime.py): /dev/char links for the NVIDIA devices, so\n"
+    "# containers keep their GPUs across systemctl daemon-reload (NVIDIA/nvidia-container-toolkit#48)\n"
+    'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+    'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
+)
 DOCKERFILE_LABEL = "ironserve.dockerfile.sha256"
 CERTS_DIR = "/etc/docker/certs.d"
 
@@ -134,8 +136,10 @@ def http_index_host(url: str) -> str | None:
 
 def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url: str | None = None) -> str:
     """FROM the pinned base + the recipe's patch lines, verbatim and in order."""
-    lines = [f"# managed by ironserve: recipe {recipe_id} (derived image; rebuilt when this file changes)",
-             f"FROM {base}"]
+    lines = [
+        f"# managed by ironserve: recipe {recipe_id} (derived image; rebuilt when this file changes)",
+        f"FROM {base}",
+    ]
     if pip_index_url:
         # the build runs on the host: an air-gapped host reaches only the mirror (ARG is visible to RUN only)
         lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
@@ -166,8 +170,10 @@ class DockerImageLabel(FactBase):
 
     def command(self, ref, label):
         fmt = f'{{{{index .Config.Labels "{label}"}}}}'
-        return (f"docker image inspect --format {shlex.quote(fmt)} {shlex.quote(ref)} 2>/dev/null"
-                " && echo ironserve-image-present || true")
+        return (
+            f"docker image inspect --format {shlex.quote(fmt)} {shlex.quote(ref)} 2>/dev/null"
+            " && echo ironserve-image-present || true"
+        )
 
     def process(self, output):
         lines = list(output)
@@ -238,13 +244,17 @@ class CdiSpec(FactBase):
     installed driver version (a spec of an older driver mounts libraries that are gone)."""
 
     def command(self, path, driver):
-        return (f"nvidia-ctk cdi list 2>/dev/null | grep '^nvidia.com/gpu=' || true; "
-                f"grep -qF {shlex.quote(driver)} {shlex.quote(path)} 2>/dev/null && echo ironserve-driver-current || true")
+        return (
+            f"nvidia-ctk cdi list 2>/dev/null | grep '^nvidia.com/gpu=' || true; "
+            f"grep -qF {shlex.quote(driver)} {shlex.quote(path)} 2>/dev/null && echo ironserve-driver-current || true"
+        )
 
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
-        return {"devices": [x for x in lines if x.startswith("nvidia.com/gpu=")],
-                "current": "ironserve-driver-current" in lines}
+        return {
+            "devices": [x for x in lines if x.startswith("nvidia.com/gpu=")],
+            "current": "ironserve-driver-current" in lines,
+        }
 
 
 class ImageLock(FactBase):
@@ -263,14 +273,16 @@ class ImageLock(FactBase):
             return None
 
 
-CONTAINER_FORMAT = "\n".join([
-    "image_id={{.Image}}",
-    "image={{.Config.Image}}",
-    "running={{.State.Running}}",
-    "cmd={{json .Config.Cmd}}",
-    # names only: the values include the API key and the HF token
-    'env={{range .Config.Env}}{{index (split . "=") 0}} {{end}}',
-])
+CONTAINER_FORMAT = "\n".join(
+    [
+        "image_id={{.Image}}",
+        "image={{.Config.Image}}",
+        "running={{.State.Running}}",
+        "cmd={{json .Config.Cmd}}",
+        # names only: the values include the API key and the HF token
+        'env={{range .Config.Env}}{{index (split . "=") 0}} {{end}}',
+    ]
+)
 
 
 class ContainerConfig(FactBase):
@@ -280,9 +292,11 @@ class ContainerConfig(FactBase):
     """
 
     def command(self, container, image):
-        return (f"docker container inspect --format {shlex.quote(CONTAINER_FORMAT)} {shlex.quote(container)} "
-                f"2>/dev/null && echo want_image_id=$(docker image inspect --format '{{{{.Id}}}}' "
-                f"{shlex.quote(image)} 2>/dev/null) || true")
+        return (
+            f"docker container inspect --format {shlex.quote(CONTAINER_FORMAT)} {shlex.quote(container)} "
+            f"2>/dev/null && echo want_image_id=$(docker image inspect --format '{{{{.Id}}}}' "
+            f"{shlex.quote(image)} 2>/dev/null) || true"
+        )
 
     def process(self, output):
         data = {}
@@ -363,8 +377,10 @@ def image_pinned(image: str, digest: str | None = None, recipe_id: str | None = 
     if lock and lock.get("image") == image and lock.get("digest"):
         pinned = f"{repo}@{lock['digest']}"
         if pinned in (host.get_fact(DockerImageDigests, ref=image) or []):
-            host.noop(f"image {image} is locked to {lock['digest']} ({path}); pin it in the recipe: "
-                      f"runtime.digest: {lock['digest']}")
+            host.noop(
+                f"image {image} is locked to {lock['digest']} ({path}); pin it in the recipe: "
+                f"runtime.digest: {lock['digest']}"
+            )
             return
         # the local tag is missing or points elsewhere (someone pulled): put it back on the locked digest
         yield LongCommand(f"docker pull {shlex.quote(pinned)}", f"pulling {pinned}")
@@ -376,11 +392,11 @@ def image_pinned(image: str, digest: str | None = None, recipe_id: str | None = 
     yield (
         f"d=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' {q_image}"
         f" | grep -m1 {shlex.quote(f'^{repo}@sha256:')}) && d=${{d#*@}} && mkdir -p {ETC_DIR} && "
-        f"printf '{{\"digest\": \"%s\", \"image\": \"%s\", \"recipe\": \"%s\"}}\\n' \"$d\" {q_image} "
+        f'printf \'{{"digest": "%s", "image": "%s", "recipe": "%s"}}\\n\' "$d" {q_image} '
         f"{shlex.quote(recipe_id)} > {q_path} && "
         # the names are data: through printf's %s, never inside an echo's double quotes
         f"printf 'ironserve: %s: %s resolved to %s (recorded in %s); pin it in the recipe: runtime.digest: %s\\n' "
-        f"{shlex.quote(recipe_id)} {q_image} \"$d\" {q_path} \"$d\""
+        f'{shlex.quote(recipe_id)} {q_image} "$d" {q_path} "$d"'
     )
     yield FunctionCommand(_print_lock, (path,), {})
 
@@ -389,14 +405,12 @@ def _print_lock(state, host, path):
     # the resolved digest belongs in the recipe: say it where the user reads, not only in the host's file
     status, output = host.run_shell_command(f"cat {shlex.quote(path)}")
     if status:
-        host.log_styled(f"image lock {path}: {output.stdout.strip()} -- pin runtime.digest in the recipe",
-                        fg="yellow")
+        host.log_styled(f"image lock {path}: {output.stdout.strip()} -- pin runtime.digest in the recipe", fg="yellow")
     return status
 
 
 @operation()
-def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[str],
-                  pip_index_url: str | None = None):
+def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[str], pip_index_url: str | None = None):
     """Build ironserve/<recipe>:derived from the pinned base + patches when the Dockerfile changed or the
     image is missing (the image's label holds the sha256 of the Dockerfile it was built from)."""
     repo, _ = split_image(image)
@@ -418,8 +432,7 @@ def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[
     if host.get_fact(DockerImageLabel, ref=tag, label=DOCKERFILE_LABEL) == want and not changed:
         host.noop(f"image {tag} is built from the current Dockerfile ({want[:12]})")
         return
-    build = ["docker", "build", "--network", "host", "--label", f"{DOCKERFILE_LABEL}={want}", "-t", tag,
-             "-f", path]
+    build = ["docker", "build", "--network", "host", "--label", f"{DOCKERFILE_LABEL}={want}", "-t", tag, "-f", path]
     if pip_index_url:
         build += ["--build-arg", f"PIP_INDEX_URL={pip_index_url}", "--build-arg", f"UV_INDEX_URL={pip_index_url}"]
         trusted = http_index_host(pip_index_url)
@@ -475,10 +488,17 @@ def gpu_devices(ctx: DeploymentContext) -> None:
     if cdi:
         cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.host.nvidia_driver_version))
         return
-    rule = files.put(name="udev rule: /dev/char links for NVIDIA devices", src=StringIO(DEV_CHAR_RULE_TEXT),
-                     dest=DEV_CHAR_RULE, mode="644")
-    run_if_changed(name="/dev/char links for NVIDIA devices", triggers=[rule],
-                   command="nvidia-ctk system create-dev-char-symlinks --create-all")
+    rule = files.put(
+        name="udev rule: /dev/char links for NVIDIA devices",
+        src=StringIO(DEV_CHAR_RULE_TEXT),
+        dest=DEV_CHAR_RULE,
+        mode="644",
+    )
+    run_if_changed(
+        name="/dev/char links for NVIDIA devices",
+        triggers=[rule],
+        command="nvidia-ctk system create-dev-char-symlinks --create-all",
+    )
 
 
 def _keyring(ctx: DeploymentContext, name: str, url: str, fingerprint: str) -> tuple[str | None, bool]:
@@ -490,8 +510,9 @@ def _keyring(ctx: DeploymentContext, name: str, url: str, fingerprint: str) -> t
         return ctx.host.apt_signed_by, False
     path = f"{KEYRING_DIR}/{name}.asc"  # armored keys are fine for Signed-By when named *.asc
     files.directory(name="Keyring directory", path=KEYRING_DIR, mode="755")
-    apt.packages(name="Tools to fetch and check apt keys", packages=["ca-certificates", "curl", "gpg"],
-                 no_recommends=True)
+    apt.packages(
+        name="Tools to fetch and check apt keys", packages=["ca-certificates", "curl", "gpg"], no_recommends=True
+    )
     pinned_key(name=f"{name} apt key (pinned by fingerprint)", url=url, dest=path, fingerprint=fingerprint)
     return path, False
 
@@ -502,10 +523,17 @@ def registry_mirror(ctx: DeploymentContext) -> list:
     if not mirror:
         return []
     if ctx.host.docker_registry_ca:
-        files.put(name=f"CA of the registry mirror {mirror}", src=ctx.host.docker_registry_ca,
-                  dest=f"{CERTS_DIR}/{mirror}/ca.crt", mode="644")
-    return [daemon_settings(name=f"Docker pulls through the mirror {mirror}",
-                            settings={"registry-mirrors": [f"https://{mirror}"]})]
+        files.put(
+            name=f"CA of the registry mirror {mirror}",
+            src=ctx.host.docker_registry_ca,
+            dest=f"{CERTS_DIR}/{mirror}/ca.crt",
+            mode="644",
+        )
+    return [
+        daemon_settings(
+            name=f"Docker pulls through the mirror {mirror}", settings={"registry-mirrors": [f"https://{mirror}"]}
+        )
+    ]
 
 
 @deploy("Container runtime")
@@ -517,30 +545,52 @@ def apply(ctx: DeploymentContext) -> None:
     distro_id = (meta.get("ID") or "ubuntu").lower()
     codename = meta.get("VERSION_CODENAME") or meta.get("UBUNTU_CODENAME") or "noble"
 
-    signed_by, trusted = _keyring(ctx, "docker", ctx.host.docker_apt_key_url or DOCKER_APT_KEY_URL.format(distro=distro_id),
-                                  ctx.host.docker_apt_key_fingerprint)
-    sources = [files.put(
-        name="Docker apt source",
-        src=StringIO(deb822_source(ctx.host.docker_apt_mirror or DOCKER_APT_URL.format(distro=distro_id),
-                                   ctx.host.docker_apt_suite or codename,
-                                   ctx.host.docker_apt_components, signed_by, trusted)),
-        dest=f"{SOURCES_DIR}/ironserve-docker.sources", mode="644")]
+    signed_by, trusted = _keyring(
+        ctx,
+        "docker",
+        ctx.host.docker_apt_key_url or DOCKER_APT_KEY_URL.format(distro=distro_id),
+        ctx.host.docker_apt_key_fingerprint,
+    )
+    sources = [
+        files.put(
+            name="Docker apt source",
+            src=StringIO(
+                deb822_source(
+                    ctx.host.docker_apt_mirror or DOCKER_APT_URL.format(distro=distro_id),
+                    ctx.host.docker_apt_suite or codename,
+                    ctx.host.docker_apt_components,
+                    signed_by,
+                    trusted,
+                )
+            ),
+            dest=f"{SOURCES_DIR}/ironserve-docker.sources",
+            mode="644",
+        )
+    ]
     packages = list(ctx.host.docker_packages)
     if ctx.vendor == "nvidia" and not ctx.host.nvidia_apt_mirror:
         # public libnvidia-container repository; with nvidia_apt_mirror the toolkit comes from the repository
         # roles/nvidia_driver.py already configured (NVIDIA's CUDA repository and its mirrors carry it), and a
         # second source for the same URI with another Signed-By would make apt refuse both
-        signed_by, trusted = _keyring(ctx, "nvidia-container", ctx.host.nvidia_apt_key_url or NVIDIA_APT_KEY_URL,
-                                      ctx.host.nvidia_container_key_fingerprint)
-        sources.append(files.put(
-            name="NVIDIA container toolkit apt source",
-            src=StringIO(deb822_source(NVIDIA_APT_URL, ctx.host.nvidia_apt_suite, None,
-                                       signed_by, trusted)),
-            dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources", mode="644"))
+        signed_by, trusted = _keyring(
+            ctx,
+            "nvidia-container",
+            ctx.host.nvidia_apt_key_url or NVIDIA_APT_KEY_URL,
+            ctx.host.nvidia_container_key_fingerprint,
+        )
+        sources.append(
+            files.put(
+                name="NVIDIA container toolkit apt source",
+                src=StringIO(deb822_source(NVIDIA_APT_URL, ctx.host.nvidia_apt_suite, None, signed_by, trusted)),
+                dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources",
+                mode="644",
+            )
+        )
     if ctx.vendor == "nvidia":
         toolkit = toolkit_version(ctx)
-        packages += [f"{p}={toolkit}" if p == "nvidia-container-toolkit" else p
-                     for p in ctx.host.nvidia_container_packages]
+        packages += [
+            f"{p}={toolkit}" if p == "nvidia-container-toolkit" else p for p in ctx.host.nvidia_container_packages
+        ]
     # also when a package is still missing: a run that failed after writing the sources never updated
     installed = host.get_fact(DebPackages) or {}
     missing = any(p.split("=", 1)[0] not in installed for p in packages)
@@ -548,21 +598,34 @@ def apply(ctx: DeploymentContext) -> None:
     daemon = registry_mirror(ctx)  # before the install: a first start already pulls through the mirror
     apt.packages(name="Docker and the NVIDIA container toolkit", packages=packages, no_recommends=True)
     systemd.service(name="Docker running", service="docker.service", running=True, enabled=True)
-    run_if_changed(name="Docker restarted (daemon.json changed)", command="systemctl restart docker.service",
-                   triggers=daemon)
+    run_if_changed(
+        name="Docker restarted (daemon.json changed)", command="systemctl restart docker.service", triggers=daemon
+    )
     if ctx.vendor == "nvidia":
         gpu_devices(ctx)
 
-    changes = [image_pinned(name=f"Image {runtime.image} (pinned)", image=runtime.image, digest=runtime.digest,
-                            recipe_id=ctx.recipe.id)]
+    changes = [
+        image_pinned(
+            name=f"Image {runtime.image} (pinned)", image=runtime.image, digest=runtime.digest, recipe_id=ctx.recipe.id
+        )
+    ]
     if runtime.patches:
-        changes.append(derived_image(name=f"Derived image ironserve/{ctx.recipe.id}:derived", recipe_id=ctx.recipe.id,
-                                     image=runtime.image, digest=runtime.digest, patches=list(runtime.patches),
-                                     pip_index_url=ctx.host.pip_index_url))
+        changes.append(
+            derived_image(
+                name=f"Derived image ironserve/{ctx.recipe.id}:derived",
+                recipe_id=ctx.recipe.id,
+                image=runtime.image,
+                digest=runtime.digest,
+                patches=list(runtime.patches),
+                pip_index_url=ctx.host.pip_index_url,
+            )
+        )
     ctx.changes.record_runtime_change(*changes)
     # a unit started before these files last changed runs an older image (see roles/launch.py)
-    ctx.changes.record_runtime_paths(*([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
-                                     *([] if runtime.digest else [lock_path(ctx.recipe.id)]))
+    ctx.changes.record_runtime_paths(
+        *([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
+        *([] if runtime.digest else [lock_path(ctx.recipe.id)]),
+    )
     ctx.changes.image = image_ref(ctx.recipe)
 
 
@@ -577,26 +640,54 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     out = []
     if runtime.digest:
         repo, _ = split_image(runtime.image)
-        cmd = (f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
-               f"{shlex.quote(f'{repo}@{runtime.digest}')} 2>/dev/null | grep -cF {shlex.quote('@' + runtime.digest)}"
-               " || true")
-        out.append({"id": f"image:{repo}@{runtime.digest[:19]}", "kind": "command", "expected": "1",
-                    "params": {"cmd": cmd}})
+        cmd = (
+            f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
+            f"{shlex.quote(f'{repo}@{runtime.digest}')} 2>/dev/null | grep -cF {shlex.quote('@' + runtime.digest)}"
+            " || true"
+        )
+        out.append(
+            {"id": f"image:{repo}@{runtime.digest[:19]}", "kind": "command", "expected": "1", "params": {"cmd": cmd}}
+        )
     else:
-        out.append({"id": f"image-lock:{ctx.recipe.id}", "kind": "command", "expected": "present",
-                    "params": {"cmd": f"test -s {shlex.quote(lock_path(ctx.recipe.id))} && echo present || echo "
-                                      "missing"}})
+        out.append(
+            {
+                "id": f"image-lock:{ctx.recipe.id}",
+                "kind": "command",
+                "expected": "present",
+                "params": {"cmd": f"test -s {shlex.quote(lock_path(ctx.recipe.id))} && echo present || echo missing"},
+            }
+        )
     if ctx.vendor == "nvidia" and runtime.run.gpus:
         if gpu_access(toolkit_version(ctx)) == "cdi":
-            out.append({"id": "cdi:nvidia.com/gpu=all", "kind": "command", "expected": "1",
-                        "params": {"cmd": "nvidia-ctk cdi list 2>/dev/null | grep -cx 'nvidia.com/gpu=all' || true"}})
+            out.append(
+                {
+                    "id": "cdi:nvidia.com/gpu=all",
+                    "kind": "command",
+                    "expected": "1",
+                    "params": {"cmd": "nvidia-ctk cdi list 2>/dev/null | grep -cx 'nvidia.com/gpu=all' || true"},
+                }
+            )
         else:
-            out.append({"id": "dev-char:nvidia", "kind": "command", "expected": "present",
-                        "params": {"cmd": "ls /dev/char | xargs -I{} readlink /dev/char/{} 2>/dev/null | "
-                                          "grep -q nvidia && echo present || echo missing"}})
+            out.append(
+                {
+                    "id": "dev-char:nvidia",
+                    "kind": "command",
+                    "expected": "present",
+                    "params": {
+                        "cmd": "ls /dev/char | xargs -I{} readlink /dev/char/{} 2>/dev/null | "
+                        "grep -q nvidia && echo present || echo missing"
+                    },
+                }
+            )
     if runtime.patches:
         ref = f"ironserve/{ctx.recipe.id}:derived"
         cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {shlex.quote(ref)}"
-        out.append({"id": f"derived-image:{ref}", "kind": "command", "expected": "present",
-                    "params": {"cmd": f"{cmd} >/dev/null 2>&1 && echo present || echo missing"}})
+        out.append(
+            {
+                "id": f"derived-image:{ref}",
+                "kind": "command",
+                "expected": "present",
+                "params": {"cmd": f"{cmd} >/dev/null 2>&1 && echo present || echo missing"},
+            }
+        )
     return out

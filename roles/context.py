@@ -67,8 +67,13 @@ class DeploymentContext:
         return model_path_on(self.recipe, InventoryHost(self.host_name, self.data))
 
 
-def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], where: str = "inventory",
-                  gate_results: dict | None = None) -> DeploymentContext:
+def build_context(
+    model: str,
+    host_name: str,
+    hosts: list[tuple[str, dict]],
+    where: str = "inventory",
+    gate_results: dict | None = None,
+) -> DeploymentContext:
     """Pure: from (name, data) pairs of the whole inventory, in order, to this host's context.
 
     Every host's data is validated first (types, grammars, unknown keys): a typo or a wrong type anywhere in the
@@ -77,19 +82,36 @@ def build_context(model: str, host_name: str, hosts: list[tuple[str, dict]], whe
     data = dict(next(d for n, d in hosts if n == host_name))
     hw_id = typed[host_name].hardware
     if not hw_id:
-        raise SpecError([Problem(where, f"{host_name}.hardware", "host has no hardware profile",
-                                 f"set hardware= one of {', '.join(catalogue.hardware_profiles())}")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    "host has no hardware profile",
+                    f"set hardware= one of {', '.join(catalogue.hardware_profiles())}",
+                )
+            ]
+        )
     profiles = catalogue.hardware_profiles()
     if hw_id not in profiles:
-        raise SpecError([Problem(where, f"{host_name}.hardware", f"unknown hardware '{hw_id}'",
-                                 f"one of {', '.join(profiles)}")])
+        raise SpecError(
+            [Problem(where, f"{host_name}.hardware", f"unknown hardware '{hw_id}'", f"one of {', '.join(profiles)}")]
+        )
     recipe_id = typed[host_name].recipe
     recipe = catalogue.get_recipe(recipe_id) if recipe_id else catalogue.default_recipe(model, hw_id)
     # the site's registry may hold the recipe's image under another digest (ironserve/imagelock.py)
     recipe = imagelock.apply_site(recipe, typed[host_name].docker_image_lock)
     if hw_id not in recipe.hardware:
-        raise SpecError([Problem(where, f"{host_name}.hardware", f"recipe {recipe.id} is for "
-                                 f"{', '.join(recipe.hardware)}, not {hw_id}", "pick another recipe with --data recipe=ID")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    f"recipe {recipe.id} is for {', '.join(recipe.hardware)}, not {hw_id}",
+                    "pick another recipe with --data recipe=ID",
+                )
+            ]
+        )
     inventory_hosts = [InventoryHost(n, dict(d)) for n, d in hosts]
     rendered = render(recipe, inventory_hosts, where)
     require_set(rendered)  # a value import left unset (<PORT>) stops the deploy before any host is touched
@@ -116,11 +138,19 @@ def require_pinned_image(ctx: DeploymentContext) -> None:
     if not isinstance(runtime, DockerRuntime) or runtime.digest or ctx.host.docker_allow_unpinned:
         return
     # ranks of one group must run one image: a tag alone lets each host resolve it on its own
-    raise SpecError([Problem(f"recipe {ctx.recipe.id}", "runtime.digest", f"{runtime.image} is a tag without a "
-                             "digest and no lock file pins it: hosts could resolve it to different images",
-                             f"run `ironserve lock {ctx.host.recipe or ctx.recipe.id} --inventory INVENTORY` (writes "
-                             "the lock beside the recipe), set runtime.digest, or set docker_allow_unpinned=true in "
-                             "the inventory")])
+    raise SpecError(
+        [
+            Problem(
+                f"recipe {ctx.recipe.id}",
+                "runtime.digest",
+                f"{runtime.image} is a tag without a "
+                "digest and no lock file pins it: hosts could resolve it to different images",
+                f"run `ironserve lock {ctx.host.recipe or ctx.recipe.id} --inventory INVENTORY` (writes "
+                "the lock beside the recipe), set runtime.digest, or set docker_allow_unpinned=true in "
+                "the inventory",
+            )
+        ]
+    )
 
 
 def runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
@@ -132,10 +162,14 @@ def runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
 def unlocked_runtime(ctx: DeploymentContext, why: str) -> Problem:
     """What the deploy says of a uv recipe it cannot install hash-checked (a warning, or under require_locks an error)."""
     ref = ctx.host.recipe or ctx.recipe.id
-    return Problem(f"recipe {ctx.recipe.id}", "runtime", f"{why}: its uv runtime would install without hash checks",
-                   f"run `ironserve lock {ref} --inventory INVENTORY` (writes the lock with every distribution's "
-                   "sha256 beside the recipe)" + ("" if ctx.host.require_locks else
-                                                   ", or set require_locks=true to refuse such a deploy"))
+    return Problem(
+        f"recipe {ctx.recipe.id}",
+        "runtime",
+        f"{why}: its uv runtime would install without hash checks",
+        f"run `ironserve lock {ref} --inventory INVENTORY` (writes the lock with every distribution's "
+        "sha256 beside the recipe)"
+        + ("" if ctx.host.require_locks else ", or set require_locks=true to refuse such a deploy"),
+    )
 
 
 def require_locked_runtime(ctx: DeploymentContext) -> None:
@@ -164,8 +198,12 @@ def current(model: str) -> DeploymentContext:
         except SpecError as err:
             # raised while pyinfra collects operations, before any runs: said as `ironserve` says bad input
             # (file: key: message. Fix: ...) and exit 2, which pyinfra passes on for SystemExit: no traceback
-            print("error: bad recipe or host data, nothing was changed:\n" +
-                  "\n".join(f"  {p.line()}" for p in err.problems), file=sys.stderr, flush=True)
+            print(
+                "error: bad recipe or host data, nothing was changed:\n"
+                + "\n".join(f"  {p.line()}" for p in err.problems),
+                file=sys.stderr,
+                flush=True,
+            )
             raise SystemExit(2) from None
         if peer:
             ctx.ranks_running = peer.ranks_running

@@ -50,5 +50,4 @@ def desired_packages(ctx: DeploymentContext) -> list[dict]:
     """The pinned toolkit, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [{"name": toolkit_package(ctx.profile.toolkit), "version": ctx.host.cuda_toolkit_version,
-             "gate": "driver"}]
+    return [{"name": toolkit_package(ctx.profile.toolkit), "version": ctx.host.cuda_toolkit_version, "gate": "driver"}]

@@ -28,11 +28,22 @@ from roles.context import DeploymentContext
 from roles.node_exporter import TEXTFILE
 
 # the prepare stage's roles (roles/deployment.py PREPARE_ROLES), by the stage they belong to
-STAGE_OF_ROLE = {"preflight": "preflight", "host_tuning": "host_tuning", "nvidia_driver": "accelerator",
-                 "cuda": "accelerator", "gpu_clocks": "accelerator", "nccl": "accelerator", "imex": "accelerator",
-                 "ascend": "accelerator", "container_runtime": "runtime", "uv_env": "runtime",
-                 "model_weights": "weights", "sglang_service": "units", "router": "units",
-                 "node_exporter": "node_exporter"}
+STAGE_OF_ROLE = {
+    "preflight": "preflight",
+    "host_tuning": "host_tuning",
+    "nvidia_driver": "accelerator",
+    "cuda": "accelerator",
+    "gpu_clocks": "accelerator",
+    "nccl": "accelerator",
+    "imex": "accelerator",
+    "ascend": "accelerator",
+    "container_runtime": "runtime",
+    "uv_env": "runtime",
+    "model_weights": "weights",
+    "sglang_service": "units",
+    "router": "units",
+    "node_exporter": "node_exporter",
+}
 METRICS_FILE = "ironserve_deploy"  # <textfile dir>/ironserve_deploy.prom
 
 
@@ -90,10 +101,19 @@ class DeployClock(BaseStateCallback):
         ctx = self.contexts[host.name]
         # the gates this run ran; a unit this run found running, unchanged and healthy passed it too when the host
         # converged (its start was a no-op only because /health answered)
-        gates = {p.unit: ctx.gate_results.get((host.name, p.unit), success) for p in ctx.processes
-                 if (host.name, p.unit) in ctx.gate_results or (success and p.health_url)}
-        return DeployOutcome(recipe=ctx.recipe.id, success=success, finished_at=time.time(), stages=self.stages(),
-                             gates=gates, units=[(p.unit, p.role) for p in ctx.processes])
+        gates = {
+            p.unit: ctx.gate_results.get((host.name, p.unit), success)
+            for p in ctx.processes
+            if (host.name, p.unit) in ctx.gate_results or (success and p.health_url)
+        }
+        return DeployOutcome(
+            recipe=ctx.recipe.id,
+            success=success,
+            finished_at=time.time(),
+            stages=self.stages(),
+            gates=gates,
+            units=[(p.unit, p.role) for p in ctx.processes],
+        )
 
     def publish(self, host, success: bool) -> None:
         """Write the host's outcome through its metrics writer (once per run); a host that cannot be written to
@@ -106,7 +126,8 @@ class DeployClock(BaseStateCallback):
         try:
             samples = deploy_samples(outcome) + self.unit_samples(host, outcome, sudo)
             ok, out = host.run_shell_command(
-                f"printf '%s' {shlex.quote(exposition(samples))} | python3 {TEXTFILE} {METRICS_FILE}", _sudo=sudo)
+                f"printf '%s' {shlex.quote(exposition(samples))} | python3 {TEXTFILE} {METRICS_FILE}", _sudo=sudo
+            )
         except Exception as exc:  # noqa: BLE001 - metrics never fail the deploy
             ok, out = False, f"{type(exc).__name__}: {exc}"
         if not ok:
@@ -118,16 +139,22 @@ class DeployClock(BaseStateCallback):
         paths = {f"/etc/systemd/system/{unit}.service": (unit, role) for unit, role in outcome.units}
         if not paths:
             return []
-        _, out = host.run_shell_command(f"sha256sum {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; true",
-                                        _sudo=sudo)
+        _, out = host.run_shell_command(
+            f"sha256sum {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; true", _sudo=sudo
+        )
         found = {}
         for line in out.stdout_lines:
             digest, _, path = line.strip().partition("  ")
             if path in paths:
                 found[path] = digest[:12]
-        return [Sample("ironserve_unit_live_info", 1, {"recipe": outcome.recipe, "unit": unit, "role": role,
-                                                       "generation": found.get(path, "none")})
-                for path, (unit, role) in paths.items()]
+        return [
+            Sample(
+                "ironserve_unit_live_info",
+                1,
+                {"recipe": outcome.recipe, "unit": unit, "role": role, "generation": found.get(path, "none")},
+            )
+            for path, (unit, role) in paths.items()
+        ]
 
     def finish(self, state) -> None:
         for host in state.inventory.get_active_hosts():
@@ -137,8 +164,9 @@ class DeployClock(BaseStateCallback):
     def report(self, state, failed: bool) -> None:
         """The timing table, and its JSON where host data ``deploy_timings_json`` asks for it."""
         stages = self.stages()
-        logger.info(f"--> Deploy timings (time to serving){' (some hosts failed)' if failed else ''}:\n"
-                    f"{timing_table(stages)}")
+        logger.info(
+            f"--> Deploy timings (time to serving){' (some hosts failed)' if failed else ''}:\n{timing_table(stages)}"
+        )
         first = next(iter(self.contexts.values()), None)
         target = first.host.deploy_timings_json if first else None
         if target:

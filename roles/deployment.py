@@ -20,10 +20,10 @@ from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
     container_runtime,
-    deploy_clock,
-    host_state,
     cuda,
+    deploy_clock,
     gpu_clocks,
+    host_state,
     host_tuning,
     imex,
     launch,
@@ -105,8 +105,10 @@ def prepare(ctx: DeploymentContext) -> None:
     run(node_exporter)
     host_state.end_planning()
     if called != [role for role, _ in PREPARE_ROLES]:
-        raise RuntimeError("roles/deployment.py: prepare() calls the roles "
-                           f"{[r.__name__ for r in called]}, the registry lists {[r.__name__ for r, _ in PREPARE_ROLES]}")
+        raise RuntimeError(
+            "roles/deployment.py: prepare() calls the roles "
+            f"{[r.__name__ for r in called]}, the registry lists {[r.__name__ for r, _ in PREPARE_ROLES]}"
+        )
 
 
 def deploy_model(model: str) -> DeploymentContext:

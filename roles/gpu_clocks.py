@@ -31,9 +31,9 @@ from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import apt, files, pip, systemd
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.resources import files_dir
 from ironserve.units import UNIT_DIR, sha256_text, systemd_quote
-from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
@@ -75,7 +75,8 @@ def clock_offset(max_q: bool, offset: int | None, profile_id: str = "") -> int |
         raise OperationError(
             f"gpu_memory_clock_offset_mhz={offset} is set for {profile_id or 'this profile'}, which is not a Max-Q "
             "card: memory clock offsets are supported on Max-Q cards only. Fix: remove the offset from the "
-            "recipe's tuning, or set hardware to the Max-Q profile if these are Max-Q cards")
+            "recipe's tuning, or set hardware to the Max-Q profile if these are Max-Q cards"
+        )
     return offset
 
 
@@ -158,6 +159,10 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     python = f"{ctx.host.tools_venv}/bin/python"
     return [
         {"path": SCRIPT, "sha256": sha256_text(SCRIPT_SOURCE.read_text()), "mode": 0o755, "gate": "driver"},
-        {"path": f"{UNIT_DIR}/{UNIT}", "sha256": sha256_text(unit_text(offset, python, SCRIPT)), "mode": 0o644,
-         "gate": "driver"},
+        {
+            "path": f"{UNIT_DIR}/{UNIT}",
+            "sha256": sha256_text(unit_text(offset, python, SCRIPT)),
+            "mode": 0o644,
+            "gate": "driver",
+        },
     ]

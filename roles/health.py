@@ -12,13 +12,15 @@ import time
 from roles.context import host_data
 
 
-def wait_healthy(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None,
-                 restarts_allowed: int = 0) -> bool:
+def wait_healthy(
+    state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None, restarts_allowed: int = 0
+) -> bool:
     return await_health(state, host, unit, url, timeout_s, poll_s, restarts_allowed)[0]
 
 
-def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None,
-                 restarts_allowed: int = 0) -> tuple[bool, str]:
+def await_health(
+    state, host, unit: str, url: str, timeout_s: int, poll_s: float | None = None, restarts_allowed: int = 0
+) -> tuple[bool, str]:
     """Poll the unit's /health from the host until 200; (False, why) with the journal on timeout or death.
 
     Death: the unit failed or stopped, or systemd restarted it more than ``restarts_allowed`` times since the gate
@@ -28,8 +30,10 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
     progress_s = host_data(host).health_progress_s
     sudo = bool(host.data.get("_sudo"))
     start = last = time.monotonic()
-    probe = (f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
-             f"systemctl show -p ActiveState -p SubState -p NRestarts {shlex.quote(unit)}.service")
+    probe = (
+        f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "
+        f"systemctl show -p ActiveState -p SubState -p NRestarts {shlex.quote(unit)}.service"
+    )
     host.log(f"{unit}: waiting for {url} (up to {timeout_s}s)")
     seen, counted, stopped = None, 0, False
     while True:
@@ -46,23 +50,28 @@ def await_health(state, host, unit: str, url: str, timeout_s: int, poll_s: float
             host.log_styled(f"{unit}: healthy after {elapsed}s", fg="green")
             return True, ""
         if restarts_allowed:
-            dead = (active == "failed" or (active == "inactive" and stopped)
-                    or counted > restarts_allowed)
+            dead = active == "failed" or (active == "inactive" and stopped) or counted > restarts_allowed
             stopped = active == "inactive"
         else:
             dead = active in ("failed", "inactive") or sub == "auto-restart"
         if dead or elapsed >= timeout_s:
-            why = (f"the unit died ({active}/{sub}, {counted} restart(s) during the gate)"
-                   if dead else f"no healthy answer within {timeout_s}s")
+            why = (
+                f"the unit died ({active}/{sub}, {counted} restart(s) during the gate)"
+                if dead
+                else f"no healthy answer within {timeout_s}s"
+            )
             lines = host_data(host).health_journal_lines
             _, journal = host.run_shell_command(
-                f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo)
+                f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo
+            )
             host.log_styled(f"{unit}: {why} ({url}); last journal lines:\n{journal.stdout}", fg="red")
             return False, why
         if time.monotonic() - last >= progress_s:
             last = time.monotonic()
-            host.log(f"{unit}: still waiting for {url}: {elapsed}s of {timeout_s}s, unit {active}/{sub}, "
-                     f"http {code or 'no answer'}")
+            host.log(
+                f"{unit}: still waiting for {url}: {elapsed}s of {timeout_s}s, unit {active}/{sub}, "
+                f"http {code or 'no answer'}"
+            )
         _sleep(poll_s)
 
 

@@ -40,14 +40,25 @@ from collections import Counter
 from importlib import import_module
 from pathlib import Path
 
-from pyinfra import host as current_host, logger
+from pyinfra import host as current_host
+from pyinfra import logger
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.facts import _MISSING_COMMAND_MARKER, ShortFactBase, _handle_fact_kwargs
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, FindInFile, Link, Md5File, Sha1File, Sha256File
-from pyinfra.facts.server import (Arch, Date, Groups, Hostname, KernelVersion, LinuxDistribution, LinuxName, Os,
-                                  Users, Which)
+from pyinfra.facts.server import (
+    Arch,
+    Date,
+    Groups,
+    Hostname,
+    KernelVersion,
+    LinuxDistribution,
+    LinuxName,
+    Os,
+    Users,
+    Which,
+)
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from ironserve import batch
@@ -104,8 +115,10 @@ class Request:
         text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
         if needs:
             needs = needs.get_raw_value() if isinstance(needs, StringCommand) else str(needs)
-            text = (f"if command -v {shlex.quote(needs)} >/dev/null 2>&1; then ( {text} ); "
-                    f"else echo '{_MISSING_COMMAND_MARKER}'; fi")
+            text = (
+                f"if command -v {shlex.quote(needs)} >/dev/null 2>&1; then ( {text} ); "
+                f"else echo '{_MISSING_COMMAND_MARKER}'; fi"
+            )
         return text
 
     def value(self, answer: dict | None):
@@ -148,18 +161,46 @@ class Request:
 def batchable(cls) -> bool:
     """A fact that reads state with a command of its own; a probe that acts (``batched = False``: the parser
     check) is asked alone, only when its operation needs it, and never kept."""
-    return (isinstance(cls, type) and issubclass(cls, FactBase) and not issubclass(cls, ShortFactBase)
-            and cls is not HostState and not cls.shell_executable and getattr(cls, "batched", True)
-            and cls.check_preconditions is FactBase.check_preconditions)
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, FactBase)
+        and not issubclass(cls, ShortFactBase)
+        and cls is not HostState
+        and not cls.shell_executable
+        and getattr(cls, "batched", True)
+        and cls.check_preconditions is FactBase.check_preconditions
+    )
 
 
 # pyinfra's own facts that the prepare stage's pyinfra operations read (files.put, systemd.service, apt.packages,
 # ...): read-only, their arguments quoted by pyinfra. With the batchable facts of ironserve's roles, the only
 # classes a kept question may name (a planted cache entry naming any other, pyinfra.facts.server.Command say, is
 # ignored with a warning, never run).
-_PYINFRA_READS = {(c.__module__, c.__qualname__): c for c in (
-    File, Sha1File, Sha256File, Md5File, Directory, Link, FindInFile, DebPackages, LinuxDistribution, LinuxName, Os,
-    Arch, KernelVersion, Hostname, Date, Which, Users, Groups, SystemdStatus, SystemdEnabled)}
+_PYINFRA_READS = {
+    (c.__module__, c.__qualname__): c
+    for c in (
+        File,
+        Sha1File,
+        Sha256File,
+        Md5File,
+        Directory,
+        Link,
+        FindInFile,
+        DebPackages,
+        LinuxDistribution,
+        LinuxName,
+        Os,
+        Arch,
+        KernelVersion,
+        Hostname,
+        Date,
+        Which,
+        Users,
+        Groups,
+        SystemdStatus,
+        SystemdEnabled,
+    )
+}
 _ROLE_MODULE = re.compile(r"roles\.[a-z_]+")
 
 
@@ -345,8 +386,10 @@ class HostFacts:
             try:
                 req = Request.from_json(item)
             except ValueError as why:
-                logger.warning(f"{self.host.print_prefix}host state cache {self.cache_file}: entry "
-                               f"{json.dumps(item)[:120]} ignored ({why})")
+                logger.warning(
+                    f"{self.host.print_prefix}host state cache {self.cache_file}: entry "
+                    f"{json.dumps(item)[:120]} ignored ({why})"
+                )
                 continue
             if req is not None:
                 out.append(req)
@@ -382,8 +425,9 @@ def install(ctx) -> HostFacts | None:
     existing = real.__dict__.get("ironserve_host_facts")
     if existing is not None:
         return existing
-    facts = HostFacts(real, cache_file(ctx.host.host_state_cache, ctx.model, real.name,
-                                       str(ctx.host.ssh_hostname or real.name)))
+    facts = HostFacts(
+        real, cache_file(ctx.host.host_state_cache, ctx.model, real.name, str(ctx.host.ssh_hostname or real.name))
+    )
     real.ironserve_host_facts = facts
     real.get_fact = facts.get_fact
     real.run_shell_command = facts.run_shell_command

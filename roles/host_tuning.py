@@ -57,8 +57,10 @@ class CpuGovernors(FactBase):
     """Live scaling governor per CPU: ``{"cpu0": "performance", ...}``; ``{}`` without cpufreq."""
 
     def command(self) -> str:
-        return (f'for f in {CPUFREQ_GLOB}; do [ -r "$f" ] || continue; '
-                'c=${f#/sys/devices/system/cpu/}; echo "${c%%/*} $(cat "$f")"; done')
+        return (
+            f'for f in {CPUFREQ_GLOB}; do [ -r "$f" ] || continue; '
+            'c=${f#/sys/devices/system/cpu/}; echo "${c%%/*} $(cat "$f")"; done'
+        )
 
     def process(self, output):
         return keyed_lines(output)
@@ -115,24 +117,25 @@ def size_kib(size: str) -> int:
 def governor_unit_text(governor: str) -> str:
     # $$f: systemd expands $f itself; $$ passes a literal $ to the shell.
     return (
-        HEADER.format("roles/host_tuning.py")
-        + "[Unit]\n"
+        HEADER.format("roles/host_tuning.py") + "[Unit]\n"
         f"Description=ironserve: CPU frequency governor {governor} on every CPU\n"
         "# cpufreq appears once the CPU frequency drivers are loaded.\n"
         "After=systemd-modules-load.service\n"
         "\n[Service]\n"
         "Type=oneshot\n"
         "RemainAfterExit=yes\n"
-        f"ExecStart=/bin/sh -c 'for f in {CPUFREQ_GLOB}; do [ -e \"$$f\" ] || continue; "
-        f"echo {governor} > \"$$f\" || exit 1; done'\n"
+        f'ExecStart=/bin/sh -c \'for f in {CPUFREQ_GLOB}; do [ -e "$$f" ] || continue; '
+        f'echo {governor} > "$$f" || exit 1; done\'\n'
         "\n[Install]\n"
         "WantedBy=multi-user.target\n"
     )
 
 
 def sysctl_text(values: dict) -> str:
-    lines = [HEADER.format("roles/host_tuning.py").rstrip("\n"),
-             "# Host tuning from the hardware profile and the recipe (tuning.sysctls)."]
+    lines = [
+        HEADER.format("roles/host_tuning.py").rstrip("\n"),
+        "# Host tuning from the hardware profile and the recipe (tuning.sysctls).",
+    ]
     for key, value in sorted(values.items()):
         # one line per setting: a line break in a value would be a second setting (kernel.core_pattern=|...)
         if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", key) or control_problem(str(value)):
@@ -154,8 +157,10 @@ def limits_text(memlock, stack: int | None, nofile: int | None) -> str:
         items.append(("stack", str(int(stack) // 1024)))
     if nofile is not None:
         items.append(("nofile", str(int(nofile))))
-    lines = [HEADER.format("roles/host_tuning.py").rstrip("\n"),
-             "# Login sessions; the engine's systemd units set Limit* themselves."]
+    lines = [
+        HEADER.format("roles/host_tuning.py").rstrip("\n"),
+        "# Login sessions; the engine's systemd units set Limit* themselves.",
+    ]
     for domain in ("*", "root"):
         for item, value in items:
             for kind in ("soft", "hard"):
@@ -219,8 +224,10 @@ def sysctl_file(values: dict, path: str = SYSCTL_FILE):
     else:
         host.noop(f"{len(values) - len(unknown)} sysctls set")
     if unknown:
-        logger.warning(f"{host.name}: kernel has no sysctl {', '.join(unknown)}: written to {path} but not "
-                       "applied (kernel.sched_* knobs moved to debugfs in Linux 5.13)")
+        logger.warning(
+            f"{host.name}: kernel has no sysctl {', '.join(unknown)}: written to {path} but not "
+            "applied (kernel.sched_* knobs moved to debugfs in Linux 5.13)"
+        )
 
 
 @operation()
@@ -244,8 +251,11 @@ def shm_size(size: str):
 def apply(ctx: DeploymentContext) -> None:
     tuning = ctx.tuning
     if tuning.governor:
-        cpu_governor(name=f"CPU governor {tuning.governor} (persistent unit)", governor=tuning.governor,
-                     unit=ctx.host.governor_unit)
+        cpu_governor(
+            name=f"CPU governor {tuning.governor} (persistent unit)",
+            governor=tuning.governor,
+            unit=ctx.host.governor_unit,
+        )
     if tuning.sysctls:
         sysctl_file(name="sysctls", values=dict(tuning.sysctls), path=ctx.host.sysctl_file)
     limits = tuning.limits
@@ -274,13 +284,24 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
     tuning = ctx.tuning
     out = []
     if tuning.governor:
-        out.append({"path": f"{UNIT_DIR}/{ctx.host.governor_unit}",
-                    "sha256": sha256_text(governor_unit_text(tuning.governor)), "mode": 0o644})
+        out.append(
+            {
+                "path": f"{UNIT_DIR}/{ctx.host.governor_unit}",
+                "sha256": sha256_text(governor_unit_text(tuning.governor)),
+                "mode": 0o644,
+            }
+        )
     if tuning.sysctls:
-        out.append({"path": ctx.host.sysctl_file, "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))),
-                    "mode": 0o644})
+        out.append(
+            {"path": ctx.host.sysctl_file, "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))), "mode": 0o644}
+        )
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
-        out.append({"path": ctx.host.limits_file,
-                    "sha256": sha256_text(limits_text(limits.memlock, limits.stack, limits.nofile)), "mode": 0o644})
+        out.append(
+            {
+                "path": ctx.host.limits_file,
+                "sha256": sha256_text(limits_text(limits.memlock, limits.stack, limits.nofile)),
+                "mode": 0o644,
+            }
+        )
     return out

@@ -55,8 +55,10 @@ class ImexChannel(FactBase):
     nvidia-caps-imex-channels (None when it registered none)."""
 
     def command(self) -> str:
-        return (f"if [ -c {CHANNEL0} ]; then echo present=yes; else echo present=no; fi; "
-                "echo \"major=$(awk '$2 == \"nvidia-caps-imex-channels\" {print $1}' /proc/devices 2>/dev/null)\"")
+        return (
+            f"if [ -c {CHANNEL0} ]; then echo present=yes; else echo present=no; fi; "
+            'echo "major=$(awk \'$2 == "nvidia-caps-imex-channels" {print $1}\' /proc/devices 2>/dev/null)"'
+        )
 
     def process(self, output):
         raw = dict(line.partition("=")[::2] for line in output)
@@ -91,10 +93,12 @@ def nodes_config_text(addresses: list[str]) -> str:
 
 def channel0_command() -> str:
     """Create channel 0 from the major the loaded driver registered; fail with the fix when there is none."""
-    return ("m=$(awk '$2 == \"nvidia-caps-imex-channels\" {print $1}' /proc/devices) && "
-            "if [ -z \"$m\" ]; then echo 'the loaded nvidia module registered no nvidia-caps-imex-channels: "
-            "reboot so the driver loads with NVreg_CreateImexChannel0=1' >&2; exit 1; fi && "
-            f"mkdir -p {CHANNEL_DIR} && mknod -m 666 {CHANNEL0} c \"$m\" 0")
+    return (
+        "m=$(awk '$2 == \"nvidia-caps-imex-channels\" {print $1}' /proc/devices) && "
+        'if [ -z "$m" ]; then echo \'the loaded nvidia module registered no nvidia-caps-imex-channels: '
+        "reboot so the driver loads with NVreg_CreateImexChannel0=1' >&2; exit 1; fi && "
+        f'mkdir -p {CHANNEL_DIR} && mknod -m 666 {CHANNEL0} c "$m" 0'
+    )
 
 
 # --------------------------------------------------------------------------- operations
@@ -116,9 +120,11 @@ def imex_ready(timeout_s: int = READY_TIMEOUT_S, restarting: bool = False):
     if plain(host.get_fact(ImexStatus)) == "READY" and not restarting:
         host.noop("nvidia-imex READY")
         return
-    yield (f"for i in $(seq {int(timeout_s)}); do [ \"$(nvidia-imex-ctl -q 2>&1)\" = READY ] && exit 0; sleep 1; "
-           f"done; echo \"nvidia-imex not READY after {int(timeout_s)}s: $(nvidia-imex-ctl -q 2>&1)\" >&2; "
-           f"journalctl -u {SERVICE} -n 20 --no-pager >&2; exit 1")
+    yield (
+        f'for i in $(seq {int(timeout_s)}); do [ "$(nvidia-imex-ctl -q 2>&1)" = READY ] && exit 0; sleep 1; '
+        f'done; echo "nvidia-imex not READY after {int(timeout_s)}s: $(nvidia-imex-ctl -q 2>&1)" >&2; '
+        f"journalctl -u {SERVICE} -n 20 --no-pager >&2; exit 1"
+    )
 
 
 # --------------------------------------------------------------------------- role
@@ -137,8 +143,10 @@ def domain_addresses(ctx: DeploymentContext) -> list[str]:
 
 
 def engine_dropin_text() -> str:
-    return ("# Managed by ironserve (roles/imex.py): MNNVL engines need IMEX serving first.\n"
-            f"[Unit]\nWants={SERVICE}\nAfter={SERVICE}\n")
+    return (
+        "# Managed by ironserve (roles/imex.py): MNNVL engines need IMEX serving first.\n"
+        f"[Unit]\nWants={SERVICE}\nAfter={SERVICE}\n"
+    )
 
 
 @deploy("ironserve: IMEX (multi-node NVLink)")
@@ -148,22 +156,43 @@ def apply(ctx: DeploymentContext) -> None:
     preflight.check_nvlink_clique(ctx, strict=True)
     version = ctx.host.nvidia_driver_version
     package = imex_package(ctx)
-    apt.packages(name=f"Install {package}={version}", packages=[f"{package}={version}"], no_recommends=True,
-                 extra_install_args="--allow-change-held-packages")
+    apt.packages(
+        name=f"Install {package}={version}",
+        packages=[f"{package}={version}"],
+        no_recommends=True,
+        extra_install_args="--allow-change-held-packages",
+    )
     nvidia_driver.packages_held(name=f"{package} held", packages=[package])
     channel0_present(name=f"IMEX channel 0 ({CHANNEL0})")
-    nodes = files.put(name=f"{NODES_CONFIG}: the NVLink domain's {len(domain_addresses(ctx))} hosts",
-                      src=StringIO(nodes_config_text(domain_addresses(ctx))), dest=NODES_CONFIG, mode="644")
-    config = files.line(name=f"{CONFIG} reads {NODES_CONFIG}", path=CONFIG, line="^IMEX_NODE_CONFIG_FILE=.*",
-                        replace=f"IMEX_NODE_CONFIG_FILE={NODES_CONFIG}")
+    nodes = files.put(
+        name=f"{NODES_CONFIG}: the NVLink domain's {len(domain_addresses(ctx))} hosts",
+        src=StringIO(nodes_config_text(domain_addresses(ctx))),
+        dest=NODES_CONFIG,
+        mode="644",
+    )
+    config = files.line(
+        name=f"{CONFIG} reads {NODES_CONFIG}",
+        path=CONFIG,
+        line="^IMEX_NODE_CONFIG_FILE=.*",
+        replace=f"IMEX_NODE_CONFIG_FILE={NODES_CONFIG}",
+    )
     restart = bool(nodes.changed or config.changed)
-    service = systemd.service(name=f"{SERVICE} enabled and running", service=SERVICE, running=True, enabled=True,
-                              restarted=restart)
-    imex_ready(name="nvidia-imex READY", timeout_s=ctx.host.imex_ready_timeout_s,
-               restarting=restart or bool(service.changed))
-    dropins = [files.put(name=f"{p.unit} starts after {SERVICE}", src=StringIO(engine_dropin_text()),
-                         dest=ENGINE_DROPIN.format(unit=p.unit), mode="644")
-               for p in ctx.processes if p.role != "router"]
+    service = systemd.service(
+        name=f"{SERVICE} enabled and running", service=SERVICE, running=True, enabled=True, restarted=restart
+    )
+    imex_ready(
+        name="nvidia-imex READY", timeout_s=ctx.host.imex_ready_timeout_s, restarting=restart or bool(service.changed)
+    )
+    dropins = [
+        files.put(
+            name=f"{p.unit} starts after {SERVICE}",
+            src=StringIO(engine_dropin_text()),
+            dest=ENGINE_DROPIN.format(unit=p.unit),
+            mode="644",
+        )
+        for p in ctx.processes
+        if p.role != "router"
+    ]
     run_if_changed(name="systemctl daemon-reload (IMEX drop-ins)", triggers=dropins, command="systemctl daemon-reload")
 
 
@@ -173,28 +202,53 @@ def apply(ctx: DeploymentContext) -> None:
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     if not wanted(ctx):
         return []
-    out = [{"path": NODES_CONFIG, "sha256": sha256_text(nodes_config_text(domain_addresses(ctx))), "mode": 0o644,
-            "gate": "driver"}]
-    out += [{"path": ENGINE_DROPIN.format(unit=p.unit), "sha256": sha256_text(engine_dropin_text()), "mode": 0o644,
-             "gate": "service"} for p in ctx.processes if p.role != "router"]
+    out = [
+        {
+            "path": NODES_CONFIG,
+            "sha256": sha256_text(nodes_config_text(domain_addresses(ctx))),
+            "mode": 0o644,
+            "gate": "driver",
+        }
+    ]
+    out += [
+        {
+            "path": ENGINE_DROPIN.format(unit=p.unit),
+            "sha256": sha256_text(engine_dropin_text()),
+            "mode": 0o644,
+            "gate": "service",
+        }
+        for p in ctx.processes
+        if p.role != "router"
+    ]
     return out
 
 
 def desired_packages(ctx: DeploymentContext) -> list[dict]:
     if not wanted(ctx):
         return []
-    return [{"name": imex_package(ctx), "version": ctx.host.nvidia_driver_version,
-             "gate": "driver"}]
+    return [{"name": imex_package(ctx), "version": ctx.host.nvidia_driver_version, "gate": "driver"}]
 
 
 def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     if not wanted(ctx):
         return []
     return [
-        {"id": "imex:service-enabled", "kind": "command", "expected": "enabled",
-         "params": {"cmd": f"systemctl is-enabled {SERVICE} 2>/dev/null || true"}},
-        {"id": "imex:ready", "kind": "command", "expected": "READY",
-         "params": {"cmd": "nvidia-imex-ctl -q 2>&1 || true"}},
-        {"id": "imex:channel0", "kind": "command", "expected": "present",
-         "params": {"cmd": f"[ -c {shlex.quote(CHANNEL0)} ] && echo present || echo missing"}},
+        {
+            "id": "imex:service-enabled",
+            "kind": "command",
+            "expected": "enabled",
+            "params": {"cmd": f"systemctl is-enabled {SERVICE} 2>/dev/null || true"},
+        },
+        {
+            "id": "imex:ready",
+            "kind": "command",
+            "expected": "READY",
+            "params": {"cmd": "nvidia-imex-ctl -q 2>&1 || true"},
+        },
+        {
+            "id": "imex:channel0",
+            "kind": "command",
+            "expected": "present",
+            "params": {"cmd": f"[ -c {shlex.quote(CHANNEL0)} ] && echo present || echo missing"},
+        },
     ]

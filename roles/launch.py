@@ -57,14 +57,13 @@ from pyinfra.operations import systemd
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
-from ironserve.units import (ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit,
-                             staged_path)
+from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit, staged_path
 from roles import deploy_clock, launch_preflight, live_config, rollback, rolling, undeclared
-from roles.live_config import install_command, reload_command
-from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
 from roles.container_runtime import container_current
 from roles.context import DeploymentContext
+from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
+from roles.live_config import install_command, reload_command
 from roles.sglang_service import live_files, marker_path
 
 HEALTH_POLL_S = DEFAULTS.health_poll_s
@@ -80,10 +79,15 @@ GROUP_RESTARTS_ALLOWED = 2
 def start_order(processes: list[Process]) -> list[list[Process]]:
     """[rank-0 engine processes, other ranks, routers]; prefill before decode before server within a wave."""
     order = {"prefill": 0, "decode": 1, "server": 2}
-    engines = sorted((p for p in processes if p.role != "router"),
-                     key=lambda p: (order.get(p.role, 3), p.group, p.instance, p.node_rank))
-    return [[p for p in engines if p.node_rank == 0], [p for p in engines if p.node_rank != 0],
-            [p for p in processes if p.role == "router"]]
+    engines = sorted(
+        (p for p in processes if p.role != "router"),
+        key=lambda p: (order.get(p.role, 3), p.group, p.instance, p.node_rank),
+    )
+    return [
+        [p for p in engines if p.node_rank == 0],
+        [p for p in engines if p.node_rank != 0],
+        [p for p in processes if p.role == "router"],
+    ]
 
 
 # --------------------------------------------------------------------------- facts
@@ -120,11 +124,13 @@ def launch_gate(hosts: list[str]):
     """
     failed = sorted(h.name for h in getattr(context.state, "failed_hosts", ()) if h.name in set(hosts))
     if failed:
-        raise OperationError(f"not launching: {len(failed)} host(s) of this deployment did not converge: "
-                             f"{', '.join(failed)} (fix them and rerun; nothing was started)")
+        raise OperationError(
+            f"not launching: {len(failed)} host(s) of this deployment did not converge: "
+            f"{', '.join(failed)} (fix them and rerun; nothing was started)"
+        )
     host.noop(f"all {len(hosts)} host(s) of the deployment converged")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 @operation()
@@ -161,9 +167,18 @@ def _wants_restart(restart) -> bool:
 
 
 @operation()
-def unit_started(unit: str, url: str | None = None, timeout_s: int = 3600, paths: list[str] | None = None,
-                 restart=False, wait: bool = True, members: list | None = None, rank0: list | None = None,
-                 live_changing=False, gate_results: dict | None = None):
+def unit_started(
+    unit: str,
+    url: str | None = None,
+    timeout_s: int = 3600,
+    paths: list[str] | None = None,
+    restart=False,
+    wait: bool = True,
+    members: list | None = None,
+    rank0: list | None = None,
+    live_changing=False,
+    gate_results: dict | None = None,
+):
     """The unit runs its live configuration and (with ``url`` and ``wait``) answers /health.
 
     Starts a stopped unit; restarts a running one when a file it was started from is newer than its start
@@ -221,8 +236,7 @@ def restart_if_stale(state, host, unit: str, paths: list[str], rank0: list | Non
         return True
     if rank0:
         return restart_unless_following(state, host, unit, rank0, paths)
-    status, _ = host.run_shell_command(deliberate("restart", unit),
-                                       _sudo=bool(host.data.get("_sudo")))
+    status, _ = host.run_shell_command(deliberate("restart", unit), _sudo=bool(host.data.get("_sudo")))
     return bool(status)
 
 
@@ -239,8 +253,9 @@ def _following(run, unit: str) -> dict:
         return {}
 
 
-def restart_unless_following(state, host, unit: str, rank0: list[str], paths: list[str] | None = None,
-                             follow_s: float = RANK_FOLLOW_S) -> bool:
+def restart_unless_following(
+    state, host, unit: str, rank0: list[str], paths: list[str] | None = None, follow_s: float = RANK_FOLLOW_S
+) -> bool:
     """Restart a rank > 0 unless its engine already follows rank 0's current engine invocation (the group's
     generation) and started after its own live files: its guard records which invocation of rank 0 its engine
     joined (ironserve.units.following_path). Rank 0 was just (re)started: the guard follows within a few polls, so
@@ -254,8 +269,11 @@ def restart_unless_following(state, host, unit: str, rank0: list[str], paths: li
     deadline = time.monotonic() + follow_s
     while generation:
         mine, follows = _show(run, unit), _following(run, unit)
-        if (mine.get("ActiveState") in ("active", "activating") and follows.get("leader_invocation") == generation
-                and follows.get("engine_invocation") == mine.get("InvocationID")):
+        if (
+            mine.get("ActiveState") in ("active", "activating")
+            and follows.get("leader_invocation") == generation
+            and follows.get("engine_invocation") == mine.get("InvocationID")
+        ):
             if paths and _stale_now(host, unit, paths):
                 break  # in rank 0's group, but started before its own new files: the group restarts around it
             host.log(f"{unit}: follows rank 0's invocation {generation} ({rank0[0]}): its rank guard restarted it")
@@ -269,8 +287,9 @@ def restart_unless_following(state, host, unit: str, rank0: list[str], paths: li
 
 
 @operation()
-def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None = None,
-                gate_results: dict | None = None):
+def health_gate(
+    unit: str, url: str, timeout_s: int = 3600, members: list | None = None, gate_results: dict | None = None
+):
     """Wait until the unit answers /health (after the ranks of its multi-node group were started)."""
     if host.get_fact(HttpStatus, url=url) == 200:
         host.noop(f"{unit} is healthy")
@@ -278,8 +297,9 @@ def health_gate(unit: str, url: str, timeout_s: int = 3600, members: list | None
     yield FunctionCommand(gate_or_roll_back, (unit, url, timeout_s, members or [], gate_results), {})
 
 
-def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members: list,
-                      gate_results: dict | None = None) -> bool:
+def gate_or_roll_back(
+    state, host, unit: str, url: str, timeout_s: int, members: list, gate_results: dict | None = None
+) -> bool:
     """The health gate; when it fails, the rollback of ``members`` to their last good configuration. A gate
     that failed fails the operation even when the rollback healed the service: the deploy did not converge.
     The outcome is recorded in ``gate_results`` [(host, unit)]: ranks > 0 save their last good configuration
@@ -290,8 +310,9 @@ def gate_or_roll_back(state, host, unit: str, url: str, timeout_s: int, members:
     if gate_results is not None:
         gate_results[(host.name, unit)] = ok
     if not ok and members:
-        rollback.roll_back(state, host, unit, url, timeout_s, members, why,
-                           functools.partial(wait_healthy, restarts_allowed=allowed))
+        rollback.roll_back(
+            state, host, unit, url, timeout_s, members, why, functools.partial(wait_healthy, restarts_allowed=allowed)
+        )
     return ok
 
 
@@ -303,7 +324,7 @@ def wave_barrier():
     """Nothing to do: a point of the launch every host of the run passes together (see apply)."""
     host.noop("all hosts reached this point of the launch")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 @operation()
@@ -311,7 +332,7 @@ def not_launched(reason: str):
     """Say why nothing is started (launch=false): prepared and validated only."""
     host.noop(reason)
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 def config_paths(proc: Process) -> list[str]:
@@ -369,9 +390,14 @@ def _save_last_good(ctx: DeploymentContext, procs: list[Process], live: dict) ->
             gate = (proc.head, proc.unit) if in_run(proc.head) else (proc.host, proc.unit)
         made_live = live.get(proc.unit)
         flag = ctx.changes.unit_change_flag(proc.unit)
-        rollback.last_good_saved(name=f"{proc.unit}: last good configuration", unit=proc.unit,
-                                 paths=config_paths(proc), gate=gate, gate_results=ctx.gate_results,
-                                 restart=lambda made_live=made_live, flag=flag: changed(made_live) or flag())
+        rollback.last_good_saved(
+            name=f"{proc.unit}: last good configuration",
+            unit=proc.unit,
+            paths=config_paths(proc),
+            gate=gate,
+            gate_results=ctx.gate_results,
+            restart=lambda made_live=made_live, flag=flag: changed(made_live) or flag(),
+        )
 
 
 def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
@@ -383,22 +409,31 @@ def make_live(ctx: DeploymentContext, procs: list[Process]) -> dict:
     live, guards = {}, []
     for proc in procs:
         files = [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
-        live[proc.unit] = config_live(name=f"{proc.unit}: staged configuration made live", unit=proc.unit,
-                                      files=files, changing=ctx.changes.unit_change_flag(proc.unit))
+        live[proc.unit] = config_live(
+            name=f"{proc.unit}: staged configuration made live",
+            unit=proc.unit,
+            files=files,
+            changing=ctx.changes.unit_change_flag(proc.unit),
+        )
         if proc.in_rank_group:
             guards.append((proc, live[proc.unit]))
     units = [f"{p.unit}.service" for p in procs] + [f"{rank_guard_unit(p)}.service" for p, _ in guards]
     ops = list(live.values())
-    daemon_reloaded(name="systemd loaded the live unit files (NeedDaemonReload=no)", units=units,
-                    changing=lambda: any(changed(op) for op in ops))
+    daemon_reloaded(
+        name="systemd loaded the live unit files (NeedDaemonReload=no)",
+        units=units,
+        changing=lambda: any(changed(op) for op in ops),
+    )
     for proc in procs:
-        systemd.service(name=f"{proc.unit}.service enabled", service=f"{proc.unit}.service", running=None,
-                        enabled=True)
+        systemd.service(name=f"{proc.unit}.service enabled", service=f"{proc.unit}.service", running=None, enabled=True)
     script = ctx.changes.rank_guard_script
     for proc, op in guards:
         # a new guard config or script reaches a running guard without restarting its engine
-        run_if_changed(name=f"{rank_guard_unit(proc)} picks up its new config", triggers=[op, script],
-                       command=f"systemctl try-restart {rank_guard_unit(proc)}.service")
+        run_if_changed(
+            name=f"{rank_guard_unit(proc)} picks up its new config",
+            triggers=[op, script],
+            command=f"systemctl try-restart {rank_guard_unit(proc)}.service",
+        )
     return live
 
 
@@ -413,8 +448,9 @@ def apply(ctx: DeploymentContext) -> None:
     deployment = sorted({p.host for p in ctx.rendered.processes})
     launch_gate(name="Launch gate: every host converged", hosts=deployment)
     for unit, (image, cmd, env_names) in ctx.changes.containers.items():
-        container_current(name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd,
-                          env_names=env_names)
+        container_current(
+            name=f"Container of {unit} matches its unit", unit=unit, image=image, cmd=cmd, env_names=env_names
+        )
     # /dev/shm, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
     # a running engine of a deployment with several groups behind its router rolls (roles/rolling.py); the rest
@@ -429,8 +465,10 @@ def apply(ctx: DeploymentContext) -> None:
     # a unit of another recipe (or group) leaves the host first: the new one takes its port and devices
     # (not an old router, nor an engine a rolling switch replaces: they go when their successor takes over)
     keep = undeclared.routers_kept(ctx.processes) + [u for p in rolls for u in rolling.replaces(ctx, p)]
-    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id, keep),
-                                  declared=undeclared.declared_units(ctx.processes) + keep)
+    undeclared.undeclared_removed(
+        name=undeclared.removal_name(ctx.processes, ctx.recipe.id, keep),
+        declared=undeclared.declared_units(ctx.processes) + keep,
+    )
     # every rank of a group becomes live in this one wave, before any of them restarts: a guard or crash restart
     # from here on starts the new configuration on every rank, never a mix
     live = make_live(ctx, ranks0 + others)
@@ -446,9 +484,14 @@ def apply(ctx: DeploymentContext) -> None:
     for proc in ranks0:
         if proc.nnodes > 1 and proc.health_url:
             # rank 0 answers /health only once every rank of its group joined
-            health_gate(name=f"Health of {proc.unit} (all ranks started)", unit=proc.unit, url=proc.health_url,
-                        timeout_s=ctx.recipe.health_timeout_s, members=rollback_members(ctx, proc),
-                        gate_results=ctx.gate_results)
+            health_gate(
+                name=f"Health of {proc.unit} (all ranks started)",
+                unit=proc.unit,
+                url=proc.health_url,
+                timeout_s=ctx.recipe.health_timeout_s,
+                members=rollback_members(ctx, proc),
+                gate_results=ctx.gate_results,
+            )
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
     wave_barrier(name="Launch: the rolling change, one group at a time behind the router (the wave is healthy)")
@@ -456,8 +499,9 @@ def apply(ctx: DeploymentContext) -> None:
     deploy_clock.stage(ctx, "router_start")
     wave_barrier(name="Launch: the routers (every engine group healthy)")
     # an old recipe's router leaves right before the new one starts on its port (the switch's only gap)
-    undeclared.undeclared_removed(name=undeclared.removal_name(ctx.processes, ctx.recipe.id),
-                                  declared=undeclared.declared_units(ctx.processes))
+    undeclared.undeclared_removed(
+        name=undeclared.removal_name(ctx.processes, ctx.recipe.id), declared=undeclared.declared_units(ctx.processes)
+    )
     live = make_live(ctx, routers)
     for proc in routers:
         _start(ctx, proc, wait=True, live=live)

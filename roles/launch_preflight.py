@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.hostdata import DEFAULTS
 from ironserve.units import image_ref, sourcing_script, venv_path
 from roles.common import UnitState, in_run
 from roles.context import DeploymentContext
@@ -74,16 +74,19 @@ class RankGroup:
 
 def rank_groups(rendered: Rendered) -> dict[str, RankGroup]:
     """Multi-node groups of a render, by key (single-node processes have nobody to meet)."""
-    return {key: RankGroup(key, members[0].dist_init_addr, members[0].dist_init_port, members[0].nnodes,
-                           list(members)) for key, members in rendered.groups.items()}
+    return {
+        key: RankGroup(key, members[0].dist_init_addr, members[0].dist_init_port, members[0].nnodes, list(members))
+        for key, members in rendered.groups.items()
+    }
 
 
 def nic_env(proc: Process) -> dict[str, str]:
     return {k: proc.env[k] for k in NIC_ENV if proc.env.get(k)}
 
 
-def nic_problems(host_name: str, rank: int, env: dict[str, str], where: tuple[str, int],
-                 path: dict | None) -> list[str]:
+def nic_problems(
+    host_name: str, rank: int, env: dict[str, str], where: tuple[str, int], path: dict | None
+) -> list[str]:
     """What is wrong with a rank's socket interfaces (``env``: the NIC variables of its env), one line each
     with the fix; [] when all is right. ``path``: the NetworkPath fact towards rank 0's address ``where``."""
     path = plain(path) or {}
@@ -97,32 +100,51 @@ def nic_problems(host_name: str, rank: int, env: dict[str, str], where: tuple[st
         names = [n for n in ifname.lstrip("^=").split(",") if n]
         if ifname.startswith("^"):
             continue  # an exclusion list: nothing to verify by name
-        found = [n for n in names if any(dev == n or (not ifname.startswith("=") and dev.startswith(n))
-                                         for dev in addrs)]
+        found = [
+            n for n in names if any(dev == n or (not ifname.startswith("=") and dev.startswith(n)) for dev in addrs)
+        ]
         if not found:
-            problems.append(f"{host_name} (rank {rank}): {var}={ifname} names no interface with an IPv4 "
-                            f"address on this host (interfaces: {have}); fix: set host data nic= the interface "
-                            f"on rank 0's network" + (f" ({route_dev}, the route to {head})" if route_dev else ""))
+            problems.append(
+                f"{host_name} (rank {rank}): {var}={ifname} names no interface with an IPv4 "
+                f"address on this host (interfaces: {have}); fix: set host data nic= the interface "
+                f"on rank 0's network" + (f" ({route_dev}, the route to {head})" if route_dev else "")
+            )
             continue
         if target is None:
-            problems.append(f"{host_name} (rank {rank}): rank 0's address {where[0]} "
-                            f"does not resolve on this host; fix: use an address or a name in /etc/hosts")
+            problems.append(
+                f"{host_name} (rank {rank}): rank 0's address {where[0]} "
+                f"does not resolve on this host; fix: use an address or a name in /etc/hosts"
+            )
         elif route_dev and route_dev != "lo" and not any(route_dev == n or route_dev.startswith(n) for n in found):
-            problems.append(f"{host_name} (rank {rank}): {var}={ifname}, but the route to rank 0 "
-                            f"({head}) leaves by {route_dev}; the ranks would not meet; fix: set host data "
-                            f"nic={route_dev} (or route rank 0's network over {ifname})")
+            problems.append(
+                f"{host_name} (rank {rank}): {var}={ifname}, but the route to rank 0 "
+                f"({head}) leaves by {route_dev}; the ranks would not meet; fix: set host data "
+                f"nic={route_dev} (or route rank 0's network over {ifname})"
+            )
         elif route_dev == "lo" and not any(target in addrs.get(n, []) for n in found):
             holder = next((dev for dev, a in sorted(addrs.items()) if target in a), None)
-            problems.append(f"{host_name} (rank {rank}): {var}={ifname}, but this host's rank-0 address {target} "
-                            f"is not on {ifname} (interfaces: {have}); the other ranks would not reach it; fix: set "
-                            f"host data nic={holder or 'the interface that holds ' + target}")
+            problems.append(
+                f"{host_name} (rank {rank}): {var}={ifname}, but this host's rank-0 address {target} "
+                f"is not on {ifname} (interfaces: {have}); the other ranks would not reach it; fix: set "
+                f"host data nic={holder or 'the interface that holds ' + target}"
+            )
     return problems
 
 
 def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: int) -> list[str]:
     """The rendezvous in the engine's own runtime (its torch, its python), with the rank's socket env."""
-    args = ["--addr", group.addr, "--port", str(group.port), "--rank", str(proc.node_rank),
-            "--world", str(group.world), "--timeout", str(timeout_s)]
+    args = [
+        "--addr",
+        group.addr,
+        "--port",
+        str(group.port),
+        "--rank",
+        str(proc.node_rank),
+        "--world",
+        str(group.world),
+        "--timeout",
+        str(timeout_s),
+    ]
     env = nic_env(proc)
     runtime = recipe.runtime
     sourced = sourcing_script(runtime.source_env) if runtime.source_env else None
@@ -131,8 +153,17 @@ def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: 
         for key, value in env.items():
             run += ["-e", f"{key}={value}"]
         if sourced:
-            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourced, "rendezvous",
-                          "python3", CONTAINER_RENDEZVOUS, *args]
+            return run + [
+                "--entrypoint",
+                "/bin/bash",
+                image_ref(recipe),
+                "-c",
+                sourced,
+                "rendezvous",
+                "python3",
+                CONTAINER_RENDEZVOUS,
+                *args,
+            ]
         return run + ["--entrypoint", "python3", image_ref(recipe), CONTAINER_RENDEZVOUS, *args]
     core = [f"{venv_path(recipe)}/bin/python3", RENDEZVOUS, *args]
     if sourced:
@@ -143,7 +174,7 @@ def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: 
 def parse_rendezvous(stdout_lines: list[str]) -> dict:
     for line in reversed(stdout_lines):
         if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
+            return json.loads(line[len(MARK) :])
     return {"ok": False, "error": "the rendezvous printed no result: " + " | ".join(stdout_lines[-5:])}
 
 
@@ -158,9 +189,11 @@ class NetworkPath(FactBase):
 
     def command(self, target):
         quoted = shlex.quote(target)
-        return ("ip -o -4 addr show 2>/dev/null | awk '{split($4, a, \"/\"); print \"addr\", $2, a[1]}'; "
-                f"t=$(getent ahostsv4 {quoted} 2>/dev/null | awk 'NR==1 {{print $1}}'); "
-                "[ -n \"$t\" ] && echo \"target $t\" && ip -o route get \"$t\" 2>/dev/null; true")
+        return (
+            'ip -o -4 addr show 2>/dev/null | awk \'{split($4, a, "/"); print "addr", $2, a[1]}\'; '
+            f"t=$(getent ahostsv4 {quoted} 2>/dev/null | awk 'NR==1 {{print $1}}'); "
+            '[ -n "$t" ] && echo "target $t" && ip -o route get "$t" 2>/dev/null; true'
+        )
 
     def process(self, output):
         state = {"addrs": {}, "target": None, "route_dev": None, "route_src": None}
@@ -214,8 +247,10 @@ class IommuGroups(FactBase):
     (no groups: the IOMMU is off)."""
 
     def command(self):
-        return ("for f in /sys/kernel/iommu_groups/*/type; do [ -r \"$f\" ] && echo \"type $(cat \"$f\")\"; done; "
-                "echo \"cmdline $(cat /proc/cmdline 2>/dev/null)\"")
+        return (
+            'for f in /sys/kernel/iommu_groups/*/type; do [ -r "$f" ] && echo "type $(cat "$f")"; done; '
+            'echo "cmdline $(cat /proc/cmdline 2>/dev/null)"'
+        )
 
     def process(self, output):
         types: dict[str, int] = {}
@@ -236,10 +271,12 @@ def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
     if not translated:
         return None
     param = "iommu.passthrough=1" if arch == "aarch64" else "iommu=pt"
-    return (f"{host_name}: the IOMMU translates DMA for {translated} device group(s) "
-            f"({', '.join(f'{t}: {n}' for t, n in sorted(types.items()))}): GPU peer-to-peer over PCIe hangs or "
-            f"crawls (NVIDIA/nccl#1999). Fix: add {param} to GRUB_CMDLINE_LINUX in /etc/default/grub, run "
-            f"update-grub and reboot (or turn the IOMMU off in the BIOS); iommu_check=false skips this check")
+    return (
+        f"{host_name}: the IOMMU translates DMA for {translated} device group(s) "
+        f"({', '.join(f'{t}: {n}' for t, n in sorted(types.items()))}): GPU peer-to-peer over PCIe hangs or "
+        f"crawls (NVIDIA/nccl#1999). Fix: add {param} to GRUB_CMDLINE_LINUX in /etc/default/grub, run "
+        f"update-grub and reboot (or turn the IOMMU off in the BIOS); iommu_check=false skips this check"
+    )
 
 
 # --------------------------------------------------------------------------- operations
@@ -252,7 +289,7 @@ def iommu_passthrough(arch: str = "x86_64"):
         raise OperationError(problem)
     host.noop("IOMMU off or in passthrough: GPU peer-to-peer is direct")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 @operation()
@@ -263,12 +300,13 @@ def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
         raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
     host.noop(f"rank {rank}: {', '.join(f'{k}={v}' for k, v in env.items())} leads to rank 0 ({addr}:{port})")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 @operation()
-def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str],
-                     ranks_running: dict | None = None):
+def group_rendezvous(
+    key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str], ranks_running: dict | None = None
+):
     """All ranks of the group form a gloo group through rank 0's dist-init address (see the module doc).
 
     ``ranks_running`` (the deployment context's, shared by every host of the run): {group key: {rank: running}},
@@ -286,8 +324,9 @@ def group_rendezvous(key: str, rank: int, unit: str, command: str, timeout_s: in
     yield FunctionCommand(_rendezvous, (key, rank, command, timeout_s, problems, ranks_running), {})
 
 
-def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str],
-                ranks_running: dict) -> bool:
+def _rendezvous(
+    state, host, key: str, rank: int, command: str, timeout_s: int, problems: list[str], ranks_running: dict
+) -> bool:
     running = sorted(r for r, up in ranks_running.get(key, {}).items() if up)
     if running:
         host.log(f"{key}: rank(s) {running} already running: no rendezvous (the launch restarts the group)")
@@ -296,16 +335,23 @@ def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, 
     _, out = host.run_shell_command(f"timeout {int(timeout_s) + 30} {command} 2>&1")
     result = parse_rendezvous(out.stdout_lines)
     if result.get("ok"):
-        host.log_styled(f"{key}: rank {rank} met its group of {result.get('world')} via "
-                        f"{result.get('ifname') or 'the default interface'} in {result.get('seconds')}s", fg="green")
+        host.log_styled(
+            f"{key}: rank {rank} met its group of {result.get('world')} via "
+            f"{result.get('ifname') or 'the default interface'} in {result.get('seconds')}s",
+            fg="green",
+        )
         for line in problems:
             host.log_styled(f"warning: {line}", fg="yellow")
         return True
-    lines = [f"{key}: rank {rank} on {host.name} could not form its group through "
-             f"{result.get('addr', '?')}:{result.get('port', '?')} with GLOO_SOCKET_IFNAME="
-             f"{result.get('ifname') or '(unset)'}: {result.get('error')}"]
-    lines += problems or [f"fix: check that {result.get('addr')}:{result.get('port')} is open between the hosts and "
-                          f"that host data nic names the interface on rank 0's network on every host"]
+    lines = [
+        f"{key}: rank {rank} on {host.name} could not form its group through "
+        f"{result.get('addr', '?')}:{result.get('port', '?')} with GLOO_SOCKET_IFNAME="
+        f"{result.get('ifname') or '(unset)'}: {result.get('error')}"
+    ]
+    lines += problems or [
+        f"fix: check that {result.get('addr')}:{result.get('port')} is open between the hosts and "
+        f"that host data nic names the interface on rank 0's network on every host"
+    ]
     host.log_styled("\n".join(lines), fg="red")
     return False
 
@@ -313,9 +359,11 @@ def _rendezvous(state, host, key: str, rank: int, command: str, timeout_s: int, 
 def _memlock_problem(host_name: str, unit: str, found: str | None) -> str | None:
     if found in ("infinity", "not-found"):
         return None
-    return (f"{host_name}: {unit} would run with LimitMEMLOCK={found or 'unknown'}, the engine needs unlimited "
-            f"locked memory (pinned buffers for NCCL/HCCL); fix: remove the drop-in that lowers it "
-            f"(systemctl cat {unit}) and rerun the deploy")
+    return (
+        f"{host_name}: {unit} would run with LimitMEMLOCK={found or 'unknown'}, the engine needs unlimited "
+        f"locked memory (pinned buffers for NCCL/HCCL); fix: remove the drop-in that lowers it "
+        f"(systemctl cat {unit}) and rerun the deploy"
+    )
 
 
 @operation()
@@ -352,10 +400,11 @@ def pcie_acs_disabled():
             f"{host.name}: PCIe ACS source validation is on for {bdfs}: GPU peer-to-peer traffic is redirected "
             f"through the root complex (slow, or NCCL hangs with the IOMMU on); fix: disable ACS in the BIOS, or at "
             f"every boot `setpci -s BDF ECAP_ACS+0x6.w=0000` for each of them; if peer access still fails add "
-            f"--enable-p2p-check (seed 002); pcie_acs_check=false skips this check")
+            f"--enable-p2p-check (seed 002); pcie_acs_check=false skips this check"
+        )
     host.noop("PCIe ACS off on every bridge")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 # --------------------------------------------------------------------------- deploy
@@ -367,24 +416,33 @@ def memlock_checks(ctx: DeploymentContext, changing: dict) -> None:
     if ctx.tuning.limits.memlock != "unlimited" or isinstance(ctx.recipe.runtime, DockerRuntime):
         return  # docker units: the container's limit is the recipe's --ulimit memlock=-1 (a catalogue check)
     for proc in (p for p in ctx.processes if p.role != "router"):
-        memlock_unlimited(name=f"{proc.unit}: unlimited locked memory", unit=proc.unit,
-                          changing=changing.get(proc.unit, False))
+        memlock_unlimited(
+            name=f"{proc.unit}: unlimited locked memory", unit=proc.unit, changing=changing.get(proc.unit, False)
+        )
 
 
 @deploy("Launch preflight")
 def apply(ctx: DeploymentContext) -> None:
-    recipe, tuning = ctx.recipe, ctx.tuning
+    recipe = ctx.recipe
     engines = [p for p in ctx.processes if p.role != "router"]
     if not engines:
         return
     if not ctx.launch:
         # the live units (a launch checks its new ones once it made them live: memlock_checks)
         memlock_checks(ctx, {})
-    if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
-            and ctx.host.pcie_acs_check and any(p.devices > 1 for p in engines)):
+    if (
+        ctx.vendor == "nvidia"
+        and ctx.profile.accelerator.interconnect == "pcie"
+        and ctx.host.pcie_acs_check
+        and any(p.devices > 1 for p in engines)
+    ):
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
-    if (ctx.vendor == "nvidia" and ctx.profile.accelerator.interconnect == "pcie"
-            and ctx.host.iommu_check and any(p.devices > 1 for p in engines)):
+    if (
+        ctx.vendor == "nvidia"
+        and ctx.profile.accelerator.interconnect == "pcie"
+        and ctx.host.iommu_check
+        and any(p.devices > 1 for p in engines)
+    ):
         iommu_passthrough(name="IOMMU passthrough or off (GPU peer-to-peer)", arch=ctx.profile.cpu_arch)
     groups = rank_groups(ctx.rendered)
     mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
@@ -395,8 +453,13 @@ def apply(ctx: DeploymentContext) -> None:
         if not (rendezvous and all(in_run(m.host) for m in group.members)):
             # prepared only; or a member outside this run (--limit, a rebuilt host): no rendezvous can form
             # without it, and its running engine's dist-init port is not to be disturbed
-            nic_reaches_rank0(name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0", rank=proc.node_rank,
-                              env=nic_env(proc), addr=group.addr, port=group.port)
+            nic_reaches_rank0(
+                name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0",
+                rank=proc.node_rank,
+                env=nic_env(proc),
+                addr=group.addr,
+                port=group.port,
+            )
     if not rendezvous:
         return
     timeout_s = ctx.host.rendezvous_timeout_s
@@ -404,9 +467,21 @@ def apply(ctx: DeploymentContext) -> None:
         if not all(in_run(m.host) for m in group.members):
             continue
         # NIC problems do not stop the rendezvous: it runs anyway (the proof), they explain its failure
-        problems = nic_problems(host.name, proc.node_rank, nic_env(proc), (group.addr, group.port),
-                                host.get_fact(NetworkPath, target=group.addr))
+        problems = nic_problems(
+            host.name,
+            proc.node_rank,
+            nic_env(proc),
+            (group.addr, group.port),
+            host.get_fact(NetworkPath, target=group.addr),
+        )
         command = " ".join(shlex.quote(a) for a in rendezvous_argv(recipe, proc, group, timeout_s))
-        group_rendezvous(name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
-                         key=group.key, rank=proc.node_rank, unit=proc.unit, command=command, timeout_s=timeout_s,
-                         problems=problems, ranks_running=ctx.ranks_running)
+        group_rendezvous(
+            name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
+            key=group.key,
+            rank=proc.node_rank,
+            unit=proc.unit,
+            command=command,
+            timeout_s=timeout_s,
+            problems=problems,
+            ranks_running=ctx.ranks_running,
+        )

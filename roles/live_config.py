@@ -36,12 +36,16 @@ def install_command(staged: str, live: str, mode: str) -> str:
     became live, which tells unit_started that a running unit started before it is stale."""
     s, dst = shlex.quote(staged), shlex.quote(live)
     tmp = shlex.quote(f"{live}.ironserve-new")
-    return (f"cmp -s {s} {dst} || {{ rm -f {tmp} && (umask 077 && cp {s} {tmp}) && chmod {mode} {tmp} "
-            f"&& chown root:root {tmp} && mv -f {tmp} {dst}; }}")
+    return (
+        f"cmp -s {s} {dst} || {{ rm -f {tmp} && (umask 077 && cp {s} {tmp}) && chmod {mode} {tmp} "
+        f"&& chown root:root {tmp} && mv -f {tmp} {dst}; }}"
+    )
 
 
 def reload_command(units: list[str]) -> str:
     """daemon-reload only when systemd itself says a unit file changed under it (decided when it runs)."""
     names = " ".join(shlex.quote(u) for u in units)
-    return (f"if systemctl show -p NeedDaemonReload -p LoadState --value {names} | grep -qx -e yes -e not-found; "
-            f"then systemctl daemon-reload; fi")
+    return (
+        f"if systemctl show -p NeedDaemonReload -p LoadState --value {names} | grep -qx -e yes -e not-found; "
+        f"then systemctl daemon-reload; fi"
+    )

@@ -30,9 +30,9 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import files
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
-from ironserve.hostdata import DEFAULTS
 from roles.common import LongCommand
 from roles.context import DeploymentContext
 from roles.secret_file import read_secret, secret_file
@@ -63,9 +63,17 @@ def checkpoint_problems(state: dict | None) -> list[str]:
     return problems
 
 
-def download_command(repo_id: str, path: str, *, revision: str | None = None, venv: str | None = None,
-                     image: str | None = None, token: bool = False, hf_transfer: bool = False,
-                     endpoint: str | None = None) -> str:
+def download_command(
+    repo_id: str,
+    path: str,
+    *,
+    revision: str | None = None,
+    venv: str | None = None,
+    image: str | None = None,
+    token: bool = False,
+    hf_transfer: bool = False,
+    endpoint: str | None = None,
+) -> str:
     """The resumable download into ``path`` with the runtime's own hub client (venv or image)."""
     env = {"HF_HUB_ENABLE_HF_TRANSFER": "1" if hf_transfer else "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
     if endpoint:
@@ -80,9 +88,16 @@ def download_command(repo_id: str, path: str, *, revision: str | None = None, ve
             run += ["-v", f"{HF_TOKEN_PATH}:/run/ironserve/hf_token:ro"]
         for key, value in sorted(env.items()):
             run += ["-e", f"{key}={value}"]
-        run += ["-v", f"{path}:{path}", "--entrypoint", "/bin/sh", image, "-c",
-                'if command -v hf >/dev/null; then exec hf download "$@"; else exec huggingface-cli download "$@"; fi',
-                "hf"]
+        run += [
+            "-v",
+            f"{path}:{path}",
+            "--entrypoint",
+            "/bin/sh",
+            image,
+            "-c",
+            'if command -v hf >/dev/null; then exec hf download "$@"; else exec huggingface-cli download "$@"; fi',
+            "hf",
+        ]
         return mkdir + " ".join(shlex.quote(a) for a in run) + " " + q
     assert venv, "a download needs the runtime: venv or image"
     if token:
@@ -97,8 +112,10 @@ def manifest_check_command(path: str) -> str:
     """Check the checkpoint against its manifest, failing with the host and the path. The path is data: quoted,
     and printed through printf's %s, never inside an echo's double quotes (where $(...) would run as root)."""
     q = shlex.quote(path)
-    return (f"if ! (cd {q} && sha256sum -c --quiet {MANIFEST}); then printf 'ironserve: %s: files in %s do not "
-            f"match %s (listed above)\\n' \"$(hostname)\" {q} {MANIFEST} >&2; exit 1; fi")
+    return (
+        f"if ! (cd {q} && sha256sum -c --quiet {MANIFEST}); then printf 'ironserve: %s: files in %s do not "
+        f'match %s (listed above)\\n\' "$(hostname)" {q} {MANIFEST} >&2; exit 1; fi'
+    )
 
 
 # --------------------------------------------------------------------------- facts
@@ -110,8 +127,16 @@ class ModelCheckpoint(FactBase):
 
     @staticmethod
     def default():
-        return {"exists": False, "config": False, "index": False, "shards": 0, "missing": [], "empty": [],
-                "manifest_stamp": None, "verified_stamp": None}
+        return {
+            "exists": False,
+            "config": False,
+            "index": False,
+            "shards": 0,
+            "missing": [],
+            "empty": [],
+            "manifest_stamp": None,
+            "verified_stamp": None,
+        }
 
     def command(self, path):
         p = shlex.quote(path.rstrip("/") or "/")
@@ -122,8 +147,8 @@ class ModelCheckpoint(FactBase):
             f"if [ -f {p}/{INDEX} ]; then echo index=yes; "
             # shard names come from the checkpoint (data): read line by line and always quoted, never re-parsed
             f"grep -o '\"[^\"]*\\.safetensors\"' {p}/{INDEX} | tr -d '\"' | sort -u | while IFS= read -r f; do "
-            f"echo \"shard=$f\"; if [ ! -e {p}/\"$f\" ]; then echo \"missing=$f\"; "
-            f"elif [ ! -s {p}/\"$f\" ]; then echo \"empty=$f\"; fi; "
+            f'echo "shard=$f"; if [ ! -e {p}/"$f" ]; then echo "missing=$f"; '
+            f'elif [ ! -s {p}/"$f" ]; then echo "empty=$f"; fi; '
             f"done; else echo index=no; fi; "
             f"if [ -f {p}/{MANIFEST} ]; then "
             f"echo manifest=$( {{ cat {p}/{MANIFEST}; cd {p} && find . -type f ! -name {MANIFEST} "
@@ -178,8 +203,10 @@ def checkpoint_verified(path: str, strict: bool = True):
         return
     stamp = state.get("manifest_stamp")
     if not stamp or stamp == state.get("verified_stamp"):
-        host.noop(f"weights at {path}: config.json and {state['shards']} shard(s) present"
-                  + ("; manifest verified" if stamp else ""))
+        host.noop(
+            f"weights at {path}: config.json and {state['shards']} shard(s) present"
+            + ("; manifest verified" if stamp else "")
+        )
         return
     yield manifest_check_command(path)
     yield f"mkdir -p {MANIFEST_OK_DIR} && echo {shlex.quote(stamp)} > {shlex.quote(marker_path(path))}"
@@ -200,8 +227,9 @@ def apply(ctx: DeploymentContext) -> None:
     path = model_path(ctx)
     source = ctx.host.model_source
     if not path:
-        raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id} names no model path: set model_path in the "
-                             "inventory")
+        raise OperationError(
+            f"{ctx.host_name}: recipe {ctx.recipe.id} names no model path: set model_path in the inventory"
+        )
     download = source == "hub"
     if download:
         if not ctx.recipe.model.hub_id:
@@ -210,16 +238,28 @@ def apply(ctx: DeploymentContext) -> None:
         if token:
             files.directory(name="ironserve config directory", path=ETC_DIR, mode="755")
             # the token's only place on the host: the download step reads it (HF_TOKEN_PATH), no engine sees it
-            secret_file(name="Hugging Face token (0600)", path=HF_TOKEN_PATH,
-                        secret=read_secret(ctx.host.hf_token_file, f"{ctx.host_name}: hf_token_file"))
+            secret_file(
+                name="Hugging Face token (0600)",
+                path=HF_TOKEN_PATH,
+                secret=read_secret(ctx.host.hf_token_file, f"{ctx.host_name}: hf_token_file"),
+            )
         runtime = ctx.recipe.runtime
         command = download_command(
-            ctx.recipe.model.hub_id, path, revision=ctx.recipe.model.revision,
+            ctx.recipe.model.hub_id,
+            path,
+            revision=ctx.recipe.model.revision,
             venv=None if isinstance(runtime, DockerRuntime) else venv_path(ctx.recipe),
             image=image_ref(ctx.recipe) if isinstance(runtime, DockerRuntime) else None,
-            token=token, hf_transfer=ctx.host.hf_transfer, endpoint=ctx.host.hf_endpoint)
-        weights_downloaded(name=f"Weights {ctx.recipe.model.hub_id} -> {path}", path=path, command=command,
-                           _run_once=ctx.host.model_shared)
+            token=token,
+            hf_transfer=ctx.host.hf_transfer,
+            endpoint=ctx.host.hf_endpoint,
+        )
+        weights_downloaded(
+            name=f"Weights {ctx.recipe.model.hub_id} -> {path}",
+            path=path,
+            command=command,
+            _run_once=ctx.host.model_shared,
+        )
     elif source != "path":
         raise OperationError(f"{ctx.host_name}: model_source must be 'hub' or 'path', not {source!r}")
     checkpoint_verified(name=f"Weights at {path} verified", path=path, strict=not download)

@@ -47,17 +47,22 @@ def graph_source_file(source: str, recipe_ref: str | None = None) -> Path:
     roots = [files_dir(), recipes_dir()] + ([recipe_dir] if recipe_dir else [])
     relative = Path(source)
     if relative.is_absolute() or ".." in relative.parts:
-        raise OperationError(f"NCCL graph {source}: not a path inside the recipe directories. Fix: write a path "
-                             "relative to files/ of the checkout or to the recipe's directory, without '..'")
-    candidates = [project_file(source)] if relative.parts[:1] == ("files",) else \
-        [root / relative for root in roots[1:][::-1]]
+        raise OperationError(
+            f"NCCL graph {source}: not a path inside the recipe directories. Fix: write a path "
+            "relative to files/ of the checkout or to the recipe's directory, without '..'"
+        )
+    candidates = (
+        [project_file(source)] if relative.parts[:1] == ("files",) else [root / relative for root in roots[1:][::-1]]
+    )
     for candidate in candidates:
         real = candidate.resolve()
         if real.is_file() and any(real.is_relative_to(root.resolve()) for root in roots):
             return real
-    raise OperationError(f"NCCL graph {source}: no such file inside {', '.join(str(r) for r in roots)} (symlinks "
-                         "leading out of them are not followed). Fix: put the graph XML in the recipe's directory "
-                         "or in files/nccl/ and name it relative to it")
+    raise OperationError(
+        f"NCCL graph {source}: no such file inside {', '.join(str(r) for r in roots)} (symlinks "
+        "leading out of them are not followed). Fix: put the graph XML in the recipe's directory "
+        "or in files/nccl/ and name it relative to it"
+    )
 
 
 def graph_env_problems(path: str | None, envs: dict[str, dict]) -> list[str]:
@@ -66,11 +71,15 @@ def graph_env_problems(path: str | None, envs: dict[str, dict]) -> list[str]:
     for unit, env in sorted(envs.items()):
         value = env.get(ENV_KEY)
         if path and value != path:
-            problems.append(f"{unit}: {ENV_KEY} is {value or 'unset'} but the graph is placed at {path}. Fix: set "
-                            f"env {ENV_KEY}: {path} in the recipe, or tuning.nccl_graph.path to the env's value")
+            problems.append(
+                f"{unit}: {ENV_KEY} is {value or 'unset'} but the graph is placed at {path}. Fix: set "
+                f"env {ENV_KEY}: {path} in the recipe, or tuning.nccl_graph.path to the env's value"
+            )
         elif not path and value:
-            problems.append(f"{unit}: {ENV_KEY}={value} but the recipe places no graph (tuning.nccl_graph). Fix: add "
-                            f"tuning.nccl_graph with path {value}, or drop {ENV_KEY} from the env")
+            problems.append(
+                f"{unit}: {ENV_KEY}={value} but the recipe places no graph (tuning.nccl_graph). Fix: add "
+                f"tuning.nccl_graph with path {value}, or drop {ENV_KEY} from the env"
+            )
     return problems
 
 
@@ -86,8 +95,10 @@ def graph_file(source: str, path: str, sha256: str | None = None, content: str |
         raise OperationError(f"NCCL graph {source}: not a URL and no content read from the repository")
     actual = hashlib.sha256(content.encode()).hexdigest()
     if sha256 and actual != sha256:
-        raise OperationError(f"NCCL graph {source}: sha256 {actual} is not the pinned {sha256}. Fix: restore the "
-                             "measured file, or pin the new file's sha256 in tuning.nccl_graph.sha256")
+        raise OperationError(
+            f"NCCL graph {source}: sha256 {actual} is not the pinned {sha256}. Fix: restore the "
+            "measured file, or pin the new file's sha256 in tuning.nccl_graph.sha256"
+        )
     yield from files.put._inner(StringIO(content), path, mode="644")
 
 
@@ -110,8 +121,9 @@ def apply(ctx: DeploymentContext) -> None:
         content = None
         if not is_url(graph.source):
             content = graph_source_file(graph.source, ctx.host.recipe).read_text()
-        graph_file(name=f"NCCL graph {graph.path}", source=graph.source, path=graph.path, sha256=graph.sha256,
-                   content=content)
+        graph_file(
+            name=f"NCCL graph {graph.path}", source=graph.source, path=graph.path, sha256=graph.sha256, content=content
+        )
     if graph or any(ENV_KEY in env for env in envs.values()):
         check_graph_env(name=f"{ENV_KEY} matches the placed graph", path=graph.path if graph else None, envs=envs)
 

@@ -42,8 +42,10 @@ def exporter_args(address: str, port: int) -> str:
 
 
 def defaults_text(address: str, port: int) -> str:
-    return ("# Managed by ironserve (roles/node_exporter.py); local edits are overwritten on the next deploy.\n"
-            f'ARGS="{exporter_args(address, port)}"\n')
+    return (
+        "# Managed by ironserve (roles/node_exporter.py); local edits are overwritten on the next deploy.\n"
+        f'ARGS="{exporter_args(address, port)}"\n'
+    )
 
 
 def own_address(ctx: DeploymentContext) -> str:
@@ -56,32 +58,59 @@ def exporter_installed(package: str = PACKAGE):
     if package in (plain(host.get_fact(DebPackages)) or {}):
         host.noop(f"{package} is installed")
         return
-    yield ("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-           f"-o Dpkg::Options::=--force-confold {shlex.quote(package)}")
+    yield (
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+        f"-o Dpkg::Options::=--force-confold {shlex.quote(package)}"
+    )
 
 
 @deploy("Node exporter and ironserve's metrics writer")
 def apply(ctx: DeploymentContext) -> None:
     # (LIB_DIR exists: roles/sglang_service.py made it on every host)
-    files.put(name="ironserve-textfile metrics writer", src=str(files_dir() / "bin" / "ironserve-textfile"),
-              dest=TEXTFILE, mode="755", user="root", group="root")
+    files.put(
+        name="ironserve-textfile metrics writer",
+        src=str(files_dir() / "bin" / "ironserve-textfile"),
+        dest=TEXTFILE,
+        mode="755",
+        user="root",
+        group="root",
+    )
     if not ctx.host.node_exporter:
         return
-    config = files.put(name=f"{DEFAULTS_FILE}: bound to the host's address",
-                       src=StringIO(defaults_text(own_address(ctx), ctx.host.node_exporter_port)),
-                       dest=DEFAULTS_FILE, mode="644", user="root", group="root")
+    config = files.put(
+        name=f"{DEFAULTS_FILE}: bound to the host's address",
+        src=StringIO(defaults_text(own_address(ctx), ctx.host.node_exporter_port)),
+        dest=DEFAULTS_FILE,
+        mode="644",
+        user="root",
+        group="root",
+    )
     installed = exporter_installed(name=f"Install {PACKAGE}")
-    files.directory(name=f"{TEXTFILE_DIR}: textfile collector directory, root's only", path=TEXTFILE_DIR,
-                    mode="755", user="root", group="root")
-    run_if_changed(name=f"{SERVICE} picks up its configuration", triggers=[config, installed],
-                   command=f"systemctl restart {SERVICE}")
+    files.directory(
+        name=f"{TEXTFILE_DIR}: textfile collector directory, root's only",
+        path=TEXTFILE_DIR,
+        mode="755",
+        user="root",
+        group="root",
+    )
+    run_if_changed(
+        name=f"{SERVICE} picks up its configuration",
+        triggers=[config, installed],
+        command=f"systemctl restart {SERVICE}",
+    )
     systemd.service(name=f"{SERVICE} running and enabled", service=SERVICE, running=True, enabled=True)
 
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """For `ironserve audit`: the writer, and the exporter's configuration."""
-    out = [{"path": TEXTFILE, "sha256": sha256_text((files_dir() / "bin" / "ironserve-textfile").read_text()),
-            "mode": 0o755, "gate": "host"}]
+    out = [
+        {
+            "path": TEXTFILE,
+            "sha256": sha256_text((files_dir() / "bin" / "ironserve-textfile").read_text()),
+            "mode": 0o755,
+            "gate": "host",
+        }
+    ]
     if ctx.host.node_exporter:
         text = defaults_text(own_address(ctx), ctx.host.node_exporter_port)
         out.append({"path": DEFAULTS_FILE, "sha256": sha256_text(text), "mode": 0o644, "gate": "host"})

@@ -79,10 +79,10 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.units import sha256_text
 from roles import preflight
 from roles.apt_keys import pinned_key
-from ironserve.hostdata import DEFAULTS
 from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
 from roles.preflight import plain
@@ -100,8 +100,10 @@ PERSISTENCED = "nvidia-persistenced"
 REBOOT_TIMEOUT = DEFAULTS.reboot_timeout
 REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}  # NVIDIA names its arm64 server repos "sbsa"
 NOUVEAU_CONF = "/etc/modprobe.d/ironserve-blacklist-nouveau.conf"
-NOUVEAU_TEXT = ("# Managed by ironserve (roles/nvidia_driver.py): nouveau must not bind the GPUs first.\n"
-                "blacklist nouveau\noptions nouveau modeset=0\n")
+NOUVEAU_TEXT = (
+    "# Managed by ironserve (roles/nvidia_driver.py): nouveau must not bind the GPUs first.\n"
+    "blacklist nouveau\noptions nouveau modeset=0\n"
+)
 NVIDIA_OPTIONS_CONF = "/etc/modprobe.d/ironserve-nvidia.conf"
 UNATTENDED_CONF = "/etc/apt/apt.conf.d/51ironserve-hold-kernel-and-nvidia"
 # unattended-upgrades reads these as regular expressions over package names
@@ -120,15 +122,27 @@ Unattended-Upgrade::Package-Blacklist {
 Unattended-Upgrade::Automatic-Reboot "false";
 """
 PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/ironserve-persistence-mode.conf"
-PERSISTENCED_TEXT = ("# Managed by ironserve (roles/nvidia_driver.py): persistence mode ON (some packaged units pass\n"
-                     "# --no-persistence-mode): the driver stays initialised between engine restarts.\n"
-                     "[Service]\nExecStart=\n"
-                     "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose\n")
+PERSISTENCED_TEXT = (
+    "# Managed by ironserve (roles/nvidia_driver.py): persistence mode ON (some packaged units pass\n"
+    "# --no-persistence-mode): the driver stays initialised between engine restarts.\n"
+    "[Service]\nExecStart=\n"
+    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose\n"
+)
 # kernel packages held with the running kernel's (where installed): the metapackages that would pull a new one
-KERNEL_METAPACKAGES = ("linux-generic", "linux-image-generic", "linux-headers-generic", "linux-image-amd64",
-                       "linux-image-arm64", "linux-headers-amd64", "linux-headers-arm64", "linux-nvidia-64k",
-                       "linux-image-nvidia-64k", "linux-headers-nvidia-64k", "linux-generic-hwe-22.04",
-                       "linux-generic-hwe-24.04")
+KERNEL_METAPACKAGES = (
+    "linux-generic",
+    "linux-image-generic",
+    "linux-headers-generic",
+    "linux-image-amd64",
+    "linux-image-arm64",
+    "linux-headers-amd64",
+    "linux-headers-arm64",
+    "linux-nvidia-64k",
+    "linux-image-nvidia-64k",
+    "linux-headers-nvidia-64k",
+    "linux-generic-hwe-22.04",
+    "linux-generic-hwe-24.04",
+)
 DCGM_PACKAGE = "datacenter-gpu-manager-4-cuda{major}"
 # NVIDIA's CUDA repositories name Fabric Manager per branch up to 575 (nvidia-fabricmanager-570, 570.172.08-1) and
 # without the branch from 580 on (nvidia-fabricmanager, 580.65.06-1). Its version follows the driver's; the pin's
@@ -146,8 +160,9 @@ class AptVersions(FactBase):
 
     def command(self, packages: list[str]) -> str:
         names = shlex.join(packages)
-        return (f'for p in {names}; do apt-cache madison "$p" 2>/dev/null '
-                "| awk -v p=\"$p\" '{print p\" \"$3}'; done; true")
+        return (
+            f'for p in {names}; do apt-cache madison "$p" 2>/dev/null | awk -v p="$p" \'{{print p" "$3}}\'; done; true'
+        )
 
     def process(self, output):
         versions: dict[str, list[str]] = {}
@@ -175,7 +190,7 @@ class NvidiaDriverState(FactBase):
             'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
             'echo "smi=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"; '
             f"echo \"package=$(dpkg-query -W -f='${{db:Status-Abbrev}}|${{Version}}' {shlex.quote(package)} 2>/dev/null)\"; "
-            'if [ -e /var/run/reboot-required ]; then echo reboot_required=yes; else echo reboot_required=no; fi'
+            "if [ -e /var/run/reboot-required ]; then echo reboot_required=yes; else echo reboot_required=no; fi"
         )
 
     def process(self, output):
@@ -250,8 +265,14 @@ def with_slash(url: str) -> str:
 def source_text(uri: str, keyring: str | None = KEYRING, trusted: bool = False) -> str:
     """NVIDIA's repository as a flat deb822 source (``Suites: /``, no components), as its CUDA repositories are;
     ``trusted``: the cluster's own unsigned mirror, reached only inside it."""
-    return deb822_source(with_slash(uri), "/", None, keyring, trusted,
-                         comment="# Managed by ironserve (roles/nvidia_driver.py): NVIDIA driver and CUDA packages.")
+    return deb822_source(
+        with_slash(uri),
+        "/",
+        None,
+        keyring,
+        trusted,
+        comment="# Managed by ironserve (roles/nvidia_driver.py): NVIDIA driver and CUDA packages.",
+    )
 
 
 def upstream(version: str) -> str:
@@ -295,8 +316,7 @@ def module_packages(module_source: str, branch: str, release: str) -> list[str]:
 
 def hold_list(driver: str, module_pkgs: list[str], release: str, installed: dict) -> list[str]:
     """Driver, module packages, and the kernel packages installed now (running image and metapackages)."""
-    kernel = [p for p in (f"linux-image-{release}", f"linux-modules-{release}", *KERNEL_METAPACKAGES)
-              if p in installed]
+    kernel = [p for p in (f"linux-image-{release}", f"linux-modules-{release}", *KERNEL_METAPACKAGES) if p in installed]
     return sorted({driver, *module_pkgs, *kernel})
 
 
@@ -329,8 +349,12 @@ def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool
 
 
 @operation()
-def fetched_keyring(key_name: str = NVIDIA_APT_KEY_NAME, mirror: str | None = None, dest: str = KEYRING,
-                    fingerprint: str = NVIDIA_APT_KEY_FINGERPRINT):
+def fetched_keyring(
+    key_name: str = NVIDIA_APT_KEY_NAME,
+    mirror: str | None = None,
+    dest: str = KEYRING,
+    fingerprint: str = NVIDIA_APT_KEY_FINGERPRINT,
+):
     """Fetch the repository key on the host, dearmored into ``dest`` only when it is exactly the key
     ``fingerprint`` (roles/apt_keys.py): a key fetched from the mirror it verifies proves nothing by itself."""
     uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
@@ -342,8 +366,11 @@ def apt_refresh(packages: dict):
     """``apt-get update`` when a pinned ``{package: version}`` is neither installed nor known to apt."""
     installed = plain(host.get_fact(DebPackages)) or {}
     known = plain(host.get_fact(AptVersions, packages=sorted(packages))) or {}
-    missing = [f"{p}={v}" for p, v in sorted(packages.items())
-               if v not in (installed.get(p) or []) and v not in (known.get(p) or [])]
+    missing = [
+        f"{p}={v}"
+        for p, v in sorted(packages.items())
+        if v not in (installed.get(p) or []) and v not in (known.get(p) or [])
+    ]
     if missing:
         yield "apt-get update"
     else:
@@ -365,8 +392,10 @@ def driver_reboot(package: str, version: str, allow_reboot: bool = False, reboot
         logger.warning(f"{host.name}: rebooting: {'; '.join(reasons)}")
         yield from server.reboot._inner(delay=30, interval=5, reboot_timeout=reboot_timeout)
         return
-    logger.warning(f"{host.name}: REBOOT NEEDED: {'; '.join(reasons)}. Reboot it in a maintenance window, or "
-                   "rerun with --data allow_reboot=true to let ironserve reboot it and wait.")
+    logger.warning(
+        f"{host.name}: REBOOT NEEDED: {'; '.join(reasons)}. Reboot it in a maintenance window, or "
+        "rerun with --data allow_reboot=true to let ironserve reboot it and wait."
+    )
     host.noop("reboot needed but not allowed (allow_reboot=false)")
 
 
@@ -398,8 +427,10 @@ def persistence_mode_on():
     modes = plain(host.get_fact(PersistenceMode))
     if modes is None:
         if host.state.is_executing:
-            raise OperationError(f"{host.name}: nvidia-smi does not answer persistence mode. Fix: check that the "
-                                 f"driver is loaded (nvidia-smi) and nvidia-persistenced runs")
+            raise OperationError(
+                f"{host.name}: nvidia-smi does not answer persistence mode. Fix: check that the "
+                f"driver is loaded (nvidia-smi) and nvidia-persistenced runs"
+            )
         host.noop("persistence mode is checked once the driver answers")
         return
     off = sorted(i for i, mode in modes.items() if mode != "Enabled")
@@ -434,9 +465,11 @@ def nvidia_module_options(ctx: DeploymentContext) -> str | None:
     """modprobe options of the nvidia module (None: ironserve sets none on this profile)."""
     if not nvlink_multinode(ctx):
         return None
-    return ("# Managed by ironserve (roles/nvidia_driver.py): IMEX channel 0 is created whenever the driver loads\n"
-            "# (multi-node NVLink: the engines' containers get /dev/nvidia-caps-imex-channels/channel0).\n"
-            "options nvidia NVreg_CreateImexChannel0=1\n")
+    return (
+        "# Managed by ironserve (roles/nvidia_driver.py): IMEX channel 0 is created whenever the driver loads\n"
+        "# (multi-node NVLink: the engines' containers get /dev/nvidia-caps-imex-channels/channel0).\n"
+        "options nvidia NVreg_CreateImexChannel0=1\n"
+    )
 
 
 def fabric_manager_package(driver_version: str) -> str:
@@ -479,9 +512,12 @@ def repository(ctx: DeploymentContext) -> None:
             files.put(name="NVIDIA apt keyring (from the controller)", src=BytesIO(data), dest=KEYRING, mode="644")
         else:
             apt.packages(name="Tools to fetch the NVIDIA apt key", packages=["ca-certificates", "curl", "gpg"])
-            fetched_keyring(name="NVIDIA apt keyring (from the repository, pinned by fingerprint)",
-                            key_name=ctx.host.nvidia_apt_key_name, mirror=mirror,
-                            fingerprint=ctx.host.nvidia_apt_key_fingerprint)
+            fetched_keyring(
+                name="NVIDIA apt keyring (from the repository, pinned by fingerprint)",
+                key_name=ctx.host.nvidia_apt_key_name,
+                mirror=mirror,
+                fingerprint=ctx.host.nvidia_apt_key_fingerprint,
+            )
     repo_source(name="NVIDIA apt repository", mirror=mirror, keyring=keyring or KEYRING, trusted=trusted)
 
 
@@ -491,15 +527,28 @@ def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
     changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
     options = nvidia_module_options(ctx)
     if options:
-        changes.append(files.put(name="nvidia module options (IMEX channel 0)", src=StringIO(options),
-                                 dest=NVIDIA_OPTIONS_CONF, mode="644"))
+        changes.append(
+            files.put(
+                name="nvidia module options (IMEX channel 0)",
+                src=StringIO(options),
+                dest=NVIDIA_OPTIONS_CONF,
+                mode="644",
+            )
+        )
     # the initramfs carries modprobe.d: without a rebuild nouveau still binds first at boot
-    run_if_changed(name="initramfs rebuilt (module blacklist and options)", triggers=changes,
-                   command="if command -v update-initramfs >/dev/null && ls /boot/initrd.img-* >/dev/null 2>&1; "
-                           "then update-initramfs -u -k all; fi")
+    run_if_changed(
+        name="initramfs rebuilt (module blacklist and options)",
+        triggers=changes,
+        command="if command -v update-initramfs >/dev/null && ls /boot/initrd.img-* >/dev/null 2>&1; "
+        "then update-initramfs -u -k all; fi",
+    )
     nouveau_unloaded(name="nouveau not loaded")
-    files.put(name="unattended-upgrades leaves kernel and NVIDIA packages alone", src=StringIO(UNATTENDED_TEXT),
-              dest=UNATTENDED_CONF, mode="644")
+    files.put(
+        name="unattended-upgrades leaves kernel and NVIDIA packages alone",
+        src=StringIO(UNATTENDED_TEXT),
+        dest=UNATTENDED_CONF,
+        mode="644",
+    )
     pkgs = module_packages(module_source(ctx), branch(ctx), release)
     return pkgs
 
@@ -512,9 +561,17 @@ def apply(ctx: DeploymentContext) -> None:
     repository(ctx)
     files.put(
         name=f"Pin {package} {version}",
-        src=StringIO(apt_pin_text([(package, version), (PERSISTENCED, f"{upstream(version)}*"),
-                                   # the driver's own libraries and tools follow the same upstream version
-                                   ("/nvidia/", f"{upstream(version)}*")], "roles/nvidia_driver.py")),
+        src=StringIO(
+            apt_pin_text(
+                [
+                    (package, version),
+                    (PERSISTENCED, f"{upstream(version)}*"),
+                    # the driver's own libraries and tools follow the same upstream version
+                    ("/nvidia/", f"{upstream(version)}*"),
+                ],
+                "roles/nvidia_driver.py",
+            )
+        ),
         dest=PREFERENCES_FILE,
         mode="644",
     )
@@ -523,33 +580,54 @@ def apply(ctx: DeploymentContext) -> None:
     # before the driver: its postinst builds (DKMS) against the running kernel's headers
     apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
     # Fabric Manager in the same transaction: driver and Fabric Manager move together or not at all
-    apt.packages(name=f"Install {package}={version} and {' and '.join([PERSISTENCED, *fabric])}",
-                 packages=[f"{package}={version}", PERSISTENCED, *(f"{p}={v}" for p, v in fabric.items())],
-                 no_recommends=True, extra_install_args="--allow-change-held-packages")
+    apt.packages(
+        name=f"Install {package}={version} and {' and '.join([PERSISTENCED, *fabric])}",
+        packages=[f"{package}={version}", PERSISTENCED, *(f"{p}={v}" for p, v in fabric.items())],
+        no_recommends=True,
+        extra_install_args="--allow-change-held-packages",
+    )
     installed = plain(host.get_fact(DebPackages)) or {}
     release = (plain(host.get_fact(KernelVersion)) or "").strip()
-    packages_held(name="Driver and kernel held (apt-mark hold)",
-                  packages=sorted({*hold_list(package, modules, release, installed), *fabric}))
-    driver_reboot(name="Reboot if the installed driver is not loaded", package=package, version=version,
-                  allow_reboot=ctx.host.allow_reboot,
-                  reboot_timeout=ctx.host.reboot_timeout)
+    packages_held(
+        name="Driver and kernel held (apt-mark hold)",
+        packages=sorted({*hold_list(package, modules, release, installed), *fabric}),
+    )
+    driver_reboot(
+        name="Reboot if the installed driver is not loaded",
+        package=package,
+        version=version,
+        allow_reboot=ctx.host.allow_reboot,
+        reboot_timeout=ctx.host.reboot_timeout,
+    )
     # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
     preflight.check_devices_of(ctx, defer_if_absent=False)
-    dropin = files.put(name="nvidia-persistenced runs with persistence mode", src=StringIO(PERSISTENCED_TEXT),
-                       dest=PERSISTENCED_DROPIN, mode="644")
-    run_if_changed(name="systemctl daemon-reload (persistenced drop-in)", triggers=[dropin],
-                   command="systemctl daemon-reload")
-    systemd.service(name="nvidia-persistenced enabled and running", service=f"{PERSISTENCED}.service",
-                    running=True, enabled=True, restarted=dropin.changed)
+    dropin = files.put(
+        name="nvidia-persistenced runs with persistence mode",
+        src=StringIO(PERSISTENCED_TEXT),
+        dest=PERSISTENCED_DROPIN,
+        mode="644",
+    )
+    run_if_changed(
+        name="systemctl daemon-reload (persistenced drop-in)", triggers=[dropin], command="systemctl daemon-reload"
+    )
+    systemd.service(
+        name="nvidia-persistenced enabled and running",
+        service=f"{PERSISTENCED}.service",
+        running=True,
+        enabled=True,
+        restarted=dropin.changed,
+    )
     persistence_mode_on(name="Persistence mode on every GPU")
     if fabric:
         # not restarted on an upgrade: the running one matches the loaded driver until the reboot it needs
-        systemd.service(name="nvidia-fabricmanager enabled and running", service=FABRIC_MANAGER_SERVICE,
-                        running=True, enabled=True)
+        systemd.service(
+            name="nvidia-fabricmanager enabled and running", service=FABRIC_MANAGER_SERVICE, running=True, enabled=True
+        )
     if dcgm_wanted(ctx):
         apt.packages(name=f"DCGM ({dcgm_package(ctx)})", packages=[dcgm_package(ctx)], no_recommends=True)
-        systemd.service(name="nvidia-dcgm enabled and running", service="nvidia-dcgm.service", running=True,
-                        enabled=True)
+        systemd.service(
+            name="nvidia-dcgm enabled and running", service="nvidia-dcgm.service", running=True, enabled=True
+        )
 
 
 # --------------------------------------------------------------------------- audit
@@ -559,8 +637,10 @@ def desired_packages(ctx: DeploymentContext) -> list[dict]:
     """The pinned driver, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [{"name": p, "version": v, "gate": "driver"}
-            for p, v in {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}.items()]
+    return [
+        {"name": p, "version": v, "gate": "driver"}
+        for p, v in {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}.items()
+    ]
 
 
 def desired_files(ctx: DeploymentContext) -> list[dict]:
@@ -575,18 +655,27 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
 
 def hold_check(package: str) -> dict:
     """The audit check that ``package`` is on hold."""
-    return {"id": f"apt-hold:{package}", "kind": "command", "expected": "held",
-            "params": {"cmd": f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held"}}
+    return {
+        "id": f"apt-hold:{package}",
+        "kind": "command",
+        "expected": "held",
+        "params": {"cmd": f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held"},
+    }
 
 
 def fabric_manager_checks(ctx: DeploymentContext) -> list[dict]:
     """Fabric Manager active and held, on NVSwitch boards."""
     checks = []
     for package in fabric_manager_pins(ctx):
-        checks += [{"id": "fabric-manager:active", "kind": "command", "expected": "active",
-                    "params": {"cmd": f"systemctl is-active {shlex.quote(FABRIC_MANAGER_SERVICE)} 2>/dev/null "
-                                      "|| true"}},
-                   hold_check(package)]
+        checks += [
+            {
+                "id": "fabric-manager:active",
+                "kind": "command",
+                "expected": "active",
+                "params": {"cmd": f"systemctl is-active {shlex.quote(FABRIC_MANAGER_SERVICE)} 2>/dev/null || true"},
+            },
+            hold_check(package),
+        ]
     return checks
 
 
@@ -594,17 +683,41 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     """Module prerequisites of the running kernel, nouveau not loaded, holds, persistence mode."""
     if ctx.vendor != "nvidia":
         return []
-    prereq = ('r=$(uname -r); [ -e "/lib/modules/$r/build" ] && echo present || echo missing'
-              if module_source(ctx) == "dkms" else
-              f'dpkg-query -W -f=\'${{db:Status-Abbrev}}\' linux-modules-nvidia-{branch(ctx)}-open-$(uname -r) '
-              '2>/dev/null | grep -q "^ii" && echo present || echo missing')
-    dcgm = ([{"id": "dcgm:active", "kind": "command", "expected": "active",
-              "params": {"cmd": "systemctl is-active nvidia-dcgm 2>/dev/null || true"}}] if dcgm_wanted(ctx) else [])
-    return dcgm + fabric_manager_checks(ctx) + [
-        {"id": "kernel:module-prerequisites", "kind": "command", "expected": "present", "params": {"cmd": prereq}},
-        {"id": "kernel:nouveau-not-loaded", "kind": "command", "expected": "no",
-         "params": {"cmd": "grep -q '^nouveau ' /proc/modules && echo yes || echo no"}},
-        hold_check(driver_package(ctx)),
-        {"id": "gpu:persistence-mode", "kind": "command", "expected": "Enabled",
-         "params": {"cmd": "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u"}},
-    ]
+    prereq = (
+        'r=$(uname -r); [ -e "/lib/modules/$r/build" ] && echo present || echo missing'
+        if module_source(ctx) == "dkms"
+        else f"dpkg-query -W -f='${{db:Status-Abbrev}}' linux-modules-nvidia-{branch(ctx)}-open-$(uname -r) "
+        '2>/dev/null | grep -q "^ii" && echo present || echo missing'
+    )
+    dcgm = (
+        [
+            {
+                "id": "dcgm:active",
+                "kind": "command",
+                "expected": "active",
+                "params": {"cmd": "systemctl is-active nvidia-dcgm 2>/dev/null || true"},
+            }
+        ]
+        if dcgm_wanted(ctx)
+        else []
+    )
+    return (
+        dcgm
+        + fabric_manager_checks(ctx)
+        + [
+            {"id": "kernel:module-prerequisites", "kind": "command", "expected": "present", "params": {"cmd": prereq}},
+            {
+                "id": "kernel:nouveau-not-loaded",
+                "kind": "command",
+                "expected": "no",
+                "params": {"cmd": "grep -q '^nouveau ' /proc/modules && echo yes || echo no"},
+            },
+            hold_check(driver_package(ctx)),
+            {
+                "id": "gpu:persistence-mode",
+                "kind": "command",
+                "expected": "Enabled",
+                "params": {"cmd": "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u"},
+            },
+        ]
+    )

@@ -73,13 +73,15 @@ class GpuDevices(FactBase):
             if len(parts) != 5 or not parts[0].isdigit():
                 continue  # error text ("NVIDIA-SMI has failed ..."), not a device row
             index, name, memory, driver, cap = parts
-            devices.append({
-                "index": int(index),
-                "name": name,
-                "memory_mib": int(memory) if memory.isdigit() else None,
-                "driver_version": driver,
-                "compute_cap": cap,
-            })
+            devices.append(
+                {
+                    "index": int(index),
+                    "name": name,
+                    "memory_mib": int(memory) if memory.isdigit() else None,
+                    "driver_version": driver,
+                    "compute_cap": cap,
+                }
+            )
         return devices
 
 
@@ -121,10 +123,12 @@ class KernelState(FactBase):
     """
 
     def command(self) -> str:
-        return ('r=$(uname -r); echo "release=$r"; '
-                'if [ -e "/lib/modules/$r/build" ]; then echo headers=yes; else echo headers=no; fi; '
-                "if grep -q '^nouveau ' /proc/modules 2>/dev/null; then echo nouveau=yes; else echo nouveau=no; fi; "
-                'echo "sb=$(mokutil --sb-state 2>/dev/null | head -n 1)"')
+        return (
+            'r=$(uname -r); echo "release=$r"; '
+            'if [ -e "/lib/modules/$r/build" ]; then echo headers=yes; else echo headers=no; fi; '
+            "if grep -q '^nouveau ' /proc/modules 2>/dev/null; then echo nouveau=yes; else echo nouveau=no; fi; "
+            'echo "sb=$(mokutil --sb-state 2>/dev/null | head -n 1)"'
+        )
 
     def process(self, output):
         raw = {}
@@ -158,8 +162,9 @@ class FabricInfo(FactBase):
             if stripped.startswith("Attached GPUs"):
                 seen_log = True
             if text.startswith("GPU ") and indent == 0:
-                gpus.append({"gpu": stripped[4:], "state": None, "status": None, "clique_id": None,
-                             "cluster_uuid": None})
+                gpus.append(
+                    {"gpu": stripped[4:], "state": None, "status": None, "clique_id": None, "cluster_uuid": None}
+                )
                 fabric_indent = None
                 continue
             if stripped == "Fabric" and gpus:
@@ -170,8 +175,12 @@ class FabricInfo(FactBase):
                     fabric_indent = None
                     continue
                 key, sep, value = stripped.partition(":")
-                field = {"State": "state", "Status": "status", "CliqueId": "clique_id",
-                         "ClusterUUID": "cluster_uuid"}.get(key.strip())
+                field = {
+                    "State": "state",
+                    "Status": "status",
+                    "CliqueId": "clique_id",
+                    "ClusterUUID": "cluster_uuid",
+                }.get(key.strip())
                 if sep and field and gpus[-1][field] is None:
                     gpus[-1][field] = value.strip()
         return gpus if seen_log else None
@@ -186,17 +195,22 @@ def devices_needed(processes) -> int:
     return sum(p.devices for p in processes if p.role != "router")
 
 
-def platform_problems(host_name: str, cpu_arch: str, arch: str | None, distro: dict | None,
-                      allow_emulated_arch: bool = False) -> list[str]:
+def platform_problems(
+    host_name: str, cpu_arch: str, arch: str | None, distro: dict | None, allow_emulated_arch: bool = False
+) -> list[str]:
     problems = []
     if arch != cpu_arch and not (allow_emulated_arch and arch == "x86_64"):
-        problems.append(f"{host_name}: CPU architecture: expected {cpu_arch}, found {arch}. Fix: use a host of "
-                        f"the profile's architecture or another hardware profile (host data 'hardware')")
+        problems.append(
+            f"{host_name}: CPU architecture: expected {cpu_arch}, found {arch}. Fix: use a host of "
+            f"the profile's architecture or another hardware profile (host data 'hardware')"
+        )
     os_id = ((distro or {}).get("release_meta") or {}).get("ID", "").lower()
     if os_id not in SUPPORTED_OS:
         found = (distro or {}).get("name") or os_id or "unknown"
-        problems.append(f"{host_name}: operating system: expected Debian or Ubuntu, found {found}. "
-                        f"Fix: reinstall the host with Debian 12 or Ubuntu 24.04")
+        problems.append(
+            f"{host_name}: operating system: expected Debian or Ubuntu, found {found}. "
+            f"Fix: reinstall the host with Debian 12 or Ubuntu 24.04"
+        )
     return problems
 
 
@@ -205,18 +219,23 @@ def module_problems(host_name: str, kernel: dict | None, module_source: str, os_
     kernel = kernel or {}
     problems = []
     if module_source not in MODULE_SOURCES:
-        return [f"{host_name}: nvidia_module_source={module_source!r}: expected one of {', '.join(MODULE_SOURCES)}. "
-                f"Fix: set host data nvidia_module_source=dkms (or precompiled on Ubuntu)"]
+        return [
+            f"{host_name}: nvidia_module_source={module_source!r}: expected one of {', '.join(MODULE_SOURCES)}. "
+            f"Fix: set host data nvidia_module_source=dkms (or precompiled on Ubuntu)"
+        ]
     if module_source == "precompiled" and os_id != "ubuntu":
-        problems.append(f"{host_name}: nvidia_module_source=precompiled: only Ubuntu ships signed precompiled NVIDIA "
-                        f"modules (linux-modules-nvidia-*-open-<kernel>), this host runs {os_id or 'an unknown OS'}. "
-                        f"Fix: use dkms (with Secure Boot off, or a MOK enrolled for DKMS)")
+        problems.append(
+            f"{host_name}: nvidia_module_source=precompiled: only Ubuntu ships signed precompiled NVIDIA "
+            f"modules (linux-modules-nvidia-*-open-<kernel>), this host runs {os_id or 'an unknown OS'}. "
+            f"Fix: use dkms (with Secure Boot off, or a MOK enrolled for DKMS)"
+        )
     if kernel.get("secure_boot") and module_source == "dkms":
         problems.append(
             f"{host_name}: Secure Boot is enabled: DKMS-built NVIDIA modules are unsigned and the kernel will refuse "
             f"them. Fix: on Ubuntu set host data nvidia_module_source=precompiled (Canonical-signed "
             f"linux-modules-nvidia-<branch>-open-{kernel.get('release') or '<kernel>'}), or enroll a MOK for DKMS "
-            f"(mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot), or turn Secure Boot off")
+            f"(mokutil --import /var/lib/dkms/mok.pub, confirm at the next boot), or turn Secure Boot off"
+        )
     return problems
 
 
@@ -246,8 +265,9 @@ def host_clique(gpus: list[dict]) -> tuple[tuple[str, str] | None, list[str]]:
         if g.get("state") != "Completed" or g.get("status") != "Success":
             why.append(f"GPU {g.get('gpu')} fabric state {g.get('state')}/{g.get('status')}")
         elif not g.get("cluster_uuid") or g.get("cluster_uuid") == ZERO_UUID or g.get("clique_id") in (None, "0"):
-            why.append(f"GPU {g.get('gpu')} has no clique (ClusterUUID {g.get('cluster_uuid')}, "
-                       f"CliqueId {g.get('clique_id')})")
+            why.append(
+                f"GPU {g.get('gpu')} has no clique (ClusterUUID {g.get('cluster_uuid')}, CliqueId {g.get('clique_id')})"
+            )
         else:
             cliques.add((g["cluster_uuid"], g["clique_id"]))
     if not gpus:
@@ -268,17 +288,20 @@ def clique_problems(fabrics: dict[str, list[dict]]) -> list[str]:
     if len(seen) > 1:
         groups = sorted(seen.items(), key=lambda kv: -len(kv[1]))
         for (uuid, clique), names in groups[1:]:
-            problems.append(f"{', '.join(names)}: NVLink clique {uuid}/{clique}, but {', '.join(groups[0][1])} "
-                            f"report {groups[0][0][0]}/{groups[0][0][1]}")
+            problems.append(
+                f"{', '.join(names)}: NVLink clique {uuid}/{clique}, but {', '.join(groups[0][1])} "
+                f"report {groups[0][0][0]}/{groups[0][0][1]}"
+            )
     if problems:
-        problems.append("Fix: the hosts of one NVLink domain must share one clique (nvidia-smi -q, Fabric: "
-                        "ClusterUUID and CliqueId). Put hosts of another rack/partition in another nvlink_domain "
-                        "(host data), or repair the fabric (NMX / fabric manager) of the host that differs")
+        problems.append(
+            "Fix: the hosts of one NVLink domain must share one clique (nvidia-smi -q, Fabric: "
+            "ClusterUUID and CliqueId). Put hosts of another rack/partition in another nvlink_domain "
+            "(host data), or repair the fabric (NMX / fabric manager) of the host that differs"
+        )
     return problems
 
 
-def device_problems(host_name: str, vendor: str, name: str, count: int, needed: int,
-                    devices: list[dict]) -> list[str]:
+def device_problems(host_name: str, vendor: str, name: str, count: int, needed: int, devices: list[dict]) -> list[str]:
     """What is wrong with the devices found (a list from GpuDevices / NpuDevices), as messages."""
     tool = "nvidia-smi" if vendor == "nvidia" else "npu-smi"
     if vendor == "huawei":
@@ -288,18 +311,26 @@ def device_problems(host_name: str, vendor: str, name: str, count: int, needed: 
     names = sorted({str(d.get("name")) for d in devices})
     problems = []
     if not devices:
-        return [f"{host_name}: accelerators: expected {count} x {name}, found none ({tool} answers without "
-                f"devices). Fix: the driver is installed but not loaded; reboot the host (or rerun with "
-                f"--data allow_reboot=true), then check `{tool}` on the host"]
+        return [
+            f"{host_name}: accelerators: expected {count} x {name}, found none ({tool} answers without "
+            f"devices). Fix: the driver is installed but not loaded; reboot the host (or rerun with "
+            f"--data allow_reboot=true), then check `{tool}` on the host"
+        ]
     if found_count != count:
-        problems.append(f"{host_name}: accelerator count: expected {count}, found {found_count}. Fix: check the "
-                        f"cards are seated and visible in `{tool}`, or pick the hardware profile of this host")
+        problems.append(
+            f"{host_name}: accelerator count: expected {count}, found {found_count}. Fix: check the "
+            f"cards are seated and visible in `{tool}`, or pick the hardware profile of this host"
+        )
     if names != [name]:
-        problems.append(f"{host_name}: accelerator name: expected {name}, found {', '.join(names)}. Fix: set host "
-                        f"data 'hardware' to the profile of these cards")
+        problems.append(
+            f"{host_name}: accelerator name: expected {name}, found {', '.join(names)}. Fix: set host "
+            f"data 'hardware' to the profile of these cards"
+        )
     if needed > found_count:
-        problems.append(f"{host_name}: devices for the recipe: expected at least {needed} per node, found "
-                        f"{found_count}. Fix: pick a recipe with a smaller TP x PP or spread it over more nodes")
+        problems.append(
+            f"{host_name}: devices for the recipe: expected at least {needed} per node, found "
+            f"{found_count}. Fix: pick a recipe with a smaller TP x PP or spread it over more nodes"
+        )
     return problems
 
 
@@ -309,8 +340,9 @@ def device_problems(host_name: str, vendor: str, name: str, count: int, needed: 
 @operation()
 def check_platform(cpu_arch: str, allow_emulated_arch: bool = False):
     """Fail unless the host's CPU arch and OS are what the hardware profile and the roles expect."""
-    problems = platform_problems(host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution),
-                                 allow_emulated_arch)
+    problems = platform_problems(
+        host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution), allow_emulated_arch
+    )
     if problems:
         raise OperationError("\n".join(problems))
     host.noop(f"platform matches: {cpu_arch}, Debian/Ubuntu")
@@ -339,8 +371,10 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
             host.noop("devices are checked once the driver is installed")
             return
         tool = "nvidia-smi" if vendor == "nvidia" else "npu-smi"
-        raise OperationError(f"{host.name}: accelerators: expected {count} x {device_name}, found no {tool} after the "
-                             f"driver install. Fix: check the driver packages installed and `{tool}` runs on the host")
+        raise OperationError(
+            f"{host.name}: accelerators: expected {count} x {device_name}, found no {tool} after the "
+            f"driver install. Fix: check the driver packages installed and `{tool}` runs on the host"
+        )
     problems = device_problems(host.name, vendor, device_name, count, needed, devices)
     if problems:
         raise OperationError("\n".join(problems))
@@ -360,7 +394,7 @@ def modules_loadable(module_source: str = "dkms"):
     sb = {True: "on", False: "off", None: "unknown (no EFI/mokutil)"}[kernel.get("secure_boot")]
     host.noop(f"kernel {kernel.get('release')}: {module_source} modules, Secure Boot {sb}")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 @operation()
@@ -383,15 +417,17 @@ def same_nvlink_clique(peers: dict, strict: bool = False):
         host.noop(f"NVLink clique checked once the driver answers on {', '.join(unknown)}")
         return
     if unknown:
-        raise OperationError(f"NVLink clique: no fabric information from {', '.join(unknown)} (nvidia-smi -q). "
-                             f"Fix: check the driver is loaded there")
+        raise OperationError(
+            f"NVLink clique: no fabric information from {', '.join(unknown)} (nvidia-smi -q). "
+            f"Fix: check the driver is loaded there"
+        )
     problems = clique_problems(fabrics)
     if problems:
         raise OperationError("NVLink clique check failed:\n  " + "\n  ".join(problems))
     clique, _ = host_clique(fabrics[host.name])
     host.noop(f"{len(fabrics)} hosts in NVLink clique {clique[0]}/{clique[1]}")
     return
-    yield  # noqa: unreachable - an operation is a generator
+    yield  # unreachable: an operation is a generator
 
 
 def peer_fabric(name: str):
@@ -434,14 +470,20 @@ def check_devices_of(ctx: DeploymentContext, defer_if_absent: bool) -> None:
 def apply(ctx: DeploymentContext) -> None:
     check_platform(ctx.profile.cpu_arch, allow_emulated_arch=ctx.host.allow_emulated_arch)
     if ctx.vendor == "nvidia":
-        modules_loadable(name="NVIDIA modules loadable (Secure Boot, module source)",
-                         module_source=ctx.host.nvidia_module_source)
+        modules_loadable(
+            name="NVIDIA modules loadable (Secure Boot, module source)", module_source=ctx.host.nvidia_module_source
+        )
     if ctx.vendor != "none":
         check_devices_of(ctx, defer_if_absent=True)
     # a host of another NVLink clique is refused here, before any change (once its driver answers)
     check_nvlink_clique(ctx, strict=False)
     # a uv runtime's interpreter: the OS's, a mirror's, or a refusal now rather than a raw download error later
     for venv, runtime in uv_env.venvs_of(ctx):
-        uv_env.python_available(name=f"Python {runtime.python} for {venv}", recipe_id=ctx.recipe.id,
-                                python=runtime.python, venv=venv, air_gapped=bool(ctx.host.pip_index_url),
-                                mirror=bool(uv_env.python_sources(ctx.host)))
+        uv_env.python_available(
+            name=f"Python {runtime.python} for {venv}",
+            recipe_id=ctx.recipe.id,
+            python=runtime.python,
+            venv=venv,
+            air_gapped=bool(ctx.host.pip_index_url),
+            mirror=bool(uv_env.python_sources(ctx.host)),
+        )

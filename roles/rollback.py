@@ -47,9 +47,11 @@ def save_command(unit: str, paths: list[str]) -> str:
     d = shlex.quote(snapshot_dir(unit))
     quoted = " ".join(shlex.quote(p) for p in paths)
     # files that do not exist (no parse marker with parse_check=false) are simply not part of the snapshot
-    return (f"rm -rf {d}.new && mkdir -p {d}.new && for f in {quoted}; do if [ -e \"$f\" ]; then "
-            f"cp -p \"$f\" {d}.new/ && sha256sum \"$f\" >> {d}.new/MANIFEST || exit 1; fi; done "
-            f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}")
+    return (
+        f'rm -rf {d}.new && mkdir -p {d}.new && for f in {quoted}; do if [ -e "$f" ]; then '
+        f'cp -p "$f" {d}.new/ && sha256sum "$f" >> {d}.new/MANIFEST || exit 1; fi; done '
+        f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}"
+    )
 
 
 def key_check_command(unit: str) -> str:
@@ -59,12 +61,14 @@ def key_check_command(unit: str) -> str:
     ironserve-exec); a keyed one restored beside a keyless env file would not start. Names only, no values."""
     d = shlex.quote(snapshot_dir(unit))
     keys = shlex.quote(f"^({'|'.join(KEY_ENV)})=")
-    return (f"while read -r sum path; do case \"$path\" in *.env) src={d}/\"$(basename \"$path\")\"; "
-            f"was=$(grep -Eo {keys} \"$src\") || [ $? -eq 1 ] || exit 1; now=; "
-            f"if [ -e \"$path\" ]; then now=$(grep -Eo {keys} \"$path\") || [ $? -eq 1 ] || exit 1; fi; "
-            f"if [ \"$was\" != \"$now\" ]; then echo \"no rollback of {unit}: its last good configuration declares "
-            f"API key variables [$(echo $was)] and the current one [$(echo $now)] ($path): a rollback never crosses a "
-            f"key/no-key change\" >&2; exit 3; fi;; esac; done < {d}/MANIFEST")
+    return (
+        f'while read -r sum path; do case "$path" in *.env) src={d}/"$(basename "$path")"; '
+        f'was=$(grep -Eo {keys} "$src") || [ $? -eq 1 ] || exit 1; now=; '
+        f'if [ -e "$path" ]; then now=$(grep -Eo {keys} "$path") || [ $? -eq 1 ] || exit 1; fi; '
+        f'if [ "$was" != "$now" ]; then echo "no rollback of {unit}: its last good configuration declares '
+        f"API key variables [$(echo $was)] and the current one [$(echo $now)] ($path): a rollback never crosses a "
+        f'key/no-key change" >&2; exit 3; fi;; esac; done < {d}/MANIFEST'
+    )
 
 
 def restore_command(unit: str) -> str:
@@ -78,15 +82,17 @@ def restore_command(unit: str) -> str:
     files as they were and no copy left behind (the rollback checks it)."""
     d = shlex.quote(snapshot_dir(unit))
     secret = shlex.quote(f"^({'|'.join(SECRET_ENV)})=")
-    staged = "\"$path.ironserve-restore\""
-    each = f"while read -r sum path; do src={d}/\"$(basename \"$path\")\"; tmp={staged}; "
-    return (f"set -e; umask 077; {key_check_command(unit)}; "
-            f"cleanup() {{ while read -r sum path; do rm -f {staged}; done < {d}/MANIFEST; }}; trap cleanup EXIT; "
-            f"{each}rm -f \"$tmp\"; case \"$path\" in *.env) "
-            f"grep -Ev {secret} \"$src\" > \"$tmp\" || [ $? -eq 1 ]; if [ -e \"$path\" ]; then "
-            f"grep -E {secret} \"$path\" >> \"$tmp\" || [ $? -eq 1 ]; fi;; *) cp \"$src\" \"$tmp\";; esac; "
-            f"chmod --reference=\"$src\" \"$tmp\"; done < {d}/MANIFEST; "
-            f"{each}mv -f \"$tmp\" \"$path\"; done < {d}/MANIFEST; trap - EXIT; systemctl daemon-reload")
+    staged = '"$path.ironserve-restore"'
+    each = f'while read -r sum path; do src={d}/"$(basename "$path")"; tmp={staged}; '
+    return (
+        f"set -e; umask 077; {key_check_command(unit)}; "
+        f"cleanup() {{ while read -r sum path; do rm -f {staged}; done < {d}/MANIFEST; }}; trap cleanup EXIT; "
+        f'{each}rm -f "$tmp"; case "$path" in *.env) '
+        f'grep -Ev {secret} "$src" > "$tmp" || [ $? -eq 1 ]; if [ -e "$path" ]; then '
+        f'grep -E {secret} "$path" >> "$tmp" || [ $? -eq 1 ]; fi;; *) cp "$src" "$tmp";; esac; '
+        f'chmod --reference="$src" "$tmp"; done < {d}/MANIFEST; '
+        f'{each}mv -f "$tmp" "$path"; done < {d}/MANIFEST; trap - EXIT; systemctl daemon-reload'
+    )
 
 
 class LastGood(FactBase):
@@ -95,9 +101,11 @@ class LastGood(FactBase):
     def command(self, unit, paths):
         d = shlex.quote(snapshot_dir(unit))
         quoted = " ".join(shlex.quote(p) for p in paths)
-        return (f"sha256sum {quoted} 2>/dev/null | sed 's/^/current /'; "
-                f"[ -f {d}/MANIFEST ] && sed 's/^/snapshot /' {d}/MANIFEST; "
-                f"[ -f {d}/TAKEN ] && sed 's/^/taken /' {d}/TAKEN; true")
+        return (
+            f"sha256sum {quoted} 2>/dev/null | sed 's/^/current /'; "
+            f"[ -f {d}/MANIFEST ] && sed 's/^/snapshot /' {d}/MANIFEST; "
+            f"[ -f {d}/TAKEN ] && sed 's/^/taken /' {d}/TAKEN; true"
+        )
 
     def process(self, output):
         state = {"current": {}, "snapshot": None, "taken": None}
@@ -122,8 +130,9 @@ def differs(state: dict) -> bool:
 
 
 @operation()
-def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str, str] | None = None,
-                    gate_results: dict | None = None):
+def last_good_saved(
+    unit: str, paths: list[str], restart=False, gate: tuple[str, str] | None = None, gate_results: dict | None = None
+):
     """The unit's current files are its last good configuration (run right after its health gate passed; for a
     rank > 0, ``gate`` names rank 0's (host, unit) whose gate must have passed: the ranks > 0 of a multi-node
     group have no gate of their own). ``gate_results``: the deployment context's, {(host, unit): passed}, filled
@@ -139,26 +148,33 @@ def last_good_saved(unit: str, paths: list[str], restart=False, gate: tuple[str,
     yield FunctionCommand(_save_if_gate_passed, (unit, list(paths), list(gate), gate_results), {})
 
 
-def _save_if_gate_passed(state, host, unit: str, paths: list[str], gate: list[str],
-                         gate_results: dict | None = None) -> bool:
+def _save_if_gate_passed(
+    state, host, unit: str, paths: list[str], gate: list[str], gate_results: dict | None = None
+) -> bool:
     # positively true: a gate that did not run (its host dropped out of the run) vouches for nothing
     if (gate_results or {}).get(tuple(gate)) is not True:
-        host.log(f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} did not "
-                 f"pass in this run")
+        host.log(
+            f"{unit}: not saved as the last good configuration: the gate of {gate[1]} on {gate[0]} did not "
+            f"pass in this run"
+        )
         return True
     status, _ = host.run_shell_command(save_command(unit, paths), _sudo=bool(host.data.get("_sudo")))
     return bool(status)
 
 
-def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: list[tuple[str, str, list[str]]],
-              why: str, wait) -> None:
+def roll_back(
+    state, gate_host, unit: str, url: str, timeout_s: int, members: list[tuple[str, str, list[str]]], why: str, wait
+) -> None:
     """Restore the last good configuration of every member (host name, unit, paths), restart and wait for the
     gate again; logs the outcome on the gated host. ``wait``: roles.launch.wait_healthy."""
     if not host_data(gate_host).rollback:
         return
     hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
-    outside = sorted(name for (name, _, _), (h, _, _) in zip(members, hosts)
-                     if h is None or h not in getattr(state, "activated_hosts", {h}))
+    outside = sorted(
+        name
+        for (name, _, _), (h, _, _) in zip(members, hosts)
+        if h is None or h not in getattr(state, "activated_hosts", {h})
+    )
     if outside:
         # e.g. --limit left them out: a group is rolled back whole or not at all
         gate_host.log_styled(f"{unit}: no rollback: {', '.join(outside)} of its group not in this run", fg="red")
@@ -167,13 +183,17 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
     for member_host, member_unit, paths in hosts:
         found = _last_good(member_host, member_unit, paths)
         if not differs(found):
-            gate_host.log_styled(f"{unit}: no rollback: {member_host.name} has no last good configuration of "
-                                 f"{member_unit} that differs from the failed one", fg="red")
+            gate_host.log_styled(
+                f"{unit}: no rollback: {member_host.name} has no last good configuration of "
+                f"{member_unit} that differs from the failed one",
+                fg="red",
+            )
             return
         snapshots.append(found)
     taken = snapshots[0].get("taken") or "an earlier run"
-    gate_host.log_styled(f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}",
-                         fg="yellow")
+    gate_host.log_styled(
+        f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}", fg="yellow"
+    )
     where = ", ".join(sorted({h.name for h, _, _ in hosts}))
     # the key check on every member before anything is restored anywhere: never half a group across a key change
     steps = (("restore (key check)", key_check_command), ("restore", restore_command), ("restart", _restart_command))
@@ -185,8 +205,11 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
             if not ok:
                 failed.append(f"{member_host.name} ({member_unit}): {' '.join(out.stderr_lines)[-300:]}")
         if failed:
-            gate_host.log_styled(f"ROLLBACK FAILED {unit} on {where}: the {step} of the last good configuration "
-                                 f"from {taken} failed on {'; '.join(failed)}", fg="red")
+            gate_host.log_styled(
+                f"ROLLBACK FAILED {unit} on {where}: the {step} of the last good configuration "
+                f"from {taken} failed on {'; '.join(failed)}",
+                fg="red",
+            )
             return
     start = time.monotonic()
     healthy = wait(state, gate_host, unit, url, timeout_s)
@@ -194,10 +217,15 @@ def roll_back(state, gate_host, unit: str, url: str, timeout_s: int, members: li
         gate_host.log_styled(
             f"ROLLED BACK {unit} on {where}: the new configuration failed its health gate ({why}); the last good "
             f"one from {taken} is serving again (healthy after {time.monotonic() - start:.0f}s). The deploy "
-            f"fails: fix the recipe and rerun", fg="yellow")
+            f"fails: fix the recipe and rerun",
+            fg="yellow",
+        )
     else:
-        gate_host.log_styled(f"ROLLBACK FAILED {unit} on {where}: the last good configuration from {taken} is "
-                             f"restored but not healthy either", fg="red")
+        gate_host.log_styled(
+            f"ROLLBACK FAILED {unit} on {where}: the last good configuration from {taken} is "
+            f"restored but not healthy either",
+            fg="red",
+        )
 
 
 def _restart_command(unit: str) -> str:
@@ -205,6 +233,5 @@ def _restart_command(unit: str) -> str:
 
 
 def _last_good(member_host, unit: str, paths: list[str]) -> dict:
-    _, out = member_host.run_shell_command(LastGood().command(unit, paths),
-                                           _sudo=bool(member_host.data.get("_sudo")))
+    _, out = member_host.run_shell_command(LastGood().command(unit, paths), _sudo=bool(member_host.data.get("_sudo")))
     return LastGood().process(out.stdout_lines)

@@ -41,11 +41,11 @@ from pyinfra.api import FactBase, FunctionCommand, operation
 from ironserve.render import Process, Rendered
 from ironserve.resources import files_dir
 from ironserve.units import deliberate, env_path, in_container, rank_guard_unit, staged_path
+from roles import rollback, undeclared
 from roles.common import UnitState, in_run
 from roles.context import DeploymentContext, host_data
 from roles.health import _sleep, await_health
 from roles.live_config import StagedFiles, install_command, reload_command
-from roles import rollback, undeclared
 
 ROLL_SCRIPT = (files_dir() / "bin" / "ironserve-roll").read_text()
 ROLE_ORDER = {"prefill": 0, "decode": 1, "server": 2}
@@ -58,8 +58,10 @@ GROUP_RESTARTS_ALLOWED = 2  # as the launch's gate of a multi-node group (roles/
 def roll_groups(rendered: Rendered) -> list[list[Process]]:
     """The engine groups behind the router in roll order, each in rank order; [] when the deployment does not
     roll (no router, or a single group: that one restarts in place)."""
-    engines = sorted((p for p in rendered.processes if p.role != "router"),
-                     key=lambda p: (ROLE_ORDER.get(p.role, 3), p.group, p.instance, p.node_rank))
+    engines = sorted(
+        (p for p in rendered.processes if p.role != "router"),
+        key=lambda p: (ROLE_ORDER.get(p.role, 3), p.group, p.instance, p.node_rank),
+    )
     groups: dict[str, list[Process]] = {}
     for proc in engines:
         groups.setdefault(proc.group_key, []).append(proc)
@@ -87,23 +89,39 @@ def group_files(ctx: DeploymentContext, proc: Process, live_files) -> list[list[
     return [[staged_path(path), path, mode] for path, _, mode in live_files(ctx, proc)]
 
 
-def roll_plan(ctx: DeploymentContext, group: list[Process], live_files, config_paths,
-              replaces: list[str] | None = None) -> dict:
+def roll_plan(
+    ctx: DeploymentContext, group: list[Process], live_files, config_paths, replaces: list[str] | None = None
+) -> dict:
     """Everything the roll of one group needs while it runs, as plain data (fixtures, --dry)."""
     router = next(p for p in ctx.rendered.processes if p.role == "router")
     order = [g[0].group_key for g in roll_groups(ctx.rendered)]
     head = group[0]
     return {
-        "group": head.group_key, "order": order, "unit": head.unit, "host": head.host,
-        "worker": worker_url(head), "worker_fields": worker_fields(ctx, head),
-        "health": head.health_url, "base": head.local_url(""), "env": env_path(head), "port": head.port,
-        "members": [{"host": p.host, "unit": p.unit, "files": group_files(ctx, p, live_files),
-                     "paths": config_paths(p), "guard": rank_guard_unit(p) if p.in_rank_group else None}
-                    for p in group],
+        "group": head.group_key,
+        "order": order,
+        "unit": head.unit,
+        "host": head.host,
+        "worker": worker_url(head),
+        "worker_fields": worker_fields(ctx, head),
+        "health": head.health_url,
+        "base": head.local_url(""),
+        "env": env_path(head),
+        "port": head.port,
+        "members": [
+            {
+                "host": p.host,
+                "unit": p.unit,
+                "files": group_files(ctx, p, live_files),
+                "paths": config_paths(p),
+                "guard": rank_guard_unit(p) if p.in_rank_group else None,
+            }
+            for p in group
+        ],
         "router": {"host": router.host, "base": router.local_url(""), "env": env_path(router)},
         # a container's processes are in docker's cgroup, not the unit's: the listener check needs the unit's own
         "own_listener": not in_container(ctx.recipe, head),
-        "timeout_s": ctx.recipe.health_timeout_s, "drain_timeout_s": ctx.host.drain_timeout_s,
+        "timeout_s": ctx.recipe.health_timeout_s,
+        "drain_timeout_s": ctx.host.drain_timeout_s,
         # a recipe switch: the other recipe's engine on this host that the group takes the place of (port, devices)
         "replaces": list(replaces or []),
     }
@@ -113,8 +131,10 @@ def step_name(plan: dict) -> str:
     """The operation's name says the order and the canary (what `--dry` shows per group)."""
     place = plan["order"].index(plan["group"]) + 1
     canary = " (the canary: no other group moves unless it passes)" if place == 1 else ""
-    return (f"Roll {plan['unit']}: group {place} of {len(plan['order'])}{canary}: out of the router, drained, "
-            f"restarted on its staged configuration, gated, back in")
+    return (
+        f"Roll {plan['unit']}: group {place} of {len(plan['order'])}{canary}: out of the router, drained, "
+        f"restarted on its staged configuration, gated, back in"
+    )
 
 
 # --------------------------------------------------------------------------- facts
@@ -163,9 +183,9 @@ def group_rolled(plan: dict, pending=False, rolls: dict | None = None, workers: 
         if rolls is not None and getattr(context.state, "is_executing", False):
             rolls[plan["group"]] = "unchanged"
         return
-    yield FunctionCommand(roll_group, (plan, rolls if rolls is not None else {},
-                                       bool(differs or stale or down) or pending),
-                          {})
+    yield FunctionCommand(
+        roll_group, (plan, rolls if rolls is not None else {}, bool(differs or stale or down) or pending), {}
+    )
 
 
 # --------------------------------------------------------------------------- execution
@@ -177,8 +197,7 @@ def roll_script(action: str, *args: str) -> str:
 
 
 def run_roll(on_host, action: str, *args: str) -> tuple[bool, dict]:
-    ok, out = on_host.run_shell_command(roll_script(action, *map(str, args)),
-                                        _sudo=bool(on_host.data.get("_sudo")))
+    ok, out = on_host.run_shell_command(roll_script(action, *map(str, args)), _sudo=bool(on_host.data.get("_sudo")))
     text = "\n".join(out.stdout_lines).strip().splitlines()
     try:
         answer = json.loads(text[-1]) if text else {}
@@ -193,7 +212,7 @@ def await_turn(state, host, plan: dict, rolls: dict) -> tuple[str | None, bool]:
     """Wait until every group before this one in the roll order that has a roll in this run (``rolls["groups"]``,
     listed while planning) has an outcome. Returns (the group that failed or None, whether one before rolled).
     A group whose host failed counts as failed; the wait is bounded by the longest the groups before could take."""
-    before = plan["order"][:plan["order"].index(plan["group"])]
+    before = plan["order"][: plan["order"].index(plan["group"])]
     groups = [g for g in before if g in rolls.get("groups", ())]
     deadline = time.monotonic() + len(groups) * (plan["timeout_s"] + plan["drain_timeout_s"] + 600)
     for group in groups:
@@ -214,8 +233,11 @@ def roll_group(state, host, plan: dict, rolls: dict, restart=True) -> bool:
     group = plan["group"]
     failed, rolled_before = await_turn(state, host, plan, rolls)
     if failed:
-        host.log_styled(f"{plan['unit']}: NOT ROLLED: {failed} before it failed its roll; this group was not "
-                        f"touched and keeps serving its previous configuration", fg="red")
+        host.log_styled(
+            f"{plan['unit']}: NOT ROLLED: {failed} before it failed its roll; this group was not "
+            f"touched and keeps serving its previous configuration",
+            fg="red",
+        )
         rolls[group] = "failed"
         return False
     restart = bool(restart() if callable(restart) else restart) or _changed_now(state, plan)
@@ -249,29 +271,45 @@ def _roll(state, host, plan: dict, canary: bool, restart: bool = True) -> bool:
     rbase, renv = plan["router"]["base"], plan["router"]["env"]
     ok, answer = run_roll(router, "workers", rbase, renv)
     if not ok:
-        host.log_styled(f"{plan['unit']}: NOT ROLLED: the router {plan['router']['host']} ({rbase}) cannot be "
-                        f"reached ({answer['error']}); no engine was touched", fg="red")
+        host.log_styled(
+            f"{plan['unit']}: NOT ROLLED: the router {plan['router']['host']} ({rbase}) cannot be "
+            f"reached ({answer['error']}); no engine was touched",
+            fg="red",
+        )
         return False
     if not restart:
         # a killed run's leftover: the group runs its configuration but is out of the router
         ok, answer = run_roll(router, "add", rbase, renv, plan["worker"], json.dumps(plan["worker_fields"]))
-        host.log_styled(f"{plan['unit']}: " + ("put back into the router (a run before left it out)" if ok else
-                        f"NOT BACK IN THE ROUTER: {answer.get('error')}"), fg="green" if ok else "red")
+        host.log_styled(
+            f"{plan['unit']}: "
+            + (
+                "put back into the router (a run before left it out)"
+                if ok
+                else f"NOT BACK IN THE ROUTER: {answer.get('error')}"
+            ),
+            fg="green" if ok else "red",
+        )
         return ok
     out_at = time.monotonic()
     ok, answer = run_roll(router, "remove", rbase, renv, plan["worker"])
     if not ok:
-        host.log_styled(f"{plan['unit']}: NOT ROLLED: the router did not remove {plan['worker']} "
-                        f"({answer['error']}); no engine was touched", fg="red")
+        host.log_styled(
+            f"{plan['unit']}: NOT ROLLED: the router did not remove {plan['worker']} "
+            f"({answer['error']}); no engine was touched",
+            fg="red",
+        )
         return False
     _, drained = run_roll(host, "drain", plan["base"], plan["env"], plan["drain_timeout_s"])
     if "error" in drained:
         host.log(f"{plan['unit']}: out of the router; its in-flight requests unknown ({drained['error']})")
     else:
         style = "red" if drained["cut"] else "green"
-        host.log_styled(f"{plan['unit']}: out of the router; drained {drained['in_flight']} in-flight request(s) in "
-                        f"{drained['drain_s']}s, {drained['cut']} cut at the {plan['drain_timeout_s']}s drain "
-                        f"timeout", fg=style)
+        host.log_styled(
+            f"{plan['unit']}: out of the router; drained {drained['in_flight']} in-flight request(s) in "
+            f"{drained['drain_s']}s, {drained['cut']} cut at the {plan['drain_timeout_s']}s drain "
+            f"timeout",
+            fg=style,
+        )
     passed, why = _restart_on_staged(state, host, plan)
     if passed:
         for member_host, m in _members(state, plan):
@@ -284,11 +322,16 @@ def _roll(state, host, plan: dict, canary: bool, restart: bool = True) -> bool:
     ok, answer = run_roll(router, "add", rbase, renv, plan["worker"], json.dumps(plan["worker_fields"]))
     away = time.monotonic() - out_at
     if not ok:
-        host.log_styled(f"{plan['unit']}: NOT BACK IN THE ROUTER after {away:.0f}s: {answer['error']} (the rerun "
-                        f"puts it back)", fg="red")
+        host.log_styled(
+            f"{plan['unit']}: NOT BACK IN THE ROUTER after {away:.0f}s: {answer['error']} (the rerun puts it back)",
+            fg="red",
+        )
         return False
-    host.log_styled(f"{plan['unit']}: back in the router after {away:.1f}s out of it"
-                    + ("" if passed else " (on its last good configuration)"), fg="green" if passed else "yellow")
+    host.log_styled(
+        f"{plan['unit']}: back in the router after {away:.1f}s out of it"
+        + ("" if passed else " (on its last good configuration)"),
+        fg="green" if passed else "yellow",
+    )
     return passed
 
 
@@ -304,10 +347,12 @@ def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
         units = [m["unit"]] + ([m["guard"]] if m["guard"] else [])
         names = " ".join(shlex.quote(u + ".service") for u in units)
         # a unit a switch starts for the first time is not loaded yet: nothing to stop is fine, one left running not
-        steps = [f"systemctl stop {names} 2>/dev/null || ! systemctl is-active -q {names}",
-                 *(install_command(s, live, mode) for s, live, mode in m["files"]),
-                 reload_command([f"{u}.service" for u in units]),
-                 f"systemctl enable {names}"]
+        steps = [
+            f"systemctl stop {names} 2>/dev/null || ! systemctl is-active -q {names}",
+            *(install_command(s, live, mode) for s, live, mode in m["files"]),
+            reload_command([f"{u}.service" for u in units]),
+            f"systemctl enable {names}",
+        ]
         ok, out = _sh(member_host, " && ".join(f"{{ {s}; }}" for s in steps))
         if not ok:
             return False, f"making the staged configuration live on {member_host.name} failed: {out[-300:]}"
@@ -318,8 +363,7 @@ def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
             if not ok:
                 return False, f"starting {unit} on {member_host.name} failed: {out[-300:]}"
     allowed = GROUP_RESTARTS_ALLOWED if len(members) > 1 else 0
-    healthy, why = await_health(state, host, plan["unit"], plan["health"], plan["timeout_s"],
-                                restarts_allowed=allowed)
+    healthy, why = await_health(state, host, plan["unit"], plan["health"], plan["timeout_s"], restarts_allowed=allowed)
     if not healthy:
         return False, why
     # the 200 came from the unit it started: every listener on the port is in the unit's cgroup
@@ -329,8 +373,9 @@ def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
     ok, answer = run_roll(host, "generate", plan["base"], plan["env"])
     if not ok:
         return False, f"healthy, but no generation through the engine ({answer['error']})"
-    host.log_styled(f"{plan['unit']}: healthy, its own process on port {plan['port']}, one generation "
-                    f"answered", fg="green")
+    host.log_styled(
+        f"{plan['unit']}: healthy, its own process on port {plan['port']}, one generation answered", fg="green"
+    )
     return True, ""
 
 
@@ -339,12 +384,22 @@ def _fail(state, host, plan: dict, why: str, canary: bool) -> None:
     lines = host_data(host).health_journal_lines
     _, journal = _sh(host, f"journalctl -u {shlex.quote(plan['unit'] + '.service')} -n {lines} --no-pager")
     label = "CANARY FAILED" if canary else "ROLL FAILED"
-    host.log_styled(f"{label}: {plan['unit']} on {host.name}: {why}; no group after it is touched. Last journal "
-                    f"lines:\n{journal}", fg="red")
+    host.log_styled(
+        f"{label}: {plan['unit']} on {host.name}: {why}; no group after it is touched. Last journal lines:\n{journal}",
+        fg="red",
+    )
     members = [(m["host"], m["unit"], m["paths"]) for m in plan["members"]]
     allowed = GROUP_RESTARTS_ALLOWED if len(members) > 1 else 0
-    rollback.roll_back(state, host, plan["unit"], plan["health"], plan["timeout_s"], members, why,
-                       lambda st, h, u, url, t: await_health(st, h, u, url, t, restarts_allowed=allowed)[0])
+    rollback.roll_back(
+        state,
+        host,
+        plan["unit"],
+        plan["health"],
+        plan["timeout_s"],
+        members,
+        why,
+        lambda st, h, u, url, t: await_health(st, h, u, url, t, restarts_allowed=allowed)[0],
+    )
 
 
 def _restore_replaced(state, host, plan: dict) -> None:
@@ -355,8 +410,11 @@ def _restore_replaced(state, host, plan: dict) -> None:
     for unit in plan["replaces"]:
         ok, out = _sh(host, undeclared.restore_command(unit))
         healthy = ok and await_health(state, host, unit, plan["health"], plan["timeout_s"])[0]
-        host.log_styled(f"{plan['unit']}: RESTORED {unit}, the unit it was to replace" + (" (healthy)" if healthy
-                        else f": NOT healthy ({out[-200:]})"), fg="yellow" if healthy else "red")
+        host.log_styled(
+            f"{plan['unit']}: RESTORED {unit}, the unit it was to replace"
+            + (" (healthy)" if healthy else f": NOT healthy ({out[-200:]})"),
+            fg="yellow" if healthy else "red",
+        )
 
 
 # --------------------------------------------------------------------------- launch
@@ -370,8 +428,11 @@ def rolling_procs(ctx: DeploymentContext, paths) -> list[Process]:
     for proc in ctx.processes:
         if proc.unit in groups:
             state = host.get_fact(UnitState, unit=proc.unit, paths=paths(proc))
-            if (state["active"] in ("active", "activating", "reloading") or _left_out(ctx, groups[proc.unit])
-                    or replaces(ctx, proc)):
+            if (
+                state["active"] in ("active", "activating", "reloading")
+                or _left_out(ctx, groups[proc.unit])
+                or replaces(ctx, proc)
+            ):
                 procs.append(proc)
     return procs
 
@@ -409,8 +470,13 @@ def apply(ctx: DeploymentContext, procs: list[Process], live_files, config_paths
         # while planning (every host of the run, before any executes): the groups that take turns, and their hosts
         ctx.rolls.setdefault("groups", []).append(plan["group"])
         ctx.rolls[f"host:{plan['group']}"] = head.host
-        op = group_rolled(name=step_name(plan), plan=plan, rolls=ctx.rolls, pending=pending(head),
-                          workers=router_workers(plan["router"]))
+        op = group_rolled(
+            name=step_name(plan),
+            plan=plan,
+            rolls=ctx.rolls,
+            pending=pending(head),
+            workers=router_workers(plan["router"]),
+        )
         for proc in group:
             ops[proc.unit] = op
     return ops
@@ -428,6 +494,6 @@ def plan_line(rendered: Rendered) -> list[str]:
     groups = roll_groups(rendered)
     if not groups:
         return ["one engine group (or no router): a change restarts it in place: an outage for its length"]
-    return [f"{i + 1}. {g[0].unit} ({len(g)} rank(s))" + (": the canary" if i == 0 else "")
-            for i, g in enumerate(groups)]
-
+    return [
+        f"{i + 1}. {g[0].unit} ({len(g)} rank(s))" + (": the canary" if i == 0 else "") for i, g in enumerate(groups)
+    ]

@@ -77,10 +77,12 @@ class Secret:
             parent = shlex.quote(os.path.dirname(path) or "/")
             # the temporary file beside the target (same file system: the rename is atomic), one quoted word
             template = shlex.quote(os.path.join(os.path.dirname(path) or "/", f".{os.path.basename(path)}.XXXXXX"))
-            install = (f"umask 077 && {{ [ -d {parent} ] || install -d -m 755 {parent}; }} && "
-                       f"tmp=$(mktemp {template}) && cat {shlex.quote(staged)} > \"$tmp\" && "
-                       f"chown {shlex.quote(f'{user}:{group}')} \"$tmp\" && chmod {shlex.quote(mode)} \"$tmp\" && "
-                       f"mv -f \"$tmp\" {shlex.quote(path)} || {{ rm -f \"$tmp\"; exit 1; }}")
+            install = (
+                f"umask 077 && {{ [ -d {parent} ] || install -d -m 755 {parent}; }} && "
+                f'tmp=$(mktemp {template}) && cat {shlex.quote(staged)} > "$tmp" && '
+                f'chown {shlex.quote(f"{user}:{group}")} "$tmp" && chmod {shlex.quote(mode)} "$tmp" && '
+                f'mv -f "$tmp" {shlex.quote(path)} || {{ rm -f "$tmp"; exit 1; }}'
+            )
             ok, out = host.run_shell_command(f"sh -c {shlex.quote(install)}", _sudo=sudo)
             if not ok:
                 host.log_styled(f"{path}: could not put the secret in place: {out.stderr}", fg="red")
@@ -95,8 +97,10 @@ class SecretFileState(FactBase):
 
     def command(self, path):
         q = shlex.quote(path)
-        return (f"if [ -f {q} ]; then stat -c 'stat %a %U %G' {q} && "
-                f"{{ printf '%s\\n' {q}; cat {q}; }} | sha256sum | sed 's/ .*//; s/^/sha256 /'; fi")
+        return (
+            f"if [ -f {q} ]; then stat -c 'stat %a %U %G' {q} && "
+            f"{{ printf '%s\\n' {q}; cat {q}; }} | sha256sum | sed 's/ .*//; s/^/sha256 /'; fi"
+        )
 
     def process(self, output):
         state = {}
@@ -116,8 +120,11 @@ def secret_file(path: str, secret: Secret | str, mode: str = "600", user: str = 
     secret = secret if isinstance(secret, Secret) else Secret(secret)
     want = secret.digest(path)
     have = host.get_fact(SecretFileState, path=path)
-    if have and have.get("sha256") == want and (have.get("mode"), have.get("user"), have.get("group")) == (
-            mode.lstrip("0") or "0", user, group):
+    if (
+        have
+        and have.get("sha256") == want
+        and (have.get("mode"), have.get("user"), have.get("group")) == (mode.lstrip("0") or "0", user, group)
+    ):
         # no digest shown, not even a prefix: a hash of a short key confirms a guess of it offline
         host.noop(f"{path}: secret in place ({mode} {user}:{group})")
         return
@@ -131,8 +138,10 @@ def read_secret(path: str, what: str) -> Secret:
     """A secret from a file on the controller (host data *_file keys), stripped."""
     file = Path(os.path.expanduser(path))
     if not file.is_file():
-        raise OperationError(f"{what}: {file} does not exist on this machine (host data points at a file on the "
-                             "controller, not on the host)")
+        raise OperationError(
+            f"{what}: {file} does not exist on this machine (host data points at a file on the "
+            "controller, not on the host)"
+        )
     value = file.read_text().strip()
     if not value or "\n" in value:
         raise OperationError(f"{what}: {file} must hold exactly one non-empty line")

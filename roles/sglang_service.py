@@ -49,11 +49,34 @@ from pyinfra.operations import files, server
 from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe, binds_every_address
-from ironserve.units import (API_KEY_ENV, API_KEY_FILE_ENV, BACKOFF, DEVICE_GROUPS, ENGINE_USER, ETC_DIR,
-                             JIT_CACHE_ROOT, KEY_ENV, KEY_LAUNCHER, RANK_GUARD, STAGED_DIR, UNIT_DIR,
-                             container_command, device_groups, exec_argv, image_ref, in_container, jit_dir,
-                             rank_guard_files, router_venv, runs_as_user, sha256_text, sourcing_script, staged_path,
-                             unit_files, venv_path)
+from ironserve.units import (
+    API_KEY_ENV,
+    API_KEY_FILE_ENV,
+    BACKOFF,
+    DEVICE_GROUPS,
+    ENGINE_USER,
+    ETC_DIR,
+    JIT_CACHE_ROOT,
+    KEY_ENV,
+    KEY_LAUNCHER,
+    RANK_GUARD,
+    STAGED_DIR,
+    UNIT_DIR,
+    container_command,
+    device_groups,
+    exec_argv,
+    image_ref,
+    in_container,
+    jit_dir,
+    rank_guard_files,
+    router_venv,
+    runs_as_user,
+    sha256_text,
+    sourcing_script,
+    staged_path,
+    unit_files,
+    venv_path,
+)
 from roles.context import DeploymentContext
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
@@ -65,9 +88,13 @@ CONTAINER_PROBE = "/ironserve-parse-check"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # run by roles/launch_preflight.py
 # (file under files/bin, path on the host); the rank guard's source is a .py module (mutation testing imports it),
 # installed under the same self-contained script name as before
-HELPERS = (("ironserve-exec", KEY_LAUNCHER), ("ironserve-parse-check", PARSE_CHECK),
-           ("ironserve-rendezvous", RENDEZVOUS), ("ironserve_rank_guard.py", RANK_GUARD),
-           ("ironserve-backoff", BACKOFF))
+HELPERS = (
+    ("ironserve-exec", KEY_LAUNCHER),
+    ("ironserve-parse-check", PARSE_CHECK),
+    ("ironserve-rendezvous", RENDEZVOUS),
+    ("ironserve_rank_guard.py", RANK_GUARD),
+    ("ironserve-backoff", BACKOFF),
+)
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -93,8 +120,15 @@ def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
         core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
         run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
         if sourced:
-            return run + ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourcing_script(sourced),
-                          "parse-check", *core]
+            return run + [
+                "--entrypoint",
+                "/bin/bash",
+                image_ref(recipe),
+                "-c",
+                sourcing_script(sourced),
+                "parse-check",
+                *core,
+            ]
         return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
     core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
     if sourced:
@@ -108,8 +142,9 @@ def parse_digest(exec_start: list[str], runtime_identity: str) -> str:
 
 
 def runtime_identity(recipe: Recipe, pip_index_url: str | None = None) -> str:
-    return json.dumps([recipe.runtime.model_dump(mode="json"), recipe.engine.model_dump(mode="json"), pip_index_url],
-                      sort_keys=True)
+    return json.dumps(
+        [recipe.runtime.model_dump(mode="json"), recipe.engine.model_dump(mode="json"), pip_index_url], sort_keys=True
+    )
 
 
 def rank_group_secret_name(members: list[Process]) -> str:
@@ -140,13 +175,20 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
     else:
         groups = ctx.recipe.topology.groups
         # the router: keyed when any engine group is
-        on_host = next((ctx.recipe.group_server(g).api_key_file for g in
-                        (groups if proc.role == "router" else [groups[proc.group]])
-                        if ctx.recipe.group_server(g).api_key_file), None)
+        on_host = next(
+            (
+                ctx.recipe.group_server(g).api_key_file
+                for g in (groups if proc.role == "router" else [groups[proc.group]])
+                if ctx.recipe.group_server(g).api_key_file
+            ),
+            None,
+        )
         if on_host:
             if isinstance(ctx.recipe.runtime, DockerRuntime):
-                raise OperationError(f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
-                                     "a container cannot read; give the key with host data api_key_file instead")
+                raise OperationError(
+                    f"{ctx.host_name}: recipe {ctx.recipe.id}: server.api_key_file is a host file that "
+                    "a container cannot read; give the key with host data api_key_file instead"
+                )
             out[API_KEY_FILE_ENV] = on_host
     # no HF_TOKEN: only the download step needs the hub token (roles/model_weights.py), not a running engine
     return out
@@ -157,14 +199,19 @@ def refuse_open_bind(ctx: DeploymentContext, proc: Process, secrets: dict) -> No
     without an API key is a deploy error,
     raised while planning (before any host is touched), unless the inventory opts in with ``allow_open_bind``."""
     bind, port = proc.bind, proc.port
-    if (not proc.serves_http or not binds_every_address(bind) or any(k in secrets for k in KEY_ENV)
-            or ctx.host.allow_open_bind):
+    if (
+        not proc.serves_http
+        or not binds_every_address(bind)
+        or any(k in secrets for k in KEY_ENV)
+        or ctx.host.allow_open_bind
+    ):
         return
     raise OperationError(
         f"{ctx.host_name}: recipe {ctx.recipe.id}: the {proc.role} ({proc.unit}) would serve its API on {bind}:{port} "
         "to every network without an API key. Fix: give a key (host data api_key_file, a file on this machine, or "
         "the recipe's server.api_key_file), or bind 127.0.0.1, or, to serve openly on purpose, set host data "
-        "allow_open_bind=true")
+        "allow_open_bind=true"
+    )
 
 
 # --------------------------------------------------------------------------- facts and operations
@@ -202,8 +249,10 @@ class EngineUserReads(FactBase):
 
     def command(self, user, path):
         who, config = shlex.quote(user), shlex.quote(f"{path.rstrip('/')}/config.json")
-        return (f"if ! id -u {who} >/dev/null 2>&1; then echo no-user; elif ! test -e {config}; then echo absent; "
-                f"elif runuser -u {who} -- test -r {config}; then echo readable; else echo unreadable; fi")
+        return (
+            f"if ! id -u {who} >/dev/null 2>&1; then echo no-user; elif ! test -e {config}; then echo absent; "
+            f"elif runuser -u {who} -- test -r {config}; then echo readable; else echo unreadable; fi"
+        )
 
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
@@ -219,9 +268,11 @@ def weights_readable(user: str, path: str):
     if state == "readable":
         host.noop(f"{user} reads the weights in {path}")
         return
-    why = (f"{host.name}: the engines run as {user} (not root), which cannot read {path}/config.json. Fix: let it "
-           f"read the weights (chmod -R o+rX {path}, or chgrp -R {user} {path} and chmod -R g+rX {path}; every "
-           f"directory above it needs o+x or g+x too), or keep them outside private home directories")
+    why = (
+        f"{host.name}: the engines run as {user} (not root), which cannot read {path}/config.json. Fix: let it "
+        f"read the weights (chmod -R o+rX {path}, or chgrp -R {user} {path} and chmod -R g+rX {path}; every "
+        f"directory above it needs o+x or g+x too), or keep them outside private home directories"
+    )
     if state == "unreadable":
         raise OperationError(why)
     config = shlex.quote(f"{path.rstrip('/')}/config.json")
@@ -244,8 +295,10 @@ def argv_parses(unit: str, probe: list[str], digest: str):
     if context.state.is_executing:
         result = host.get_fact(ParseCheck, probe=command) or {"rc": 255, "output": "the probe printed nothing"}
         if result["rc"] != 0:
-            raise OperationError(f"{host.name}: {unit}: the SGLang in this runtime rejects the command line "
-                                 f"(probe exit {result['rc']}):\n{result['output']}")
+            raise OperationError(
+                f"{host.name}: {unit}: the SGLang in this runtime rejects the command line "
+                f"(probe exit {result['rc']}):\n{result['output']}"
+            )
         yield f"mkdir -p {PARSE_OK_DIR} && echo {shlex.quote(digest)} > {shlex.quote(marker)}"
         return
     yield f"{command} && mkdir -p {PARSE_OK_DIR} && echo {shlex.quote(digest)} > {shlex.quote(marker)}"
@@ -257,8 +310,14 @@ def argv_parses(unit: str, probe: list[str], digest: str):
 def install_scripts(ctx: DeploymentContext) -> None:
     files.directory(name="ironserve helper directory", path=LIB_DIR, mode="755")
     for name, dest in HELPERS:
-        op = files.put(name=f"{dest.rsplit('/', 1)[-1]} helper", src=str(BIN_SRC / name), dest=dest, mode="755",
-                       user="root", group="root")
+        op = files.put(
+            name=f"{dest.rsplit('/', 1)[-1]} helper",
+            src=str(BIN_SRC / name),
+            dest=dest,
+            mode="755",
+            user="root",
+            group="root",
+        )
         if dest == RANK_GUARD:
             ctx.changes.rank_guard_script = op  # a new guard script restarts the running guards (launch)
 
@@ -289,21 +348,31 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
                 # a secret (the env file with the API key, the group's secret): never shown, never readable
                 op = secret_file(name=f"{live} (staged, 0600)", path=staged_path(live), secret=Secret(text))
             else:
-                op = files.put(name=f"{live} (staged)", src=StringIO(text), dest=staged_path(live), mode=mode,
-                               user="root", group="root")
+                op = files.put(
+                    name=f"{live} (staged)",
+                    src=StringIO(text),
+                    dest=staged_path(live),
+                    mode=mode,
+                    user="root",
+                    group="root",
+                )
             ctx.changes.record_unit_change(proc.unit, op)
         if in_container(recipe, proc):
             api_key = any(k in secrets for k in KEY_ENV)
-            ctx.changes.record_container(proc.unit, image_ref(recipe),
-                                         container_command(recipe, proc, api_key=api_key),
-                                         [*proc.env, *secrets])
+            ctx.changes.record_container(
+                proc.unit, image_ref(recipe), container_command(recipe, proc, api_key=api_key), [*proc.env, *secrets]
+            )
     if ctx.host.parse_check:
         identity = runtime_identity(recipe, ctx.host.pip_index_url)
-        for proc, uf, secrets in built:
+        for proc, _unit_files, secrets in built:
             api_key = any(k in secrets for k in KEY_ENV)
             digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
-            argv_parses(name=f"{proc.unit}: argv parsed by the installed SGLang", unit=proc.unit,
-                        probe=parse_check_argv(recipe, proc), digest=digest)
+            argv_parses(
+                name=f"{proc.unit}: argv parsed by the installed SGLang",
+                unit=proc.unit,
+                probe=parse_check_argv(recipe, proc),
+                digest=digest,
+            )
 
 
 def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str, str, str]]:
@@ -314,8 +383,11 @@ def live_files(ctx: DeploymentContext, proc: Process, uf=None) -> list[tuple[str
     members = ctx.rendered.rank_group(proc)
     if members:
         gf = rank_guard_files(ctx.recipe, proc, members)
-        out += [(gf.config_path, gf.config_text, "644"), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text, "644"),
-                (gf.secret_path, group_secret(ctx, members).reveal(), "600")]
+        out += [
+            (gf.config_path, gf.config_text, "644"),
+            (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text, "644"),
+            (gf.secret_path, group_secret(ctx, members).reveal(), "600"),
+        ]
     return out
 
 
@@ -328,15 +400,23 @@ def group_secret(ctx: DeploymentContext, members: list[Process]):
 def desired_files(ctx: DeploymentContext) -> list[dict]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
     themselves are checked by ironserve.audit.checks, with their env files): live with launch, else staged."""
-    out = [{"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
-           for name, dest in HELPERS]
+    out = [
+        {"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
+        for name, dest in HELPERS
+    ]
     for proc in ctx.processes:
         members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
             for path, text in ((gf.config_path, gf.config_text), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text)):
-                out.append({"path": path if ctx.launch else staged_path(path), "sha256": sha256_text(text),
-                            "mode": 0o644, "gate": "service"})
+                out.append(
+                    {
+                        "path": path if ctx.launch else staged_path(path),
+                        "sha256": sha256_text(text),
+                        "mode": 0o644,
+                        "gate": "service",
+                    }
+                )
     return out
 
 
@@ -361,8 +441,9 @@ def jit_cache_dirs(ctx: DeploymentContext) -> None:
         files.directory(name="JIT cache of this engine build", path=jit_dir(ctx.recipe), mode="755")
         return
     engine_user(ctx)
-    for path in sorted({p.model_path for p in ctx.processes if p.role != "router" and (p.model_path or "")
-                        .startswith("/")}):
+    for path in sorted(
+        {p.model_path for p in ctx.processes if p.role != "router" and (p.model_path or "").startswith("/")}
+    ):
         weights_readable(name=f"{ENGINE_USER} reads the weights in {path}", user=ENGINE_USER, path=path)
 
 
@@ -370,9 +451,16 @@ def engine_user(ctx: DeploymentContext) -> None:
     """The dedicated system user of uv-runtime engines and routers: no login, no home of its own (HOME is its JIT
     directory), and the groups its units add (SupplementaryGroups=: the accelerators' device groups) present."""
     server.group(name=f"{ENGINE_USER} group", group=ENGINE_USER, system=True)
-    server.user(name=f"{ENGINE_USER} user (runs the engines)", user=ENGINE_USER, group=ENGINE_USER, system=True,
-                home=JIT_CACHE_ROOT, shell="/usr/sbin/nologin", ensure_home=False,
-                comment="ironserve engines")
+    server.user(
+        name=f"{ENGINE_USER} user (runs the engines)",
+        user=ENGINE_USER,
+        group=ENGINE_USER,
+        system=True,
+        home=JIT_CACHE_ROOT,
+        shell="/usr/sbin/nologin",
+        ensure_home=False,
+        comment="ironserve engines",
+    )
     needed = sorted({g for proc in ctx.processes for g in device_groups(ctx.recipe, proc)})
     for name in needed:
         if name in DEVICE_GROUPS["npu"]:

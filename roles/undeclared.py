@@ -29,9 +29,11 @@ class IronserveUnits(FactBase):
     """{unit name: recipe id} of the unit files ironserve wrote under /etc/systemd/system (its first line)."""
 
     def command(self):
-        return (f"for f in {UNIT_DIR}/sglang-*.service; do [ -f \"$f\" ] && head -n1 \"$f\" | "
-                f"grep -q {shlex.quote('^' + MARKER)} && echo \"$(basename \"$f\" .service) "
-                f"$(head -n1 \"$f\" | sed -n 's/.* recipe //p')\"; done; true")
+        return (
+            f'for f in {UNIT_DIR}/sglang-*.service; do [ -f "$f" ] && head -n1 "$f" | '
+            f'grep -q {shlex.quote("^" + MARKER)} && echo "$(basename "$f" .service) '
+            f'$(head -n1 "$f" | sed -n \'s/.* recipe //p\')"; done; true'
+        )
 
     def process(self, output):
         return keyed_lines(output)
@@ -47,8 +49,10 @@ def remove_command(unit: str) -> str:
     """Stop and disable the unit, then remove its files and its last good configuration."""
     service = shlex.quote(f"{unit}.service")
     files = " ".join(shlex.quote(p) for p in unit_file_paths(unit))
-    return (f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
-            f"rm -f {files} && rm -rf {shlex.quote(snapshot_dir(unit))}")
+    return (
+        f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
+        f"rm -f {files} && rm -rf {shlex.quote(snapshot_dir(unit))}"
+    )
 
 
 RETIRED_DIR = "/var/lib/ironserve/retired"
@@ -60,18 +64,22 @@ def retire_command(unit: str) -> str:
     service = shlex.quote(f"{unit}.service")
     d = shlex.quote(f"{RETIRED_DIR}/{unit}")
     files = " ".join(shlex.quote(p) for p in unit_file_paths(unit))
-    return (f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
-            f"rm -rf {d} && mkdir -p {d} && i=0 && for f in {files}; do i=$((i+1)); if [ -e \"$f\" ]; then "
-            f"printf '%s %s\\n' \"$i\" \"$f\" >> {d}/PATHS && mv \"$f\" {d}/$i || exit 1; fi; done; "
-            f"systemctl daemon-reload")
+    return (
+        f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
+        f'rm -rf {d} && mkdir -p {d} && i=0 && for f in {files}; do i=$((i+1)); if [ -e "$f" ]; then '
+        f'printf \'%s %s\\n\' "$i" "$f" >> {d}/PATHS && mv "$f" {d}/$i || exit 1; fi; done; '
+        f"systemctl daemon-reload"
+    )
 
 
 def restore_command(unit: str) -> str:
     """Put a retired unit's files back, then enable and start it."""
     service = shlex.quote(f"{unit}.service")
     d = shlex.quote(f"{RETIRED_DIR}/{unit}")
-    return (f"while read -r i f; do mv {d}/$i \"$f\" || exit 1; done < {d}/PATHS && rm -rf {d} && "
-            f"systemctl daemon-reload && systemctl enable {service} && systemctl start {service}")
+    return (
+        f'while read -r i f; do mv {d}/$i "$f" || exit 1; done < {d}/PATHS && rm -rf {d} && '
+        f"systemctl daemon-reload && systemctl enable {service} && systemctl start {service}"
+    )
 
 
 def purge_command(unit: str) -> str:
@@ -82,8 +90,11 @@ def purge_command(unit: str) -> str:
 def replaced_units(processes) -> list[str]:
     """The undeclared engine units on this host (not routers, not rank guards): what a rolling switch replaces."""
     declared = set(declared_units(processes))
-    return sorted(u for u in (host.get_fact(IronserveUnits) or {}) if u not in declared
-                  and not u.endswith(("-router", "-rank-guard")))
+    return sorted(
+        u
+        for u in (host.get_fact(IronserveUnits) or {})
+        if u not in declared and not u.endswith(("-router", "-rank-guard"))
+    )
 
 
 def routers_kept(processes) -> list[str]:
@@ -116,5 +127,7 @@ def removal_name(processes, recipe_id: str, keep: list[str] | None = None) -> st
     stray = sorted(set(host.get_fact(IronserveUnits) or {}) - set(declared_units(processes)) - set(keep or ()))
     if not stray:
         return "Units of ironserve's naming this deployment does not declare: none"
-    return (f"Remove {', '.join(stray)}: not declared by {recipe_id} (stopped, disabled, files removed; an outage "
-            f"of what they served)")
+    return (
+        f"Remove {', '.join(stray)}: not declared by {recipe_id} (stopped, disabled, files removed; an outage "
+        f"of what they served)"
+    )

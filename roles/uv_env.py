@@ -63,14 +63,13 @@ from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
-from ironserve.spec import UvRuntime, resolve_index
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import (HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv,
-                             venv_path)
 from ironserve.imagelock import hashed_requirements_text
+from ironserve.spec import UvRuntime, resolve_index
+from ironserve.units import HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
 from roles.common import LongCommand, host_locked, plain, run_if_changed, sha256_checked
-from roles.rollback import LAST_GOOD_DIR
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
+from roles.rollback import LAST_GOOD_DIR
 
 UV_VERSION = DEFAULTS.uv_version
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
@@ -121,8 +120,9 @@ def requirements_diff(packages: list[str], installed: dict[str, str] | None) -> 
     return [req for name, (req, version) in pins(packages).items() if installed.get(name) != version]
 
 
-def index_args(runtime: UvRuntime, pip_index_url: str | None = None,
-               package_indexes: dict[str, str] | None = None) -> list[str]:
+def index_args(
+    runtime: UvRuntime, pip_index_url: str | None = None, package_indexes: dict[str, str] | None = None
+) -> list[str]:
     """uv index options: the host's mirror alone when it has one, else the recipe's indexes."""
     if pip_index_url:
         return ["--index-url", pip_index_url]
@@ -148,7 +148,7 @@ def requirements_text(runtime: UvRuntime, idx: list[str], locked: int = 0) -> st
     lines = [f"# managed by ironserve: Python {runtime.python} (installed with uv pip install)"]
     if locked:
         lines.append(f"# --require-hashes: the lock's {locked} distributions ({LOCKED_REQUIREMENTS_NAME})")
-    lines += [f"# {' '.join(idx[i:i + 2])}" for i in range(0, len(idx), 2)]
+    lines += [f"# {' '.join(idx[i : i + 2])}" for i in range(0, len(idx), 2)]
     if runtime.prerelease:
         lines.append("# --prerelease allow")
     lines += [f"# --overrides: {' '.join(runtime.overrides)}"] if runtime.overrides else []
@@ -167,18 +167,21 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " "
 
 
-def interpreter_problems(host_name: str, recipe_id: str, python: str, found: list[str], air_gapped: bool,
-                         mirror: bool) -> list[str]:
+def interpreter_problems(
+    host_name: str, recipe_id: str, python: str, found: list[str], air_gapped: bool, mirror: bool
+) -> list[str]:
     """Why the venv's interpreter cannot be had on this host ([] when it can): the OS's (or an installed managed)
     Python of that version, a mirror to install one from, or a host that may download it."""
     if python in found or mirror or not air_gapped:
         return []
     have = ", ".join(sorted(set(found))) or "none"
-    return [f"{host_name}: recipe {recipe_id} needs Python {python} (runtime.python); this air-gapped host "
-            f"(pip_index_url is set) has Python {have} and uv cannot download an interpreter here. Fix: install "
-            f"python{python} from the OS's packages (the OS's Python is used when it matches), or set host data "
-            "uv_python_install_mirror to a mirror of uv's Python downloads (python-build-standalone releases) "
-            "or uv_python_downloads_json_url to a download list of your own builds"]
+    return [
+        f"{host_name}: recipe {recipe_id} needs Python {python} (runtime.python); this air-gapped host "
+        f"(pip_index_url is set) has Python {have} and uv cannot download an interpreter here. Fix: install "
+        f"python{python} from the OS's packages (the OS's Python is used when it matches), or set host data "
+        "uv_python_install_mirror to a mirror of uv's Python downloads (python-build-standalone releases) "
+        "or uv_python_downloads_json_url to a download list of your own builds"
+    ]
 
 
 def python_sources(host_data) -> dict[str, str]:
@@ -230,9 +233,11 @@ class HostPythons(FactBase):
     the managed Pythons uv installed for root."""
 
     def command(self):
-        return ("for p in /usr/bin/python3.* /usr/local/bin/python3.*; do case \"$p\" in *[0-9]) [ -x \"$p\" ] && "
-                "\"$p\" -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null;; esac; done; "
-                "ls -d /root/.local/share/uv/python/cpython-3.* 2>/dev/null; true")
+        return (
+            'for p in /usr/bin/python3.* /usr/local/bin/python3.*; do case "$p" in *[0-9]) [ -x "$p" ] && '
+            '"$p" -c \'import sys; print("%d.%d" % sys.version_info[:2])\' 2>/dev/null;; esac; done; '
+            "ls -d /root/.local/share/uv/python/cpython-3.* 2>/dev/null; true"
+        )
 
     def process(self, output):
         found = []
@@ -241,7 +246,6 @@ class HostPythons(FactBase):
             if m and m.group(1) not in found:
                 found.append(m.group(1))
         return found
-
 
 
 class UvVersion(FactBase):
@@ -274,8 +278,10 @@ def venv_in_use(var: str) -> str:
     """The shell test (on the venv directory in shell variable ``var``, e.g. '$d') of a venv in use: named by a
     live, staged or last good unit file, or prepared by a deploy within PREPARED_MINUTES."""
     refs = " ".join(shlex.quote(d) for d in REFERRING_DIRS)
-    return (f"grep -rqsF --include='*.service' \"{var}/\" {refs} || "
-            f"[ -n \"$(find \"{var}/{PREPARED_MARK}\" -mmin -{PREPARED_MINUTES} 2>/dev/null)\" ]")
+    return (
+        f"grep -rqsF --include='*.service' \"{var}/\" {refs} || "
+        f'[ -n "$(find "{var}/{PREPARED_MARK}" -mmin -{PREPARED_MINUTES} 2>/dev/null)" ]'
+    )
 
 
 def prepared(path: str) -> str:
@@ -286,9 +292,11 @@ def prepared(path: str) -> str:
 def removal_command(paths: list[str]) -> str:
     """Remove the venvs the plan found unused, each decided again under the deploy lock: another deploy may have
     named it in a unit, or prepared it for one, since."""
-    return host_locked(f"for d in {' '.join(shlex.quote(p) for p in paths)}; do if {venv_in_use('$d')}; then "
-                       "echo \"ironserve: $d kept: in use, or being prepared by another deploy\"; "
-                       "else rm -rf \"$d\"; fi; done")
+    return host_locked(
+        f"for d in {' '.join(shlex.quote(p) for p in paths)}; do if {venv_in_use('$d')}; then "
+        'echo "ironserve: $d kept: in use, or being prepared by another deploy"; '
+        'else rm -rf "$d"; fi; done'
+    )
 
 
 class VenvsInUse(FactBase):
@@ -300,10 +308,15 @@ class VenvsInUse(FactBase):
         # runtime-<12 hex>; and the recipe's own venvs of earlier releases (another recipe's id may start with this
         # one's): <id>-<12 hex>, and the unversioned <id>
         digest = "[0-9a-f]" * 12  # a glob: venv_path's 12 hex digits
-        patterns = [shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + digest, shlex.quote(f"{root}/{recipe_id}"),
-                    shlex.quote(f"{root}/{recipe_id}-") + digest]
-        return (f"for d in {' '.join(patterns)}; do [ -d \"$d\" ] || continue; "
-                f"if {venv_in_use('$d')}; then echo \"used $d\"; else echo \"unused $d\"; fi; done; true")
+        patterns = [
+            shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + digest,
+            shlex.quote(f"{root}/{recipe_id}"),
+            shlex.quote(f"{root}/{recipe_id}-") + digest,
+        ]
+        return (
+            f'for d in {" ".join(patterns)}; do [ -d "$d" ] || continue; '
+            f'if {venv_in_use("$d")}; then echo "used $d"; else echo "unused $d"; fi; done; true'
+        )
 
     def process(self, output):
         found = {}
@@ -324,8 +337,7 @@ def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, m
     if have and ".".join(have["python"].split(".")[:2]) == python:
         host.noop(f"venv {venv} has Python {have['python']}")
         return
-    problems = interpreter_problems(host.name, recipe_id, python, host.get_fact(HostPythons) or [], air_gapped,
-                                    mirror)
+    problems = interpreter_problems(host.name, recipe_id, python, host.get_fact(HostPythons) or [], air_gapped, mirror)
     if problems:
         raise OperationError("\n".join(problems))
     host.noop(f"Python {python} for {recipe_id}: available")
@@ -334,8 +346,9 @@ def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, m
 
 
 @operation()
-def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: str | None = None,
-                 sha256: str | None = None):
+def uv_installed(
+    version: str = UV_VERSION, index_url: str | None = None, url: str | None = None, sha256: str | None = None
+):
     """/usr/local/bin/uv at the pinned version, from a tarball on the mirror (unpacked only when its sha256 is
     ``sha256``) or from the package index."""
     have = host.get_fact(UvVersion)
@@ -346,20 +359,25 @@ def uv_installed(version: str = UV_VERSION, index_url: str | None = None, url: s
     binary, uv_bin = shlex.quote(f"{UV_ROOT}/{version}/uv"), shlex.quote(UV_BIN)
     if url:
         if not sha256:
-            raise OperationError(f"{host.name}: uv_url {url} has no checksum. Fix: set host data uv_sha256 to the "
-                                 "tarball's sha256")
+            raise OperationError(
+                f"{host.name}: uv_url {url} has no checksum. Fix: set host data uv_sha256 to the tarball's sha256"
+            )
         tarball = f"{UV_ROOT}/{version}.tar.gz"
         q_tarball = shlex.quote(tarball)
-        yield host_locked(f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} -o {q_tarball} && "
-                          f"{sha256_checked(tarball, sha256, 'uv_url', host.name)} && "
-                          f"tar -xz -f {q_tarball} -C {target} --strip-components=1 && rm -f {q_tarball} && "
-                          f"install -m 755 {binary} {uv_bin}")
+        yield host_locked(
+            f"mkdir -p {target} && curl -fsSL {shlex.quote(url)} -o {q_tarball} && "
+            f"{sha256_checked(tarball, sha256, 'uv_url', host.name)} && "
+            f"tar -xz -f {q_tarball} -C {target} --strip-components=1 && rm -f {q_tarball} && "
+            f"install -m 755 {binary} {uv_bin}"
+        )
         return
     index = f" --index-url {shlex.quote(index_url)}" if index_url else ""
     # --target: no system site-packages touched (PEP 668 hosts refuse a plain pip install)
-    yield host_locked(f"python3 -m pip install --disable-pip-version-check --no-cache-dir --upgrade --target "
-                      f"{target}{index} {shlex.quote(f'uv=={version}')} && "
-                      f"ln -sfn {shlex.quote(f'{UV_ROOT}/{version}/bin/uv')} {uv_bin}")
+    yield host_locked(
+        f"python3 -m pip install --disable-pip-version-check --no-cache-dir --upgrade --target "
+        f"{target}{index} {shlex.quote(f'uv=={version}')} && "
+        f"ln -sfn {shlex.quote(f'{UV_ROOT}/{version}/bin/uv')} {uv_bin}"
+    )
 
 
 @operation()
@@ -374,21 +392,29 @@ def venv_present(path: str, python: str, env: dict[str, str] | None = None):
         return
     # another interpreter: every compiled wheel in it is for the wrong ABI, start over
     start_over = f"rm -rf {shlex.quote(path)} && " if have else ""
-    yield host_locked(f"{start_over}{_env_prefix(env)}{UV_BIN} venv --python {shlex.quote(python)} "
-                      f"{shlex.quote(path)} && {prepared(path)}")
+    yield host_locked(
+        f"{start_over}{_env_prefix(env)}{UV_BIN} venv --python {shlex.quote(python)} "
+        f"{shlex.quote(path)} && {prepared(path)}"
+    )
 
 
 @operation()
-def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
-                  env: dict[str, str] | None = None, hashed: str | None = None):
+def venv_packages(
+    path: str,
+    packages: list[str],
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    hashed: str | None = None,
+):
     """``uv pip install`` the pinned packages whose installed version differs (none: no-op). ``hashed``: a
     requirements file on the host with every one of ``packages`` and its hashes (the lock's full resolution),
     installed as it is, hash-checked (``--require-hashes --no-deps``)."""
     have = host.get_fact(VenvPackages, path=path)
     todo = requirements_diff(packages, (have or {}).get("packages"))
     # a venv installed before it had a lock: its files were never checked, so the lock's set goes in again
-    unchecked = bool(hashed and have and not hashes_recorded(plain(host.get_fact(
-        FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))))
+    unchecked = bool(
+        hashed and have and not hashes_recorded(plain(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}")))
+    )
     if not todo and not unchecked:
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
@@ -398,8 +424,10 @@ def venv_packages(path: str, packages: list[str], args: list[str] | None = None,
     # there, so without it every engine start (and each of its spawned scheduler processes) compiles sglang, torch
     # and transformers from source again: measured on the lab, 67-78 s against 27-32 s for one import
     cmd = [UV_BIN, "pip", "install", "--compile-bytecode", "--python", f"{path}/bin/python", *(args or []), *what]
-    yield LongCommand(host_locked(f"{_env_prefix(env)}{shlex.join(cmd)} && {prepared(path)}"),
-                      f"installing {len(todo)} package(s) into {path}")
+    yield LongCommand(
+        host_locked(f"{_env_prefix(env)}{shlex.join(cmd)} && {prepared(path)}"),
+        f"installing {len(todo)} package(s) into {path}",
+    )
 
 
 @operation()
@@ -407,8 +435,11 @@ def unused_venvs_removed(root: str, recipe_id: str, keep: str):
     """Runtime venvs (and the recipe's venvs of earlier releases) that no live, staged or last good unit names are
     removed (never ``keep``, the one this run prepares): a few GiB each, and a rollback only ever needs the last
     good one."""
-    unused = sorted(p for p, used in (host.get_fact(VenvsInUse, root=root, recipe_id=recipe_id) or {}).items()
-                    if not used and p != keep)
+    unused = sorted(
+        p
+        for p, used in (host.get_fact(VenvsInUse, root=root, recipe_id=recipe_id) or {}).items()
+        if not used and p != keep
+    )
     if not unused:
         host.noop("no unused venvs")
         return
@@ -433,8 +464,13 @@ def uv_present(ctx: DeploymentContext, env: dict[str, str]) -> None:
         missing = "python3-pip" not in (host.get_fact(DebPackages) or {})
         run_if_changed(name="apt update (python3-pip missing)", command="apt-get update", triggers=[missing])
         apt.packages(name="python3-pip for installing uv", packages=["python3-pip"], no_recommends=True)
-    uv_installed(name=f"uv {ctx.host.uv_version}", version=ctx.host.uv_version,
-                 index_url=mirror, url=ctx.host.uv_url, sha256=ctx.host.uv_sha256)
+    uv_installed(
+        name=f"uv {ctx.host.uv_version}",
+        version=ctx.host.uv_version,
+        index_url=mirror,
+        url=ctx.host.uv_url,
+        sha256=ctx.host.uv_sha256,
+    )
 
 
 def locked_resolution(ctx: DeploymentContext) -> dict[str, list[str]] | None:
@@ -469,15 +505,34 @@ def apply(ctx: DeploymentContext) -> None:
     locked = locked_resolution(ctx)
     if locked:
         hashed = f"{path}/{LOCKED_REQUIREMENTS_NAME}"
-        files.put(name="venv requirements with hashes (lock)", src=StringIO(hashed_requirements_text(locked)),
-                  dest=hashed, mode="644")
-        installed = venv_packages(name=f"venv {path} packages (hash-checked)", path=path, packages=sorted(locked),
-                                  args=install_args(runtime, idx), env=env, hashed=hashed)
+        files.put(
+            name="venv requirements with hashes (lock)",
+            src=StringIO(hashed_requirements_text(locked)),
+            dest=hashed,
+            mode="644",
+        )
+        installed = venv_packages(
+            name=f"venv {path} packages (hash-checked)",
+            path=path,
+            packages=sorted(locked),
+            args=install_args(runtime, idx),
+            env=env,
+            hashed=hashed,
+        )
     else:
-        installed = venv_packages(name=f"venv {path} packages", path=path, packages=list(runtime.packages),
-                                  args=install_args(runtime, idx) + resolution_args(path, runtime), env=env)
-    files.put(name="venv requirements record", src=StringIO(requirements_text(runtime, idx, len(locked or {}))),
-                       dest=f"{path}/{REQUIREMENTS_NAME}", mode="644")
+        installed = venv_packages(
+            name=f"venv {path} packages",
+            path=path,
+            packages=list(runtime.packages),
+            args=install_args(runtime, idx) + resolution_args(path, runtime),
+            env=env,
+        )
+    files.put(
+        name="venv requirements record",
+        src=StringIO(requirements_text(runtime, idx, len(locked or {}))),
+        dest=f"{path}/{REQUIREMENTS_NAME}",
+        mode="644",
+    )
     ctx.changes.record_runtime_change(created, installed)
     ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")
     root, _, _ = path.rpartition("/")
@@ -496,9 +551,13 @@ def router_runtime(ctx: DeploymentContext) -> None:
     uv_present(ctx, env)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
     created = venv_present(name=f"router venv {path}", path=path, python=OS_PYTHON, env=env)
-    installed = venv_packages(name=f"router venv {path} packages", path=path,
-                              packages=[f"{ROUTER_DIST}=={ctx.recipe.engine.router}"],
-                              args=["--index-url", mirror] if mirror else [], env=env)
+    installed = venv_packages(
+        name=f"router venv {path} packages",
+        path=path,
+        packages=[f"{ROUTER_DIST}=={ctx.recipe.engine.router}"],
+        args=["--index-url", mirror] if mirror else [],
+        env=env,
+    )
     ctx.changes.record_runtime_change(created, installed)
 
 
@@ -509,11 +568,13 @@ def venv_check(path: str, packages: list[str]) -> dict:
     """An audit check: every pinned package at its version in the venv at ``path``."""
     wanted = {name: version for name, (_, version) in pins(packages).items()}
     names = json.dumps(sorted(wanted))
-    script = ("import json, importlib.metadata as m\n"
-              f"out = {{}}\nfor n in {names}:\n"
-              "    try: out[n] = m.version(n)\n"
-              "    except m.PackageNotFoundError: out[n] = None\n"
-              "print(json.dumps(out))")
+    script = (
+        "import json, importlib.metadata as m\n"
+        f"out = {{}}\nfor n in {names}:\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except m.PackageNotFoundError: out[n] = None\n"
+        "print(json.dumps(out))"
+    )
     cmd = f"{path}/bin/python -c {shlex.quote(script)}"
     return {"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}
 

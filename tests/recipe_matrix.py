@@ -11,18 +11,26 @@ from ironserve import catalogue
 from ironserve.render import render
 
 # model family -> the deploy that serves it
-DEPLOYS = {"glm5": "deploys/glm5.py", "glm5.1": "deploys/glm51.py", "kimi-k2.5": "deploys/kimi_k25.py",
-           "qwen3.5": "deploys/qwen35.py", "minimax-m2.5": "deploys/minimax_m2.py", "llama3": "deploys/llama3.py"}
+DEPLOYS = {
+    "glm5": "deploys/glm5.py",
+    "glm5.1": "deploys/glm51.py",
+    "kimi-k2.5": "deploys/kimi_k25.py",
+    "qwen3.5": "deploys/qwen35.py",
+    "minimax-m2.5": "deploys/minimax_m2.py",
+    "llama3": "deploys/llama3.py",
+}
 
 # Seed recipes the lab cannot deploy yet, and why (docs/lab.md's recipe table says so too). Each entry is a gap of
 # the lab's supply, not of the recipe: removing it puts the recipe into the matrix. None now.
 NOT_IN_LAB: dict[str, str] = {}
 
 # Seed recipes another lab module deploys (with more checks than the matrix makes): counted by the matrix from there
-ELSEWHERE = {"glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py",
-             "glm5-nvfp4-mtp-rtx6000-tp8": "tests/e2e/test_deploy_glm5_lab.py",
-             # planned without a lock there, then deployed hash-checked from one and converging
-             "glm5.1-w4a8-a3-pd-mixed-16": "tests/e2e/test_uv_lock_lab.py"}
+ELSEWHERE = {
+    "glm5-nvfp4-gb200-disagg": "tests/e2e/test_deploy_glm5_gb200_lab.py",
+    "glm5-nvfp4-mtp-rtx6000-tp8": "tests/e2e/test_deploy_glm5_lab.py",
+    # planned without a lock there, then deployed hash-checked from one and converging
+    "glm5.1-w4a8-a3-pd-mixed-16": "tests/e2e/test_uv_lock_lab.py",
+}
 
 
 @dataclass(frozen=True)
@@ -56,8 +64,13 @@ def entry(recipe_id: str) -> Entry:
     recipe = catalogue.get_recipe(recipe_id)
     hosts = len({p.host for p in render(recipe).processes})
     profile = catalogue.hardware_profiles()[recipe.hardware[0]]
-    supply = (profile.accelerator.vendor, profile.accelerator.arch, profile.cpu_arch, profile.driver_branch,
-              str(profile.toolkit))
+    supply = (
+        profile.accelerator.vendor,
+        profile.accelerator.arch,
+        profile.cpu_arch,
+        profile.driver_branch,
+        str(profile.toolkit),
+    )
     return Entry(recipe_id, recipe.hardware[0], hosts, DEPLOYS[recipe.model.family], recipe.runtime.kind, supply)
 
 

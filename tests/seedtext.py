@@ -81,7 +81,7 @@ def extract(seed: str, anchor: str, end_markers: tuple[str, ...] = ("GLM-5.1 W4A
     at = text.find(anchor)
     if at < 0:
         raise ValueError(f"anchor {anchor!r} not in {seed}")
-    body = text[at + len(anchor):]
+    body = text[at + len(anchor) :]
     ends = [body.find(m) for m in end_markers if body.find(m) > 0]
     # Seed 004 writes whole sections (exports, per-role loops, router, benchmark); the others one command each.
     multi = seed.startswith("004")
@@ -101,7 +101,7 @@ def extract(seed: str, anchor: str, end_markers: tuple[str, ...] = ("GLM-5.1 W4A
             for assignment in inline.group(1).split():
                 name, _, value = assignment.partition("=")
                 prefix_env[name] = value
-            line = lines[i] = line[inline.end():]
+            line = lines[i] = line[inline.end() :]
         if line.startswith("# prefill"):
             kind, block_env = "prefill", {}
         elif line.startswith("# decode"):
@@ -111,7 +111,7 @@ def extract(seed: str, anchor: str, end_markers: tuple[str, ...] = ("GLM-5.1 W4A
         elif line.startswith("source "):
             section.sourced.append(line.split()[1])
         elif line.startswith("export "):
-            name, _, value = line[len("export "):].partition("=")
+            name, _, value = line[len("export ") :].partition("=")
             (block_env if kind in ("prefill", "decode") else common)[name] = _unquote(value)
         # Shell variables, not env prefixes: seed 004 sets NODE_RANK=$i after each launch, which must not
         # leak into the next role's command.

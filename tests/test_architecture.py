@@ -44,8 +44,9 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             else:
                 module = node.module or ""
             # `from package import module` imports the module; `from module import name` the module
-            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module
-                       for alias in node.names]
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module for alias in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -139,6 +140,9 @@ def test_production_code_reads_no_lab_flag():
     import re
 
     pattern = re.compile(r"""(get\(|\[)\s*["']lab["']""")
-    found = [f"{name}" for name, path in _modules().items()
-             if not name.startswith("ironserve.lab") and pattern.search(path.read_text())]
+    found = [
+        f"{name}"
+        for name, path in _modules().items()
+        if not name.startswith("ironserve.lab") and pattern.search(path.read_text())
+    ]
     assert found == []

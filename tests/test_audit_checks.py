@@ -8,10 +8,10 @@ import pytest
 import testinfra
 
 from ironserve.audit.checks import Check
-from ironserve.units import sha256_text
 from ironserve.audit.evaluate import evaluate
-from ironserve.audit.runner import deploy_model, plan_checks, table, Result
+from ironserve.audit.runner import Result, deploy_model, plan_checks, table
 from ironserve.catalogue import SpecError
+from ironserve.units import sha256_text
 
 
 def ids(checks):
@@ -26,10 +26,18 @@ def test_deploy_model_read_from_the_deploy_file():
 def test_checks_cover_what_the_deploy_manages():
     checks, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py")
     found = ids(checks)
-    for expected in ("cpu-governor", "sysctl:vm.swappiness", "file:/etc/sysctl.d/90-ironserve.conf",
-                     "file:/etc/security/limits.d/90-ironserve.conf", "package:nvidia-open-580",
-                     "package:cuda-toolkit-13-0", "gpu-devices", "gpu-memory-clock-offset",
-                     "file:/usr/local/lib/ironserve/ironserve-gpu-clocks.py", "file:/mnt/nccl_graph_opt.xml"):
+    for expected in (
+        "cpu-governor",
+        "sysctl:vm.swappiness",
+        "file:/etc/sysctl.d/90-ironserve.conf",
+        "file:/etc/security/limits.d/90-ironserve.conf",
+        "package:nvidia-open-580",
+        "package:cuda-toolkit-13-0",
+        "gpu-devices",
+        "gpu-memory-clock-offset",
+        "file:/usr/local/lib/ironserve/ironserve-gpu-clocks.py",
+        "file:/mnt/nccl_graph_opt.xml",
+    ):
         assert expected in found, expected
     unit = "sglang-glm5-nvfp4-mtp-rtx6000-tp8-server.service"
     assert {f"unit-file:{unit}", f"env-file:{unit}", f"unit-enabled:{unit}", f"unit-active:{unit}"} <= found
@@ -113,7 +121,9 @@ def test_sysctl_absent_key_is_not_drift(local):
 
 
 def test_table_names_host_check_and_fix():
-    c = Check("gpu-a", "sysctl:vm.swappiness", "sysctl", "0", {}, "host", "pyinfra inv.py deploys/glm5.py --limit gpu-a")
+    c = Check(
+        "gpu-a", "sysctl:vm.swappiness", "sysctl", "0", {}, "host", "pyinfra inv.py deploys/glm5.py --limit gpu-a"
+    )
     text = table([Result(c, False, "60")])
     assert "gpu-a" in text and "sysctl:vm.swappiness" in text and "found 60" in text and "--limit gpu-a" in text
 
@@ -128,8 +138,9 @@ def test_checks_read_in_batches_and_reported_by_pytest(tmp_path):
     sample.chmod(0o644)
     owner = __import__("pwd").getpwuid(os.getuid()).pw_name
     checks = [
-        Check("local", "file:sample", "file", sha256_text("x = 1\n"), {"path": str(sample), "mode": 0o644,
-                                                                     "owner": owner}),
+        Check(
+            "local", "file:sample", "file", sha256_text("x = 1\n"), {"path": str(sample), "mode": 0o644, "owner": owner}
+        ),
         Check("local", "file:missing", "file", "0" * 64, {"path": str(tmp_path / "missing")}),
         Check("local", "sysctl:vm.swappiness", "sysctl", "nope", {"key": "vm.swappiness"}),
         Check("local", "unit-active:none", "service_active", False, {"name": "ironserve-no-such-unit"}),

@@ -47,8 +47,18 @@ def check(kind, expected, **params):
 
 def test_every_evaluator_has_a_case_here():
     tested = {"governor", "sysctl", "file", "env_file", "file_sha256", "service_active"}  # tests/test_audit_checks.py
-    tested |= {"package", "service_enabled", "daemon_reloaded", "gpus", "npus", "clock_offsets", "listening",
-               "http_ok", "command", "json_command"}
+    tested |= {
+        "package",
+        "service_enabled",
+        "daemon_reloaded",
+        "gpus",
+        "npus",
+        "clock_offsets",
+        "listening",
+        "http_ok",
+        "command",
+        "json_command",
+    }
     tested |= {"undeclared_units", "server_args"}  # tests/test_rolling.py (each with a passing and a failing case)
     # (under scripts/mutation, mutmut's copies of the functions are module functions too: not evaluators)
     assert {name for name in EVALUATORS if "__mutmut" not in name} == tested
@@ -61,12 +71,15 @@ def test_package_version_installed_drifted_and_absent(local):
     assert evaluate(local, check("package", "1.0", name="ironserve-no-such-package")) == (False, "not installed")
 
 
-@pytest.mark.parametrize("state, expected, ok, found", [
-    ((True, False), True, True, "enabled"),
-    ((False, False), True, False, "disabled"),
-    ((True, False), False, False, "enabled"),     # launch: false expects a disabled unit
-    ((False, False), False, True, "disabled"),
-])
+@pytest.mark.parametrize(
+    "state, expected, ok, found",
+    [
+        ((True, False), True, True, "enabled"),
+        ((False, False), True, False, "disabled"),
+        ((True, False), False, False, "enabled"),  # launch: false expects a disabled unit
+        ((False, False), False, True, "disabled"),
+    ],
+)
 def test_service_enabled(state, expected, ok, found):
     host = _Tools(units={"u.service": state})
     assert evaluate(host, check("service_enabled", expected, name="u.service")) == (ok, found)
@@ -75,9 +88,13 @@ def test_service_enabled(state, expected, ok, found):
 def test_daemon_reloaded():
     show = "systemctl show -p NeedDaemonReload --value u.service"
     assert evaluate(_Tools({show: (0, "no\n")}), check("daemon_reloaded", True, name="u.service")) == (
-        True, "NeedDaemonReload=no")
+        True,
+        "NeedDaemonReload=no",
+    )
     assert evaluate(_Tools({show: (0, "yes\n")}), check("daemon_reloaded", True, name="u.service")) == (
-        False, "NeedDaemonReload=yes")
+        False,
+        "NeedDaemonReload=yes",
+    )
     assert evaluate(_Tools(), check("daemon_reloaded", True, name="u.service")) == (False, "NeedDaemonReload=unknown")
 
 
@@ -224,8 +241,10 @@ def test_sysctl_value_drift_and_an_unreadable_key():
     assert evaluate(unreadable, check("sysctl", 60, key=key)) == (False, "unreadable")
 
 
-@pytest.mark.parametrize("running, expected, result", [
-    (True, True, (True, "active")), (False, True, (False, "inactive")), (False, False, (True, "inactive"))])
+@pytest.mark.parametrize(
+    "running, expected, result",
+    [(True, True, (True, "active")), (False, True, (False, "inactive")), (False, False, (True, "inactive"))],
+)
 def test_service_active(running, expected, result):
     host = _Tools(units={"u.service": (True, running)})
     assert evaluate(host, check("service_active", expected, name="u.service")) == result
@@ -240,7 +259,11 @@ def test_env_file_missing_group_readable_and_many_keys(tmp_path, local):
     path.chmod(0o600)
     want = "".join(f"K{i}={i}\n" for i in range(8))
     assert evaluate(local, check("env_file", want, path=str(path), mode=0o600)) == (
-        False, "missing: K0, K1, K2, K3, K4, K5 (+2); not declared: A")
+        False,
+        "missing: K0, K1, K2, K3, K4, K5 (+2); not declared: A",
+    )
     want = "".join(f"K{i}={i}\n" for i in range(6))
     assert evaluate(local, check("env_file", want, path=str(path), mode=0o600)) == (
-        False, "missing: K0, K1, K2, K3, K4, K5; not declared: A")
+        False,
+        "missing: K0, K1, K2, K3, K4, K5; not declared: A",
+    )

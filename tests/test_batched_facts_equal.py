@@ -23,8 +23,9 @@ from roles.host_state import HostState, Request, batchable
 
 FIXTURES = Path(__file__).parent / "facts"
 NONCE = "ironserve-batch-fedcba9876543210"
-ROLE_MODULES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "roles").glob("*.py")
-                      if p.stem != "__init__")
+ROLE_MODULES = sorted(
+    p.stem for p in (Path(__file__).resolve().parents[1] / "roles").glob("*.py") if p.stem != "__init__"
+)
 
 
 def role_facts() -> list[type[FactBase]]:

@@ -12,19 +12,40 @@ from ironserve.spec import Expected
 from ironserve.units import venv_path
 from roles.context import build_context
 
-RESULT = {"completed": 512, "duration": 600.0, "input_throughput": 12000.0, "output_throughput": 2800.0,
-          "mean_tpot_ms": 40.0, "mean_ttft_ms": 900.0}
+RESULT = {
+    "completed": 512,
+    "duration": 600.0,
+    "input_throughput": 12000.0,
+    "output_throughput": 2800.0,
+    "mean_tpot_ms": 40.0,
+    "mean_ttft_ms": 900.0,
+}
 
 
 def test_argv_reproduces_the_seed_benchmark_command():
     recipe = catalogue.get_recipe("glm5.1-w4a8-a3-1p1d-32-16k")
     argv = bench.bench_argv(recipe, "http://10.0.0.9:6688", "/models/glm")
-    assert argv[:9] == ["python3", "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url",
-                        "http://10.0.0.9:6688", "--tokenizer", "/models/glm"]
+    assert argv[:9] == [
+        "python3",
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        "http://10.0.0.9:6688",
+        "--tokenizer",
+        "/models/glm",
+    ]
     text = " ".join(argv)
     # the seed's shape: --dataset-name random --max-concurrency 128 --random-input-len 16384 ... --num-prompts 512
-    for flag in ("--dataset-name random", "--random-input-len 16384", "--random-output-len 1024",
-                 "--random-range-ratio 1", "--max-concurrency 128", "--num-prompts 512"):
+    for flag in (
+        "--dataset-name random",
+        "--random-input-len 16384",
+        "--random-output-len 1024",
+        "--random-range-ratio 1",
+        "--max-concurrency 128",
+        "--num-prompts 512",
+    ):
         assert flag in text, flag
     small = bench.bench_argv(recipe, "http://x:1", "/m", {"num_prompts": 8, "dataset_name": "random-ids"})
     assert "--num-prompts 8" in " ".join(small) and "--dataset-name random-ids" in " ".join(small)
@@ -59,9 +80,11 @@ def test_report_without_expected_figures_shows_the_measurements():
 def test_bench_command_runs_in_the_runtime_with_the_key_from_the_env_file():
     from roles import bench as role
 
-    hosts = [("r0", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
-             ("n0", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.10"}),
-             ("n1", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.11"})]
+    hosts = [
+        ("r0", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
+        ("n0", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.10"}),
+        ("n1", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.11"}),
+    ]
     ctx = build_context("tiny", "n0", hosts)
     assert role.bench_host(ctx) == "n0"
     cmd = role.command(ctx)
@@ -78,9 +101,19 @@ def test_bench_files_live_in_a_private_root_directory(recipe):
     """Root runs the benchmark: no fixed world-readable /tmp log, no /tmp mounted into its container."""
     from roles import bench as role
 
-    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, "recipe": recipe, "bench_dataset_path": "/srv/data/s.json",
-                  **({"ironserve_role": "router"} if n == "r0" else {})})
-             for n, a in (("r0", "10.0.0.12"), ("n0", "10.0.0.10"), ("n1", "10.0.0.11"))]
+    hosts = [
+        (
+            n,
+            {
+                "hardware": "cpu-lab",
+                "ssh_hostname": a,
+                "recipe": recipe,
+                "bench_dataset_path": "/srv/data/s.json",
+                **({"ironserve_role": "router"} if n == "r0" else {}),
+            },
+        )
+        for n, a in (("r0", "10.0.0.12"), ("n0", "10.0.0.10"), ("n1", "10.0.0.11"))
+    ]
     cmd = role.command(build_context("tiny", "n0", hosts))
     assert "/tmp" not in cmd, cmd
     words = shlex.split(cmd)
@@ -88,5 +121,8 @@ def test_bench_files_live_in_a_private_root_directory(recipe):
     assert bench.LOG_FILE in words and bench.RESULT_FILE.startswith(bench.BENCH_DIR + "/")
     if recipe == "tiny-cpu-docker":
         mounts = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
-        assert f"{bench.BENCH_DIR}:{bench.BENCH_DIR}" in mounts and "/srv/data/s.json:/srv/data/s.json:ro" \
-            in mounts and all(not m.startswith("/tmp") for m in mounts), mounts
+        assert (
+            f"{bench.BENCH_DIR}:{bench.BENCH_DIR}" in mounts
+            and "/srv/data/s.json:/srv/data/s.json:ro" in mounts
+            and all(not m.startswith("/tmp") for m in mounts)
+        ), mounts

@@ -14,10 +14,39 @@ from ironserve.spec import binds_every_address
 from roles import sglang_service as ss
 from roles.context import build_context
 
-EVERY = ["0.0.0.0", "::", "[::]", "::0", "0::0", "0:0:0:0:0:0:0:0", "0000::", "0", "0.0", "0.0.0", "00", "0x0",
-         "000.000.000.000", "::ffff:0.0.0.0", "::%eth0", "[::0]", ""]
-ONE = ["127.0.0.1", "::1", "10.0.0.10", "localhost", "gpu-a.cluster", "fe80::1", "0.0.0.1", "1", "0.1", "::2",
-       "0x1", "node0"]
+EVERY = [
+    "0.0.0.0",
+    "::",
+    "[::]",
+    "::0",
+    "0::0",
+    "0:0:0:0:0:0:0:0",
+    "0000::",
+    "0",
+    "0.0",
+    "0.0.0",
+    "00",
+    "0x0",
+    "000.000.000.000",
+    "::ffff:0.0.0.0",
+    "::%eth0",
+    "[::0]",
+    "",
+]
+ONE = [
+    "127.0.0.1",
+    "::1",
+    "10.0.0.10",
+    "localhost",
+    "gpu-a.cluster",
+    "fe80::1",
+    "0.0.0.1",
+    "1",
+    "0.1",
+    "::2",
+    "0x1",
+    "node0",
+]
 
 
 @pytest.mark.parametrize("host", EVERY)
@@ -46,8 +75,10 @@ def test_the_helper_agrees_with_the_resolver(host):
 
 
 def _ctx(host: str, **data):
-    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, "nic": "eth0", **data})
-             for n, a in (("n0", "10.0.0.10"), ("n1", "10.0.0.11"))]
+    hosts = [
+        (n, {"hardware": "cpu-lab", "ssh_hostname": a, "nic": "eth0", **data})
+        for n, a in (("n0", "10.0.0.10"), ("n1", "10.0.0.11"))
+    ]
     return build_context("tiny", host, hosts)
 
 
@@ -66,8 +97,9 @@ def test_lint_names_every_address_not_the_nodes_own(bind):
     recipe = catalogue.get_recipe("tiny-cpu-tp2")
     recipe = recipe.model_copy(update={"server": recipe.server.model_copy(update={"host": bind})})
     found = [f for f in lint_recipe(recipe, catalogue.hardware_profiles()) if f.rule == "bind-without-api-key"]
-    assert found and all("own address" not in f.message and f"--host {bind} (every address)" in f.message
-                         for f in found), [f.message for f in found]
+    assert found and all(
+        "own address" not in f.message and f"--host {bind} (every address)" in f.message for f in found
+    ), [f.message for f in found]
 
 
 def test_health_is_probed_on_the_loopback_for_every_spelling():

@@ -18,7 +18,7 @@ from ironserve.cli import _subcommand, main
 
 HEAVY = ("pydantic", "pyinfra", "jinja2", "yaml")
 # runs the command line in a fresh interpreter, then says which heavy modules it imported (on stderr, last line)
-PROBE = """
+PROBE = f"""
 import json, sys
 from ironserve import cli
 cli.build_parser()
@@ -26,14 +26,19 @@ try:
     code = cli.main(sys.argv[1:])
 except SystemExit as done:
     code = done.code
-print(json.dumps([m for m in {heavy!r} if m in sys.modules]), file=sys.stderr)
+print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr)
 sys.exit(code)
-""".format(heavy=HEAVY)
+"""
 
 
 def _probe(*argv: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
-    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
     return proc, json.loads(proc.stderr.strip().splitlines()[-1])
 
 

@@ -26,8 +26,9 @@ def test_interrupts_and_closed_pipes_have_their_codes(monkeypatch, capsys, raise
 
 
 def test_a_closed_pipe_ends_quietly():
-    proc = subprocess.run(f"{BIN} lint --rules | head -1", shell=True, capture_output=True, text=True, timeout=120,
-                          executable="/bin/bash")
+    proc = subprocess.run(
+        f"{BIN} lint --rules | head -1", shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash"
+    )
     assert proc.returncode == 0 and proc.stdout.count("\n") == 1 and proc.stderr == "", proc.stderr
 
 
@@ -35,6 +36,10 @@ def test_version_and_bad_input(capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"ironserve {version()}"
-    for argv in (["render", "no-such-recipe"], ["lint", "--offline", "no-such-recipe"], ["lock", "no-such-recipe"],
-                 ["import", "--hardware", "no-such-hw", "--", "python3", "-m", "sglang.launch_server"]):
+    for argv in (
+        ["render", "no-such-recipe"],
+        ["lint", "--offline", "no-such-recipe"],
+        ["lock", "no-such-recipe"],
+        ["import", "--hardware", "no-such-hw", "--", "python3", "-m", "sglang.launch_server"],
+    ):
         assert cli.main(argv) == 2, argv

@@ -22,8 +22,9 @@ def lock(tmp_path, monkeypatch):
 
 
 def _start(command: str) -> subprocess.Popen:
-    return subprocess.Popen(["sh", "-c", command], start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["sh", "-c", command], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for(path, timeout=10.0) -> None:
@@ -68,16 +69,23 @@ def test_a_lock_held_too_long_fails_saying_so(lock, tmp_path, monkeypatch):
 
 
 def test_removal_keeps_a_venv_another_deploy_is_preparing(lock, tmp_path):
-    preparing, orphan, old = tmp_path / "runtime-aaaaaaaaaaaa", tmp_path / "runtime-bbbbbbbbbbbb", \
-        tmp_path / "runtime-cccccccccccc"
+    preparing, orphan, old = (
+        tmp_path / "runtime-aaaaaaaaaaaa",
+        tmp_path / "runtime-bbbbbbbbbbbb",
+        tmp_path / "runtime-cccccccccccc",
+    )
     for venv in (preparing, orphan, old):
         (venv / "bin").mkdir(parents=True)
     subprocess.run(["sh", "-c", uv_env.prepared(str(preparing))], check=True)
     subprocess.run(["sh", "-c", uv_env.prepared(str(old))], check=True)
     stale = time.time() - (uv_env.PREPARED_MINUTES + 5) * 60
     os.utime(old / uv_env.PREPARED_MARK, (stale, stale))  # a deploy killed a day ago: its mark has expired
-    out = subprocess.run(["sh", "-c", uv_env.removal_command([str(preparing), str(orphan), str(old)])],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["sh", "-c", uv_env.removal_command([str(preparing), str(orphan), str(old)])],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert preparing.is_dir() and f"{preparing} kept" in out.stdout
     assert not orphan.exists() and not old.exists()

@@ -53,10 +53,17 @@ class Planned:
 def planned(tmp_path, monkeypatch):
     key_file = tmp_path / "api_key"
     key_file.write_text(KEY + "\n")
-    data = {"hardware": "cpu-lab", "api_key_file": str(key_file), "secret_dir": str(tmp_path / "secrets"),
-            "parse_check": False}
-    hosts = [("r0", {**data, "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
-             ("n0", {**data, "ssh_hostname": "10.0.0.10"}), ("n1", {**data, "ssh_hostname": "10.0.0.11"})]
+    data = {
+        "hardware": "cpu-lab",
+        "api_key_file": str(key_file),
+        "secret_dir": str(tmp_path / "secrets"),
+        "parse_check": False,
+    }
+    hosts = [
+        ("r0", {**data, "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
+        ("n0", {**data, "ssh_hostname": "10.0.0.10"}),
+        ("n1", {**data, "ssh_hostname": "10.0.0.11"}),
+    ]
     plan = Planned()
     monkeypatch.setattr(sglang_service, "files", SimpleNamespace(put=plan.put, directory=plan.directory))
     monkeypatch.setattr(sglang_service, "secret_file", plan.secret_file)
@@ -76,15 +83,22 @@ def test_the_planned_unit_stage_prints_no_key(planned):
 def test_the_key_reaches_every_env_file_through_secret_file_only(planned):
     keyed = [path for path, secret in planned.secrets if KEY in secret.reveal()]
     # the engine's env file on n0 and the router's on r0, both staged 0600
-    assert len(keyed) == 2 and all(path.startswith("/etc/ironserve/staged/") and path.endswith(".env")
-                                   for path in keyed), keyed
+    assert len(keyed) == 2 and all(
+        path.startswith("/etc/ironserve/staged/") and path.endswith(".env") for path in keyed
+    ), keyed
 
 
 def test_a_changed_secret_file_plans_commands_that_print_no_secret():
     """What --dry -v prints for secret_file when the host holds another key: the FunctionCommand's repr."""
     state = FakeState()
-    host = create_host(state, facts={"secret_file.SecretFileState": {
-        "path=/etc/ironserve/x.env": {"mode": "600", "user": "root", "group": "root", "sha256": "0" * 64}}})
+    host = create_host(
+        state,
+        facts={
+            "secret_file.SecretFileState": {
+                "path=/etc/ironserve/x.env": {"mode": "600", "user": "root", "group": "root", "sha256": "0" * 64}
+            }
+        },
+    )
     with ctx_state.use(state), ctx_host.use(host):
         commands = list(secret_role.secret_file._inner(path="/etc/ironserve/x.env", secret=Secret(KEY)))
     assert commands and not [c for c in commands if KEY in repr(c) or KEY in str(c)]

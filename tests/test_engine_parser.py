@@ -117,10 +117,16 @@ S002_COMMANDS = [
 ]
 
 SEED_SERVER = {
-    "000-qwen-baseline": S000_QWEN_BASELINE, "000-qwen-mtp": S000_QWEN_MTP,
-    "000-qwen-fastest": S000_QWEN_FASTEST, "000-kimi": S000_KIMI, "000-glm5-mtp": S000_GLM5_MTP,
-    "000-qwen-eagle": S000_QWEN_EAGLE, "003-minimax": S003_MINIMAX, "004-mixed": S004_MIXED,
-    "004-prefill": S004_PREFILL, "004-decode": S004_DECODE,
+    "000-qwen-baseline": S000_QWEN_BASELINE,
+    "000-qwen-mtp": S000_QWEN_MTP,
+    "000-qwen-fastest": S000_QWEN_FASTEST,
+    "000-kimi": S000_KIMI,
+    "000-glm5-mtp": S000_GLM5_MTP,
+    "000-qwen-eagle": S000_QWEN_EAGLE,
+    "003-minimax": S003_MINIMAX,
+    "004-mixed": S004_MIXED,
+    "004-prefill": S004_PREFILL,
+    "004-decode": S004_DECODE,
     **{f"002-{n}": c for n, c in enumerate(S002_COMMANDS)},
 }
 
@@ -169,10 +175,21 @@ def test_minimax_seed_parses_clean_on_sglang_serve(seed_results):
 
 
 def test_unknown_flag_suggests_nearest():
-    findings = ep.check_server_argv(SEED_ERA, [
-        "python3", "-m", "sglang.launch_server", "--model-path", "m", "--tp-size", "2",
-        "--mem-fraction-statc", "0.8", "--sleep-on-idel",
-    ])
+    findings = ep.check_server_argv(
+        SEED_ERA,
+        [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "m",
+            "--tp-size",
+            "2",
+            "--mem-fraction-statc",
+            "0.8",
+            "--sleep-on-idel",
+        ],
+    )
     unknown = {f.where: f for f in _rules(findings, "engine-unknown-flag")}
     assert set(unknown) == {"--mem-fraction-statc", "--sleep-on-idel"}
     assert all(f.severity is Severity.error for f in unknown.values())
@@ -181,9 +198,13 @@ def test_unknown_flag_suggests_nearest():
 
 
 def test_bad_choice_lists_valid_choices():
-    findings = ep.check_server_argv(SEED_ERA, (
-        "python3 -m sglang.launch_server --model-path m --attention-backend flashinfr "
-        "--moe-runner-backend cutlass --tool-call-parser qwen3"))
+    findings = ep.check_server_argv(
+        SEED_ERA,
+        (
+            "python3 -m sglang.launch_server --model-path m --attention-backend flashinfr "
+            "--moe-runner-backend cutlass --tool-call-parser qwen3"
+        ),
+    )
     bad = {f.where: f for f in _rules(findings, "engine-bad-choice")}
     assert set(bad) == {"--attention-backend", "--tool-call-parser"}
     assert "did you mean flashinfer" in bad["--attention-backend"].fix
@@ -192,19 +213,32 @@ def test_bad_choice_lists_valid_choices():
 
 
 def test_bad_value_and_missing_value():
-    findings = ep.check_server_argv(SEED_ERA, [
-        "python3", "-m", "sglang.launch_server", "--model-path", "m", "--tp-size", "four",
-        "--mem-fraction-static",
-    ])
+    findings = ep.check_server_argv(
+        SEED_ERA,
+        [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            "m",
+            "--tp-size",
+            "four",
+            "--mem-fraction-static",
+        ],
+    )
     where = {f.where for f in _rules(findings, "engine-bad-value")}
     assert where == {"--tp-size", "--mem-fraction-static"}
 
 
 def test_abbreviations_named_with_full_flag():
     """--tp, --speculative-algo, --moe-dense-tp are prefixes; --model, --ep, --tp-size are aliases."""
-    findings = ep.check_server_argv(SEED_ERA, (
-        "python3 -m sglang.launch_server --model X --tp 4 --speculative-algo NEXTN --moe-dense-tp 1 "
-        "--ep 2 --tp-size 4 --attn-cp-size 2"))
+    findings = ep.check_server_argv(
+        SEED_ERA,
+        (
+            "python3 -m sglang.launch_server --model X --tp 4 --speculative-algo NEXTN --moe-dense-tp 1 "
+            "--ep 2 --tp-size 4 --attn-cp-size 2"
+        ),
+    )
     abbrev = {f.where: f for f in _rules(findings, "engine-abbreviated-flag")}
     assert set(abbrev) == {"--tp", "--speculative-algo", "--moe-dense-tp"}
     assert "--tensor-parallel-size" in abbrev["--tp"].message or "--tp-size" in abbrev["--tp"].message
@@ -283,9 +317,14 @@ def test_latest_rejects_seed_era_flags(seed_results):
 
 def test_flag_changes_seed_era_to_latest():
     ch = ep.flag_changes(SEED_ERA, LATEST)
-    for flag in ("--cuda-graph-max-bs", "--cuda-graph-bs", "--mamba-scheduler-strategy",
-                 "--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode",
-                 "--prefill-round-robin-balance"):
+    for flag in (
+        "--cuda-graph-max-bs",
+        "--cuda-graph-bs",
+        "--mamba-scheduler-strategy",
+        "--enable-nsa-prefill-context-parallel",
+        "--nsa-prefill-cp-mode",
+        "--prefill-round-robin-balance",
+    ):
         assert flag in ch["removed"], flag
     assert "--tp-size" not in ch["removed"] and "--sleep-on-idle" not in ch["removed"]
     assert "--tool-call-parser" in ch["choices"] and "--enable-dp-attention" in ch["now_deprecated"]

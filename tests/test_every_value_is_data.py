@@ -31,8 +31,10 @@ from ironserve.cli import main
 
 RECIPES = catalogue.recipes_dir()
 TP2 = yaml.safe_load((RECIPES / "tiny-cpu-tp2.yaml").read_text())
-TP2_HOSTS = [("n0", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.10", "nic": "host0"}),
-             ("n1", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.11", "nic": "host0"})]
+TP2_HOSTS = [
+    ("n0", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.10", "nic": "host0"}),
+    ("n1", {"hardware": "cpu-lab", "ssh_hostname": "10.0.0.11", "nic": "host0"}),
+]
 
 
 def _recipe_file(tmp_path: Path, mutate=None, base=TP2, name=None) -> Path:
@@ -71,22 +73,30 @@ def _refused(capsys, *argv, field: str = "", words: tuple = ()) -> str:
 # --------------------------------------------------------------------------- recipe strings
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda d: d["engine"].__setitem__("sglang", "0.5.23\nExecStartPre=/bin/touch /tmp/x"), "engine.sglang"),
-    (lambda d: d.__setitem__("env_unset", ["FOO\nLD_PRELOAD=/tmp/x.so"]), "env_unset.0"),
-    (lambda d: d["server"]["extra_args"].append("x\nExecStartPre=/bin/sh"), "server.extra_args"),
-    (lambda d: d["server"].__setitem__("served_model_name", "tiny\nExecStartPre=/bin/sh"), "server.served_model_name"),
-    (lambda d: d.__setitem__("tuning", {"sysctls": {"vm.swappiness": "0\nkernel.core_pattern=|/tmp/x"}}),
-     "tuning.sysctls"),
-    (lambda d: d["env"].__setitem__("A", "1\nLD_PRELOAD=/tmp/x.so"), "env.A"),
-    (lambda d: d.__setitem__("env_unset", ["BAR; touch /tmp/x"]), "env_unset.0"),
-    (lambda d: d["model"].__setitem__("path", "models/tiny"), "model.path"),
-    (lambda d: d["model"].__setitem__("path", "/var/lib/../../etc"), "model.path"),
-    (lambda d: d["runtime"].__setitem__("index_url", "http://mirror.example/simple"), "runtime.index_url"),
-    (lambda d: d["server"].__setitem__("host", "0.0.0.0 --api-key x"), "server.host"),
-    (lambda d: d["env"].__setitem__("B", " padded "), "env.B"),
-    (lambda d: d["env"].__setitem__("C", "a\\b"), "env.C"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda d: d["engine"].__setitem__("sglang", "0.5.23\nExecStartPre=/bin/touch /tmp/x"), "engine.sglang"),
+        (lambda d: d.__setitem__("env_unset", ["FOO\nLD_PRELOAD=/tmp/x.so"]), "env_unset.0"),
+        (lambda d: d["server"]["extra_args"].append("x\nExecStartPre=/bin/sh"), "server.extra_args"),
+        (
+            lambda d: d["server"].__setitem__("served_model_name", "tiny\nExecStartPre=/bin/sh"),
+            "server.served_model_name",
+        ),
+        (
+            lambda d: d.__setitem__("tuning", {"sysctls": {"vm.swappiness": "0\nkernel.core_pattern=|/tmp/x"}}),
+            "tuning.sysctls",
+        ),
+        (lambda d: d["env"].__setitem__("A", "1\nLD_PRELOAD=/tmp/x.so"), "env.A"),
+        (lambda d: d.__setitem__("env_unset", ["BAR; touch /tmp/x"]), "env_unset.0"),
+        (lambda d: d["model"].__setitem__("path", "models/tiny"), "model.path"),
+        (lambda d: d["model"].__setitem__("path", "/var/lib/../../etc"), "model.path"),
+        (lambda d: d["runtime"].__setitem__("index_url", "http://mirror.example/simple"), "runtime.index_url"),
+        (lambda d: d["server"].__setitem__("host", "0.0.0.0 --api-key x"), "server.host"),
+        (lambda d: d["env"].__setitem__("B", " padded "), "env.B"),
+        (lambda d: d["env"].__setitem__("C", "a\\b"), "env.C"),
+    ],
+)
 def test_hostile_recipe_strings_are_refused(tmp_path, capsys, mutate, field):
     path = _recipe_file(tmp_path, mutate)
     _refused(capsys, "render", str(path), "--format", "systemd", field=field)
@@ -94,8 +104,10 @@ def test_hostile_recipe_strings_are_refused(tmp_path, capsys, mutate, field):
 
 def test_shell_metacharacters_are_legal_data_and_inert(tmp_path, capsys):
     hostile = "$(touch /tmp/ironserve-pwned); `id` | & > /tmp/x"
-    path = _recipe_file(tmp_path, lambda d: (d["env"].__setitem__("SGLANG_X", hostile),
-                                             d["server"]["extra_args"].extend(["--weird", hostile])))
+    path = _recipe_file(
+        tmp_path,
+        lambda d: (d["env"].__setitem__("SGLANG_X", hostile), d["server"]["extra_args"].extend(["--weird", hostile])),
+    )
     assert main(["render", str(path), "--format", "shell"]) == 0
     script = capsys.readouterr().out
     assert f"export SGLANG_X={shlex.quote(hostile)}" in script
@@ -106,8 +118,22 @@ def test_shell_metacharacters_are_legal_data_and_inert(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- shell syntax in paths and URLs
 
-SHELL_SYNTAX = ["$(touch /tmp/ironserve-pwned)", "`id`", ";id", "|id", "&id", "'x'", '"x"', "<x", ">x", "a b",
-                "a\tb", "${HOME}", "*", "x!"]
+SHELL_SYNTAX = [
+    "$(touch /tmp/ironserve-pwned)",
+    "`id`",
+    ";id",
+    "|id",
+    "&id",
+    "'x'",
+    '"x"',
+    "<x",
+    ">x",
+    "a b",
+    "a\tb",
+    "${HOME}",
+    "*",
+    "x!",
+]
 
 
 @pytest.mark.parametrize("bad", SHELL_SYNTAX)
@@ -125,28 +151,41 @@ def test_ordinary_paths_and_urls_stay_legal():
 
     for path in ("/mnt/models/GLM-5", "/srv/models/Qwen3.5-397B-A17B-NVFP4", "/opt/a_b/c+d@e,f=g~h", "/"):
         assert check_abs_path(path) == path
-    for url in ("https://mirror.example/pypi/simple/", "http://10.213.7.1:8080/simple", "file:///srv/wheels",
-                "https://[fd00::1]:8443/a/b?x=1#y", "https://h.example/a%20b"):
+    for url in (
+        "https://mirror.example/pypi/simple/",
+        "http://10.213.7.1:8080/simple",
+        "file:///srv/wheels",
+        "https://[fd00::1]:8443/a/b?x=1#y",
+        "https://h.example/a%20b",
+    ):
         assert check_url(url) == url
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda d: d["model"].__setitem__("path", "/srv/$(touch /tmp/ironserve-pwned)"), "model.path"),
-    (lambda d: d["runtime"].__setitem__("source_env", ["/opt/env.sh;id"]), "runtime.source_env.0"),
-    (lambda d: d["runtime"].__setitem__("index_url", "https://mirror.example/`id`"), "runtime.index_url"),
-    (lambda d: d["env"].__setitem__("NCCL_DEBUG", "INFO\x07"), "env.NCCL_DEBUG"),
-    (lambda d: d["topology"]["groups"][0].setdefault("env", {}).__setitem__("X", "1\n"),
-     "topology.groups.0.env.X"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda d: d["model"].__setitem__("path", "/srv/$(touch /tmp/ironserve-pwned)"), "model.path"),
+        (lambda d: d["runtime"].__setitem__("source_env", ["/opt/env.sh;id"]), "runtime.source_env.0"),
+        (lambda d: d["runtime"].__setitem__("index_url", "https://mirror.example/`id`"), "runtime.index_url"),
+        (lambda d: d["env"].__setitem__("NCCL_DEBUG", "INFO\x07"), "env.NCCL_DEBUG"),
+        (lambda d: d["topology"]["groups"][0].setdefault("env", {}).__setitem__("X", "1\n"), "topology.groups.0.env.X"),
+    ],
+)
 def test_recipe_errors_name_the_exact_key_and_what_to_write(tmp_path, capsys, mutate, field):
     err = _refused(capsys, "render", str(_recipe_file(tmp_path, mutate)), field=field + ":")
     assert "Fix: write " in err and "change the value as the message says" not in err, err
 
 
-@pytest.mark.parametrize("key,value", [("sysctl_file", "/etc/sysctl.d/$(id).conf"),
-                                       ("pip_index_url", "https://mirror.example/`id`/simple"),
-                                       ("ascend_install_path", "/usr/local/Ascend;id"),
-                                       ("model_path", "/srv/m $(id)"), ("tools_venv", "/opt/t|id")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("sysctl_file", "/etc/sysctl.d/$(id).conf"),
+        ("pip_index_url", "https://mirror.example/`id`/simple"),
+        ("ascend_install_path", "/usr/local/Ascend;id"),
+        ("model_path", "/srv/m $(id)"),
+        ("tools_venv", "/opt/t|id"),
+    ],
+)
 def test_host_data_paths_and_urls_refuse_shell_syntax(tmp_path, capsys, key, value):
     from roles.context import build_context
 
@@ -166,9 +205,22 @@ def test_the_deploy_refuses_shell_syntax_with_exit_2_and_no_traceback():
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "--dry", "@local", "deploys/tiny.py",
-                          "--data", "hardware=cpu-lab", "--data", "sysctl_file=/etc/sysctl.d/$(id).conf"],
-                         capture_output=True, text=True, cwd=root, timeout=300)
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "pyinfra"),
+            "--dry",
+            "@local",
+            "deploys/tiny.py",
+            "--data",
+            "hardware=cpu-lab",
+            "--data",
+            "sysctl_file=/etc/sysctl.d/$(id).conf",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=300,
+    )
     log = out.stdout + out.stderr
     assert out.returncode == 2, log[-2000:]
     assert "Traceback" not in log and "@local.sysctl_file:" in log and "Fix: write the path" in log, log[-2000:]
@@ -177,21 +229,39 @@ def test_the_deploy_refuses_shell_syntax_with_exit_2_and_no_traceback():
 # --------------------------------------------------------------------------- contradictions
 
 
-@pytest.mark.parametrize("mutate,field,words", [
-    (lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 30000), "topology.groups[0].dist_init_port",
-     ("30000",)),
-    (lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 29997), "topology.groups[0].dist_init_port",
-     ("SGLang's port dist_init_port + 3",)),
-    (lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 65530), "topology.groups[0].dist_init_port",
-     ("past 65535",)),
-    (lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 29900), "topology.groups[0].dist_init_port",
-     ("rank guard",)),
-    (lambda d: d["server"]["extra_args"].extend(["--port", "31000"]), "server.extra_args", ("--port",)),
-    (lambda d: d["server"]["extra_args"].append("--tp-size=4"), "server.extra_args", ("--tp-size",)),
-    (lambda d: d["server"]["extra_args"].extend(["--served-model-name", "other"]),
-     "topology.groups[0] server.extra_args[4]", ("--served-model-name", "typed field")),
-    (lambda d: d["server"]["extra_args"].extend(["--api-key", "k"]), "server.extra_args", ("--api-key",)),
-])
+@pytest.mark.parametrize(
+    "mutate,field,words",
+    [
+        (
+            lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 30000),
+            "topology.groups[0].dist_init_port",
+            ("30000",),
+        ),
+        (
+            lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 29997),
+            "topology.groups[0].dist_init_port",
+            ("SGLang's port dist_init_port + 3",),
+        ),
+        (
+            lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 65530),
+            "topology.groups[0].dist_init_port",
+            ("past 65535",),
+        ),
+        (
+            lambda d: d["topology"]["groups"][0].__setitem__("dist_init_port", 29900),
+            "topology.groups[0].dist_init_port",
+            ("rank guard",),
+        ),
+        (lambda d: d["server"]["extra_args"].extend(["--port", "31000"]), "server.extra_args", ("--port",)),
+        (lambda d: d["server"]["extra_args"].append("--tp-size=4"), "server.extra_args", ("--tp-size",)),
+        (
+            lambda d: d["server"]["extra_args"].extend(["--served-model-name", "other"]),
+            "topology.groups[0] server.extra_args[4]",
+            ("--served-model-name", "typed field"),
+        ),
+        (lambda d: d["server"]["extra_args"].extend(["--api-key", "k"]), "server.extra_args", ("--api-key",)),
+    ],
+)
 def test_contradictions_are_refused(tmp_path, capsys, mutate, field, words):
     path = _recipe_file(tmp_path, mutate)
     _refused(capsys, "render", str(path), field=field, words=words)
@@ -203,6 +273,7 @@ def test_router_port_equal_to_a_server_port_is_refused(tmp_path, capsys):
     def mutate(d):
         d["topology"]["router"]["host_placement"] = "deployment_head"
         d["topology"]["router"]["port"] = d["server"].get("port", 30000)
+
     err = _refused(capsys, "render", str(_recipe_file(tmp_path, mutate, base)), words=("both listen on",))
     assert "router" in err and "sglang-tiny-cpu-server" in err
 
@@ -219,8 +290,15 @@ def test_dp_multiplies_devices_unless_dp_attention(tmp_path):
 
 def test_two_ranks_on_one_address_are_refused(tmp_path, capsys):
     hosts = [("n0", {**TP2_HOSTS[0][1]}), ("n1", {**TP2_HOSTS[1][1], "ssh_hostname": "10.0.0.10"})]
-    _refused(capsys, "render", "tiny-cpu-tp2", "--inventory", str(_inventory_file(tmp_path, hosts)),
-             field="n1.ssh_hostname", words=("10.0.0.10",))
+    _refused(
+        capsys,
+        "render",
+        "tiny-cpu-tp2",
+        "--inventory",
+        str(_inventory_file(tmp_path, hosts)),
+        field="n1.ssh_hostname",
+        words=("10.0.0.10",),
+    )
 
 
 # --------------------------------------------------------------------------- loading
@@ -245,16 +323,19 @@ def test_yaml_bomb_duplicate_keys_and_non_utf8_are_clear_errors(tmp_path, capsys
     _refused(capsys, "render", str(big), words=("larger than",))
 
 
-@pytest.mark.parametrize("text,words", [
-    ("import sys\nsys.exit(0)\n", ("exited",)),
-    ("raise RuntimeError('boom')\n", ("RuntimeError", "boom")),
-    ("nodes = [('n0', {'hardware': 'cpu-lab', 'nic': 'host0\\nExecStartPre=/bin/sh'})]\n", ("n0.nic",)),
-    ("nodes = [('n0', {'hardware': 'cpu-lab', 'ssh_hostname': '10.0.0.1\\nx'})]\n", ("n0.ssh_hostname",)),
-    ("nodes = [('n0', {'hardware': 'cpu-lab', 'model_path': 'rel/path'})]\n", ("n0.model_path",)),
-    ("nodes = [('n0', {'hardware': 'cpu-lab', 'lanch': False})]\n", ("did you mean 'launch'",)),
-    ("nodes = [('n0', {'hardware': 'cpu-lab', 'health_poll_s': 'often'})]\n", ("n0.health_poll_s",)),
-    ("nodes = [('n0', {'hardware': 'cpu-lab', 'pip_index_url': 'http://mirror/simple'})]\n", ("allow_http_index",)),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("import sys\nsys.exit(0)\n", ("exited",)),
+        ("raise RuntimeError('boom')\n", ("RuntimeError", "boom")),
+        ("nodes = [('n0', {'hardware': 'cpu-lab', 'nic': 'host0\\nExecStartPre=/bin/sh'})]\n", ("n0.nic",)),
+        ("nodes = [('n0', {'hardware': 'cpu-lab', 'ssh_hostname': '10.0.0.1\\nx'})]\n", ("n0.ssh_hostname",)),
+        ("nodes = [('n0', {'hardware': 'cpu-lab', 'model_path': 'rel/path'})]\n", ("n0.model_path",)),
+        ("nodes = [('n0', {'hardware': 'cpu-lab', 'lanch': False})]\n", ("did you mean 'launch'",)),
+        ("nodes = [('n0', {'hardware': 'cpu-lab', 'health_poll_s': 'often'})]\n", ("n0.health_poll_s",)),
+        ("nodes = [('n0', {'hardware': 'cpu-lab', 'pip_index_url': 'http://mirror/simple'})]\n", ("allow_http_index",)),
+    ],
+)
 def test_bad_inventories_are_reported(tmp_path, capsys, text, words):
     inventory = _inventory_file(tmp_path, text=text)
     _refused(capsys, "render", "tiny-cpu", "--inventory", str(inventory), words=words)
@@ -262,8 +343,9 @@ def test_bad_inventories_are_reported(tmp_path, capsys, text, words):
 
 def test_nic_none_is_absent_not_the_word_none(tmp_path, capsys):
     hosts = [("n0", {**TP2_HOSTS[0][1], "nic": None}), TP2_HOSTS[1]]
-    err = _refused(capsys, "render", "tiny-cpu-tp2", "--inventory", str(_inventory_file(tmp_path, hosts)),
-                   field="n0.nic")
+    err = _refused(
+        capsys, "render", "tiny-cpu-tp2", "--inventory", str(_inventory_file(tmp_path, hosts)), field="n0.nic"
+    )
     assert "=None" not in err
 
 
@@ -273,9 +355,11 @@ def test_nic_none_is_absent_not_the_word_none(tmp_path, capsys):
 def test_host_data_typos_and_types_fail_the_context_before_any_operation():
     from roles.context import build_context
 
-    for data, field, fix in (({"lanch": "false"}, "n0.lanch", "did you mean 'launch'"),
-                             ({"health_poll_s": "often"}, "n0.health_poll_s", "seconds between health probes"),
-                             ({"rendezvous": "perhaps"}, "n0.rendezvous", "")):
+    for data, field, fix in (
+        ({"lanch": "false"}, "n0.lanch", "did you mean 'launch'"),
+        ({"health_poll_s": "often"}, "n0.health_poll_s", "seconds between health probes"),
+        ({"rendezvous": "perhaps"}, "n0.rendezvous", ""),
+    ):
         hosts = [("n0", {**TP2_HOSTS[0][1], **data, "recipe": "tiny-cpu-tp2"}), TP2_HOSTS[1]]
         with pytest.raises(SpecError) as err:
             build_context("tiny", "n0", hosts, "inventories/x.py")
@@ -288,9 +372,22 @@ def test_host_data_from_the_command_line_is_typed_like_the_inventory():
 
     # pyinfra turns --data launch=false into False and digits into ints; audit/status pass text: same result
     for launch in (False, "false", "no", "0"):
-        hosts = [("n0", {**TP2_HOSTS[0][1], "launch": launch, "health_poll_s": "2.5", "nvidia_driver_version": 580,
-                         "_sudo": True, "ssh_user": "ubuntu", "ssh_known_hosts_file": "/k", "recipe": "tiny-cpu-tp2"}),
-                 (TP2_HOSTS[1][0], {**TP2_HOSTS[1][1], "recipe": "tiny-cpu-tp2"})]
+        hosts = [
+            (
+                "n0",
+                {
+                    **TP2_HOSTS[0][1],
+                    "launch": launch,
+                    "health_poll_s": "2.5",
+                    "nvidia_driver_version": 580,
+                    "_sudo": True,
+                    "ssh_user": "ubuntu",
+                    "ssh_known_hosts_file": "/k",
+                    "recipe": "tiny-cpu-tp2",
+                },
+            ),
+            (TP2_HOSTS[1][0], {**TP2_HOSTS[1][1], "recipe": "tiny-cpu-tp2"}),
+        ]
         ctx = build_context("tiny", "n0", hosts)
         assert ctx.launch is False and ctx.host.health_poll_s == 2.5 and ctx.host.nvidia_driver_version == "580"
 
@@ -370,8 +467,9 @@ def test_shard_names_from_a_checkpoint_are_inert(tmp_path):
     model.mkdir()
     marker = tmp_path / "pwned"
     (model / "config.json").write_text("{}")
-    (model / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": f"$(touch {marker}) *.safetensors"}}))
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": f"$(touch {marker}) *.safetensors"}})
+    )
     out = subprocess.run(["bash", "-c", ModelCheckpoint().command(str(model))], capture_output=True, text=True).stdout
     assert f"missing=$(touch {marker}) *.safetensors" in out and not marker.exists()
 
@@ -393,8 +491,11 @@ class _SystemdEnvFile:
 
     def __init__(self):
         _ensure_tool("systemd-analyze", "systemd")
-        libs = sorted(glob.glob("/usr/lib/*/systemd/libsystemd-shared-*.so") +
-                      glob.glob("/lib/systemd/libsystemd-shared-*.so") + glob.glob("/usr/lib/systemd/libsystemd-shared-*.so"))
+        libs = sorted(
+            glob.glob("/usr/lib/*/systemd/libsystemd-shared-*.so")
+            + glob.glob("/lib/systemd/libsystemd-shared-*.so")
+            + glob.glob("/usr/lib/systemd/libsystemd-shared-*.so")
+        )
         assert libs, "libsystemd-shared not found (package systemd)"
         self.fn = ctypes.CDLL(libs[-1]).load_env_file
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p))]
@@ -459,9 +560,13 @@ class _DockerEnvFile:
 
     def read(self, path: str) -> dict[str, str]:
         self.envs.clear()
-        run = subprocess.run([self.docker, "create", "--env-file", path, "ironserve/stand-in"], capture_output=True,
-                             text=True, env={**os.environ, "DOCKER_HOST": f"unix://{self.sock}",
-                                             "DOCKER_CONFIG": os.path.dirname(self.sock)}, timeout=30)
+        run = subprocess.run(
+            [self.docker, "create", "--env-file", path, "ironserve/stand-in"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DOCKER_HOST": f"unix://{self.sock}", "DOCKER_CONFIG": os.path.dirname(self.sock)},
+            timeout=30,
+        )
         assert run.returncode == 0 and self.envs, run.stderr
         return dict(item.partition("=")[::2] for item in self.envs[-1])
 
@@ -492,7 +597,7 @@ def _posix_words(text: str) -> list[str]:
             word, started = [], False
         elif c == "'":
             end = text.index("'", i + 1)
-            word.append(text[i + 1:end])
+            word.append(text[i + 1 : end])
             i, started = end, True
         elif c == '"':
             i, started = i + 1, True
@@ -515,8 +620,13 @@ def _posix_words(text: str) -> list[str]:
 
 def _systemd_exec_starts(unit_path: Path) -> tuple[dict[str, list[str]], str]:
     """The command lines systemd's own unit parser made of the file: {"ExecStart": argv, ...} and its warnings."""
-    run = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no", str(unit_path)],
-                         capture_output=True, text=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "debug"}, timeout=60)
+    run = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", "--generators=no", str(unit_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "debug"},
+        timeout=60,
+    )
     commands, current = {}, None
     for line in run.stdout.splitlines():
         line = line.strip()
@@ -524,16 +634,18 @@ def _systemd_exec_starts(unit_path: Path) -> tuple[dict[str, list[str]], str]:
             current = line[3:].rstrip(":")
         elif line.startswith("Command Line: ") and current:
             # systemd prints the stored argv shell-quoted; `$$` becomes `$` when it runs (variables expanded then)
-            words = _posix_words(line[len("Command Line: "):])
+            words = _posix_words(line[len("Command Line: ") :])
             for word in words:
                 assert not re.search(r"(?<!\$)\$(\$\$)*(?!\$)", word), f"systemd would expand a variable in {word!r}"
             commands.setdefault(current, [w.replace("$$", "$") for w in words])
             current = None
     # parse warnings name the file and line ("x.service:22: Unknown key ..."); the line number is kept out so
     # that the same warning on the same directive compares equal
-    warnings = sorted(re.sub(r"^.*?" + re.escape(unit_path.name) + r":[0-9]+: ", "", line)
-                      for line in (run.stdout + run.stderr).splitlines()
-                      if re.search(re.escape(unit_path.name) + r":[0-9]+: ", line))
+    warnings = sorted(
+        re.sub(r"^.*?" + re.escape(unit_path.name) + r":[0-9]+: ", "", line)
+        for line in (run.stdout + run.stderr).splitlines()
+        if re.search(re.escape(unit_path.name) + r":[0-9]+: ", line)
+    )
     return commands, warnings
 
 
@@ -555,8 +667,13 @@ def _bash_runs(script: str, out: Path) -> list[tuple[list[str], dict[str, str]]]
     out.mkdir(exist_ok=True)
     for old in out.glob("*"):
         old.unlink()
-    run = subprocess.run(["bash", "-e", "-c", BASH_STUBS + script], capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "OUT": str(out)})
+    run = subprocess.run(
+        ["bash", "-e", "-c", BASH_STUBS + script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(out)},
+    )
     assert run.returncode == 0, run.stderr
     runs = []
     for i in range(len(list(out.glob("*.argv")))):
@@ -581,8 +698,14 @@ def _render_all(data: dict, hosts: list[tuple[str, dict]]):
     rendered = render(recipe, [InventoryHost(n, d) for n, d in hosts], "inventory.py")
     tuning = effective_tuning(recipe, catalogue.hardware_profiles()[recipe.hardware[0]])
     units = [(p, unit_files(recipe, p, tuning), exec_argv(recipe, p)) for p in rendered.processes]
-    return (rendered, units, shell_script(rendered), sysctl_text(dict(tuning.sysctls)),
-            [env_text(p) for p in rendered.processes], tuning)
+    return (
+        rendered,
+        units,
+        shell_script(rendered),
+        sysctl_text(dict(tuning.sysctls)),
+        [env_text(p) for p in rendered.processes],
+        tuning,
+    )
 
 
 def _set(path: str):
@@ -592,12 +715,14 @@ def _set(path: str):
         for part in parents:
             node = node.setdefault(part, {}) if not part.isdigit() else node[int(part)]
         node[int(last) if last.isdigit() else last] = value
+
     return mutate
 
 
 def _host(key: str):
     def mutate(data: dict, hosts: list, value: str) -> None:
         hosts[0][1][key] = value
+
     return mutate
 
 
@@ -611,8 +736,11 @@ def _sysctl(data: dict, hosts: list, value: str) -> None:
 
 def _docker(data: dict) -> dict:
     data = copy.deepcopy(data)
-    data["runtime"] = {"kind": "docker", "image": "lmsysorg/sglang:v0.5.9",
-                       "run": {"gpus": None, "volumes": ["/srv/cache:/root/.cache"]}}
+    data["runtime"] = {
+        "kind": "docker",
+        "image": "lmsysorg/sglang:v0.5.9",
+        "run": {"gpus": None, "volumes": ["/srv/cache:/root/.cache"]},
+    }
     return data
 
 
@@ -689,8 +817,9 @@ st = hypothesis.strategies
 # variables, env-file comment and quote starts, C1 controls and Unicode line separators
 _PRINTABLE = list(" \\\"'$%;&|`(){}<>*?#=:,@!~^-./_aZ09é") + ["%n", "%%", "$$", "${X}", "$(id)", "\\\\", "--port"]
 PRINTABLE = st.lists(st.sampled_from(_PRINTABLE), max_size=8).map("".join)
-NASTY = st.lists(st.sampled_from(_PRINTABLE + ["\n", "\r", "\t", "\x00", "\x7f", "\x85", "\u2028", "\\\n"]),
-                 max_size=8).map("".join)
+NASTY = st.lists(
+    st.sampled_from(_PRINTABLE + ["\n", "\r", "\t", "\x00", "\x7f", "\x85", "\u2028", "\\\n"]), max_size=8
+).map("".join)
 
 
 @pytest.mark.parametrize("field", list(FIELDS))
@@ -707,11 +836,23 @@ def test_every_string_field_is_refused_or_reaches_its_sinks_intact(readers, fiel
     baseline = (*baseline, warnings)
     outcomes = []
 
-    @hypothesis.settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
     @hypothesis.example(harmless + "\nExecStartPre=/bin/sh -c id")  # a directive injection: always refused
-    @hypothesis.given(st.one_of(PRINTABLE.map(lambda t: harmless + t), PRINTABLE, NASTY.map(lambda t: t + harmless),
-                                PRINTABLE.map(lambda t: t + harmless), st.text(max_size=12)))
+    @hypothesis.given(
+        st.one_of(
+            PRINTABLE.map(lambda t: harmless + t),
+            PRINTABLE,
+            NASTY.map(lambda t: t + harmless),
+            PRINTABLE.map(lambda t: t + harmless),
+            st.text(max_size=12),
+        )
+    )
     def check(value):
         data, inventory = copy.deepcopy(base), copy.deepcopy(TP2_HOSTS)
         mutate(data, inventory, value)

@@ -68,7 +68,7 @@ def test_render_and_lint_see_the_group_data(project, capsys):
     assert {p["host"]: p["env"].get("GLOO_SOCKET_IFNAME") for p in processes} == {"w1": "ens7", "w2": "ens9"}
     assert main(["render", "tiny-cpu-tp2", "--inventory", "inventory.py", "--data", "nic=ens8"]) == 0
     assert {p["env"].get("GLOO_SOCKET_IFNAME") for p in json.loads(capsys.readouterr().out)["processes"]} == {"ens8"}
-    (project / "group_data" / "workers.py").write_text('lanch = False\n')  # (pyinfra caches files it ran)
+    (project / "group_data" / "workers.py").write_text("lanch = False\n")  # (pyinfra caches files it ran)
     assert main(["lint", "tiny-cpu-tp2", "--offline", "--inventory", "inventory.py"]) == 2
     err = capsys.readouterr().err
     assert "w1.lanch" in err and "did you mean 'launch'" in err
@@ -146,9 +146,17 @@ def _inventory(tmp_path: Path, sshd: dict, known: bool, name: str = "inventory.p
     if known:
         hk.add(f"[127.0.0.1]:{sshd['port']}", sshd["key"].get_name(), sshd["key"])
     hk.save(str(known_hosts))
-    data = {"ssh_hostname": "127.0.0.1", "ssh_port": sshd["port"], "ssh_user": "root", "ssh_password": "pw",
-            "ssh_known_hosts_file": str(known_hosts), "hardware": "cpu-lab", "launch": False,
-            "recipe": "tiny-cpu-docker", **extra}
+    data = {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": sshd["port"],
+        "ssh_user": "root",
+        "ssh_password": "pw",
+        "ssh_known_hosts_file": str(known_hosts),
+        "hardware": "cpu-lab",
+        "launch": False,
+        "recipe": "tiny-cpu-docker",
+        **extra,
+    }
     path = tmp_path / name  # a new name per inventory: pyinfra keeps the code of files it ran by their path
     path.write_text(f"hosts = [('h1', {data!r})]\n")
     return str(path)
@@ -194,7 +202,10 @@ def test_an_init_project_renders_as_is_with_its_group_data(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path / "mycluster")
     assert main(["render", "llama3-8b-multinode-tp4", "--inventory", "inventory.py", "--format", "json"]) == 0
     processes = json.loads(capsys.readouterr().out)["processes"]
-    assert [(p["host"], p["env"].get("NCCL_SOCKET_IFNAME")) for p in processes] == [("gpu-1", "eth0"), ("gpu-2", "eth0")]
+    assert [(p["host"], p["env"].get("NCCL_SOCKET_IFNAME")) for p in processes] == [
+        ("gpu-1", "eth0"),
+        ("gpu-2", "eth0"),
+    ]
     assert main(["lint", "llama3-8b-multinode-tp4", "--offline", "--inventory", "inventory.py"]) == 0
     assert main(["init", str(tmp_path / "mycluster")]) == 2  # nothing is overwritten
     assert "already exists" in capsys.readouterr().err

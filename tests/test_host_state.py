@@ -27,12 +27,25 @@ def run_sh(script: str) -> list[str]:
 
 
 def test_compose_and_split_give_each_read_its_own_lines_and_status():
-    reads = ["printf 'a\\nb\\n'", "printf 'no newline'", "true", "echo x; exit 3", "printf 'x\\n\\n'", "cat",
-             f"echo '{NONCE} 0 0'"]  # a forged marker: another nonce or index is plain output
+    reads = [
+        "printf 'a\\nb\\n'",
+        "printf 'no newline'",
+        "true",
+        "echo x; exit 3",
+        "printf 'x\\n\\n'",
+        "cat",
+        f"echo '{NONCE} 0 0'",
+    ]  # a forged marker: another nonce or index is plain output
     answers = batch.split(run_sh(batch.compose(reads, NONCE)), len(reads), NONCE)
-    assert answers == [batch.Answer(0, ("a", "b")), batch.Answer(0, ("no newline",)), batch.Answer(0, ()),
-                       batch.Answer(3, ("x",)), batch.Answer(0, ("x", "")), batch.Answer(0, ()),
-                       batch.Answer(0, (f"{NONCE} 0 0",))]
+    assert answers == [
+        batch.Answer(0, ("a", "b")),
+        batch.Answer(0, ("no newline",)),
+        batch.Answer(0, ()),
+        batch.Answer(3, ("x",)),
+        batch.Answer(0, ("x", "")),
+        batch.Answer(0, ()),
+        batch.Answer(0, (f"{NONCE} 0 0",)),
+    ]
     cut = batch.split(run_sh(batch.compose(reads[:2], NONCE))[:4], 2, NONCE)
     assert cut[0] == batch.Answer(0, ("a", "b")) and cut[1] is None
 
@@ -107,8 +120,10 @@ def test_a_command_on_a_host_drops_the_answers(local):
     host.run_shell_command(f"echo 'y = 2' >> {local['path']}")
     sent.clear()
     changed = host.get_fact(Sha1File, path=local["path"])  # read again, alone, as pyinfra would
-    assert len(sent) == 1 and changed == subprocess.run(["sha1sum", local["path"]], capture_output=True,
-                                                        text=True).stdout.split()[0]
+    assert (
+        len(sent) == 1
+        and changed == subprocess.run(["sha1sum", local["path"]], capture_output=True, text=True).stdout.split()[0]
+    )
     assert host.get_fact(Sha1File, path=local["path"]) == changed and len(sent) == 1  # kept until the next command
     assert facts.counts == {"batch": 1, "cached": 2, "single": 1}
 
@@ -188,17 +203,21 @@ def test_sysctl_file_converged_no_op_from_the_batched_fact(monkeypatch):
     text = host_tuning.sysctl_text(values)
     sha1 = __import__("hashlib").sha1(text.encode()).hexdigest()
     lines = {
-        Request(File, {"path": path}): [f"user=root group=root mode=-rw-r--r-- atime=1 mtime=1 ctime=1 size=9 '{path}'"],
+        Request(File, {"path": path}): [
+            f"user=root group=root mode=-rw-r--r-- atime=1 mtime=1 ctime=1 size=9 '{path}'"
+        ],
         Request(Sha1File, {"path": path}): [f"{sha1}  {path}"],
-        Request(Directory, {"path": "/etc/sysctl.d"}): ["user=root group=root mode=drwxr-xr-x atime=1 mtime=1 ctime=1 "
-                                                        "size=9 '/etc/sysctl.d'"],
+        Request(Directory, {"path": "/etc/sysctl.d"}): [
+            "user=root group=root mode=drwxr-xr-x atime=1 mtime=1 ctime=1 size=9 '/etc/sysctl.d'"
+        ],
         Request(host_tuning.SysctlValues, {"keys": sorted(values)}): [f"{k}={v}" for k, v in sorted(values.items())],
     }
     reads = [r.shell() for r in lines]
     answers = [{"rc": 0, "lines": v} for v in lines.values()]
     monkeypatch.setattr(batch, "new_nonce", lambda: NONCE)
-    fake = create_host(FakeState(), facts={"host_state.HostState": {
-        get_kwargs_str({"reads": reads, "nonce": NONCE}): answers}})
+    fake = create_host(
+        FakeState(), facts={"host_state.HostState": {get_kwargs_str({"reads": reads, "nonce": NONCE}): answers}}
+    )
     facts = HostFacts(fake, None)
     for req in lines:  # as kept by the last run
         facts.asked[req.key] = req
@@ -212,7 +231,7 @@ def test_sysctl_file_converged_no_op_from_the_batched_fact(monkeypatch):
 
 # --------------------------------------------------------------------------- the pyinfra CLI, on this machine
 
-DEPLOY = '''
+DEPLOY = """
 import os
 from io import StringIO
 
@@ -234,7 +253,7 @@ files.put(name="put a", src=StringIO("a\\n"), dest=f"{base}/d/a.conf", mode="644
 files.put(name="put b", src=StringIO("b\\n"), dest=f"{base}/d/b.conf", mode="600")
 files.line(name="line", path=f"{base}/line.conf", line="^y=", replace="y=1")
 host_state.end_planning()
-'''
+"""
 
 
 def test_pyinfra_runs_no_op_in_one_command_and_still_repairs_drift(tmp_path):
@@ -253,8 +272,13 @@ def test_pyinfra_runs_no_op_in_one_command_and_still_repairs_drift(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root), "HS_CACHE": str(tmp_path / "cache"), "HS_BASE": str(base)}
 
     def pyinfra(*args):
-        out = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "--debug", *args, "@local", str(deploy)],
-                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "pyinfra"), "--debug", *args, "@local", str(deploy)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         log = out.stdout + out.stderr
         return log.count("Running command on localhost"), log
@@ -280,12 +304,14 @@ def test_a_planted_cache_entry_never_runs(local, tmp_path, caplog):
     import json
 
     pwned = tmp_path / "pwned"
-    planted = [["pyinfra.facts.server", "Command", {"command": f"touch {pwned}1"}],
-               ["roles.sglang_service", "ParseCheck", {"probe": f"touch {pwned}2"}],  # a probe that acts
-               ["os", "system", {"command": f"touch {pwned}3"}],
-               ["roles.host_state", "File", {"path": "/etc/hostname"}],  # pyinfra's class under another module
-               ["roles.host_tuning", "SysctlValues", "keys"],
-               ["pyinfra.facts.server", "Arch", {}]]
+    planted = [
+        ["pyinfra.facts.server", "Command", {"command": f"touch {pwned}1"}],
+        ["roles.sglang_service", "ParseCheck", {"probe": f"touch {pwned}2"}],  # a probe that acts
+        ["os", "system", {"command": f"touch {pwned}3"}],
+        ["roles.host_state", "File", {"path": "/etc/hostname"}],  # pyinfra's class under another module
+        ["roles.host_tuning", "SysctlValues", "keys"],
+        ["pyinfra.facts.server", "Arch", {}],
+    ]
     cache = tmp_path / "cache" / "local.json"
     cache.parent.mkdir()
     cache.write_text(json.dumps({"host": "@local", "facts": planted}))
@@ -330,8 +356,9 @@ def test_an_upload_drops_the_answers(local, tmp_path):
     before = host.get_fact(Sha1File, path=path)
     host.put_file(StringIO("uploaded\n"), path)
     after = host.get_fact(Sha1File, path=path)
-    assert after != before and after == subprocess.run(["sha1sum", path], capture_output=True,
-                                                       text=True).stdout.split()[0]
+    assert (
+        after != before and after == subprocess.run(["sha1sum", path], capture_output=True, text=True).stdout.split()[0]
+    )
     assert facts.counts == {"batch": 1, "cached": 1, "single": 1}
 
 
@@ -364,10 +391,15 @@ def test_the_questions_file_is_one_per_model_host_and_address_under_the_cache_di
     monkeypatch.setenv("HOME", str(tmp_path))
     path = host_state.cache_file("~/hs", "glm5", "node 1/a", "10.0.0.1")
     assert path.parent == tmp_path / "hs" and re.fullmatch(r"node_1_a-[0-9a-f]{16}\.json", path.name), path
-    others = {host_state.cache_file("~/hs", *k) for k in (("glm5", "node 1/a", "10.0.0.2"),
-                                                          ("glm5x", "node 1/a", "10.0.0.1"),
-                                                          ("glm", "5node 1/a", "10.0.0.1"),
-                                                          ("glm5", "node 1/", "a10.0.0.1"))}
+    others = {
+        host_state.cache_file("~/hs", *k)
+        for k in (
+            ("glm5", "node 1/a", "10.0.0.2"),
+            ("glm5x", "node 1/a", "10.0.0.1"),
+            ("glm", "5node 1/a", "10.0.0.1"),
+            ("glm5", "node 1/", "a10.0.0.1"),
+        )
+    }
     assert path not in others and len(others) == 4
     assert path == host_state.cache_file("~/hs", "glm5", "node 1/a", "10.0.0.1")
     assert len(host_state.cache_file("~/hs", "m", "h" * 100, "a").name) == 40 + 1 + 16 + 5
@@ -406,11 +438,15 @@ def test_a_kept_entry_is_refused_saying_why(local, tmp_path, caplog):
     deep = {"a": 1}
     for _ in range(9):
         deep = {"a": deep}
-    planted = [(["pyinfra.facts.server", "Arch", {}, "extra"], "not [module, class, arguments]"),
-               (["pyinfra.facts.server", "Arch"], "not [module, class, arguments]"),
-               (["roles.sglang_service", "LIB_DIR", {}], "roles.sglang_service.LIB_DIR is not one of ironserve's "
-                                                         "batchable fact classes"),
-               (["pyinfra.facts.server", "Arch", deep], "the arguments of pyinfra.facts.server.Arch are not plain JSON")]
+    planted = [
+        (["pyinfra.facts.server", "Arch", {}, "extra"], "not [module, class, arguments]"),
+        (["pyinfra.facts.server", "Arch"], "not [module, class, arguments]"),
+        (
+            ["roles.sglang_service", "LIB_DIR", {}],
+            "roles.sglang_service.LIB_DIR is not one of ironserve's batchable fact classes",
+        ),
+        (["pyinfra.facts.server", "Arch", deep], "the arguments of pyinfra.facts.server.Arch are not plain JSON"),
+    ]
     kept = ["roles.host_tuning", "SysctlValues", {"keys": ["vm.swappiness"]}]
     cache = tmp_path / "cache" / "local.json"
     cache.parent.mkdir()
@@ -554,8 +590,10 @@ def test_answers_whose_markers_are_out_of_place_answer_nothing():
 def test_a_question_is_the_same_whatever_the_order_of_its_arguments():
     from pyinfra.facts.files import FindInFile
 
-    assert (Request(FindInFile, {"path": "/p", "pattern": "x"}).key
-            == Request(FindInFile, {"pattern": "x", "path": "/p"}).key)
+    assert (
+        Request(FindInFile, {"path": "/p", "pattern": "x"}).key
+        == Request(FindInFile, {"pattern": "x", "path": "/p"}).key
+    )
 
 
 def test_a_fact_that_needs_a_binary_is_answered_in_the_batch(local):

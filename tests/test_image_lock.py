@@ -119,8 +119,10 @@ def test_lock_writes_the_digest_and_loading_applies_it(tmp_path, registry, monke
     monkeypatch.setattr(imagelock, "Registry", lambda address, ca: Registry(address, ca, scheme="http"))
     assert cli.main(["lock", "tiny-cpu-docker", "--registry", registry]) == 0
     lock = json.loads((recipes / "tiny-cpu-docker.lock.json").read_text())
-    assert lock == {"recipe": "tiny-cpu-docker", "docker": {"image": "ironserve-lab/sglang-cpu:0.5.23",
-                                                            "digest": digest, "registry": registry}}
+    assert lock == {
+        "recipe": "tiny-cpu-docker",
+        "docker": {"image": "ironserve-lab/sglang-cpu:0.5.23", "digest": digest, "registry": registry},
+    }
     assert "1 lock file(s) written" in capsys.readouterr().out
     assert catalogue.load_recipe_file(recipes / "tiny-cpu-docker.yaml").runtime.digest == digest
     assert catalogue.load_recipe_file(recipes / "tiny-cpu-docker.yaml", locked=False).runtime.digest is None
@@ -149,8 +151,10 @@ def test_deploy_refuses_an_image_nothing_pins(tmp_path, monkeypatch):
         require_pinned_image(_ctx("tiny-cpu-docker"))
     assert "ironserve lock tiny-cpu-docker" in str(err.value) and "docker_allow_unpinned" in str(err.value)
     require_pinned_image(_ctx("tiny-cpu-docker", docker_allow_unpinned=True))
-    imagelock.write(tmp_path / "recipes" / "tiny-cpu-docker.lock.json",
-                    {"docker": {"image": "ironserve-lab/sglang-cpu:0.5.23", "digest": "sha256:" + "0" * 64}})
+    imagelock.write(
+        tmp_path / "recipes" / "tiny-cpu-docker.lock.json",
+        {"docker": {"image": "ironserve-lab/sglang-cpu:0.5.23", "digest": "sha256:" + "0" * 64}},
+    )
     catalogue._catalogue_cached.cache_clear()
     try:
         ctx = _ctx("tiny-cpu-docker")
@@ -173,8 +177,7 @@ def test_a_site_lock_pins_the_sites_digest_in_place_of_the_upstream_one(tmp_path
     recipe = catalogue.get_recipe("glm5-nvfp4-mtp-rtx6000-tp8")
     upstream, site = recipe.runtime.digest, "sha256:" + "5" * 64
     lock = tmp_path / "site-lock.json"
-    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(site,
-                                                                                 upstream)}})
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(site, upstream)}})
     ctx = _gpu_ctx(recipe.id, docker_image_lock=str(lock))
     assert ctx.recipe.runtime.digest == site and ctx.recipe.runtime.image == recipe.runtime.image
     assert f"lmsysorg/sglang@{site}" in ctx.recipe.runtime.pinned_ref
@@ -182,8 +185,7 @@ def test_a_site_lock_pins_the_sites_digest_in_place_of_the_upstream_one(tmp_path
     # without the site lock: the recipe's own pin
     assert _gpu_ctx(recipe.id).recipe.runtime.digest == upstream
     # the recipe moved on to another upstream digest: the site's entry is stale, the deploy stops and says why
-    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(site,
-                                                                                 "sha256:" + "7" * 64)}})
+    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(site, "sha256:" + "7" * 64)}})
     with pytest.raises(SpecError) as err:
         _gpu_ctx(recipe.id, docker_image_lock=str(lock))
     assert "stale" in str(err.value) and "ironserve lock --all --site" in str(err.value)
@@ -198,18 +200,29 @@ def test_a_site_lock_pins_a_tag_and_names_the_sites_repository(tmp_path):
     assert recipe.runtime.digest is None and recipe.runtime.image.startswith("nvcr.io/")
     site = "sha256:" + "6" * 64
     lock = tmp_path / "site-lock.json"
-    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(
-        site, None, "registry.site:5000/nvidia/ai-dynamo/sglang-runtime")}})
-    hosts = [(f"h{i}", {"hardware": "gb200", "recipe": recipe.id, "nic": "eth0",
-                           "docker_image_lock": str(lock)})
-             for i in range(1, 6)]
+    imagelock.write(
+        lock,
+        {
+            "docker": {
+                recipe.runtime.image: imagelock.site_entry(
+                    site, None, "registry.site:5000/nvidia/ai-dynamo/sglang-runtime"
+                )
+            }
+        },
+    )
+    hosts = [
+        (f"h{i}", {"hardware": "gb200", "recipe": recipe.id, "nic": "eth0", "docker_image_lock": str(lock)})
+        for i in range(1, 6)
+    ]
     ctx = build_context("glm5", "h1", hosts)
     require_pinned_image(ctx)
     assert ctx.recipe.runtime.image == "registry.site:5000/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
     assert ctx.recipe.runtime.pinned_ref == f"registry.site:5000/nvidia/ai-dynamo/sglang-runtime@{site}"
     # a site lock's values are data checked like the recipe's: a repository that is no image name is refused
-    imagelock.write(lock, {"docker": {recipe.runtime.image: imagelock.site_entry(
-        site, None, "registry.site:5000/x;touch /tmp/pwned")}})
+    imagelock.write(
+        lock,
+        {"docker": {recipe.runtime.image: imagelock.site_entry(site, None, "registry.site:5000/x;touch /tmp/pwned")}},
+    )
     with pytest.raises(SpecError, match="repository"):
         build_context("glm5", "h1", hosts)
 

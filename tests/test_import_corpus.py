@@ -16,8 +16,8 @@ import yaml
 
 from ironserve import catalogue
 from ironserve.commandline import SHELL_VAR, Command, parse_command, parse_script, var_name
-from ironserve.flags import canonical, split_flags
 from ironserve.findings import Severity
+from ironserve.flags import canonical, split_flags
 from ironserve.importer import DEFAULT_BOOTSTRAP_PORT, ROUTER_DEFAULTS, CommandError, import_script
 from ironserve.inventory import InventoryHost
 from ironserve.lint import lint_recipe
@@ -28,12 +28,23 @@ from .seedtext import seed_path
 
 CORPUS = yaml.safe_load((Path(__file__).parent / "data" / "wild_commands.yaml").read_text())["commands"]
 HW = catalogue.hardware_profiles()
-SEED_FILES = ("000_8d2c9ec68014ff04.txt", "001_45edfcf67fbf0cd0.txt", "002_3173a1ba003fc433.txt",
-              "003_1e5a1bcf0c771155.txt", "004_0160d81ec05791b7.txt")
+SEED_FILES = (
+    "000_8d2c9ec68014ff04.txt",
+    "001_45edfcf67fbf0cd0.txt",
+    "002_3173a1ba003fc433.txt",
+    "003_1e5a1bcf0c771155.txt",
+    "004_0160d81ec05791b7.txt",
+)
 ROUND_TRIP = [c for c in CORPUS if "error" not in c["expect"]]
 # flags whose value the renderer writes per host (placement), or import moves into the topology
-PLACED = {"--dist-init-addr", "--node-rank", "--nnodes", "--disaggregation-mode", "--disaggregation-bootstrap-port",
-          "--host"}
+PLACED = {
+    "--dist-init-addr",
+    "--node-rank",
+    "--nnodes",
+    "--disaggregation-mode",
+    "--disaggregation-bootstrap-port",
+    "--host",
+}
 
 
 def test_corpus_is_big_enough_and_cited():
@@ -93,8 +104,11 @@ def _engine_expectation(command: Command) -> dict[str, list[str]]:
 
 def _rendered_flags(argv: list[str]) -> dict[str, list[str]]:
     command = parse_command(argv)
-    return {f: v for f, v in _flag_map(command.flags).items()
-            if f not in PLACED and f != "--model-path" and not f.startswith("--router-")}
+    return {
+        f: v
+        for f, v in _flag_map(command.flags).items()
+        if f not in PLACED and f != "--model-path" and not f.startswith("--router-")
+    }
 
 
 def _match(processes, command: Command, index_by_role: dict):
@@ -110,8 +124,13 @@ def _match(processes, command: Command, index_by_role: dict):
 def _expected_fields(recipe, expect: dict) -> None:
     """The recipe fields an entry names in expect: topology, launcher, family, runtime, engine, env_unset."""
     assert recipe.topology.kind == expect["topology"]
-    got = {"launcher": recipe.engine.launcher, "family": recipe.model.family, "runtime": recipe.runtime.kind,
-           "engine": recipe.engine.sglang, "env_unset": recipe.env_unset}
+    got = {
+        "launcher": recipe.engine.launcher,
+        "family": recipe.model.family,
+        "runtime": recipe.runtime.kind,
+        "engine": recipe.engine.sglang,
+        "env_unset": recipe.env_unset,
+    }
     for key, value in got.items():
         if key in expect:
             assert value == expect[key], key
@@ -125,8 +144,10 @@ def test_imports_and_round_trips(entry, tmp_path):
     assert recipe.engine.check_version, "the real-parser check never silently skips an imported recipe"
     rules = {f.rule for f in result.findings}
     for name in expect.get("set_values", []):
-        assert any(f.rule == "import-set-value" and (name in f.message or name == "model" and f.where == "model")
-                   for f in result.findings), (name, [f.line() for f in result.findings])
+        assert any(
+            f.rule == "import-set-value" and (name in f.message or name == "model" and f.where == "model")
+            for f in result.findings
+        ), (name, [f.line() for f in result.findings])
     for name in expect.get("secrets", []):
         assert "import-secret" in rules
         assert name not in yaml.safe_dump(result.data)
@@ -143,8 +164,9 @@ def test_imports_and_round_trips(entry, tmp_path):
         _same_placed_values(proc, command)
         # env: the command's (prefix, export, docker -e) minus secrets; variables as import said
         env = {**(command.docker.env if command.docker else {}), **command.env}
-        want = {k: _expected_value([v])[0] for k, v in env.items()
-                if k not in ("HF_TOKEN",) and not k.endswith("_IFNAME")}
+        want = {
+            k: _expected_value([v])[0] for k, v in env.items() if k not in ("HF_TOKEN",) and not k.endswith("_IFNAME")
+        }
         got = {k: v for k, v in proc.env.items() if not k.endswith("_IFNAME")}
         assert got == want, proc.unit
         if command.docker:
@@ -210,10 +232,12 @@ def _same_router(command: Command, proc):
             assert flag in got
     prefill = [a for a in _pairs(command.flags, "--prefill")]
     got_prefill = [a for a in _pairs(parse_command(proc.argv).flags, "--prefill")]
-    assert [(_port(u), int(b) if b else DEFAULT_BOOTSTRAP_PORT) for u, b in prefill] == \
-        [(_port(u), int(b)) for u, b in got_prefill]
-    assert [_port(u) for u, _ in _pairs(command.flags, "--decode")] == \
-        [_port(u) for u, _ in _pairs(parse_command(proc.argv).flags, "--decode")]
+    assert [(_port(u), int(b) if b else DEFAULT_BOOTSTRAP_PORT) for u, b in prefill] == [
+        (_port(u), int(b)) for u, b in got_prefill
+    ]
+    assert [_port(u) for u, _ in _pairs(command.flags, "--decode")] == [
+        _port(u) for u, _ in _pairs(parse_command(proc.argv).flags, "--decode")
+    ]
     for flag in set(want) - {"--prefill", "--decode", "--worker-urls"}:
         assert got.get(flag) == _expected_value(want[flag]), flag
     assert proc.env == {k: _expected_value([v])[0] for k, v in command.env.items()}  # the router's env prefix

@@ -25,7 +25,9 @@ def test_an_id_that_differs_from_the_file_is_refused(tmp_path, capsys):
 
 def test_more_devices_than_the_hardware_has_is_an_error_before_writing(tmp_path, capsys):
     out = tmp_path / "too-wide.yaml"
-    assert main(["import", "--hardware", "h100-sxm", "--offline", "-o", str(out), "--", *LAUNCH, "--tp-size", "16"]) == 2
+    assert (
+        main(["import", "--hardware", "h100-sxm", "--offline", "-o", str(out), "--", *LAUNCH, "--tp-size", "16"]) == 2
+    )
     err = capsys.readouterr().err
     assert "needs 16 devices per node; h100-sxm has 8" in err and "lower tp_size to at most 8" in err
     assert not out.exists()

@@ -18,8 +18,10 @@ from .ci import need_parser_prerequisites
 pytestmark = pytest.mark.parser
 
 # seed-era spelling: 0.5.9 takes --cuda-graph-max-bs, 0.5.23 made it an ambiguous prefix
-OLD_SPELLING = ("nohup numactl --cpunodebind=0 python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B "
-                "--tp-size 2 --cuda-graph-max-bs 8 > log 2>&1 &")
+OLD_SPELLING = (
+    "nohup numactl --cpunodebind=0 python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B "
+    "--tp-size 2 --cuda-graph-max-bs 8 > log 2>&1 &"
+)
 
 
 @pytest.fixture
@@ -44,9 +46,18 @@ def test_engine_is_the_newest_cached_parser_that_accepts_the_command(two_cached)
 def test_flags_older_than_every_cached_parser_choose_their_release(two_cached):
     """--enable-deepep-moe is gone from 0.5.3: no cached parser is tried, the release the flag belongs to is chosen
     and the reason names the flag and the cached parsers."""
-    result = import_commands([parse_command(shlex.split(
-        "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --tp-size 2 --enable-deepep-moe"))],
-        "cpu-lab", "q", detect=True)
+    result = import_commands(
+        [
+            parse_command(
+                shlex.split(
+                    "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --tp-size 2 --enable-deepep-moe"
+                )
+            )
+        ],
+        "cpu-lab",
+        "q",
+        detect=True,
+    )
     assert result.data["engine"]["sglang"] == "0.5.2"
     (note,) = [f for f in result.findings if f.rule == "import-engine"]
     assert "--enable-deepep-moe is in SGLang up to 0.5.2" in note.message
@@ -54,11 +65,16 @@ def test_flags_older_than_every_cached_parser_choose_their_release(two_cached):
 
 
 def test_wrapped_and_router_launches_reach_the_real_parsers():
-    argvs = [shlex.split(OLD_SPELLING),
-             shlex.split("python -m sglang_router.launch_server --model-path m --dp 2 --tp-size 1 "
-                         "--router-policy round_robin"),
-             shlex.split("nohup python -u -m sglang_router.launch_router --pd-disaggregation --prefill "
-                         "http://10.0.0.1:8000 8995 --decode http://10.0.0.2:8000 > log 2>&1 &")]
+    argvs = [
+        shlex.split(OLD_SPELLING),
+        shlex.split(
+            "python -m sglang_router.launch_server --model-path m --dp 2 --tp-size 1 --router-policy round_robin"
+        ),
+        shlex.split(
+            "nohup python -u -m sglang_router.launch_router --pd-disaggregation --prefill "
+            "http://10.0.0.1:8000 8995 --decode http://10.0.0.2:8000 > log 2>&1 &"
+        ),
+    ]
     results = engine_parser.check_many("0.5.9", argvs)
     for found in results:
         assert not [f for f in found if f.rule == "engine-unknown-launcher"], [f.line() for f in found]
@@ -68,8 +84,10 @@ def test_wrapped_and_router_launches_reach_the_real_parsers():
 
 
 def test_router_prefixed_flags_are_checked_by_the_router_parser():
-    argv = shlex.split("python -m sglang_router.launch_server --model-path m --dp-size 2 --router-policy "
-                       "round_robin --router-polcy cache_aware")
+    argv = shlex.split(
+        "python -m sglang_router.launch_server --model-path m --dp-size 2 --router-policy "
+        "round_robin --router-polcy cache_aware"
+    )
     (found,) = engine_parser.check_many("0.5.9", [argv])
     errors = [f for f in found if f.severity is Severity.error]
     assert errors and all("--router-polcy" in f.message + f.where for f in errors), [f.line() for f in found]
@@ -82,8 +100,24 @@ def test_imported_recipe_is_checked_by_the_real_parser(tmp_path, capsys):
 
     out = tmp_path / "q.yaml"
     typo = OLD_SPELLING.replace("--tp-size 2", "--tp-size 2 --mem-fraction-statik 0.8")
-    assert main(["import", "--hardware", "cpu-lab", "--id", "q", "--engine", "sglang==0.5.9", "-o", str(out), "--",
-                 *shlex.split(typo)]) == 0
+    assert (
+        main(
+            [
+                "import",
+                "--hardware",
+                "cpu-lab",
+                "--id",
+                "q",
+                "--engine",
+                "sglang==0.5.9",
+                "-o",
+                str(out),
+                "--",
+                *shlex.split(typo),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["lint", str(out), "--format", "json"]) == 1
     findings = json.loads(capsys.readouterr().out)["findings"]
@@ -95,9 +129,20 @@ def test_pasted_command_without_engine_is_still_parsed(capsys):
     """No --engine: the hardware's seed-era release parses it (warnings), the check is never silently skipped."""
     import json
 
-    rc = main(["lint", "--hardware", "rtx6000-pro", "--format", "json", "--", *shlex.split(
-        "nohup python3 -m sglang.launch_server --model-path /m --tp-size 2 --host 127.0.0.1 --mem-fraction-statik 0.8 "
-        "> log 2>&1 &")])
+    rc = main(
+        [
+            "lint",
+            "--hardware",
+            "rtx6000-pro",
+            "--format",
+            "json",
+            "--",
+            *shlex.split(
+                "nohup python3 -m sglang.launch_server --model-path /m --tp-size 2 --host 127.0.0.1 --mem-fraction-statik 0.8 "
+                "> log 2>&1 &"
+            ),
+        ]
+    )
     findings = json.loads(capsys.readouterr().out)["findings"]
     (hit,) = [f for f in findings if f["rule"] == "engine-unknown-flag"]
     assert rc == 0 and hit["severity"] == "warning" and "parser of sglang 0.5.9" in hit["message"]

@@ -19,8 +19,10 @@ from ironserve.render import render, unset_values
 from ironserve.spec import Recipe
 
 HW = catalogue.hardware_profiles()
-VARS = ("python3 -m sglang.launch_server --model-path ${MODEL_PATH} --tp-size 8 --port ${PORT} "
-        "--dist-init-addr ${MASTER}:${DIST_PORT} --nnodes 2 --node-rank ${RANK} --mem-fraction-static $MEM")
+VARS = (
+    "python3 -m sglang.launch_server --model-path ${MODEL_PATH} --tp-size 8 --port ${PORT} "
+    "--dist-init-addr ${MASTER}:${DIST_PORT} --nnodes 2 --node-rank ${RANK} --mem-fraction-static $MEM"
+)
 
 
 def _import(text: str, hardware: str = "rtx6000-pro"):
@@ -52,8 +54,10 @@ def test_values_import_cannot_know_are_carried_never_invented_or_dropped():
     assert {w for _, w in unset_values(render(recipe))} >= {"<MODEL_PATH>", "<PORT>"}  # what a deploy stops on
 
 
-@pytest.mark.parametrize("written,carried", [("${ROOT}/DeepSeek-V3", "<ROOT>/DeepSeek-V3"),
-                                             ("/models/${NAME}", "/models/<NAME>"), ("$M", "<M>")])
+@pytest.mark.parametrize(
+    "written,carried",
+    [("${ROOT}/DeepSeek-V3", "<ROOT>/DeepSeek-V3"), ("/models/${NAME}", "/models/<NAME>"), ("$M", "<M>")],
+)
 def test_a_model_path_under_a_variable_keeps_what_is_known(written, carried):
     _, recipe = _import(f"python3 -m sglang.launch_server --model-path {written} --tp-size 2")
     assert recipe.model.path == carried
@@ -70,8 +74,10 @@ def test_a_model_path_import_cannot_carry_is_refused_with_a_fix(written):
 
 
 def test_a_dist_init_address_in_one_variable_carries_its_port_as_an_input():
-    result, recipe = _import("python3 -m sglang.launch_server --model-path /m --tp-size 16 --nnodes 2 --node-rank 0 "
-                             "--dist-init-addr ${DIST_INIT_ADDR}")
+    result, recipe = _import(
+        "python3 -m sglang.launch_server --model-path /m --tp-size 16 --nnodes 2 --node-rank 0 "
+        "--dist-init-addr ${DIST_INIT_ADDR}"
+    )
     assert recipe.topology.groups[0].dist_init_port == "<DIST_INIT_ADDR_PORT>"  # not 5000
     assert any(f.rule == "import-set-value" and "<DIST_INIT_ADDR_PORT>" in f.message for f in result.findings)
 
@@ -93,9 +99,11 @@ def test_a_role_that_is_a_variable_is_refused_with_a_fix():
 
 
 def test_bash_array_elements_are_filled_from_the_script_or_carried():
-    script = ("D_IP=(10.0.0.5 10.0.0.6)\n"
-              "python3 -m sglang.launch_server --model-path /m --tp-size 16 --host ${D_IP[1]} "
-              "--dist-init-addr ${D_IP[0]}:20000 --nnodes 2 --node-rank 1\n")
+    script = (
+        "D_IP=(10.0.0.5 10.0.0.6)\n"
+        "python3 -m sglang.launch_server --model-path /m --tp-size 16 --host ${D_IP[1]} "
+        "--dist-init-addr ${D_IP[0]}:20000 --nnodes 2 --node-rank 1\n"
+    )
     result, recipe = _import(script)
     assert result.hosts == [None, "10.0.0.6"] and recipe.server.host == "{node_address}"
     assert recipe.topology.groups[0].dist_init_port == 20000  # a rank-1 command's explicit port is kept
@@ -105,8 +113,10 @@ def test_bash_array_elements_are_filled_from_the_script_or_carried():
 
 
 def test_router_env_prefix_and_variable_port_are_kept():
-    text = ("SGLANG_DP_ROUND_ROBIN=1 RUST_LOG=info python -m sglang_router.launch_router --worker-urls "
-            "http://10.0.0.1:30000 http://10.0.0.2:30000 --port ${ROUTER_PORT}\n")
+    text = (
+        "SGLANG_DP_ROUND_ROBIN=1 RUST_LOG=info python -m sglang_router.launch_router --worker-urls "
+        "http://10.0.0.1:30000 http://10.0.0.2:30000 --port ${ROUTER_PORT}\n"
+    )
     _, recipe = _import(text)
     assert recipe.topology.router.env == {"SGLANG_DP_ROUND_ROBIN": "1", "RUST_LOG": "info"}
     (router,) = [p for p in render(recipe).processes if p.role == "router"]
@@ -117,8 +127,10 @@ def test_router_env_prefix_and_variable_port_are_kept():
 
 @pytest.mark.parametrize("role,other", [("prefill", "decode"), ("decode", "prefill")])
 def test_a_lone_prefill_or_decode_command_is_that_half(role, other, tmp_path):
-    text = (f"python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp-size 8 "
-            f"--disaggregation-mode {role} --port 30000 --trust-remote\n")
+    text = (
+        f"python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3 --tp-size 8 "
+        f"--disaggregation-mode {role} --port 30000 --trust-remote\n"
+    )
     result, recipe = _import(text)
     assert recipe.topology.kind == "pd-disaggregation" and recipe.topology.router is None
     assert [g.role for g in recipe.topology.groups] == [role]
@@ -129,9 +141,14 @@ def test_a_lone_prefill_or_decode_command_is_that_half(role, other, tmp_path):
     assert not [f for f in lint_recipe(recipe, HW) if f.severity is Severity.error]
     # the two halves given as two files (and the router): the whole deployment
     files = []
-    for n, line in enumerate([text, text.replace(role, other).replace("30000", "30001"),
-                              "python -m sglang_router.launch_router --pd-disaggregation --prefill "
-                              "http://10.0.0.1:30000 --decode http://10.0.0.2:30001\n"]):
+    for n, line in enumerate(
+        [
+            text,
+            text.replace(role, other).replace("30000", "30001"),
+            "python -m sglang_router.launch_router --pd-disaggregation --prefill "
+            "http://10.0.0.1:30000 --decode http://10.0.0.2:30001\n",
+        ]
+    ):
         files += ["--file", str(tmp_path / f"{n}.sh")]
         (tmp_path / f"{n}.sh").write_text(line)
     out = tmp_path / "r.yaml"
@@ -140,15 +157,22 @@ def test_a_lone_prefill_or_decode_command_is_that_half(role, other, tmp_path):
     assert {g.role for g in whole.topology.groups} == {"prefill", "decode"} and whole.topology.router
 
 
-@pytest.mark.parametrize("flag,release,successor", [
-    ("--enable-deepep-moe", "0.5.2", "--moe-a2a-backend deepep"),
-    ("--speculative-ngram-max-match-window-size 12", "0.5.9", "--speculative-ngram-max-trie-depth"),
-    ("--cuda-graph-max-bs 160", "0.5.19", "--cuda-graph-max-bs-decode"),
-])
+@pytest.mark.parametrize(
+    "flag,release,successor",
+    [
+        ("--enable-deepep-moe", "0.5.2", "--moe-a2a-backend deepep"),
+        ("--speculative-ngram-max-match-window-size 12", "0.5.9", "--speculative-ngram-max-trie-depth"),
+        ("--cuda-graph-max-bs 160", "0.5.19", "--cuda-graph-max-bs-decode"),
+    ],
+)
 def test_engine_is_the_release_the_flags_belong_to_and_renames_are_named(flag, release, successor):
     # gb200's seed era is an image of its own: no era release to prefer, the flags decide
-    result = import_commands([parse_command(shlex.split(
-        f"python3 -m sglang.launch_server --model-path /m --tp-size 4 {flag}"))], "gb200", "t", detect=False)
+    result = import_commands(
+        [parse_command(shlex.split(f"python3 -m sglang.launch_server --model-path /m --tp-size 4 {flag}"))],
+        "gb200",
+        "t",
+        detect=False,
+    )
     assert result.data["engine"]["sglang"] == release
     (note,) = [f for f in result.findings if f.rule == "import-engine"]
     assert flag.split()[0] in note.message and "parser takes every flag" in note.message
@@ -157,18 +181,36 @@ def test_engine_is_the_release_the_flags_belong_to_and_renames_are_named(flag, r
 
 
 def test_the_hardware_era_release_is_kept_when_its_parser_takes_the_flags():
-    result = import_commands([parse_command(shlex.split(
-        "python3 -m sglang.launch_server --model-path /m --tp-size 8 --cuda-graph-max-bs 160"))], "rtx6000-pro", "t")
+    result = import_commands(
+        [
+            parse_command(
+                shlex.split("python3 -m sglang.launch_server --model-path /m --tp-size 8 --cuda-graph-max-bs 160")
+            )
+        ],
+        "rtx6000-pro",
+        "t",
+    )
     assert result.data["engine"]["parser_version"] == "0.5.9"  # the seeds' era: --cuda-graph-max-bs is there
-    result = import_commands([parse_command(shlex.split(
-        "python3 -m sglang.launch_server --model-path /m --tp-size 8 --enable-deepep-moe"))], "rtx6000-pro", "t")
+    result = import_commands(
+        [parse_command(shlex.split("python3 -m sglang.launch_server --model-path /m --tp-size 8 --enable-deepep-moe"))],
+        "rtx6000-pro",
+        "t",
+    )
     assert result.data["engine"]["sglang"] == "0.5.2" and result.data["runtime"]["kind"] == "uv"
 
 
 def test_flags_of_no_single_release_are_said():
-    result = import_commands([parse_command(shlex.split(
-        "python3 -m sglang.launch_server --model-path /m --enable-deepep-moe --cuda-graph-max-bs-decode 8"))],
-        "gb200", "t")
+    result = import_commands(
+        [
+            parse_command(
+                shlex.split(
+                    "python3 -m sglang.launch_server --model-path /m --enable-deepep-moe --cuda-graph-max-bs-decode 8"
+                )
+            )
+        ],
+        "gb200",
+        "t",
+    )
     (note,) = [f for f in result.findings if f.rule == "import-engine"]
     assert "no release takes every flag" in note.message and "--enable-deepep-moe" in note.message
 

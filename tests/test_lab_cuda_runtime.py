@@ -34,8 +34,11 @@ def test_every_pin_of_the_recipe_is_a_real_wheel_or_a_standin_of_that_version(ke
     assert served["torch"] == runtime.torch and served["sglang"] == recipe.engine.sglang
     assert set(runtime.standins) <= set(cuda_runtime.STANDINS)
     # nothing CUDA-bound and big is downloaded for real, torch and triton aside (they import on a CPU host)
-    assert not [p for p in runtime.real if p.startswith(("nvidia-cublas", "nvidia-cudnn-cu", "nvidia-nccl",
-                                                          "sglang-kernel", "flashinfer-cubin"))]
+    assert not [
+        p
+        for p in runtime.real
+        if p.startswith(("nvidia-cublas", "nvidia-cudnn-cu", "nvidia-nccl", "sglang-kernel", "flashinfer-cubin"))
+    ]
 
 
 # how many distributions `uv pip compile` of each recipe's packages gave (Python 3.12, x86_64-manylinux_2_35, PyPI,
@@ -75,8 +78,9 @@ def test_standin_metadata_is_the_published_one():
 
 
 def test_standin_wheels_place_stubs_and_the_sgl_kernel_shim(tmp_path):
-    lib = cuda_runtime.build_standin("nvidia-cuda-runtime-cu12==12.8.90", tmp_path,
-                                     {"nvidia/cuda_runtime/lib/libcudart.so.12": b"\x7fELF"})
+    lib = cuda_runtime.build_standin(
+        "nvidia-cuda-runtime-cu12==12.8.90", tmp_path, {"nvidia/cuda_runtime/lib/libcudart.so.12": b"\x7fELF"}
+    )
     assert lib.name == "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
     assert "nvidia/cuda_runtime/lib/libcudart.so.12" in zipfile.ZipFile(lib).namelist()
     kernel = cuda_runtime.build_standin("sglang-kernel==0.4.0", tmp_path)
@@ -99,11 +103,24 @@ def test_stub_library_answers_a_versioned_import_with_no_device(tmp_path):
     symbols = {"libcudart.so.12": {"cudaGetDeviceCount", "cudaGetErrorString", "cudaMalloc"}}
     stub = cuda_stubs.build("libcudart.so.12", symbols, tmp_path / "lib")
     # a consumer linked against it, as libtorch_cuda.so is against NVIDIA's: its imports name the version node
-    (tmp_path / "use.c").write_text("int cudaGetDeviceCount(int *);\nint probe(void) { int n; "
-                                    "return cudaGetDeviceCount(&n); }\n")
+    (tmp_path / "use.c").write_text(
+        "int cudaGetDeviceCount(int *);\nint probe(void) { int n; return cudaGetDeviceCount(&n); }\n"
+    )
     consumer = tmp_path / "libuse.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(consumer), str(tmp_path / "use.c"), f"-L{tmp_path / 'lib'}",
-                    "-l:libcudart.so.12", f"-Wl,-rpath,{tmp_path / 'lib'}"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(consumer),
+            str(tmp_path / "use.c"),
+            f"-L{tmp_path / 'lib'}",
+            "-l:libcudart.so.12",
+            f"-Wl,-rpath,{tmp_path / 'lib'}",
+        ],
+        check=True,
+    )
     assert "libcudart.so.12" in cuda_stubs.needed(consumer)
     assert cuda_stubs.imports([consumer]) == {"libcudart.so.12": {"libcudart.so.12": {"cudaGetDeviceCount"}}}
     assert ctypes.CDLL(str(consumer)).probe() == 100  # cudaErrorNoDevice, through the versioned binding

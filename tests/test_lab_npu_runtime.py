@@ -51,8 +51,13 @@ def _wheel_with(tmp_path, name, version, members, entry_points=None):
 
 def test_standins_placeholders_and_entry_points(tmp_path):
     cpu = tmp_path / "cpu"
-    _wheel_with(cpu, "torch", "2.13.0+cpu", {"torch/__init__.py": b"REAL = True\n"},
-                "[console_scripts]\ntorchrun = torch.distributed.run:main\n")
+    _wheel_with(
+        cpu,
+        "torch",
+        "2.13.0+cpu",
+        {"torch/__init__.py": b"REAL = True\n"},
+        "[console_scripts]\ntorchrun = torch.distributed.run:main\n",
+    )
     built = {p.name.split("-")[0]: p for p in npu_runtime.build_standins(tmp_path / "out", cpu / "src")}
     assert set(built) == {"torch", "torch_npu", "torchvision", "triton_ascend", "memfabric_hybrid"}
     names = {k: zipfile.ZipFile(p).namelist() for k, p in built.items()}
@@ -81,8 +86,11 @@ def test_rebranded_wheel_records_and_installs_as_the_standin(tmp_path):
             assert int(size) == len(data)
     assert zf.read("standin-1.2.3.dist-info/top_level.txt") == b"realpkg\n"
     target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
-                           str(target), str(out)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target), str(out)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode and "No module named pip" in proc.stderr:
         pytest.skip("no pip in this interpreter")
     assert proc.returncode == 0, proc.stderr

@@ -25,8 +25,9 @@ SCRIPT = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-r
 
 
 def hosts(n: int, nic: str = "eth0") -> list[InventoryHost]:
-    return [InventoryHost(f"n{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": nic, "hardware": "cpu-lab"})
-            for i in range(n)]
+    return [
+        InventoryHost(f"n{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": nic, "hardware": "cpu-lab"}) for i in range(n)
+    ]
 
 
 def test_rank_groups_of_a_multinode_recipe():
@@ -42,8 +43,10 @@ def test_rank_groups_of_a_multinode_recipe():
 def test_rank_groups_of_pd_disaggregation_are_per_instance():
     recipe = catalogue.get_recipe("glm5.1-w4a8-a3-2p1d-48-128k-prefix90")
     n = sum(g.instances * g.nodes for g in recipe.topology.groups)
-    placed = [InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
-              for i in range(n + 1)]
+    placed = [
+        InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
+        for i in range(n + 1)
+    ]
     placed[-1].data["ironserve_role"] = "router"
     groups = rank_groups(render(recipe, placed))
     assert groups, "the 2P1D recipe has multi-node groups"
@@ -70,8 +73,9 @@ def test_nic_problems_name_host_interface_and_fix():
     assert nic_problems("n1", 1, {"GLOO_SOCKET_IFNAME": "host0"}, HEAD, R1) == []
     assert nic_problems("n0", 0, {"GLOO_SOCKET_IFNAME": "host0"}, HEAD, R0) == []
     (wrong_route,) = nic_problems("n1", 1, {"GLOO_SOCKET_IFNAME": "lo"}, HEAD, R1)
-    assert wrong_route.startswith("n1 (rank 1): GLOO_SOCKET_IFNAME=lo, but the route to rank 0 (10.213.7.11:29500) "
-                                  "leaves by host0")
+    assert wrong_route.startswith(
+        "n1 (rank 1): GLOO_SOCKET_IFNAME=lo, but the route to rank 0 (10.213.7.11:29500) leaves by host0"
+    )
     assert wrong_route.endswith("fix: set host data nic=host0 (or route rank 0's network over lo)")
     (not_on_rank0,) = nic_problems("n0", 0, {"GLOO_SOCKET_IFNAME": "lo"}, HEAD, R0)
     assert "this host's rank-0 address 10.213.7.11 is not on lo" in not_on_rank0
@@ -82,8 +86,13 @@ def test_nic_problems_name_host_interface_and_fix():
     # NCCL's prefix and exclusion forms
     assert nic_problems("n1", 1, {"NCCL_SOCKET_IFNAME": "host"}, HEAD, R1) == []
     assert nic_problems("n1", 1, {"NCCL_SOCKET_IFNAME": "^docker,lo"}, HEAD, R1) == []
-    (unresolved,) = nic_problems("n1", 1, {"GLOO_SOCKET_IFNAME": "host0"}, ("sgl-dev-0", 5000),
-                                 {"addrs": R1["addrs"], "target": None, "route_dev": None})
+    (unresolved,) = nic_problems(
+        "n1",
+        1,
+        {"GLOO_SOCKET_IFNAME": "host0"},
+        ("sgl-dev-0", 5000),
+        {"addrs": R1["addrs"], "target": None, "route_dev": None},
+    )
     assert "does not resolve on this host" in unresolved
 
 
@@ -93,12 +102,25 @@ def test_rendezvous_runs_in_the_engine_runtime():
     argv = rendezvous_argv(rendered.recipe, group.members[1], group, 60)
     assert argv[:3] == ["env", "GLOO_SOCKET_IFNAME=host0", "NCCL_SOCKET_IFNAME=host0"]
     assert argv[3] == f"{venv_path(rendered.recipe)}/bin/python3"
-    assert argv[4:] == ["/usr/local/lib/ironserve/ironserve-rendezvous", "--addr", "10.0.0.1", "--port", "29500",
-                        "--rank", "1", "--world", "2", "--timeout", "60"]
+    assert argv[4:] == [
+        "/usr/local/lib/ironserve/ironserve-rendezvous",
+        "--addr",
+        "10.0.0.1",
+        "--port",
+        "29500",
+        "--rank",
+        "1",
+        "--world",
+        "2",
+        "--timeout",
+        "60",
+    ]
     # uv runtime with sourced Ascend env scripts: sourced first, as for the engine
     recipe = catalogue.get_recipe("glm5.1-w4a8-a3-pd-mixed-16")
-    placed = [InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
-              for i in range(2)]
+    placed = [
+        InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
+        for i in range(2)
+    ]
     r = render(recipe, placed)
     g = rank_groups(r)["server-g0-i0"]
     ascend = rendezvous_argv(r.recipe, g.members[-1], g, 60)
@@ -107,16 +129,29 @@ def test_rendezvous_runs_in_the_engine_runtime():
     # docker runtime (GB200 decode group of 4 nodes): the image's python with the host's network
     recipe = catalogue.get_recipe("glm5-nvfp4-gb200-disagg")
     n = sum(gr.instances * gr.nodes for gr in recipe.topology.groups)
-    placed = [InventoryHost(f"g{i}", {"ssh_hostname": f"10.2.0.{i + 1}", "nic": "enP6p3s0f0np0", "hardware": "gb200"})
-              for i in range(n + 1)]
+    placed = [
+        InventoryHost(f"g{i}", {"ssh_hostname": f"10.2.0.{i + 1}", "nic": "enP6p3s0f0np0", "hardware": "gb200"})
+        for i in range(n + 1)
+    ]
     placed[-1].data["ironserve_role"] = "router"
     r = render(recipe, placed)
     g = next(gr for gr in rank_groups(r).values() if gr.world == 4)
     docker = rendezvous_argv(r.recipe, g.members[-1], g, 60)
     assert docker[:5] == ["docker", "run", "--rm", "--network", "host"]
     assert "GLOO_SOCKET_IFNAME=enP6p3s0f0np0" in docker
-    assert docker[-11:] == ["/ironserve-rendezvous", "--addr", g.addr, "--port", str(g.port), "--rank", "3",
-                            "--world", "4", "--timeout", "60"]
+    assert docker[-11:] == [
+        "/ironserve-rendezvous",
+        "--addr",
+        g.addr,
+        "--port",
+        str(g.port),
+        "--rank",
+        "3",
+        "--world",
+        "4",
+        "--timeout",
+        "60",
+    ]
 
 
 def test_parse_rendezvous_output():
@@ -134,9 +169,30 @@ def _free_port() -> int:
 
 def _ranks(python: Path, ifname: str, timeout: int = 20) -> list[dict]:
     port = _free_port()
-    procs = [subprocess.Popen(["env", f"GLOO_SOCKET_IFNAME={ifname}", str(python), str(SCRIPT), "--addr", "127.0.0.1",
-                               "--port", str(port), "--rank", str(rank), "--world", "2", "--timeout", str(timeout)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                "env",
+                f"GLOO_SOCKET_IFNAME={ifname}",
+                str(python),
+                str(SCRIPT),
+                "--addr",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--rank",
+                str(rank),
+                "--world",
+                "2",
+                "--timeout",
+                str(timeout),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     return [parse_rendezvous(p.communicate(timeout=timeout + 60)[0].splitlines()) for p in procs]
 
 
@@ -155,8 +211,25 @@ def test_real_gloo_rendezvous_forms_and_a_wrong_interface_fails():
 
 
 def test_rendezvous_script_reports_a_missing_torch_as_a_result(tmp_path):
-    out = subprocess.run(["python3", "-S", str(SCRIPT), "--addr", "127.0.0.1", "--port", "1", "--rank", "0",
-                          "--world", "1", "--timeout", "1"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            "python3",
+            "-S",
+            str(SCRIPT),
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            "1",
+            "--rank",
+            "0",
+            "--world",
+            "1",
+            "--timeout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     result = parse_rendezvous(out.stdout.splitlines())
     assert out.returncode == 1 and result["ok"] is False and "torch" in result["error"].lower(), out.stdout
 

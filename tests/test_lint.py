@@ -43,27 +43,55 @@ PITFALLS = [
     ("nextn-needs-spec-v2", Severity.error, GLM5.replace("SGLANG_ENABLE_SPEC_V2=True ", "")),
     ("mtp-without-mtp-weights", Severity.error, GLM5.replace("/mnt/GLM-5-NVFP4-MTP", "lukealonso/GLM-5-NVFP4")),
     ("expandable-segments-oneshot", Severity.error, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True " + GLM5),
-    ("deep-gemm-sm120", Severity.warning, GLM5.replace("--moe-runner-backend cutlass", "--moe-runner-backend deep_gemm")),
-    ("deep-gemm-sm120", Severity.warning, "SGL_ENABLE_JIT_DEEPGEMM=0 " + GLM5.replace("SGLANG_ENABLE_JIT_DEEPGEMM=0 ", "")),
+    (
+        "deep-gemm-sm120",
+        Severity.warning,
+        GLM5.replace("--moe-runner-backend cutlass", "--moe-runner-backend deep_gemm"),
+    ),
+    (
+        "deep-gemm-sm120",
+        Severity.warning,
+        "SGL_ENABLE_JIT_DEEPGEMM=0 " + GLM5.replace("SGLANG_ENABLE_JIT_DEEPGEMM=0 ", ""),
+    ),
     ("fp4-gemm-cutlass-race", Severity.warning, GLM5.replace("--fp4-gemm-backend flashinfer_cudnn", "")),
-    ("fp4-gemm-cutlass-race", Severity.warning,
-     GLM5.replace("--fp4-gemm-backend flashinfer_cudnn", "--fp4-gemm-backend flashinfer_cutlass")),
-    ("minimax-nvfp4-ep", Severity.error, "python3 -m sglang.launch_server --model-path lukealonso/MiniMax-M2.5-NVFP4 "
-     "--tp-size 2 --ep-size 2 --fp4-gemm-backend flashinfer_cudnn"),
-    ("kimi-fp8-kv-slow", Severity.warning, "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 "
-     "--tp-size 8 --kv-cache-dtype fp8_e4m3"),
-    ("ep-on-pcie", Severity.warning, "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp-size 8 "
-     "--ep-size 8"),
+    (
+        "fp4-gemm-cutlass-race",
+        Severity.warning,
+        GLM5.replace("--fp4-gemm-backend flashinfer_cudnn", "--fp4-gemm-backend flashinfer_cutlass"),
+    ),
+    (
+        "minimax-nvfp4-ep",
+        Severity.error,
+        "python3 -m sglang.launch_server --model-path lukealonso/MiniMax-M2.5-NVFP4 "
+        "--tp-size 2 --ep-size 2 --fp4-gemm-backend flashinfer_cudnn",
+    ),
+    (
+        "kimi-fp8-kv-slow",
+        Severity.warning,
+        "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp-size 8 --kv-cache-dtype fp8_e4m3",
+    ),
+    (
+        "ep-on-pcie",
+        Severity.warning,
+        "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp-size 8 --ep-size 8",
+    ),
     ("legacy-disable-custom-all-reduce", Severity.warning, GLM5 + " --disable-custom-all-reduce"),
     ("glm5-dcp-unavailable", Severity.warning, "SGLANG_DCP=8 " + GLM5),
     ("tp-exceeds-devices", Severity.error, GLM5.replace("--tp-size 8", "--tp-size 16")),
     ("tp-not-power-of-2", Severity.warning, GLM5.replace("--tp-size 8", "--tp-size 6")),
     ("multinode-without-dist-init", Severity.error, GLM5 + " --nnodes 2"),
     ("multinode-socket-ifname", Severity.warning, GLM5 + " --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000"),
-    ("nextn-needs-spec-v2", Severity.error, "python3 -m sglang.launch_server --model-path nvidia/Qwen3.5-397B-A17B-NVFP4"
-     " --tp-size 4 --speculative-algorithm EAGLE --fp4-gemm-backend flashinfer_cudnn"),
-    ("speculative-draft-tokens", Severity.warning, GLM5.replace("--speculative-num-draft-tokens 4",
-                                                                "--speculative-num-draft-tokens 8")),
+    (
+        "nextn-needs-spec-v2",
+        Severity.error,
+        "python3 -m sglang.launch_server --model-path nvidia/Qwen3.5-397B-A17B-NVFP4"
+        " --tp-size 4 --speculative-algorithm EAGLE --fp4-gemm-backend flashinfer_cudnn",
+    ),
+    (
+        "speculative-draft-tokens",
+        Severity.warning,
+        GLM5.replace("--speculative-num-draft-tokens 4", "--speculative-num-draft-tokens 8"),
+    ),
     ("abbreviated-flag", Severity.warning, GLM5.replace("--tp-size 8", "--tp 8")),
     ("abbreviated-flag", Severity.warning, GLM5.replace("--speculative-algorithm", "--speculative-algo")),
     # seed 000's table suggests '--tp 2 --pp 3': --pp is a prefix of three flags, argparse refuses it
@@ -83,10 +111,17 @@ def test_pitfall_is_found(rule, severity, command):
 
 
 def test_every_rule_has_a_test():
-    tested = {p[0] for p in PITFALLS} | {"engine-dropped-flag", "pd-ascend-transfer-backend", "nixl-silent-tcp",
-                                         "cudnn-for-fp4", "unpinned-image", "prerelease-install",
-                                         "not-an-sglang-launch",  # tests/test_commandline.py
-                                         "literal-secret", "unset-value"}
+    tested = {p[0] for p in PITFALLS} | {
+        "engine-dropped-flag",
+        "pd-ascend-transfer-backend",
+        "nixl-silent-tcp",
+        "cudnn-for-fp4",
+        "unpinned-image",
+        "prerelease-install",
+        "not-an-sglang-launch",  # tests/test_commandline.py
+        "literal-secret",
+        "unset-value",
+    }
     assert set(RULES) <= tested, set(RULES) - tested
 
 
@@ -101,21 +136,26 @@ def test_engine_dropped_flags_for_0_5_23():
 
 
 def test_pd_on_ascend_needs_ascend_transfer_backend():
-    command = ("python3 -m sglang.launch_server --model-path /m --device npu --tp-size 16 --host 127.0.0.1 "
-               "--disaggregation-mode prefill --disaggregation-transfer-backend mooncake")
+    command = (
+        "python3 -m sglang.launch_server --model-path /m --device npu --tp-size 16 --host 127.0.0.1 "
+        "--disaggregation-mode prefill --disaggregation-transfer-backend mooncake"
+    )
     assert "pd-ascend-transfer-backend" in rules_of(lint(command, "atlas-800i-a3"), Severity.error)
 
 
 def test_nixl_without_backend_env_warns():
-    command = ("python3 -m sglang.launch_server --model-path nvidia/GLM-5-NVFP4 --tp-size 4 --host 127.0.0.1 "
-               "--disaggregation-mode prefill --disaggregation-transfer-backend nixl --kv-cache-dtype fp8_e4m3")
+    command = (
+        "python3 -m sglang.launch_server --model-path nvidia/GLM-5-NVFP4 --tp-size 4 --host 127.0.0.1 "
+        "--disaggregation-mode prefill --disaggregation-transfer-backend nixl --kv-cache-dtype fp8_e4m3"
+    )
     assert "nixl-silent-tcp" in rules_of(lint(command, "gb200"))
     assert "nixl-silent-tcp" not in rules_of(lint("UCX_TLS=cuda_copy,cuda_ipc,tcp " + command, "gb200"))
 
 
 def test_gpus_present_override_on_cli(capsys):
-    rc = main(["lint", "--hardware", "rtx6000-pro", "--gpus", "4", "--offline", "--format", "json", "--",
-               *shlex.split(GLM5)])
+    rc = main(
+        ["lint", "--hardware", "rtx6000-pro", "--gpus", "4", "--offline", "--format", "json", "--", *shlex.split(GLM5)]
+    )
     out = capsys.readouterr().out
     assert rc == 1 and "tp-exceeds-devices" in out
 
@@ -133,12 +173,18 @@ SEED_COMMANDS = [
     # (seed, anchor, hardware)
     ("000_8d2c9ec68014ff04.txt", "Stable baseline without MTP (~42-85 tok/s):", "rtx6000-pro"),
     ("000_8d2c9ec68014ff04.txt", "With MTP and full tuning (~130 tok/s):", "rtx6000-pro"),
-    ("000_8d2c9ec68014ff04.txt", "Fastest reported config (~350 tok/s by luke, 8x MaxQ with PCIe switches):",
-     "rtx6000-pro-maxq"),
+    (
+        "000_8d2c9ec68014ff04.txt",
+        "Fastest reported config (~350 tok/s by luke, 8x MaxQ with PCIe switches):",
+        "rtx6000-pro-maxq",
+    ),
     ("000_8d2c9ec68014ff04.txt", "Original BF16 KV cache (fastest single batch, limited context):", "rtx6000-pro"),
     ("000_8d2c9ec68014ff04.txt", "Best known working command:", "rtx6000-pro-maxq"),
-    ("000_8d2c9ec68014ff04.txt", "EAGLE speculative decoding (separate from native MTP) is available for Qwen3.5:",
-     "rtx6000-pro"),
+    (
+        "000_8d2c9ec68014ff04.txt",
+        "EAGLE speculative decoding (separate from native MTP) is available for Qwen3.5:",
+        "rtx6000-pro",
+    ),
     ("003_1e5a1bcf0c771155.txt", "Save this as run.sh:", "rtx6000-pro"),
     ("004_0160d81ec05791b7.txt", "GLM-5.1 W4A8 1P1D 32P IN128K OUT1K", "atlas-800i-a3"),
     ("004_0160d81ec05791b7.txt", "GLM-5.1 W4A8 2P1D 48P IN128K OUT1K PREFIX90 50ms", "atlas-800i-a3"),
@@ -168,7 +214,7 @@ def test_pd_mixed_seed_command_as_pasted_misses_dist_init():
 
 def test_catalogue_recipes_lint_without_errors():
     errors = []
-    for rid, recipe in catalogue.catalogue().items():
+    for recipe in catalogue.catalogue().values():
         errors += [f.line() for f in lint_recipe(recipe, HW) if f.severity is Severity.error]
     assert not errors, errors
 
@@ -178,12 +224,18 @@ def test_catalogue_recipes_lint_without_errors():
 # SGLang's own documented launches that the seeds' NEXTN finding (GLM-5/Qwen3.5 on 96 GB SM120) is not about
 DOCUMENTED_MTP = [
     # docs/basic_usage/deepseek_v3.md: DeepSeek-V3 multi-token prediction
-    ("deepseek-v3", "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3-0324 --speculative-algorithm "
-     "EAGLE --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2 --trust-remote-code "
-     "--tp 8"),
+    (
+        "deepseek-v3",
+        "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3-0324 --speculative-algorithm "
+        "EAGLE --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 2 --trust-remote-code "
+        "--tp 8",
+    ),
     # docs/basic_usage/qwen3.md: Qwen3-Next with NEXTN
-    ("qwen3-next", "python3 -m sglang.launch_server --model Qwen/Qwen3-Next-80B-A3B-Instruct --tp 4 "
-     "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --speculative-algo NEXTN"),
+    (
+        "qwen3-next",
+        "python3 -m sglang.launch_server --model Qwen/Qwen3-Next-80B-A3B-Instruct --tp 4 "
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --speculative-algo NEXTN",
+    ),
 ]
 # docs/platforms/ascend_npu_deepseek_example.md: Ascend DeepSeek prefill with NEXTN (no SGLANG_ENABLE_SPEC_V2)
 ASCEND_DEEPSEEK = (
@@ -192,7 +244,8 @@ ASCEND_DEEPSEEK = (
     "--disaggregation-bootstrap-port 8996 --disaggregation-transfer-backend ascend --trust-remote-code --nnodes 1 "
     "--node-rank 0 --tp-size 16 --mem-fraction-static 0.6 --attention-backend ascend --device npu --quantization "
     "modelslim --speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
-    "--speculative-num-draft-tokens 4 --dp-size 2 --enable-dp-attention --dtype bfloat16")
+    "--speculative-num-draft-tokens 4 --dp-size 2 --enable-dp-attention --dtype bfloat16"
+)
 
 
 @pytest.mark.parametrize("family,command", DOCUMENTED_MTP, ids=[f for f, _ in DOCUMENTED_MTP])
@@ -211,8 +264,9 @@ def test_nextn_on_ascend_deepseek_is_no_error():
 
 
 def test_every_finding_says_its_scope_and_source():
-    findings = lint(GLM5.replace("SGLANG_ENABLE_SPEC_V2=True ", "").replace("--kv-cache-dtype bf16", "--kv-cache-dtype "
-                                                                            "fp8_e4m3"))
+    findings = lint(
+        GLM5.replace("SGLANG_ENABLE_SPEC_V2=True ", "").replace("--kv-cache-dtype bf16", "--kv-cache-dtype fp8_e4m3")
+    )
     assert findings and all("[scope: " in f.message and "; source: " in f.message for f in findings)
     table = {row["rule"]: row for row in __import__("ironserve.lint", fromlist=["rule_table"]).rule_table()}
     assert all(row["scope"] and row["source"] for row in table.values())
@@ -228,14 +282,18 @@ def test_lower_case_shell_variables_import_into_a_recipe_that_renders(tmp_path):
     text = "\n".join(
         f"python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3-0324 --disaggregation-ib-device "
         f"${{device_name}} --disaggregation-mode {mode} --host ${{local_ip}} --port {port} --trust-remote-code "
-        f"--tp-size 8" for mode, port in (("prefill", 30000), ("decode", 30001)))
+        f"--tp-size 8"
+        for mode, port in (("prefill", 30000), ("decode", 30001))
+    )
     result = import_script(text, "rtx6000-pro", "dsv3-pd", hardware_arch="sm120")
     path = tmp_path / "dsv3-pd.yaml"
     path.write_text(__import__("yaml").safe_dump(result.data))
     recipe = catalogue.load_recipe_file(path, HW)
     argv = render(recipe).processes[0].argv
-    assert argv[argv.index("--host") + 1] == "node0" and argv[argv.index("--disaggregation-ib-device") + 1] == \
-        "<device_name>"
+    assert (
+        argv[argv.index("--host") + 1] == "node0"
+        and argv[argv.index("--disaggregation-ib-device") + 1] == "<device_name>"
+    )
     unset = [f for f in lint_recipe(recipe, HW) if f.rule == "unset-value"]
     assert unset and all(f.severity is Severity.error and "--disaggregation-ib-device" in f.message for f in unset)
 

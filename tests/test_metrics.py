@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 
 from ironserve import catalogue
-from ironserve.metrics import (DeployOutcome, Sample, audit_samples, deploy_samples, exposition, file_sd,
-                               timing_json, timing_table)
+from ironserve.metrics import (
+    DeployOutcome,
+    Sample,
+    audit_samples,
+    deploy_samples,
+    exposition,
+    file_sd,
+    timing_json,
+    timing_table,
+)
 from ironserve.render import render
 from ironserve.status import prometheus_targets
 
@@ -35,9 +43,14 @@ def textfile_module():
 
 
 def outcome(**kw) -> DeployOutcome:
-    base = dict(recipe="tiny-cpu", success=True, finished_at=1764030000.5,
-                stages={"plan": 2.0, "runtime": 40.25, "engine_start": 61.0},
-                gates={"sglang-tiny-cpu-server-0": True}, units=[("sglang-tiny-cpu-server-0", "server")])
+    base = dict(
+        recipe="tiny-cpu",
+        success=True,
+        finished_at=1764030000.5,
+        stages={"plan": 2.0, "runtime": 40.25, "engine_start": 61.0},
+        gates={"sglang-tiny-cpu-server-0": True},
+        units=[("sglang-tiny-cpu-server-0", "server")],
+    )
     return DeployOutcome(**{**base, **kw})
 
 
@@ -93,9 +106,16 @@ def test_textfile_writer_renames_a_0644_file_into_place(tmp_path):
     assert writer.write("ironserve_deploy", text, str(tmp_path / "absent")) is None  # no collector: nothing
 
 
-@pytest.mark.parametrize("name, text", [("../etc/passwd", ""), (".hidden", ""),
-                                        ("ok", "node_load1 1\n"), ("ok", "IRONSERVE_API_KEY=abc\n"),
-                                        ("ok", 'ironserve_x{a="1"} 1\nrm -rf /\n')])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("../etc/passwd", ""),
+        (".hidden", ""),
+        ("ok", "node_load1 1\n"),
+        ("ok", "IRONSERVE_API_KEY=abc\n"),
+        ("ok", 'ironserve_x{a="1"} 1\nrm -rf /\n'),
+    ],
+)
 def test_textfile_writer_refuses_names_and_lines_that_are_not_ironserve_metrics(tmp_path, name, text):
     with pytest.raises(ValueError):
         textfile_module().write(name, text, str(tmp_path))
@@ -104,11 +124,21 @@ def test_textfile_writer_refuses_names_and_lines_that_are_not_ironserve_metrics(
 
 def test_textfile_writer_command_line(tmp_path):
     text = exposition(audit_samples({("lab2", "unit:sglang"): False}, 1.0))
-    proc = subprocess.run(["python3", str(ROOT / "files/bin/ironserve-textfile"), "ironserve_audit", str(tmp_path)],
-                          input=text, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["python3", str(ROOT / "files/bin/ironserve-textfile"), "ironserve_audit", str(tmp_path)],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0 and (tmp_path / "ironserve_audit.prom").read_text() == text
-    bad = subprocess.run(["python3", str(ROOT / "files/bin/ironserve-textfile"), "x", str(tmp_path)],
-                         input="HF_TOKEN=hf_abc\n", capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        ["python3", str(ROOT / "files/bin/ironserve-textfile"), "x", str(tmp_path)],
+        input="HF_TOKEN=hf_abc\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "hf_abc" not in bad.stderr
 
 
@@ -144,22 +174,31 @@ def test_clock_times_stages_in_order_and_publishes_each_host_once():
 
     clock = DeployClock()
     clock.stage_of = {"a": "runtime", "b": "engine_start"}
-    clock.created, clock.started, clock.ended = 0.0, {"engine_start": 50.0, "runtime": 10.0}, {
-        "runtime": 48.0, "engine_start": 90.0}
+    clock.created, clock.started, clock.ended = (
+        0.0,
+        {"engine_start": 50.0, "runtime": 10.0},
+        {"runtime": 48.0, "engine_start": 90.0},
+    )
     assert clock.stages() == {"plan": 10.0, "runtime": 38.0, "engine_start": 40.0}
-    ctx = types.SimpleNamespace(recipe=types.SimpleNamespace(id="tiny-cpu"),
-                                gate_results={("lab2", "sglang-tiny-cpu-server-0"): True, ("lab3", "x"): False},
-                                processes=[types.SimpleNamespace(unit="sglang-tiny-cpu-server-0", role="server",
-                                                                 health_url="http://127.0.0.1:30000/health")])
+    ctx = types.SimpleNamespace(
+        recipe=types.SimpleNamespace(id="tiny-cpu"),
+        gate_results={("lab2", "sglang-tiny-cpu-server-0"): True, ("lab3", "x"): False},
+        processes=[
+            types.SimpleNamespace(
+                unit="sglang-tiny-cpu-server-0", role="server", health_url="http://127.0.0.1:30000/health"
+            )
+        ],
+    )
     clock.contexts = {"lab2": ctx}
     host = FakeHost("lab2")
     clock.publish(host, success=True)
     clock.publish(host, success=False)  # once per run: a later failure of a written host does not overwrite it
     write = host.commands[-1]
-    assert len(host.commands) == 2 and write.endswith("| python3 /usr/local/lib/ironserve/ironserve-textfile "
-                                                      "ironserve_deploy")
+    assert len(host.commands) == 2 and write.endswith(
+        "| python3 /usr/local/lib/ironserve/ironserve-textfile ironserve_deploy"
+    )
     assert 'ironserve_deploy_last_success{recipe=\\"tiny-cpu\\"} 1' not in write  # shell-quoted as one word
-    assert "ironserve_deploy_last_success{recipe=\"tiny-cpu\"} 1" in write
+    assert 'ironserve_deploy_last_success{recipe="tiny-cpu"} 1' in write
     assert 'generation="0123456789ab"' in write and 'unit="x"' not in write
 
 
@@ -180,18 +219,31 @@ def test_status_prometheus_gives_every_target_with_labels_and_no_secret(tmp_path
     key = tmp_path / "key"
     key.write_text("s3cret-api-key-value\n")
     buffer = io.StringIO()
-    assert prometheus_targets(str(inventory), str(ROOT / "deploys/tiny.py"), {"api_key_file": str(key)},
-                              out=buffer) == 0
+    assert (
+        prometheus_targets(str(inventory), str(ROOT / "deploys/tiny.py"), {"api_key_file": str(key)}, out=buffer) == 0
+    )
     out = buffer.getvalue()
     assert "s3cret" not in out
     groups = {(g["labels"]["role"], g["labels"]["host"]): g for g in json.loads(out)}
-    assert sorted(groups) == [("node", "lab1"), ("node", "lab2"), ("node", "lab3"), ("router", "lab1"),
-                              ("server", "lab2"), ("server", "lab3")]
+    assert sorted(groups) == [
+        ("node", "lab1"),
+        ("node", "lab2"),
+        ("node", "lab3"),
+        ("router", "lab1"),
+        ("server", "lab2"),
+        ("server", "lab3"),
+    ]
     assert groups[("router", "lab1")]["targets"] == ["10.213.7.11:29000"]
     assert groups[("server", "lab3")]["targets"] == ["10.213.7.13:30000"]
     assert groups[("node", "lab3")]["targets"] == ["10.213.7.13:9200"]
-    assert groups[("server", "lab2")]["labels"] == {"recipe": "tiny-cpu", "role": "server", "group": "0",
-                                                    "rank": "0", "host": "lab2", "unit": "sglang-tiny-cpu-server-0"}
+    assert groups[("server", "lab2")]["labels"] == {
+        "recipe": "tiny-cpu",
+        "role": "server",
+        "group": "0",
+        "rank": "0",
+        "host": "lab2",
+        "unit": "sglang-tiny-cpu-server-0",
+    }
 
 
 def test_file_sd_skips_engines_without_metrics_and_ranks_above_zero():
@@ -219,8 +271,8 @@ def test_node_exporter_listens_on_the_hosts_address_only():
     from roles.node_exporter import defaults_text
 
     assert defaults_text("10.213.7.12", 9100).splitlines()[-1] == (
-        'ARGS="--web.listen-address=10.213.7.12:9100 '
-        '--collector.textfile.directory=/var/lib/prometheus/node-exporter"')
+        'ARGS="--web.listen-address=10.213.7.12:9100 --collector.textfile.directory=/var/lib/prometheus/node-exporter"'
+    )
     assert "--web.listen-address=[fd00::2]:9100" in defaults_text("fd00::2", 9100)
 
 
@@ -242,8 +294,9 @@ def test_backoff_waits_and_guard_group_restarts_are_published_through_the_writer
     assert 'ironserve_backoff_failures{unit="sglang-tiny-cpu-tp2-server"} 5\n' in backoff
     assert 'ironserve_rank_guard_group_restarts{unit="sglang-tiny-cpu-tp2-server"} 2\n' in guard
     if os.path.exists(PROMTOOL):
-        proc = subprocess.run([PROMTOOL, "check", "metrics"], input=backoff + guard, capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            [PROMTOOL, "check", "metrics"], input=backoff + guard, capture_output=True, text=True, timeout=60
+        )
         assert "error" not in (proc.stdout + proc.stderr).lower(), proc.stdout + proc.stderr
 
 
@@ -253,9 +306,10 @@ def test_audit_result_as_a_textfile(tmp_path):
     def result(host, check, ok):
         return types.SimpleNamespace(check=types.SimpleNamespace(host=host, id=check), ok=ok)
 
-    write_audit_textfile(str(tmp_path / "ironserve_audit.prom"),
-                         [result("lab2", "file:/etc/systemd/system/x.service", False),
-                          result("lab3", "unit:sglang x active", True)])
+    write_audit_textfile(
+        str(tmp_path / "ironserve_audit.prom"),
+        [result("lab2", "file:/etc/systemd/system/x.service", False), result("lab3", "unit:sglang x active", True)],
+    )
     text = (tmp_path / "ironserve_audit.prom").read_text()
     assert 'ironserve_audit_drift{host="lab2",check="file:/etc/systemd/system/x.service"} 1\n' in text
     assert 'ironserve_audit_drift{host="lab3",check="unit:sglang_x_active"} 0\n' in text
@@ -268,16 +322,24 @@ def test_clock_reports_a_deploy_every_host_of_which_failed(tmp_path):
 
     clock = DeployClock()
     clock.created, clock.started, clock.ended = 0.0, {"preflight": 1.0}, {"preflight": 3.0}
-    ctx = types.SimpleNamespace(recipe=types.SimpleNamespace(id="tiny-cpu"), gate_results={}, processes=[],
-                                host=types.SimpleNamespace(deploy_timings_json=str(tmp_path / "t.json")))
+    ctx = types.SimpleNamespace(
+        recipe=types.SimpleNamespace(id="tiny-cpu"),
+        gate_results={},
+        processes=[],
+        host=types.SimpleNamespace(deploy_timings_json=str(tmp_path / "t.json")),
+    )
     clock.contexts = {"lab2": ctx, "lab3": ctx}
     lab2, lab3 = FakeHost("lab2"), FakeHost("lab3")
-    state = types.SimpleNamespace(activated_hosts={lab2, lab3}, get_op_meta=lambda op: types.SimpleNamespace(
-        global_arguments={"_ignore_errors": False}))
+    state = types.SimpleNamespace(
+        activated_hosts={lab2, lab3},
+        get_op_meta=lambda op: types.SimpleNamespace(global_arguments={"_ignore_errors": False}),
+    )
     clock.operation_host_error(state, lab2, "op")
     assert not (tmp_path / "t.json").exists()  # lab3 still runs: its outcome may yet be a success
     clock.operation_host_error(state, lab3, "op")
     data = json.loads((tmp_path / "t.json").read_text())
-    assert data["success"] is False and data["stages"] == [{"stage": "plan", "seconds": 1.0},
-                                                           {"stage": "preflight", "seconds": 2.0}]
-    assert "ironserve_deploy_last_success{recipe=\"tiny-cpu\"} 0" in lab3.commands[-1]
+    assert data["success"] is False and data["stages"] == [
+        {"stage": "plan", "seconds": 1.0},
+        {"stage": "preflight", "seconds": 2.0},
+    ]
+    assert 'ironserve_deploy_last_success{recipe="tiny-cpu"} 0' in lab3.commands[-1]

@@ -8,36 +8,52 @@ from types import SimpleNamespace
 import pytest
 
 from ironserve import catalogue
-from ironserve.hostdata import HostData
 from ironserve.audit.runner import plan_checks
+from ironserve.hostdata import HostData
 from ironserve.inventory import InventoryHost
 from ironserve.nvidia import docker_gpu_args, gpu_access
 from ironserve.render import render
 from ironserve.units import exec_argv
 from roles.context import build_context
 from roles.imex import nodes_config_text
-from roles.nvidia_driver import (desired_packages, desired_runtime, fabric_manager_package, fabric_manager_pins,
-                                 hold_list, module_packages)
+from roles.nvidia_driver import (
+    desired_packages,
+    desired_runtime,
+    fabric_manager_package,
+    fabric_manager_pins,
+    hold_list,
+    module_packages,
+)
 from roles.preflight import clique_problems, host_clique, module_problems, nvlink_domain
 
 GB200 = "glm5-nvfp4-gb200-disagg"
 
 
 def gpu(clique="7", uuid="9c6f5af3-53bf-49b5-a436-b66766c413c3", status="Success"):
-    return {"gpu": "00000000:01:00.0", "state": "Completed", "status": status, "clique_id": clique,
-            "cluster_uuid": uuid}
+    return {
+        "gpu": "00000000:01:00.0",
+        "state": "Completed",
+        "status": status,
+        "clique_id": clique,
+        "cluster_uuid": uuid,
+    }
 
 
 def test_module_packages_follow_the_running_kernel():
     assert module_packages("dkms", "580", "6.8.0-1013-nvidia-64k") == ["linux-headers-6.8.0-1013-nvidia-64k"]
     assert module_packages("precompiled", "580", "6.8.0-45-generic") == [
-        "linux-modules-nvidia-580-open-6.8.0-45-generic"]
+        "linux-modules-nvidia-580-open-6.8.0-45-generic"
+    ]
 
 
 def test_hold_list_takes_installed_kernel_packages_only():
     installed = {"linux-image-6.8.0-45-generic": ["6.8.0-45.45"], "linux-generic": ["6.8.0.45.45"], "curl": ["8"]}
     assert hold_list("nvidia-open-580", ["linux-headers-6.8.0-45-generic"], "6.8.0-45-generic", installed) == [
-        "linux-generic", "linux-headers-6.8.0-45-generic", "linux-image-6.8.0-45-generic", "nvidia-open-580"]
+        "linux-generic",
+        "linux-headers-6.8.0-45-generic",
+        "linux-image-6.8.0-45-generic",
+        "nvidia-open-580",
+    ]
 
 
 def test_secure_boot_refuses_dkms_and_names_both_ways_out():
@@ -59,8 +75,9 @@ def test_clique_check():
 
 
 def gb200_hosts(n=5, **extra):
-    return [(f"g{i}", {"hardware": "gb200", "ssh_hostname": f"10.0.0.{i + 1}", "nic": "eth0", **extra})
-            for i in range(n)]
+    return [
+        (f"g{i}", {"hardware": "gb200", "ssh_hostname": f"10.0.0.{i + 1}", "nic": "eth0", **extra}) for i in range(n)
+    ]
 
 
 def test_nvlink_domain_and_nodes_config():
@@ -78,8 +95,9 @@ def test_cdi_or_gpus_by_toolkit_version():
     assert docker_gpu_args("all", "dev-char") == ["--gpus", "all"]
     recipe = catalogue.get_recipe(GB200)
     new = render(recipe, [InventoryHost(n, d) for n, d in gb200_hosts()]).processes[0]
-    old = render(recipe, [InventoryHost(n, {**d, "nvidia_container_toolkit_version": "1.13.5-1"})
-                          for n, d in gb200_hosts()]).processes[0]
+    old = render(
+        recipe, [InventoryHost(n, {**d, "nvidia_container_toolkit_version": "1.13.5-1"}) for n, d in gb200_hosts()]
+    ).processes[0]
     assert "nvidia.com/gpu=all" in exec_argv(recipe, new) and "--gpus" not in exec_argv(recipe, new)
     assert exec_argv(recipe, old)[exec_argv(recipe, old).index("--gpus") + 1] == "all"
 
@@ -87,11 +105,21 @@ def test_cdi_or_gpus_by_toolkit_version():
 def test_audit_checks_gb200_host_steps():
     checks, _ = plan_checks("inventories/gb200.py", "deploys/glm5.py")
     found = {(c.host, c.id) for c in checks}
-    for check in ("kernel:module-prerequisites", "kernel:nouveau-not-loaded", "apt-hold:nvidia-open-580",
-                  "gpu:persistence-mode", "imex:service-enabled", "imex:ready", "imex:channel0",
-                  "file:/etc/nvidia-imex/nodes_config.cfg", "file:/etc/modprobe.d/ironserve-blacklist-nouveau.conf",
-                  "file:/etc/modprobe.d/ironserve-nvidia.conf", "package:nvidia-imex-580", "dcgm:active",
-                  "cdi:nvidia.com/gpu=all"):
+    for check in (
+        "kernel:module-prerequisites",
+        "kernel:nouveau-not-loaded",
+        "apt-hold:nvidia-open-580",
+        "gpu:persistence-mode",
+        "imex:service-enabled",
+        "imex:ready",
+        "imex:channel0",
+        "file:/etc/nvidia-imex/nodes_config.cfg",
+        "file:/etc/modprobe.d/ironserve-blacklist-nouveau.conf",
+        "file:/etc/modprobe.d/ironserve-nvidia.conf",
+        "package:nvidia-imex-580",
+        "dcgm:active",
+        "cdi:nvidia.com/gpu=all",
+    ):
         assert ("gb200-d3", check) in found, check
     rtx, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py")
     assert not any(c.id.startswith("imex:") or c.id == "dcgm:active" for c in rtx)
@@ -112,10 +140,15 @@ def profile_ctx(profile_id: str, **data) -> SimpleNamespace:
     return SimpleNamespace(profile=profile, vendor=profile.accelerator.vendor, host=HostData(**data))
 
 
-@pytest.mark.parametrize("version,package", [("580.95.05-1", "nvidia-fabricmanager"),
-                                             ("590.44.01-1", "nvidia-fabricmanager"),
-                                             ("575.57.08-1", "nvidia-fabricmanager-575"),
-                                             ("570.172.08-1", "nvidia-fabricmanager-570")])
+@pytest.mark.parametrize(
+    "version,package",
+    [
+        ("580.95.05-1", "nvidia-fabricmanager"),
+        ("590.44.01-1", "nvidia-fabricmanager"),
+        ("575.57.08-1", "nvidia-fabricmanager-575"),
+        ("570.172.08-1", "nvidia-fabricmanager-570"),
+    ],
+)
 def test_fabric_manager_package_follows_the_driver_branch(version, package):
     # NVIDIA's CUDA repositories: nvidia-fabricmanager-<branch> up to 575, nvidia-fabricmanager from 580 on
     assert fabric_manager_package(version) == package

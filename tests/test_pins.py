@@ -23,13 +23,21 @@ pytestmark = pytest.mark.skipif(not uv_binary(), reason="uv is not installed (sc
 # name, version, Requires-Dist as PyPI publishes them (trimmed to what decides these resolutions)
 METADATA = [
     ("sglang", "0.5.23", ["torch==2.14.1", "sglang-kernel==0.5.0", "flashinfer-python==0.7.1", "torchvision"]),
-    ("sglang", "0.5.10.post1", ["torch==2.9.1", "sglang-kernel==0.4.1", "flashinfer-python==0.6.7.post3",
-                                "torchvision", "torchaudio==2.9.1"]),
+    (
+        "sglang",
+        "0.5.10.post1",
+        ["torch==2.9.1", "sglang-kernel==0.4.1", "flashinfer-python==0.6.7.post3", "torchvision", "torchaudio==2.9.1"],
+    ),
     ("sglang-router", "0.3.2", []),
-    ("torch", "2.8.0", []), ("torch", "2.9.1", []), ("torch", "2.14.1", []),
-    ("torch-npu", "2.8.0", []), ("torch-npu", "2.8.0.post2", []),
-    ("torchvision", "0.23.0", ["torch==2.8.0"]), ("torchvision", "0.24.1", ["torch==2.9.1"]),
-    ("triton-ascend", "3.2.0", []), ("memfabric-hybrid", "1.1.4", []),
+    ("torch", "2.8.0", []),
+    ("torch", "2.9.1", []),
+    ("torch", "2.14.1", []),
+    ("torch-npu", "2.8.0", []),
+    ("torch-npu", "2.8.0.post2", []),
+    ("torchvision", "0.23.0", ["torch==2.8.0"]),
+    ("torchvision", "0.24.1", ["torch==2.9.1"]),
+    ("triton-ascend", "3.2.0", []),
+    ("memfabric-hybrid", "1.1.4", []),
 ]
 OLD_ATLAS_PINS = ["sglang==0.5.23", "sglang-router==0.3.2", "torch==2.8.0", "torch-npu==2.8.0"]
 ATLAS = sorted(r for r in catalogue.catalogue() if r.startswith("glm5.1-"))
@@ -82,11 +90,14 @@ def test_offline_and_unreachable_are_not_resolved_never_errors(index):
     assert resolve_findings(catalogue.get_recipe("glm5-nvfp4-gb200-disagg"), profiles) == []  # docker: no pins
 
 
-@pytest.mark.parametrize("runtime, message", [
-    ({"overrides": ["torch==2.9.1"]}, "override 'torch==2.9.1' contradicts the pin torch==2.8.0"),
-    ({"excludes": ["torch-npu"]}, "exclude 'torch-npu' is also pinned"),
-    ({"excludes": ["torch npu"]}, "is not a distribution name"),
-])
+@pytest.mark.parametrize(
+    "runtime, message",
+    [
+        ({"overrides": ["torch==2.9.1"]}, "override 'torch==2.9.1' contradicts the pin torch==2.8.0"),
+        ({"excludes": ["torch-npu"]}, "exclude 'torch-npu' is also pinned"),
+        ({"excludes": ["torch npu"]}, "is not a distribution name"),
+    ],
+)
 def test_contradictions_inside_a_runtime_refused_when_the_recipe_loads(runtime, message):
     from pydantic import ValidationError
 

@@ -13,8 +13,11 @@ import pytest
 from ironserve.units import deliberate
 from roles import rollback
 
-SNAPSHOT = ["current aaa  /etc/systemd/system/u.service", "snapshot bbb  /etc/systemd/system/u.service",
-            "taken 2026-11-22T08:41:46Z"]
+SNAPSHOT = [
+    "current aaa  /etc/systemd/system/u.service",
+    "snapshot bbb  /etc/systemd/system/u.service",
+    "taken 2026-11-22T08:41:46Z",
+]
 
 
 class _Host:
@@ -31,8 +34,7 @@ class _Host:
         self.journal.append((self.name, command))
         self.sudo_of.append(_sudo)
         lines = SNAPSHOT if command.startswith("sha256sum") else []
-        return self.ok(command), SimpleNamespace(stdout_lines=lines, stdout="\n".join(lines),
-                                                 stderr_lines=["refused"])
+        return self.ok(command), SimpleNamespace(stdout_lines=lines, stdout="\n".join(lines), stderr_lines=["refused"])
 
     def log_styled(self, message, **kwargs):
         self.logs.append(message)
@@ -69,11 +71,28 @@ def _steps(journal):
 def test_rollback_restores_all_then_restarts_rank0_first_then_waits_for_the_gate():
     journal = []
     hosts, state, members = _group(journal)
-    rollback.roll_back(state, hosts["r0"], "u-r0", "http://127.0.0.1:30000/health", 60, members, "the unit died",
-                       lambda *a: journal.append(("gate", "WAIT")) or True)
-    assert _steps(journal) == [("r0", "key check"), ("r1", "key check"), ("r2", "key check"),
-                               ("r0", "restore"), ("r1", "restore"), ("r2", "restore"),
-                                     ("r0", "restart"), ("r1", "restart"), ("r2", "restart"), ("gate", "wait")]
+    rollback.roll_back(
+        state,
+        hosts["r0"],
+        "u-r0",
+        "http://127.0.0.1:30000/health",
+        60,
+        members,
+        "the unit died",
+        lambda *a: journal.append(("gate", "WAIT")) or True,
+    )
+    assert _steps(journal) == [
+        ("r0", "key check"),
+        ("r1", "key check"),
+        ("r2", "key check"),
+        ("r0", "restore"),
+        ("r1", "restore"),
+        ("r2", "restore"),
+        ("r0", "restart"),
+        ("r1", "restart"),
+        ("r2", "restart"),
+        ("gate", "wait"),
+    ]
     assert hosts["r0"].logs[-1].startswith("ROLLED BACK u-r0 on r0, r1, r2")
 
 
@@ -81,8 +100,9 @@ def test_a_failed_restart_of_a_rank_is_said_and_the_gate_is_not_waited_for():
     journal = []
     hosts, state, members = _group(journal)
     hosts["r1"].ok = lambda command: command != deliberate("restart", "u-r1")
-    rollback.roll_back(state, hosts["r0"], "u-r0", "url", 60, members, "why",
-                       lambda *a: journal.append(("gate", "WAIT")) or True)
+    rollback.roll_back(
+        state, hosts["r0"], "u-r0", "url", 60, members, "why", lambda *a: journal.append(("gate", "WAIT")) or True
+    )
     assert ("gate", "wait") not in _steps(journal)
     assert hosts["r0"].logs[-1].startswith("ROLLBACK FAILED u-r0") and "the restart" in hosts["r0"].logs[-1]
     assert "r1 (u-r1)" in hosts["r0"].logs[-1] and "r2 (u-r2)" not in hosts["r0"].logs[-1]
@@ -102,14 +122,17 @@ def test_rollback_false_in_host_data_changes_nothing():
     assert journal == []
 
 
-@pytest.mark.parametrize("results", [
-    None,                                   # no gate ran at all in this run
-    {},                                     # rank 0's host dropped out before its gate
-    {("r0", "u-r0"): False},                # the gate ran and failed
-    {("r0", "u-r0"): "passed"},             # something truthy that is not a pass
-    {("r9", "u-r0"): True},                 # another host's gate of the same unit passed
-    {("r0", "u-other"): True},              # another unit's gate on rank 0's host passed
-])
+@pytest.mark.parametrize(
+    "results",
+    [
+        None,  # no gate ran at all in this run
+        {},  # rank 0's host dropped out before its gate
+        {("r0", "u-r0"): False},  # the gate ran and failed
+        {("r0", "u-r0"): "passed"},  # something truthy that is not a pass
+        {("r9", "u-r0"): True},  # another host's gate of the same unit passed
+        {("r0", "u-other"): True},  # another unit's gate on rank 0's host passed
+    ],
+)
 def test_a_gate_that_did_not_pass_in_this_run_vouches_for_nothing(results):
     journal = []
     rank1 = _Host("r1", journal)
@@ -124,8 +147,7 @@ def test_a_gate_that_passed_saves_the_ranks_files_and_a_failed_save_fails():
     assert rollback._save_if_gate_passed(None, rank1, "u-r1", ["/p"], ["r0", "u-r0"], {("r0", "u-r0"): True})
     assert journal == [("r1", rollback.save_command("u-r1", ["/p"]))]
     rank1.ok = lambda command: False
-    assert rollback._save_if_gate_passed(None, rank1, "u-r1", ["/p"], ["r0", "u-r0"],
-                                         {("r0", "u-r0"): True}) is False
+    assert rollback._save_if_gate_passed(None, rank1, "u-r1", ["/p"], ["r0", "u-r0"], {("r0", "u-r0"): True}) is False
 
 
 def test_the_save_command_snapshots_the_files_with_their_digests(tmp_path):
@@ -139,8 +161,9 @@ def test_the_save_command_snapshots_the_files_with_their_digests(tmp_path):
     manifest = (snap / "MANIFEST").read_text().split()
     assert manifest[1] == str(live / "u.service") and len(manifest) == 2  # the absent file is not part of it
     assert (snap / "u.service").read_text() == "unit\n" and (snap / "TAKEN").read_text().startswith("20")
-    state = rollback.LastGood().process([f"current {manifest[0]}  {live / 'u.service'}",
-                                         f"snapshot {manifest[0]}  {live / 'u.service'}"])
+    state = rollback.LastGood().process(
+        [f"current {manifest[0]}  {live / 'u.service'}", f"snapshot {manifest[0]}  {live / 'u.service'}"]
+    )
     assert not rollback.differs(state)
     assert rollback.differs({**state, "current": {str(live / "u.service"): "0" * 64}})
 
@@ -149,8 +172,16 @@ def test_the_save_command_snapshots_the_files_with_their_digests(tmp_path):
 def test_every_rollback_command_runs_with_the_members_sudo_and_reads_its_own_unit(sudo):
     journal, waited = [], []
     hosts, state, members = _group(journal, sudo=sudo)
-    rollback.roll_back(state, hosts["r0"], "u-r0", "http://127.0.0.1:30000/health", 60, members, "why",
-                       lambda *a: waited.append(a) or True)
+    rollback.roll_back(
+        state,
+        hosts["r0"],
+        "u-r0",
+        "http://127.0.0.1:30000/health",
+        60,
+        members,
+        "why",
+        lambda *a: waited.append(a) or True,
+    )
     for name, h in hosts.items():
         assert h.sudo_of == [sudo] * 4, name  # the read, the key check, the restore, the restart
         read = next(c for n, c in journal if n == name and c.startswith("sha256sum"))

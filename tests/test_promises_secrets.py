@@ -33,9 +33,11 @@ class SteppedHost(LocalHost):
             return super().run_shell_command(command, _sudo=_sudo, **kwargs)
         self.commands.append(str(command))
         watch, log, secret = (shlex.quote(str(x)) for x in (self.watch, self.log, VALUE))
-        record = (f"for f in {watch}/* {watch}/.[!.]*; do [ -f \"$f\" ] || continue; "
-                  f"if grep -qF {secret} \"$f\"; then held=secret; else held=-; fi; "
-                  f"echo \"$(basename \"$f\") $(stat -c %a \"$f\") $held\"; done >> {log}; echo --- >> {log}")
+        record = (
+            f'for f in {watch}/* {watch}/.[!.]*; do [ -f "$f" ] || continue; '
+            f'if grep -qF {secret} "$f"; then held=secret; else held=-; fi; '
+            f'echo "$(basename "$f") $(stat -c %a "$f") $held"; done >> {log}; echo --- >> {log}'
+        )
         script = f"trap {shlex.quote(record)} DEBUG\n{words[2]}\n{record}"
         proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
         out = SimpleNamespace(stdout_lines=proc.stdout.splitlines(), stderr=proc.stderr, stdout=proc.stdout)
@@ -128,9 +130,14 @@ def test_the_install_and_the_cleanup_run_with_the_hosts_sudo_the_upload_as_the_u
     assert f"chown {shlex.quote(':'.join(_me()))} " in shlex.split(host.commands[1])[2]
 
 
-@pytest.mark.parametrize("fail, said", [("mktemp", "cannot make a private upload directory: mktemp: no space"),
-                                        ("upload", None),
-                                        ("install", "could not put the secret in place: mv: read-only file system")])
+@pytest.mark.parametrize(
+    "fail, said",
+    [
+        ("mktemp", "cannot make a private upload directory: mktemp: no space"),
+        ("upload", None),
+        ("install", "could not put the secret in place: mv: read-only file system"),
+    ],
+)
 def test_a_failed_step_fails_the_write_and_leaves_no_upload_behind(tmp_path, fail, said):
     dest = tmp_path / "api.env"
     host = _Scripted(tmp_path, False, fail)
@@ -161,8 +168,10 @@ def test_a_controller_secret_file_holds_exactly_one_line(tmp_path, text):
     absent = tmp_path / "absent"
     with pytest.raises(OperationError) as raised:
         read_secret(str(absent), "api key")
-    assert str(raised.value) == (f"api key: {absent} does not exist on this machine (host data points at a file on "
-                                 "the controller, not on the host)")
+    assert str(raised.value) == (
+        f"api key: {absent} does not exist on this machine (host data points at a file on "
+        "the controller, not on the host)"
+    )
 
 
 def test_generated_secrets_live_in_a_directory_made_with_its_parents(tmp_path):

@@ -75,9 +75,8 @@ def guard_env(tmp_path):
     bin_dir.mkdir()
     calls = tmp_path / "calls"
     (bin_dir / "systemctl").write_text(
-        "#!/bin/sh\n"
-        f'echo "$@" >> {calls}\n'
-        'case "$*" in *InvocationID*) cat "$INVOCATION_FILE" 2>/dev/null;; esac\n')
+        f'#!/bin/sh\necho "$@" >> {calls}\ncase "$*" in *InvocationID*) cat "$INVOCATION_FILE" 2>/dev/null;; esac\n'
+    )
     (bin_dir / "systemctl").chmod(0o755)
     procs: list[subprocess.Popen] = []
 
@@ -88,12 +87,17 @@ def guard_env(tmp_path):
         inv.write_text(invocation + "\n")
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(config))
-        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "INVOCATION_FILE": str(inv),
-               "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "INVOCATION_FILE": str(inv),
+            "PYTHONUNBUFFERED": "1",
+        }
         log = open(tmp_path / f"{name}.log", "w")
         limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
-        proc = subprocess.Popen([sys.executable, str(GUARD), str(path)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=limit)
+        proc = subprocess.Popen(
+            [sys.executable, str(GUARD), str(path)], env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit
+        )
         procs.append(proc)
         return proc, inv
 
@@ -109,10 +113,23 @@ def base_config(rank: int, port: int, health_url: str, state_dir: Path, world: i
         secret.write_text(SECRET + "\n")
         secret.chmod(0o600)
     members = [RANK0, RANK1, RANK2][:world]
-    config = {"unit": f"engine{rank}", "rank": rank, "world": world, "guard_port": port, "leader": RANK0,
-              "members": members, "secret_file": str(secret), "health_url": health_url, "poll_s": 0.2,
-              "failure_threshold": 3, "formation_timeout_s": 30, "backoff_base_s": 0, "backoff_max_s": 0,
-              "backoff_window_s": 60, "state_dir": str(state_dir / "state")}
+    config = {
+        "unit": f"engine{rank}",
+        "rank": rank,
+        "world": world,
+        "guard_port": port,
+        "leader": RANK0,
+        "members": members,
+        "secret_file": str(secret),
+        "health_url": health_url,
+        "poll_s": 0.2,
+        "failure_threshold": 3,
+        "formation_timeout_s": 30,
+        "backoff_base_s": 0,
+        "backoff_max_s": 0,
+        "backoff_window_s": 60,
+        "state_dir": str(state_dir / "state"),
+    }
     return config | ({"bind": RANK0} if rank == 0 else {"source": members[rank]})
 
 
@@ -203,13 +220,42 @@ def test_a_group_that_formed_but_never_serves_is_restarted_after_the_formation_t
 
 
 def test_guard_config_from_the_render():
-    procs = [Process(host=f"n{i}", address=f"10.0.0.{i + 1}", role="decode", node_rank=i, group=1, instance=0,
-                     nnodes=2, port=30001, serves_http=i == 0, unit="sglang-r-decode",
-                     argv=["python3", "-m", "sglang.launch_server", "--host", "0.0.0.0", "--port", "30001",
-                           "--dist-init-addr", "10.0.0.1:5000", "--nnodes", "2", "--node-rank", str(i)], env={},
-                     launcher=["python3", "-m", "sglang.launch_server"], bind="0.0.0.0", dist_init_addr="10.0.0.1",
-                     dist_init_port=5000, head="n0")
-             for i in range(2)]
+    procs = [
+        Process(
+            host=f"n{i}",
+            address=f"10.0.0.{i + 1}",
+            role="decode",
+            node_rank=i,
+            group=1,
+            instance=0,
+            nnodes=2,
+            port=30001,
+            serves_http=i == 0,
+            unit="sglang-r-decode",
+            argv=[
+                "python3",
+                "-m",
+                "sglang.launch_server",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "30001",
+                "--dist-init-addr",
+                "10.0.0.1:5000",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(i),
+            ],
+            env={},
+            launcher=["python3", "-m", "sglang.launch_server"],
+            bind="0.0.0.0",
+            dist_init_addr="10.0.0.1",
+            dist_init_port=5000,
+            head="n0",
+        )
+        for i in range(2)
+    ]
     from ironserve.catalogue import get_recipe
 
     recipe = get_recipe("tiny-cpu-tp2")
@@ -379,8 +425,9 @@ class FakeLeader:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                data = json.dumps({"accepted": True, "challenge": "c", "formed": False,
-                                   "invocation": f"inv-{secrets.token_hex(4)}"}).encode()
+                data = json.dumps(
+                    {"accepted": True, "challenge": "c", "formed": False, "invocation": f"inv-{secrets.token_hex(4)}"}
+                ).encode()
                 key = (SECRET if how != "other-secret" else "cd" * 32).encode()
                 nonce = request["nonce"] if how == "right" else "an-earlier-nonce"
                 self.send_response(200)
@@ -510,8 +557,10 @@ def test_the_guards_own_probe_failure_is_no_verdict_on_rank0(monkeypatch):
     # an engine that does not answer is still a verdict
     monkeypatch.undo()
     monkeypatch.setattr(guard, "log", lines.append)
-    assert guard.rank0_verdict({"health_url": f"http://127.0.0.1:{free_port()}/health"}, refused) == \
-        "not answering /health"
+    assert (
+        guard.rank0_verdict({"health_url": f"http://127.0.0.1:{free_port()}/health"}, refused)
+        == "not answering /health"
+    )
 
 
 def test_the_refusals_table_stays_bounded():
@@ -567,8 +616,13 @@ def test_the_leader_believes_one_signed_report_per_challenge_from_each_ranks_own
     status, first = answer(guard, reports, RANK1, report_body(False))
     assert status == 200 and first == {"accepted": False, "challenge": first["challenge"]} and first["challenge"]
     assert answer(guard, reports, RANK1, report_body(False))[1]["challenge"] == first["challenge"]  # still outstanding
-    _, accepted = answer(guard, reports, RANK1, report_body(True, first["challenge"]),
-                         state={"formed_in": "inv-7", "invocation": "inv-7"})
+    _, accepted = answer(
+        guard,
+        reports,
+        RANK1,
+        report_body(True, first["challenge"]),
+        state={"formed_in": "inv-7", "invocation": "inv-7"},
+    )
     assert accepted["accepted"] and accepted["formed"] is True and accepted["invocation"] == "inv-7"
     assert accepted["challenge"] != first["challenge"] and reports.latest[1][1] is True
     _, replayed = answer(guard, reports, RANK1, report_body(False, first["challenge"]))
@@ -580,18 +634,21 @@ def test_the_leader_believes_one_signed_report_per_challenge_from_each_ranks_own
     assert answer(guard, reports, RANK1, body)[1]["accepted"] and reports.latest[1][1] is False
 
 
-@pytest.mark.parametrize(("peer", "body", "secret", "why"), [
-    (STRANGER, report_body(True), SECRET, "not the address of a rank of this group"),
-    (RANK0, report_body(True), SECRET, "not the address of a rank of this group"),  # rank 0 reports to nobody
-    (RANK1, report_body(True), "cd" * 32, "bad MAC"),
-    (RANK1, {"healthy": True, "nonce": "n"}, SECRET, "malformed report"),
-    (RANK1, {"rank": "one", "healthy": True, "nonce": "n"}, SECRET, "malformed report"),
-    (RANK1, {"rank": 1, "healthy": True}, SECRET, "malformed report"),
-    (RANK1, {"rank": 1, "nonce": "n"}, SECRET, "malformed report"),
-    (RANK1, {**report_body(True), "rank": 2}, SECRET, "signed as rank 2, which has another address"),
-    (RANK1, {**report_body(True), "rank": 3}, SECRET, "signed as rank 3, which has another address"),
-    (RANK1, {**report_body(True), "rank": 0}, SECRET, "signed as rank 0, which has another address"),
-])
+@pytest.mark.parametrize(
+    ("peer", "body", "secret", "why"),
+    [
+        (STRANGER, report_body(True), SECRET, "not the address of a rank of this group"),
+        (RANK0, report_body(True), SECRET, "not the address of a rank of this group"),  # rank 0 reports to nobody
+        (RANK1, report_body(True), "cd" * 32, "bad MAC"),
+        (RANK1, {"healthy": True, "nonce": "n"}, SECRET, "malformed report"),
+        (RANK1, {"rank": "one", "healthy": True, "nonce": "n"}, SECRET, "malformed report"),
+        (RANK1, {"rank": 1, "healthy": True}, SECRET, "malformed report"),
+        (RANK1, {"rank": 1, "nonce": "n"}, SECRET, "malformed report"),
+        (RANK1, {**report_body(True), "rank": 2}, SECRET, "signed as rank 2, which has another address"),
+        (RANK1, {**report_body(True), "rank": 3}, SECRET, "signed as rank 3, which has another address"),
+        (RANK1, {**report_body(True), "rank": 0}, SECRET, "signed as rank 0, which has another address"),
+    ],
+)
 def test_the_leader_refuses_what_is_not_a_ranks_own_signed_report(capsys, peer, body, secret, why):
     guard = guard_module()
     reports = leader_reports(guard)
@@ -649,14 +706,21 @@ def test_followers_are_judged_by_their_latest_report_and_silence(monkeypatch):
     reports.latest = {1: (1005.0, False), 2: (990.0, True), 3: (989.0, True)}
     now = 1008.0
     assert guard.follower_verdicts(reports, 4, formed_at, window) == {
-        1: "not answering /health", 2: "healthy", 3: "healthy"}
+        1: "not answering /health",
+        2: "healthy",
+        3: "healthy",
+    }
     now = 1010.5 + 20
     assert guard.follower_verdicts(reports, 4, formed_at, window) == {
-        1: "silent for 26s", 2: "silent for 40s", 3: "silent"}
+        1: "silent for 26s",
+        2: "silent for 40s",
+        3: "silent",
+    }
 
 
 def test_a_follower_joins_rank0s_new_group_unless_it_formed_with_this_engine():
     step = guard_module().follow_step
+
     def said(invocation, formed=False, accepted=True):
         return {"accepted": accepted, "invocation": invocation, "formed": formed}
 
@@ -667,7 +731,9 @@ def test_a_follower_joins_rank0s_new_group_unless_it_formed_with_this_engine():
     assert step("inv-a", None) == ("wait", "")
     # rank 0 restarted and its group is forming: this engine is in the old one, restart it to join
     assert step("inv-a", said("inv-b")) == (
-        "restart", "rank 0 restarted (invocation inv-a -> inv-b): joining its new group")
+        "restart",
+        "rank 0 restarted (invocation inv-a -> inv-b): joining its new group",
+    )
     # rank 0 restarted and its new group already formed: only with this engine (the one rank 1 engine running
     # since this guard started), so restarting it would break the group it is in
     action, why = step("inv-a", said("inv-b", formed=True))
@@ -734,9 +800,15 @@ def test_the_kernels_tcp_tables_name_both_ends_of_a_rendezvous_connection():
 def test_the_leaders_reply_names_the_followers_connections_its_rendezvous_holds(monkeypatch):
     guard = guard_module()
     reports = leader_reports(guard, world=2)
-    monkeypatch.setattr(guard, "established", lambda: [(("10.0.0.1", 5000), ("127.0.0.2", 41000)),
-                                                       (("10.0.0.1", 5000), ("127.0.0.3", 41001)),
-                                                       (("10.0.0.1", 22), ("127.0.0.2", 41002))])
+    monkeypatch.setattr(
+        guard,
+        "established",
+        lambda: [
+            (("10.0.0.1", 5000), ("127.0.0.2", 41000)),
+            (("10.0.0.1", 5000), ("127.0.0.3", 41001)),
+            (("10.0.0.1", 22), ("127.0.0.2", 41002)),
+        ],
+    )
     state = {"formed_in": None, "invocation": "inv-2", "rendezvous": "10.0.0.1:5000"}
     _, first = answer(guard, reports, RANK1, report_body(True))
     assert "rendezvous" not in first  # nothing for a report it did not accept

@@ -11,7 +11,17 @@ import secrets
 import time
 
 from tests.test_rank_guard import (  # noqa: F401 (guard_env is a fixture)
-    RANK0, RANK1, Health, calls_of, free_port, guard_env, guard_module, post, restart_asked, signed, wait_for,
+    RANK0,
+    RANK1,
+    Health,
+    calls_of,
+    free_port,
+    guard_env,
+    guard_module,
+    post,
+    restart_asked,
+    signed,
+    wait_for,
 )
 
 RANK2 = "127.0.0.3"
@@ -24,10 +34,23 @@ def config(rank: int, port: int, health_url: str, state_dir) -> dict:
     if not secret.exists():
         secret.write_text("ab" * 32 + "\n")
         secret.chmod(0o600)
-    base = {"unit": f"engine{rank}", "rank": rank, "world": 3, "guard_port": port, "leader": RANK0,
-            "members": MEMBERS, "secret_file": str(secret), "health_url": health_url, "poll_s": 0.5,
-            "failure_threshold": 3, "formation_timeout_s": 30, "backoff_base_s": 0, "backoff_max_s": 0,
-            "backoff_window_s": 60, "state_dir": str(state_dir / "state")}
+    base = {
+        "unit": f"engine{rank}",
+        "rank": rank,
+        "world": 3,
+        "guard_port": port,
+        "leader": RANK0,
+        "members": MEMBERS,
+        "secret_file": str(secret),
+        "health_url": health_url,
+        "poll_s": 0.5,
+        "failure_threshold": 3,
+        "formation_timeout_s": 30,
+        "backoff_base_s": 0,
+        "backoff_max_s": 0,
+        "backoff_window_s": 60,
+        "state_dir": str(state_dir / "state"),
+    }
     return base | ({"bind": RANK0} if rank == 0 else {"source": MEMBERS[rank]})
 
 
@@ -55,8 +78,9 @@ def test_three_ranks_form_and_a_member_cannot_report_for_another_rank(guard_env)
         time.sleep(0.05)
     assert set(statuses) == {403}
     assert no_restart(calls), calls_of(calls)
-    assert f"refused a report from {RANK1}: signed as rank 2, which has another address" in (
-        tmp / "rank0.log").read_text()
+    assert (
+        f"refused a report from {RANK1}: signed as rank 2, which has another address" in (tmp / "rank0.log").read_text()
+    )
     # rank 2's own reports count: its engine hangs, the group restarts
     health[2].code = 503
     assert restart_asked(calls, "engine0")

@@ -13,10 +13,10 @@ import pytest
 
 from ironserve import catalogue
 from ironserve.catalogue import SpecError
-from ironserve.spec import devices_per_node as _devices
 from ironserve.flags import split_flags
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
+from ironserve.spec import devices_per_node as _devices
 
 from .seedtext import extract, seed_path
 
@@ -26,9 +26,7 @@ A3_PD_IDS = [r for r in A3_IDS if catalogue.get_recipe(r).topology.kind == "pd-d
 
 
 def hosts(n: int, nic=lambda i: "enp1s0", **data) -> list[InventoryHost]:
-    return [
-        InventoryHost(f"a3-{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": nic(i), **data}) for i in range(n)
-    ]
+    return [InventoryHost(f"a3-{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": nic(i), **data}) for i in range(n)]
 
 
 def flags(argv: list[str]) -> dict[str, list[str]]:
@@ -94,7 +92,10 @@ def test_2p1d_prefill_instances_ranks_dist_init_and_bootstrap():
     assert all("--disaggregation-bootstrap-port" not in p.argv for p in decode)
 
     (router,) = by_role(out, "router")
-    assert router_targets(router.argv, "--prefill") == [["http://10.0.0.1:8000", "8998"], ["http://10.0.0.3:8000", "8999"]]
+    assert router_targets(router.argv, "--prefill") == [
+        ["http://10.0.0.1:8000", "8998"],
+        ["http://10.0.0.3:8000", "8999"],
+    ]
     assert router_targets(router.argv, "--decode") == [["http://10.0.0.5:8001"]]
     rf = flags(router.argv)
     assert "--pd-disaggregation" in rf
@@ -310,14 +311,20 @@ def test_gb200_env_runtime_and_figures_from_the_seed():
     assert any("SGLANG_DISAGGREGATION_NIXL_BACKEND=LIBFABRIC" in n and "privileged" in n for n in recipe.notes)
     assert any("Recovery caveat" in n for n in recipe.notes)
     assert recipe.runtime.kind == "docker"
-    assert recipe.runtime.image == "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13" and recipe.runtime.image in seed
+    assert (
+        recipe.runtime.image == "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13" and recipe.runtime.image in seed
+    )
     assert not recipe.runtime.run.privileged
     assert recipe.model.hub_id == "nvidia/GLM-5-NVFP4"
     assert recipe.health_timeout_s == 3600
     assert recipe.expected.total_output_tok_s == 16800 and "19K" in recipe.expected.note
     b = recipe.benchmark
     assert (b.tool, b.random_input_len, b.random_output_len, b.max_concurrency, b.num_prompts) == (
-        "aiperf", 1000, 8192, 512, 1536
+        "aiperf",
+        1000,
+        8192,
+        512,
+        1536,
     )
     assert "ISL=1000, OSL=8192, concurrency=512" in seed and "1,536 requests" in seed
 

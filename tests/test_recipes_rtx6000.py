@@ -321,7 +321,7 @@ def test_tiny_cpu_replicas_behind_a_dedicated_router():
     (router,) = [p for p in procs if p.role == "router"]
     assert len(servers) == 2 and router.host not in {p.host for p in servers}
     assert "round_robin" in router.argv and router.port == 30000
-    assert router.argv[router.argv.index("--worker-urls") + 1:][:2] == [f"http://{p.address}:30000" for p in servers]
+    assert router.argv[router.argv.index("--worker-urls") + 1 :][:2] == [f"http://{p.address}:30000" for p in servers]
     for p in servers:
         f = flag_map(p.argv)
         assert f["--device"] == ["cpu"] and f["--attention-backend"] == ["torch_native"]

@@ -9,8 +9,8 @@ import yaml
 
 from ironserve import catalogue
 from ironserve.cli import main
-from ironserve.importer import import_command
 from ironserve.fleet import load_inventory
+from ironserve.importer import import_command
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.spec import Recipe
@@ -81,7 +81,7 @@ SEED_PASTE = (
     "SGLANG_ENABLE_SPEC_V2=True NCCL_P2P_LEVEL=SYS OMP_NUM_THREADS=8 python3 -m sglang.launch_server "
     "--model-path /mnt/GLM-5-NVFP4-MTP --tp 8 --trust-remote-code --attention-backend flashinfer "
     "--moe-runner-backend cutlass --kv-cache-dtype bf16 --quantization modelopt_fp4 --mem-fraction-static 0.85 "
-    "--host 0.0.0.0 --port 5000 --model-loader-extra-config '{\"enable_multithread_load\": true, \"num_threads\": 8}' "
+    '--host 0.0.0.0 --port 5000 --model-loader-extra-config \'{"enable_multithread_load": true, "num_threads": 8}\' '
     "--speculative-algo NEXTN --speculative-num-steps 3 --speculative-num-draft-tokens 4 --speculative-eagle-topk 1 "
     "--enable-nsa-prefill-context-parallel --nsa-prefill-cp-mode in-seq-split --cuda-graph-bs 1 2 3 --sleep-on-idle"
 )
@@ -103,8 +103,10 @@ def test_import_renders_back_to_same_argv_and_env():
 
 
 def test_import_multinode_becomes_topology():
-    words = shlex.split("python3 -m sglang.launch_server --model-path meta-llama/Meta-Llama-3-8B-Instruct --tp 4 "
-                        "--dist-init-addr sgl-dev-0:50000 --nnodes 2 --node-rank 0")
+    words = shlex.split(
+        "python3 -m sglang.launch_server --model-path meta-llama/Meta-Llama-3-8B-Instruct --tp 4 "
+        "--dist-init-addr sgl-dev-0:50000 --nnodes 2 --node-rank 0"
+    )
     data = import_command(words, "rtx6000-pro", engine="0.5.23")
     assert data["topology"] == {"kind": "multinode-tp", "groups": [{"nodes": 2, "dist_init_port": 50000}]}
     recipe = Recipe.model_validate(data)
@@ -113,8 +115,23 @@ def test_import_multinode_becomes_topology():
 
 def test_import_cli_writes_yaml(tmp_path, capsys):
     out = tmp_path / "mine.yaml"
-    assert main(["import", "--hardware", "rtx6000-pro", "--id", "mine", "--offline", "-o", str(out), "--",
-                 *shlex.split(SEED_PASTE)]) == 0
+    assert (
+        main(
+            [
+                "import",
+                "--hardware",
+                "rtx6000-pro",
+                "--id",
+                "mine",
+                "--offline",
+                "-o",
+                str(out),
+                "--",
+                *shlex.split(SEED_PASTE),
+            ]
+        )
+        == 0
+    )
     assert catalogue.get_recipe(str(out)).id == "mine"
 
 
@@ -147,8 +164,9 @@ def test_argv_is_built_from_the_structured_fields():
             if proc.in_rank_group:
                 assert values["--dist-init-addr"] == [f"{proc.dist_init_addr}:{proc.dist_init_port}"]
                 assert values["--node-rank"] == [str(proc.node_rank)] and values["--nnodes"] == [str(proc.nnodes)]
-                assert proc.head == next(p.host for p in render(recipe).processes
-                                         if p.group_key == proc.group_key and p.node_rank == 0)
+                assert proc.head == next(
+                    p.host for p in render(recipe).processes if p.group_key == proc.group_key and p.node_rank == 0
+                )
             else:
                 assert "--dist-init-addr" not in values and proc.dist_init_port is None and proc.head is None
             tp, pp, dp = (int(values.get(f, ["1"])[0]) for f in ("--tp-size", "--pp-size", "--dp-size"))

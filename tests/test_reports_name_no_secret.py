@@ -29,8 +29,15 @@ def keyed_inventory(tmp_path: Path) -> Path:
     key.chmod(0o600)
     token.chmod(0o600)
     inventory = tmp_path / "inventory.py"
-    data = {"hardware": "rtx6000-pro-maxq", "ssh_user": "ubuntu", "_sudo": True, "nic": "enp65s0f0",
-            "model_source": "hub", "api_key_file": str(key), "hf_token_file": str(token)}
+    data = {
+        "hardware": "rtx6000-pro-maxq",
+        "ssh_user": "ubuntu",
+        "_sudo": True,
+        "nic": "enp65s0f0",
+        "model_source": "hub",
+        "api_key_file": str(key),
+        "hf_token_file": str(token),
+    }
     inventory.write_text(f"gpu_nodes = [('gpu-a', {{**{data!r}, 'ssh_hostname': '192.0.2.10'}})]\n")
     return inventory
 
@@ -39,8 +46,9 @@ def _probe_answers(spec: str, units: list[dict]):
     # what a reachable host answers (the probe itself reads only unit states and /health codes); the spec is
     # printed in an unreachable host's error, so it must hold no secret either
     assert KEY not in spec and TOKEN not in spec
-    return [{**{k: v for k, v in u.items() if k != "health_url"}, "active": "active", "health": "200"}
-            for u in units], None
+    return [
+        {**{k: v for k, v in u.items() if k != "health_url"}, "active": "active", "health": "200"} for u in units
+    ], None
 
 
 def _probe_fails(spec: str, units: list[dict]):
@@ -65,8 +73,15 @@ def test_bench_report_keeps_no_secret_value():
     """The bench report (printed table and the bench_report JSON) is built from bench_serving's result: a key or
     token in it (a future bench_serving echoing its arguments) is dropped, the figures kept."""
     recipe = get_recipe("glm5-nvfp4-rtx6000-tp8")
-    result = {"completed": 8, "output_throughput": 100.0, "mean_tpot_ms": 20.0, "api_key": KEY, "HF_TOKEN": "x",
-              "note": TOKEN, "backend": "sglang"}
+    result = {
+        "completed": 8,
+        "output_throughput": 100.0,
+        "mean_tpot_ms": 20.0,
+        "api_key": KEY,
+        "HF_TOKEN": "x",
+        "note": TOKEN,
+        "backend": "sglang",
+    }
     kept = public_result(result)
     assert kept == {"completed": 8, "output_throughput": 100.0, "mean_tpot_ms": 20.0, "backend": "sglang"}
     text, _ok = report(recipe, kept)

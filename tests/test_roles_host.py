@@ -54,9 +54,13 @@ def test_platform_allows_x86_standins_only_when_emulated_arch_is_allowed():
 
 
 def test_platform_os_must_be_debian_or_ubuntu():
-    problems = preflight.platform_problems("gpu-a", "x86_64", "x86_64", {"name": "Rocky", "release_meta": {"ID": "rocky"}})
-    assert problems == ["gpu-a: operating system: expected Debian or Ubuntu, found Rocky. "
-                        "Fix: reinstall the host with Debian 12 or Ubuntu 24.04"]
+    problems = preflight.platform_problems(
+        "gpu-a", "x86_64", "x86_64", {"name": "Rocky", "release_meta": {"ID": "rocky"}}
+    )
+    assert problems == [
+        "gpu-a: operating system: expected Debian or Ubuntu, found Rocky. "
+        "Fix: reinstall the host with Debian 12 or Ubuntu 24.04"
+    ]
 
 
 def test_device_problems_name_host_expected_found_fix():
@@ -117,10 +121,13 @@ def test_fstab_line():
 # --------------------------------------------------------------------------- NVIDIA driver and CUDA
 
 
-@pytest.mark.parametrize("distro,arch,url", [
-    (UBUNTU, "x86_64", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"),
-    (DEBIAN, "aarch64", "https://developer.download.nvidia.com/compute/cuda/repos/debian12/sbsa/"),
-])
+@pytest.mark.parametrize(
+    "distro,arch,url",
+    [
+        (UBUNTU, "x86_64", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"),
+        (DEBIAN, "aarch64", "https://developer.download.nvidia.com/compute/cuda/repos/debian12/sbsa/"),
+    ],
+)
 def test_default_repo_url(distro, arch, url):
     assert nvidia_driver.default_repo_url(distro, arch) == url
 
@@ -159,13 +166,16 @@ def test_dearmor_roundtrip():
     assert nvidia_driver.dearmor(key) == key  # binary keyrings pass through
 
 
-@pytest.mark.parametrize("state,reasons", [
-    ({"module": "580.95.05", "smi": "580.95.05", "package": "580.95.05-1", "reboot_required": False}, 0),
-    ({"module": None, "smi": "580.95.05", "package": "580.95.05-1", "reboot_required": False}, 0),  # lab
-    ({"module": None, "smi": None, "package": None, "reboot_required": False}, 0),  # not installed yet
-    ({"module": "570.172.08", "smi": None, "package": "580.95.05-1", "reboot_required": False}, 1),
-    ({"module": None, "smi": None, "package": "580.95.05-1", "reboot_required": True}, 2),
-])
+@pytest.mark.parametrize(
+    "state,reasons",
+    [
+        ({"module": "580.95.05", "smi": "580.95.05", "package": "580.95.05-1", "reboot_required": False}, 0),
+        ({"module": None, "smi": "580.95.05", "package": "580.95.05-1", "reboot_required": False}, 0),  # lab
+        ({"module": None, "smi": None, "package": None, "reboot_required": False}, 0),  # not installed yet
+        ({"module": "570.172.08", "smi": None, "package": "580.95.05-1", "reboot_required": False}, 1),
+        ({"module": None, "smi": None, "package": "580.95.05-1", "reboot_required": True}, 2),
+    ],
+)
 def test_reboot_reasons(state, reasons):
     assert len(nvidia_driver.reboot_reasons(state, "580.95.05-1")) == reasons
 
@@ -188,7 +198,10 @@ def test_clock_offset_max_q_only():
 def test_clock_unit_text():
     text = gpu_clocks.unit_text(4000)
     assert "After=nvidia-persistenced.service" in text
-    assert "ExecStart=/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --offset 4000" in text
+    assert (
+        "ExecStart=/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --offset 4000"
+        in text
+    )
 
 
 def test_offsets_drift():
@@ -229,8 +242,16 @@ def test_shipped_graph_is_valid_nccl_xml_for_8_gpus():
     graphs = root.findall("graph")
     assert {g.get("id") for g in graphs} == {"0", "1"}
     for g in graphs:
-        for attr in ("pattern", "crossnic", "nchannels", "speedintra", "speedinter", "typeintra", "typeinter",
-                     "samechannels"):
+        for attr in (
+            "pattern",
+            "crossnic",
+            "nchannels",
+            "speedintra",
+            "speedinter",
+            "typeintra",
+            "typeinter",
+            "samechannels",
+        ):
             assert g.get(attr) is not None, attr
         channels = g.findall("channel")
         assert len(channels) == int(g.get("nchannels"))
@@ -241,23 +262,32 @@ def test_shipped_graph_is_valid_nccl_xml_for_8_gpus():
 # --------------------------------------------------------------------------- Ascend
 
 
-@pytest.mark.parametrize("component,arch,name", [
-    ("driver", "x86_64", "Ascend-hdk-910c-npu-driver_25.2.0_linux-x86-64.run"),
-    ("driver", "aarch64", "Ascend-hdk-910c-npu-driver_25.2.0_linux-aarch64.run"),
-    ("toolkit", "x86_64", "Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run"),
-    ("nnal", "aarch64", "Ascend-cann-nnal_8.3.RC1_linux-aarch64.run"),
-])
+@pytest.mark.parametrize(
+    "component,arch,name",
+    [
+        ("driver", "x86_64", "Ascend-hdk-910c-npu-driver_25.2.0_linux-x86-64.run"),
+        ("driver", "aarch64", "Ascend-hdk-910c-npu-driver_25.2.0_linux-aarch64.run"),
+        ("toolkit", "x86_64", "Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run"),
+        ("nnal", "aarch64", "Ascend-cann-nnal_8.3.RC1_linux-aarch64.run"),
+    ],
+)
 def test_run_file_names_match_the_lab_and_a3(component, arch, name):
     version = "25.2.0" if component == "driver" else "8.3.RC1"
     assert ascend.run_file(component, version, arch) == name
 
 
 def test_version_problems():
-    installed = {"driver": "25.2.0", "toolkit": "8.3.rc1", "nnal": None,
-                 "set_env": ["/usr/local/Ascend/ascend-toolkit/set_env.sh"]}
+    installed = {
+        "driver": "25.2.0",
+        "toolkit": "8.3.rc1",
+        "nnal": None,
+        "set_env": ["/usr/local/Ascend/ascend-toolkit/set_env.sh"],
+    }
     problems = ascend.version_problems(installed, {"driver": "25.2.0", "toolkit": "8.3.RC1", "nnal": "8.3.RC1"})
-    assert problems == ["nnal: expected 8.3.RC1, found nothing",
-                        "/usr/local/Ascend/nnal/atb/set_env.sh: expected (sourced by the service units), found missing"]
+    assert problems == [
+        "nnal: expected 8.3.RC1, found nothing",
+        "/usr/local/Ascend/nnal/atb/set_env.sh: expected (sourced by the service units), found missing",
+    ]
 
 
 def test_recipes_source_the_set_env_scripts_ascend_checks():
@@ -291,8 +321,9 @@ def test_nccl_graph_source_uploads_only_files_of_the_recipe_directories(tmp_path
             nccl.graph_source_file(source, recipe if source != "graph.xml" else None)
 
 
-@pytest.mark.parametrize("source", ["/home/me/.ssh/id_rsa", "../secrets/key", "files/../../x", "~/.ssh/id_rsa",
-                                    "files/nccl/$(id).xml"])
+@pytest.mark.parametrize(
+    "source", ["/home/me/.ssh/id_rsa", "../secrets/key", "files/../../x", "~/.ssh/id_rsa", "files/nccl/$(id).xml"]
+)
 def test_nccl_graph_source_grammar_refuses_paths_outside(source):
     from ironserve.spec import NcclGraph
 

@@ -5,7 +5,6 @@ tests/operations."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import subprocess
@@ -22,11 +21,13 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
-from ironserve.units import (KEY_LAUNCHER, container_command, deliberate, exec_argv, sha256_text, unit_files,
-                             venv_path)
+from ironserve.units import KEY_LAUNCHER, container_command, deliberate, exec_argv, sha256_text, unit_files, venv_path
 from roles import container_runtime as cr
+from roles import health, launch
+from roles import model_weights as mw
+from roles import sglang_service as ss
+from roles import uv_env as uv
 from roles.common import changed, deb822_source
-from roles import health, launch, model_weights as mw, sglang_service as ss, uv_env as uv
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "files" / "bin"
@@ -62,19 +63,22 @@ def test_first_resolution_writes_the_lock_text(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
     digest = "sha256:" + "2" * 64
-    (fake / "docker").write_text(textwrap.dedent(f"""\
+    (fake / "docker").write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         # stand-in: `docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' REF`
         printf 'other/repo@sha256:{"9" * 64}\\nlmsysorg/sglang@{digest}\\n'
-        """))
+        """)
+    )
     (fake / "docker").chmod(0o755)
     state = FakeState()
     host = create_host(state, facts={"container_runtime.ImageLock": {"path=/etc/ironserve/r.lock.json": None}})
     with ctx_state.use(state), ctx_host.use(host):
         commands = list(cr.image_pinned._inner(image="lmsysorg/sglang:dev-cu13", recipe_id="r"))
     record = str(commands[1]).replace("/etc/ironserve", str(tmp_path / "etc"))
-    out = subprocess.run(["sh", "-c", record], capture_output=True, text=True,
-                         env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    out = subprocess.run(
+        ["sh", "-c", record], capture_output=True, text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "etc" / "r.lock.json").read_text() == cr.lock_text("r", "lmsysorg/sglang:dev-cu13", digest)
     assert f"runtime.digest: {digest}" in out.stdout
@@ -83,8 +87,9 @@ def test_first_resolution_writes_the_lock_text(tmp_path):
 def test_deb822_sources():
     flat = deb822_source("http://10.0.0.1/apt", "/", "stable", None, True)
     assert "Components" not in flat and "Trusted: yes" in flat
-    docker = deb822_source("https://download.docker.com/linux/ubuntu", "noble", "stable", "/etc/apt/keyrings/docker.asc",
-                              False)
+    docker = deb822_source(
+        "https://download.docker.com/linux/ubuntu", "noble", "stable", "/etc/apt/keyrings/docker.asc", False
+    )
     assert "Components: stable" in docker and "Signed-By: /etc/apt/keyrings/docker.asc" in docker
 
 
@@ -92,7 +97,8 @@ def test_drift_reasons():
     have = {"image": "img", "image_id": "a", "want_image_id": "a", "cmd": ["x"], "env_names": ["A", "PATH"]}
     assert cr.drift(have, "img", ["x"], ["A"]) == []
     assert cr.drift({**have, "want_image_id": "b"}, "img", ["x"], ["A"]) == [
-        "the image was rebuilt or re-pulled since the container started"]
+        "the image was rebuilt or re-pulled since the container started"
+    ]
     assert cr.drift(have, "img2", ["y"], ["A", "B"]) == ["image img != img2", "command line differs", "env lacks B"]
 
 
@@ -101,8 +107,15 @@ def test_drift_reasons():
 
 def test_a_new_package_set_is_a_new_venv_beside_the_live_one():
     recipe = catalogue.get_recipe("tiny-cpu")
-    bumped = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(
-        update={"packages": [p if not p.startswith("numpy==") else "numpy==2.3.4" for p in recipe.runtime.packages]})})
+    bumped = recipe.model_copy(
+        update={
+            "runtime": recipe.runtime.model_copy(
+                update={
+                    "packages": [p if not p.startswith("numpy==") else "numpy==2.3.4" for p in recipe.runtime.packages]
+                }
+            )
+        }
+    )
     assert venv_path(recipe).startswith("/opt/ironserve/venvs/runtime-") and venv_path(recipe) == venv_path(recipe)
     assert venv_path(bumped) != venv_path(recipe)  # never an upgrade in place under a running unit
     hosts = [InventoryHost(n, {"hardware": "cpu-lab"}) for n in ("r0", "n0", "n1")]
@@ -114,14 +127,19 @@ def test_requirements_diff_only_changed_pins():
     installed = {"sglang": "0.5.23", "sglang-router": "0.3.2"}
     assert uv.requirements_diff(["sglang==0.5.23", "sglang-router==0.3.2"], installed) == []
     assert uv.requirements_diff(["SGLang==0.5.24", "sglang_router==0.3.2", "sgl-kernel[x]==0.3.1"], installed) == [
-        "SGLang==0.5.24", "sgl-kernel[x]==0.3.1"]
+        "SGLang==0.5.24",
+        "sgl-kernel[x]==0.3.1",
+    ]
 
 
 def test_index_args_mirror_overrides_everything():
     runtime = _recipe("minimax-m2.5-nvfp4-rtx6000-tp2").runtime
     assert uv.index_args(runtime, "http://10.213.7.1:8780/simple/") == ["--index-url", "http://10.213.7.1:8780/simple/"]
-    named = {"sglang-cu129": "http://mirror/sgl129/", "sglang-cu130": "http://mirror/sgl130/",
-             "pytorch-cu130": "http://mirror/torch130/"}
+    named = {
+        "sglang-cu129": "http://mirror/sgl129/",
+        "sglang-cu130": "http://mirror/sgl130/",
+        "pytorch-cu130": "http://mirror/torch130/",
+    }
     args = uv.index_args(runtime, None, named)
     assert args[:2] == ["--index-url", "http://mirror/sgl129/"]
     assert "https://pypi.org/simple" in args  # index:pypi as an extra index is PyPI itself
@@ -144,8 +162,10 @@ def test_recipes_of_one_runtime_share_its_venv():
     atlas = [r for r in catalogue.catalogue().values() if r.id.startswith("glm5.1-w4a8-a3-")]
     assert len(atlas) == 9 and len({venv_path(r) for r in atlas}) == 1
     assert len({venv_path(catalogue.get_recipe(r)) for r in ("tiny-cpu", "tiny-cpu-tp2")}) == 1
-    others = {venv_path(catalogue.get_recipe(r)) for r in ("tiny-cpu", "llama3-8b-multinode-tp4",
-                                                            "minimax-m2.5-nvfp4-rtx6000-tp2", atlas[0].id)}
+    others = {
+        venv_path(catalogue.get_recipe(r))
+        for r in ("tiny-cpu", "llama3-8b-multinode-tp4", "minimax-m2.5-nvfp4-rtx6000-tp2", atlas[0].id)
+    }
     assert len(others) == 4
 
 
@@ -154,8 +174,11 @@ def test_recipes_of_one_runtime_share_its_venv():
 
 def test_checkpoint_problems_name_what_is_missing():
     state = {"exists": True, "config": False, "missing": ["a.safetensors"], "empty": ["b.safetensors"]}
-    assert mw.checkpoint_problems(state) == ["config.json is missing", "shard a.safetensors is missing",
-                                             "shard b.safetensors is empty"]
+    assert mw.checkpoint_problems(state) == [
+        "config.json is missing",
+        "shard a.safetensors is missing",
+        "shard b.safetensors is empty",
+    ]
     assert mw.checkpoint_problems(None) == ["the directory does not exist"]
 
 
@@ -169,9 +192,23 @@ def test_download_keeps_the_token_off_argv():
 
 def test_missing_shard_error_names_host_path_and_shard():
     state = FakeState()
-    host = create_host(state, facts={"model_weights.ModelCheckpoint": {"path=/mnt/m": {
-        "exists": True, "config": True, "index": True, "shards": 2, "missing": ["m-2.safetensors"], "empty": [],
-        "manifest_stamp": None, "verified_stamp": None}}})
+    host = create_host(
+        state,
+        facts={
+            "model_weights.ModelCheckpoint": {
+                "path=/mnt/m": {
+                    "exists": True,
+                    "config": True,
+                    "index": True,
+                    "shards": 2,
+                    "missing": ["m-2.safetensors"],
+                    "empty": [],
+                    "manifest_stamp": None,
+                    "verified_stamp": None,
+                }
+            }
+        },
+    )
     host.name = "gpu-a"
     with ctx_state.use(state), ctx_host.use(host), pytest.raises(OperationError) as err:
         list(mw.checkpoint_verified._inner(path="/mnt/m"))
@@ -194,8 +231,11 @@ def test_manifest_check_real_sha256sum(tmp_path):
 
 def _tiny():
     recipe = _recipe("tiny-cpu")
-    hosts = [InventoryHost("n0", {"ssh_hostname": "10.0.0.10"}), InventoryHost("n1", {"ssh_hostname": "10.0.0.11"}),
-             InventoryHost("r0", {"ssh_hostname": "10.0.0.12", "ironserve_role": "router"})]
+    hosts = [
+        InventoryHost("n0", {"ssh_hostname": "10.0.0.10"}),
+        InventoryHost("n1", {"ssh_hostname": "10.0.0.11"}),
+        InventoryHost("r0", {"ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
+    ]
     return recipe, render(recipe, hosts)
 
 
@@ -209,8 +249,17 @@ def test_parse_check_invocations():
     glm = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
     proc = render(glm).processes[0]
     docker = ss.parse_check_argv(glm, proc)
-    assert docker[:9] == ["docker", "run", "--rm", "--network", "none", "-v",
-                          f"{ss.PARSE_CHECK}:/ironserve-parse-check:ro", "--entrypoint", "python3"]
+    assert docker[:9] == [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        f"{ss.PARSE_CHECK}:/ironserve-parse-check:ro",
+        "--entrypoint",
+        "python3",
+    ]
     assert docker[9] == "ironserve/glm5-nvfp4-mtp-rtx6000-tp8:derived"
     assert docker[10:14] == ["/ironserve-parse-check", "--kind", "server", "--"]
 
@@ -225,7 +274,11 @@ def test_api_key_goes_through_the_launcher_not_argv():
     argv = exec_argv(glm, render(glm).processes[0], api_key=True)
     assert f"{KEY_LAUNCHER}:{KEY_LAUNCHER}:ro" in argv
     assert container_command(glm, render(glm).processes[0], api_key=True)[:4] == [
-        "python3", KEY_LAUNCHER, "-m", "sglang.launch_server"]
+        "python3",
+        KEY_LAUNCHER,
+        "-m",
+        "sglang.launch_server",
+    ]
 
 
 def test_engines_and_router_get_the_api_key_but_not_the_hub_token(tmp_path):
@@ -235,8 +288,11 @@ def test_engines_and_router_get_the_api_key_but_not_the_hub_token(tmp_path):
     key.write_text("s3cret\n")
     token.write_text("hf_x\n")
     data = {"hardware": "cpu-lab", "api_key_file": str(key), "hf_token_file": str(token)}
-    hosts = [("r0", {**data, "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
-             ("n0", {**data, "ssh_hostname": "10.0.0.10"}), ("n1", {**data, "ssh_hostname": "10.0.0.11"})]
+    hosts = [
+        ("r0", {**data, "ssh_hostname": "10.0.0.12", "ironserve_role": "router"}),
+        ("n0", {**data, "ssh_hostname": "10.0.0.10"}),
+        ("n1", {**data, "ssh_hostname": "10.0.0.11"}),
+    ]
     ctx = build_context("tiny", "r0", hosts)
     (router,) = ctx.processes
     secrets = ss.process_secrets(ctx, router)
@@ -255,7 +311,8 @@ def _profile_tuning():
 
 
 def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
-    (tmp_path / "fakeengine.py").write_text(textwrap.dedent("""\
+    (tmp_path / "fakeengine.py").write_text(
+        textwrap.dedent("""\
         import json, os, sys
         cmdline = open("/proc/self/cmdline", "rb").read().split(b"\\0")
         out = {"cmdline": [c.decode() for c in cmdline if c], "argv": sys.argv[1:],
@@ -263,11 +320,13 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
                "environ": open("/proc/self/environ", "rb").read().decode(errors="replace"),
                "fds": sorted(os.listdir("/proc/self/fd"))}
         open(os.environ["OUT"], "w").write(json.dumps(out))
-        """))
+        """)
+    )
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "IRONSERVE_API_KEY": "s3cret-key", "OUT": str(out)}
-    subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--port", "30000"], env=env,
-                   check=True)
+    subprocess.run(
+        [sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--port", "30000"], env=env, check=True
+    )
     seen = json.loads(out.read_text())
     assert seen["argv"] == ["--port", "30000", "--api-key", "s3cret-key"]
     assert not any("s3cret" in c for c in seen["cmdline"])
@@ -279,18 +338,27 @@ def test_ironserve_exec_hides_the_key_from_cmdline(tmp_path):
     keyfile = tmp_path / "key"
     keyfile.write_text("filekey\n")
     env2 = {k: v for k, v in env.items() if k != "IRONSERVE_API_KEY"}
-    subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine"], check=True,
-                   env={**env2, "IRONSERVE_API_KEY_FILE": str(keyfile)})
+    subprocess.run(
+        [sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine"],
+        check=True,
+        env={**env2, "IRONSERVE_API_KEY_FILE": str(keyfile)},
+    )
     assert json.loads(out.read_text())["argv"] == ["--api-key", "filekey"]
     assert "filekey" not in json.loads(out.read_text())["environ"]
 
 
-@pytest.mark.parametrize("env, names", [
-    ({}, "neither IRONSERVE_API_KEY nor IRONSERVE_API_KEY_FILE is set"),
-    ({"IRONSERVE_API_KEY": "  "}, "IRONSERVE_API_KEY is empty"),
-    ({"IRONSERVE_API_KEY_FILE": "MISSING"}, "the key file named by IRONSERVE_API_KEY_FILE (MISSING) cannot be read"),
-    ({"IRONSERVE_API_KEY_FILE": "EMPTY"}, "the key file named by IRONSERVE_API_KEY_FILE (EMPTY) is empty"),
-])
+@pytest.mark.parametrize(
+    "env, names",
+    [
+        ({}, "neither IRONSERVE_API_KEY nor IRONSERVE_API_KEY_FILE is set"),
+        ({"IRONSERVE_API_KEY": "  "}, "IRONSERVE_API_KEY is empty"),
+        (
+            {"IRONSERVE_API_KEY_FILE": "MISSING"},
+            "the key file named by IRONSERVE_API_KEY_FILE (MISSING) cannot be read",
+        ),
+        ({"IRONSERVE_API_KEY_FILE": "EMPTY"}, "the key file named by IRONSERVE_API_KEY_FILE (EMPTY) is empty"),
+    ],
+)
 def test_ironserve_exec_fails_closed_without_its_key(tmp_path, env, names):
     """A unit runs ironserve-exec only when it declares a key: a missing or empty key never starts the engine
     keyless. One line names the variable or file, no value; exit 78, which the keyed unit does not restart."""
@@ -300,8 +368,12 @@ def test_ironserve_exec_fails_closed_without_its_key(tmp_path, env, names):
     names = names.replace("MISSING", str(tmp_path / "MISSING")).replace("EMPTY", str(tmp_path / "EMPTY"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("IRONSERVE_API_KEY")}
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"], text=True,
-                          env={**base, "PYTHONPATH": str(tmp_path), "OUT": str(out), **env}, capture_output=True)
+    proc = subprocess.run(
+        [sys.executable, str(BIN / "ironserve-exec"), "-m", "fakeengine", "--x"],
+        text=True,
+        env={**base, "PYTHONPATH": str(tmp_path), "OUT": str(out), **env},
+        capture_output=True,
+    )
     assert proc.returncode == 78 and not out.exists(), (proc.returncode, proc.stderr)
     assert names in proc.stderr and "not starting the engine without its API key" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
@@ -325,7 +397,8 @@ def test_ironserve_exec_keeps_the_key_out_of_the_engines_output(tmp_path):
     """The engine (and the processes it starts) print the key the way SGLang logs its server_args: what reaches
     ironserve-exec's stdout/stderr (the journal) has <hidden> in its place, everything else intact."""
     key = "sk-lab-" + "k" * 40
-    (tmp_path / "chatty.py").write_text(textwrap.dedent("""\
+    (tmp_path / "chatty.py").write_text(
+        textwrap.dedent("""\
         import logging, subprocess, sys
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         key = sys.argv[sys.argv.index("--api-key") + 1]
@@ -335,10 +408,12 @@ def test_ironserve_exec_keeps_the_key_out_of_the_engines_output(tmp_path):
         sys.stdout.write("\\r progress 1/2\\n")
         sys.stdout.flush()
         subprocess.run([sys.executable, "-c", "import sys; print('child', sys.argv[1])", key], check=True)
-        """))
+        """)
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "IRONSERVE_API_KEY": key}
-    proc = subprocess.run([sys.executable, str(BIN / "ironserve-exec"), "-m", "chatty"], env=env,
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(BIN / "ironserve-exec"), "-m", "chatty"], env=env, capture_output=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert key.encode() not in out
@@ -351,7 +426,8 @@ def _fake_sglang(tmp_path):
     pkg.mkdir(parents=True)
     (tmp_path / "sglang" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(textwrap.dedent("""\
+    (pkg / "server_args.py").write_text(
+        textwrap.dedent("""\
         class ServerArgs:
             @staticmethod
             def add_cli_args(parser):
@@ -359,27 +435,38 @@ def _fake_sglang(tmp_path):
                 parser.add_argument("--tp-size", type=int)
                 parser.add_argument("--tp-rank", type=int)
                 parser.add_argument("--attention-backend", choices=["triton", "flashinfer"])
-        """))
+        """)
+    )
     return {**os.environ, "PYTHONPATH": str(tmp_path)}
 
 
-@pytest.mark.parametrize("args, rc, message", [
-    (["--model-path", "/m", "--tp-size", "8"], 0, ""),
-    (["--model-path", "/m", "--tp-sise", "8"], 2, "unrecognized arguments: --tp-sise 8"),
-    (["--model-path", "/m", "--tp", "8"], 2, "unrecognized arguments: --tp 8"),  # no abbreviations
-    (["--model-path", "/m", "--attention-backend", "fa9"], 2, "invalid choice: 'fa9'"),
-])
+@pytest.mark.parametrize(
+    "args, rc, message",
+    [
+        (["--model-path", "/m", "--tp-size", "8"], 0, ""),
+        (["--model-path", "/m", "--tp-sise", "8"], 2, "unrecognized arguments: --tp-sise 8"),
+        (["--model-path", "/m", "--tp", "8"], 2, "unrecognized arguments: --tp 8"),  # no abbreviations
+        (["--model-path", "/m", "--attention-backend", "fa9"], 2, "invalid choice: 'fa9'"),
+    ],
+)
 def test_parse_check_uses_the_runtime_parser(tmp_path, args, rc, message):
     env = _fake_sglang(tmp_path)
-    out = subprocess.run([sys.executable, str(BIN / "ironserve-parse-check"), "--kind", "server", "--", *args],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, str(BIN / "ironserve-parse-check"), "--kind", "server", "--", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == rc
     assert message in out.stderr
 
 
 def test_parse_check_without_sglang_says_so(tmp_path):
-    out = subprocess.run([sys.executable, "-I", str(BIN / "ironserve-parse-check"), "--kind", "router", "--"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-I", str(BIN / "ironserve-parse-check"), "--kind", "router", "--"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 3 and "cannot import the router parser" in out.stderr
 
 
@@ -392,8 +479,10 @@ def _executing(facts):
 def test_argv_parses_raises_with_the_parser_message_at_execution():
     probe = ["py", "probe", "--kind", "server", "--", "--tp", "8"]
     cmd = "py probe --kind server -- --tp 8"
-    facts = {"sglang_service.MarkerDigest": {"path=/var/lib/ironserve/parse-ok/u": None},
-             "sglang_service.ParseCheck": {f"probe={cmd}": {"rc": 2, "output": "error: unrecognized arguments: --tp 8"}}}
+    facts = {
+        "sglang_service.MarkerDigest": {"path=/var/lib/ironserve/parse-ok/u": None},
+        "sglang_service.ParseCheck": {f"probe={cmd}": {"rc": 2, "output": "error: unrecognized arguments: --tp 8"}},
+    }
     state, host = _executing(facts)
     with ctx_state.use(state), ctx_host.use(host), pytest.raises(OperationError) as err:
         list(ss.argv_parses._inner(unit="u", probe=probe, digest="d"))
@@ -402,7 +491,8 @@ def test_argv_parses_raises_with_the_parser_message_at_execution():
     state, host = _executing(facts)
     with ctx_state.use(state), ctx_host.use(host):
         assert [str(c) for c in ss.argv_parses._inner(unit="u", probe=probe, digest="d")] == [
-            "mkdir -p /var/lib/ironserve/parse-ok && echo d > /var/lib/ironserve/parse-ok/u"]
+            "mkdir -p /var/lib/ironserve/parse-ok && echo d > /var/lib/ironserve/parse-ok/u"
+        ]
 
 
 # --------------------------------------------------------------------------- launch
@@ -421,7 +511,10 @@ def test_health_url_on_the_host_itself():
 
 def test_start_order_rank0_then_ranks_then_router():
     recipe = _recipe("llama3-8b-multinode-tp4")
-    hosts = [InventoryHost(f"n{i}", {"ssh_hostname": f"10.0.0.{i}", "nic": "eth0"}) for i in range(recipe.topology.node_count)]
+    hosts = [
+        InventoryHost(f"n{i}", {"ssh_hostname": f"10.0.0.{i}", "nic": "eth0"})
+        for i in range(recipe.topology.node_count)
+    ]
     waves = launch.start_order(render(recipe, hosts).processes)
     assert [p.node_rank for p in waves[0]] == [0] and all(p.node_rank > 0 for p in waves[1]) and waves[2] == []
     _, tiny = _tiny()
@@ -460,8 +553,13 @@ class _Host:
 
 def test_wait_healthy_polls_until_200(monkeypatch):
     monkeypatch.setattr(health, "_sleep", lambda s: None)
-    host = _Host(["000\nActiveState=active\nSubState=running", "503\nActiveState=active\nSubState=running",
-                  "200\nActiveState=active\nSubState=running"])
+    host = _Host(
+        [
+            "000\nActiveState=active\nSubState=running",
+            "503\nActiveState=active\nSubState=running",
+            "200\nActiveState=active\nSubState=running",
+        ]
+    )
     assert launch.wait_healthy(None, host, "u", "http://127.0.0.1:1/health", 60, poll_s=0.01) is True
     assert any("still waiting" in m for m in host.logs) and "healthy after" in host.logs[-1]
 
@@ -516,12 +614,15 @@ class _GroupHost:
         self.commands.append(f"log: {message}")
 
 
-@pytest.mark.parametrize("following, restarted", [
-    ({"leader_invocation": "g2", "engine_invocation": "r1-new"}, False),  # its guard followed rank 0's new start
-    ({"leader_invocation": "g1", "engine_invocation": "r1-new"}, True),   # still on rank 0's previous generation
-    ({"leader_invocation": "g2", "engine_invocation": "r1-old"}, True),   # a record of an engine that is gone
-    (None, True),                                                         # no guard record at all
-])
+@pytest.mark.parametrize(
+    "following, restarted",
+    [
+        ({"leader_invocation": "g2", "engine_invocation": "r1-new"}, False),  # its guard followed rank 0's new start
+        ({"leader_invocation": "g1", "engine_invocation": "r1-new"}, True),  # still on rank 0's previous generation
+        ({"leader_invocation": "g2", "engine_invocation": "r1-old"}, True),  # a record of an engine that is gone
+        (None, True),  # no guard record at all
+    ],
+)
 def test_a_rank_follows_rank0s_invocation_not_the_clocks_of_two_hosts(monkeypatch, following, restarted):
     monkeypatch.setattr(health, "_sleep", lambda s: None)
     head, me = _GroupHost("n0", "g2"), _GroupHost("n1", "r1-new", following)
@@ -554,20 +655,32 @@ class _ScriptedHost:
 def test_rollback_restores_every_member_of_the_group_rank0_first():
     from roles import rollback
 
-    snapshot = ["current aaa  /etc/systemd/system/u.service", "snapshot bbb  /etc/systemd/system/u.service",
-                "taken 2026-11-22T08:41:46Z"]
+    snapshot = [
+        "current aaa  /etc/systemd/system/u.service",
+        "snapshot bbb  /etc/systemd/system/u.service",
+        "taken 2026-11-22T08:41:46Z",
+    ]
     n0, n1 = _ScriptedHost("n0", {"sha256sum": snapshot}), _ScriptedHost("n1", {"sha256sum": snapshot})
     hosts = {"n0": n0, "n1": n1}
     state = SimpleNamespace(inventory=SimpleNamespace(get_host=hosts.get), activated_hosts={n0, n1})
     members = [("n0", "u", ["/etc/systemd/system/u.service"]), ("n1", "u", ["/etc/systemd/system/u.service"])]
     waited = []
-    rollback.roll_back(state, n0, "u", "http://127.0.0.1:30000/health", 60, members, "the unit died",
-                       lambda *a: waited.append(a) or True)
+    rollback.roll_back(
+        state,
+        n0,
+        "u",
+        "http://127.0.0.1:30000/health",
+        60,
+        members,
+        "the unit died",
+        lambda *a: waited.append(a) or True,
+    )
     for h in (n0, n1):
         assert any(c.endswith("MANIFEST; trap - EXIT; systemctl daemon-reload") for c in h.commands), h.commands
         assert deliberate("restart", "u") in h.commands
-    assert waited and any(line.startswith("ROLLED BACK u on n0, n1") and "from 2026-11-22T08:41:46Z" in line
-                          for line in n0.logs), n0.logs
+    assert waited and any(
+        line.startswith("ROLLED BACK u on n0, n1") and "from 2026-11-22T08:41:46Z" in line for line in n0.logs
+    ), n0.logs
 
 
 def _rollback_failing_on_n1(fails, error: str):
@@ -587,15 +700,24 @@ def _rollback_failing_on_n1(fails, error: str):
     n1.run_shell_command = answer
     state = SimpleNamespace(inventory=SimpleNamespace(get_host={"n0": n0, "n1": n1}.get), activated_hosts={n0, n1})
     waited = []
-    rollback.roll_back(state, n0, "u", "url", 60, [("n0", "u", ["/p"]), ("n1", "u", ["/p"])], "why",
-                       lambda *a: waited.append(a) or True)
+    rollback.roll_back(
+        state,
+        n0,
+        "u",
+        "url",
+        60,
+        [("n0", "u", ["/p"]), ("n1", "u", ["/p"])],
+        "why",
+        lambda *a: waited.append(a) or True,
+    )
     return n0, n1, waited
 
 
 def test_a_failed_restore_stops_the_rollback_before_any_restart():
     # n1's disk refuses the restore
-    n0, n1, waited = _rollback_failing_on_n1(lambda c: "MANIFEST" in c and "sha256sum" not in c,
-                                             "cp: No space left on device")
+    n0, n1, waited = _rollback_failing_on_n1(
+        lambda c: "MANIFEST" in c and "sha256sum" not in c, "cp: No space left on device"
+    )
     assert not waited and not any("restart" in c for c in n0.commands + n1.commands)
     assert "ROLLBACK FAILED u" in n0.logs[-1] and "restore" in n0.logs[-1] and "No space left" in n0.logs[-1]
 
@@ -634,11 +756,14 @@ def _snapshot(tmp_path, snap_env: str, live_env: str):
     return live, command.replace("systemctl daemon-reload", "true")
 
 
-@pytest.mark.parametrize("snap_env, live_env", [
-    ("# m\nSGLANG_X=old\n", "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k-live\n"),  # a keyless unit under a key
-    ("# m\nIRONSERVE_API_KEY=k-old\n", "# m\nSGLANG_X=new\n"),  # a keyed unit, the key since removed
-    ("# m\nIRONSERVE_API_KEY=k-old\n", "# m\nIRONSERVE_API_KEY_FILE=/etc/k\n"),  # another kind of key
-])
+@pytest.mark.parametrize(
+    "snap_env, live_env",
+    [
+        ("# m\nSGLANG_X=old\n", "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k-live\n"),  # a keyless unit under a key
+        ("# m\nIRONSERVE_API_KEY=k-old\n", "# m\nSGLANG_X=new\n"),  # a keyed unit, the key since removed
+        ("# m\nIRONSERVE_API_KEY=k-old\n", "# m\nIRONSERVE_API_KEY_FILE=/etc/k\n"),  # another kind of key
+    ],
+)
 def test_a_rollback_never_crosses_a_key_change(tmp_path, snap_env, live_env):
     live, command = _snapshot(tmp_path, snap_env, live_env)
     proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
@@ -649,15 +774,22 @@ def test_a_rollback_never_crosses_a_key_change(tmp_path, snap_env, live_env):
 
 def test_a_restore_that_cannot_write_fails_and_leaves_the_live_files(tmp_path):
     """grep failing mid-write (a full disk: status 2) fails the restore; nothing live changed, no copy left."""
-    live, command = _snapshot(tmp_path, "# m\nSGLANG_X=old\nIRONSERVE_API_KEY=x\n",
-                              "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k\n")
+    live, command = _snapshot(
+        tmp_path, "# m\nSGLANG_X=old\nIRONSERVE_API_KEY=x\n", "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k\n"
+    )
     stub = tmp_path / "bin"
     stub.mkdir()
-    (stub / "grep").write_text('#!/bin/sh\ncase "$1" in -Ev) echo "# m"; echo "grep: write error: No space left on '
-                               'device" >&2; exit 2;; esac\nexec /bin/grep "$@"\n')
+    (stub / "grep").write_text(
+        '#!/bin/sh\ncase "$1" in -Ev) echo "# m"; echo "grep: write error: No space left on '
+        'device" >&2; exit 2;; esac\nexec /bin/grep "$@"\n'
+    )
     (stub / "grep").chmod(0o755)
-    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"})
+    proc = subprocess.run(
+        ["sh", "-c", command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"},
+    )
     assert proc.returncode != 0 and "No space left" in proc.stderr
     assert (live / "u.env").read_text() == "# m\nSGLANG_X=new\nIRONSERVE_API_KEY=k\n"
     assert (live / "u.service").read_text() == "new unit\n"  # staged first, renamed only when all were written

@@ -29,20 +29,26 @@ KEY = "roll-test-key"
 
 
 def _hosts(recipe, n: int, **data) -> list[InventoryHost]:
-    return [InventoryHost(f"h{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": "enp1s0", "hardware": recipe.hardware[0],
-                                    **data}) for i in range(n)]
+    return [
+        InventoryHost(
+            f"h{i}", {"ssh_hostname": f"10.0.0.{i + 1}", "nic": "enp1s0", "hardware": recipe.hardware[0], **data}
+        )
+        for i in range(n)
+    ]
 
 
 def test_replicas_roll_in_instance_order_and_the_first_is_the_canary():
     recipe = catalogue.get_recipe("tiny-cpu")
-    hosts = [InventoryHost("r", {"ssh_hostname": "10.0.0.9", "ironserve_role": "router", "hardware": "cpu-lab"}),
-             *_hosts(recipe, 2)]
+    hosts = [
+        InventoryHost("r", {"ssh_hostname": "10.0.0.9", "ironserve_role": "router", "hardware": "cpu-lab"}),
+        *_hosts(recipe, 2),
+    ]
     rendered = render(recipe, hosts)
     groups = rolling.roll_groups(rendered)
     assert [[p.unit for p in g] for g in groups] == [["sglang-tiny-cpu-server-0"], ["sglang-tiny-cpu-server-1"]]
     # the URL the router was started with (--worker-urls) is the one the roll removes and adds back
     router = next(p for p in rendered.processes if p.role == "router")
-    assert [rolling.worker_url(g[0]) for g in groups] == router.argv[router.argv.index("--worker-urls") + 1:][:2]
+    assert [rolling.worker_url(g[0]) for g in groups] == router.argv[router.argv.index("--worker-urls") + 1 :][:2]
     assert rolling.plan_line(rendered)[0].endswith(": the canary") and "canary" not in rolling.plan_line(rendered)[1]
 
 
@@ -50,7 +56,9 @@ def test_pd_groups_move_whole_prefill_before_decode():
     recipe = catalogue.get_recipe("glm5.1-w4a8-a3-1p1d-32-16k")
     groups = rolling.roll_groups(render(recipe, _hosts(recipe, 4)))
     assert [[(p.role, p.node_rank, p.host) for p in g] for g in groups] == [
-        [("prefill", 0, "h0"), ("prefill", 1, "h1")], [("decode", 0, "h2"), ("decode", 1, "h3")]]
+        [("prefill", 0, "h0"), ("prefill", 1, "h1")],
+        [("decode", 0, "h2"), ("decode", 1, "h3")],
+    ]
 
 
 @pytest.mark.parametrize("recipe_id, nodes", [("tiny-cpu-tp2", 2), ("glm5-nvfp4-rtx6000-tp8", 1)])
@@ -65,8 +73,10 @@ class _Fleet:
     """A loopback sglang-router worker API and an SGLang engine's /v1/loads and /generate, keyed."""
 
     def __init__(self):
-        self.workers = [{"id": str(uuid.uuid4()), "url": u, "is_healthy": True}
-                        for u in ("http://10.0.0.1:30000", "http://10.0.0.2:30000")]
+        self.workers = [
+            {"id": str(uuid.uuid4()), "url": u, "is_healthy": True}
+            for u in ("http://10.0.0.1:30000", "http://10.0.0.2:30000")
+        ]
         self.loads = [2, 1, 0]  # what /v1/loads answers, poll after poll
         self.posted = []
         fleet = self
@@ -143,8 +153,10 @@ def test_remove_then_add_through_the_worker_api_with_the_key_from_the_env_file(f
     url = "http://10.0.0.1:30000"
     assert _roll("remove", fleet.base, fleet.env, url) == (0, {"removed": 1})
     assert [w["url"] for w in fleet.workers] == ["http://10.0.0.2:30000"]
-    assert _roll("add", fleet.base, fleet.env, url, json.dumps({"worker_type": "prefill", "bootstrap_port": 8998})) \
-        == (0, {"added": url})
+    assert _roll("add", fleet.base, fleet.env, url, json.dumps({"worker_type": "prefill", "bootstrap_port": 8998})) == (
+        0,
+        {"added": url},
+    )
     assert fleet.posted == [{"worker_type": "prefill", "bootstrap_port": 8998, "url": url, "api_key": KEY}]
     # adding one that is listed already posts nothing (a rerun after a killed roll)
     assert _roll("add", fleet.base, fleet.env, url)[0] == 0 and len(fleet.posted) == 1
@@ -187,18 +199,24 @@ def test_audit_names_an_undeclared_unit_of_our_naming():
     host = SimpleNamespace(run=lambda cmd: SimpleNamespace(stdout=listing, rc=0))
     check = Check("h", "units:undeclared", "undeclared_units", ["sglang-r-server-0.service"], {})
     assert evaluate(host, check) == (False, "undeclared: sglang-stray-server.service")
-    check = Check("h", "units:undeclared", "undeclared_units",
-                  ["sglang-r-server-0.service", "sglang-stray-server.service"], {})
+    check = Check(
+        "h", "units:undeclared", "undeclared_units", ["sglang-r-server-0.service", "sglang-stray-server.service"], {}
+    )
     assert evaluate(host, check) == (True, "none")
 
 
 def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_path, capsys):
     from ironserve.audit import runner
 
-    checks = [Check(h, "sysctl:vm.swappiness", "sysctl", "nope", {"key": "vm.swappiness"}, "host", "fix")
-              for h in ("here", "gone")]
-    monkeypatch.setattr(runner, "plan_checks", lambda *a, **k: (checks, {"here": {"address": "127.0.0.1"},
-                                                                          "gone": {"address": "127.0.0.1"}}))
+    checks = [
+        Check(h, "sysctl:vm.swappiness", "sysctl", "nope", {"key": "vm.swappiness"}, "host", "fix")
+        for h in ("here", "gone")
+    ]
+    monkeypatch.setattr(
+        runner,
+        "plan_checks",
+        lambda *a, **k: (checks, {"here": {"address": "127.0.0.1"}, "gone": {"address": "127.0.0.1"}}),
+    )
     specs = {"here": "local://", "gone": "paramiko://nobody@127.0.0.1:9?timeout=2"}
     monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: None)
     monkeypatch.setattr(runner, "open_hosts", lambda fleet, names: {n: specs[n] for n in names})
@@ -235,8 +253,10 @@ def _turns(monkeypatch, outcomes: dict[str, bool]) -> tuple[list, dict, list]:
     rolls = {"groups": list(order), "host:server-g0-i0": "h2", "host:server-g0-i1": "h3"}
     state = SimpleNamespace(failed_hosts=set())
     hosts = {g: SimpleNamespace(name=f"h{i + 2}", log_styled=lambda *a, **k: None) for i, g in enumerate(order)}
-    plans = {g: {"group": g, "order": order, "unit": f"u-{i}", "timeout_s": 5, "drain_timeout_s": 1}
-             for i, g in enumerate(order)}
+    plans = {
+        g: {"group": g, "order": order, "unit": f"u-{i}", "timeout_s": 5, "drain_timeout_s": 1}
+        for i, g in enumerate(order)
+    }
     # the second group's greenlet starts first: the turn, not the start order, decides
     jobs = [gevent.spawn(rolling.roll_group, state, hosts[g], plans[g], rolls, True) for g in reversed(order)]
     gevent.joinall(jobs, timeout=10)
@@ -260,13 +280,21 @@ def test_audit_compares_the_engines_effective_arguments():
     from ironserve.audit.checks import rendered_args
 
     recipe = catalogue.get_recipe("tiny-cpu")
-    hosts = [InventoryHost("r", {"ssh_hostname": "10.0.0.9", "ironserve_role": "router", "hardware": "cpu-lab"}),
-             *_hosts(recipe, 2)]
+    hosts = [
+        InventoryHost("r", {"ssh_hostname": "10.0.0.9", "ironserve_role": "router", "hardware": "cpu-lab"}),
+        *_hosts(recipe, 2),
+    ]
     engine = next(p for p in render(recipe, hosts).processes if p.role == "server")
     expected = rendered_args(engine)
     assert expected["max_running_requests"] == "4" and expected["disable_cuda_graph"] is True
-    info = {"max_running_requests": 4, "mem_fraction_static": 0.1, "disable_cuda_graph": True, "other": "x",
-            "model_path": "/var/lib/ironserve/models/tiny-llama", "context_length": 512}
+    info = {
+        "max_running_requests": 4,
+        "mem_fraction_static": 0.1,
+        "disable_cuda_graph": True,
+        "other": "x",
+        "model_path": "/var/lib/ironserve/models/tiny-llama",
+        "context_length": 512,
+    }
     check = Check("h", "server-args:u", "server_args", expected, {"cmd": "x"})
 
     def host(answer):
@@ -302,8 +330,11 @@ def test_a_switch_sets_the_old_unit_aside_and_restores_it_whole(tmp_path):
     from roles import undeclared
 
     unit = "sglang-old-server-0"
-    files = {f"/etc/systemd/system/{unit}.service": "[Unit]\n", f"/etc/ironserve/{unit}.env": "A=1\n",
-             f"/etc/ironserve/staged/etc/ironserve/{unit}.env": "A=2\n"}
+    files = {
+        f"/etc/systemd/system/{unit}.service": "[Unit]\n",
+        f"/etc/ironserve/{unit}.env": "A=1\n",
+        f"/etc/ironserve/staged/etc/ironserve/{unit}.env": "A=2\n",
+    }
     for path, text in files.items():
         (tmp_path / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path.lstrip("/")).write_text(text)

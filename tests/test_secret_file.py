@@ -62,7 +62,7 @@ def test_write_secret_never_leaves_a_readable_copy_and_never_shows_the_value(tmp
     assert Secret(VALUE).write_secret(None, host, str(dest), "600", user, group)
     assert dest.read_text() == VALUE and stat.S_IMODE(dest.stat().st_mode) == 0o600
     # the upload went into a private (0700) directory, which is gone afterwards
-    (upload, parent_mode), = host.uploads
+    ((upload, parent_mode),) = host.uploads
     assert parent_mode == 0o700 and not Path(upload).parent.exists()
     # every file seen in the destination directory, temporary ones included, was 0600 (but the old one)
     assert all(mode == 0o600 for name, mode in host.seen_modes if name != "api.env" or mode != 0o644)

@@ -20,8 +20,15 @@ from .seedtext import extract
 # Flags the renderer adds because a node cannot start without them, though a seed omits them.
 # (--enable-metrics: ironserve's default, server.enable_metrics; the router's Prometheus endpoint is bound like
 # the router itself)
-RENDERER_ADDED = {"--dist-init-addr", "--node-rank", "--nnodes", "--model-path", "--enable-metrics",
-                  "--prometheus-host", "--prometheus-port"}
+RENDERER_ADDED = {
+    "--dist-init-addr",
+    "--node-rank",
+    "--nnodes",
+    "--model-path",
+    "--enable-metrics",
+    "--prometheus-host",
+    "--prometheus-port",
+}
 # Flags ironserve takes out of argv on purpose (secrets go through the env file).
 NEVER_IN_ARGV = {"--api-key"}
 # Values the renderer derives from the placement: a seed names its own hosts and shows one rank's command
@@ -54,8 +61,9 @@ def _norm_json(values: list[str]) -> list[str]:
     return out
 
 
-def assert_same_command(seed_argv: list[str], rendered_argv: list[str], where: str,
-                        deviating: frozenset[str] = frozenset()) -> None:
+def assert_same_command(
+    seed_argv: list[str], rendered_argv: list[str], where: str, deviating: frozenset[str] = frozenset()
+) -> None:
     seed, ours = flag_map(seed_argv), flag_map(rendered_argv)
     for flag in deviating:
         seed.pop(flag, None)
@@ -75,8 +83,9 @@ def assert_same_command(seed_argv: list[str], rendered_argv: list[str], where: s
         assert _norm_json(ours[flag]) == _norm_json(values), f"{where}: {flag} seed={values} render={ours[flag]}"
 
 
-def assert_same_env(seed_env: dict[str, str], rendered_env: dict[str, str], where: str,
-                    deviating: frozenset[str] = frozenset()) -> None:
+def assert_same_env(
+    seed_env: dict[str, str], rendered_env: dict[str, str], where: str, deviating: frozenset[str] = frozenset()
+) -> None:
     seed_env = {k: v for k, v in seed_env.items() if k not in deviating}
     rendered_env = {k: v for k, v in rendered_env.items() if k not in deviating}
     assert set(rendered_env) == set(seed_env), (

@@ -27,14 +27,18 @@ NIC = "enp189s0f0"
 
 def placed(recipe, hardware: str):
     n = sum(g.nodes * g.instances for g in recipe.topology.groups)
-    hosts = [InventoryHost(f"n{i}", {"ssh_hostname": f"10.9.0.{i + 1}", "nic": NIC, "hardware": hardware})
-             for i in range(n)]
+    hosts = [
+        InventoryHost(f"n{i}", {"ssh_hostname": f"10.9.0.{i + 1}", "nic": NIC, "hardware": hardware}) for i in range(n)
+    ]
     return render(recipe, hosts)
 
 
-A3_PD = [rid for rid in sorted(catalogue.catalogue())
-         if catalogue.get_recipe(rid).source.seed.startswith("004")
-         and catalogue.get_recipe(rid).topology.kind == "pd-disaggregation"]
+A3_PD = [
+    rid
+    for rid in sorted(catalogue.catalogue())
+    if catalogue.get_recipe(rid).source.seed.startswith("004")
+    and catalogue.get_recipe(rid).topology.kind == "pd-disaggregation"
+]
 
 
 def test_the_a3_pd_recipes_are_found():
@@ -126,8 +130,12 @@ def test_gb200_env_named_by_the_seed_is_rendered(seed001):
     named = dict(re.findall(r"((?:SGLANG|FLASHINFER|UCX)_[A-Z0-9_]+)=([^\s(]+?)(?=\(|and|for|to |\s|$)", seed001))
     # the EFA variant's setting is that variant's (the recipe's notes), not the standard target's
     named.pop("SGLANG_DISAGGREGATION_NIXL_BACKEND", None)
-    assert set(named) >= {"SGLANG_ENABLE_SPEC_V2", "SGLANG_NVFP4_CKPT_FP8_NEXTN_MOE", "FLASHINFER_WORKSPACE_BASE",
-                          "UCX_TLS"}, named
+    assert set(named) >= {
+        "SGLANG_ENABLE_SPEC_V2",
+        "SGLANG_NVFP4_CKPT_FP8_NEXTN_MOE",
+        "FLASHINFER_WORKSPACE_BASE",
+        "UCX_TLS",
+    }, named
     rendered = placed(catalogue.get_recipe(GB200), "gb200")
     for proc in (p for p in rendered.processes if p.role in ("prefill", "decode")):
         for key, value in named.items():
@@ -138,7 +146,12 @@ def test_gb200_image_workload_and_throughput_are_the_seeds(seed001):
     recipe = catalogue.get_recipe(GB200)
     assert recipe.runtime.image == re.search(r"\(\s*(nvcr\.io/\S+?)\s*\)", seed001).group(1)
     m = re.search(r"ISL=(\d+), OSL=(\d+), concurrency=(\d+) \(\d+ per decode GPU\), ([\d,]+) requests", seed001)
-    isl, osl, concurrency, requests = int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4).replace(",", ""))
+    isl, osl, concurrency, requests = (
+        int(m.group(1)),
+        int(m.group(2)),
+        int(m.group(3)),
+        int(m.group(4).replace(",", "")),
+    )
     bench = recipe.benchmark
     assert (bench.random_input_len, bench.random_output_len) == (isl, osl)
     assert (bench.max_concurrency, bench.num_prompts) == (concurrency, requests)

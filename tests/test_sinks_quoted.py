@@ -14,8 +14,17 @@ import pytest
 from roles import ascend, gpu_clocks, host_tuning, model_weights, nvidia_driver
 
 # each spelling would create a file named pwned* in the working directory if a shell read it as syntax
-HOSTILE = ["x;touch pwned1", "$(touch pwned2)", "`touch pwned3`", "x|touch pwned4", "x&&touch pwned5",
-           "x\"$(touch pwned6)\"", "x'$(touch pwned7)'", "x\ntouch pwned8", "x>pwned9"]
+HOSTILE = [
+    "x;touch pwned1",
+    "$(touch pwned2)",
+    "`touch pwned3`",
+    "x|touch pwned4",
+    "x&&touch pwned5",
+    'x"$(touch pwned6)"',
+    "x'$(touch pwned7)'",
+    "x\ntouch pwned8",
+    "x>pwned9",
+]
 
 
 def _bash(command: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -40,8 +49,9 @@ def test_manifest_check_failure_message_runs_nothing(tmp_path, bad):
 
 @pytest.mark.parametrize("bad", HOSTILE)
 def test_download_command_quotes_path_and_venv(tmp_path, bad):
-    command = model_weights.download_command("org/model", f"{tmp_path}/m{bad}", venv=f"{tmp_path}/v{bad}",
-                                             endpoint=f"https://hub.example/{bad}")
+    command = model_weights.download_command(
+        "org/model", f"{tmp_path}/m{bad}", venv=f"{tmp_path}/v{bad}", endpoint=f"https://hub.example/{bad}"
+    )
     out = _bash(command, tmp_path)
     assert out.returncode != 0  # no hub client in the venv: the download fails, running nothing else
     assert (tmp_path / f"m{bad}").is_dir()
@@ -65,15 +75,20 @@ def test_ascend_versions_fact_quotes_the_install_path(tmp_path, bad):
 
 def test_ascend_installer_gets_the_install_path_as_one_word():
     command = ascend.run_command("driver", "/var/cache/ironserve/ascend/d.run", "/opt/A;touch /tmp/pwned")
-    assert shlex.split(command) == ["/var/cache/ironserve/ascend/d.run", "--full", "--quiet",
-                                    "--install-path=/opt/A;touch /tmp/pwned"]
+    assert shlex.split(command) == [
+        "/var/cache/ironserve/ascend/d.run",
+        "--full",
+        "--quiet",
+        "--install-path=/opt/A;touch /tmp/pwned",
+    ]
     assert ascend.run_command("toolkit", "/c/t.run") == "/c/t.run --install --quiet"
 
 
 @pytest.mark.parametrize("bad", HOSTILE)
 def test_gpu_clock_fact_and_index_are_quoted(tmp_path, bad):
-    out = _bash(gpu_clocks.MemClockOffsets().command(python=f"{tmp_path}/p{bad}", script=f"{tmp_path}/s{bad}"),
-                tmp_path)
+    out = _bash(
+        gpu_clocks.MemClockOffsets().command(python=f"{tmp_path}/p{bad}", script=f"{tmp_path}/s{bad}"), tmp_path
+    )
     assert out.returncode == 0
     _nothing_ran(tmp_path)
     index = f"https://mirror.example/{bad}"

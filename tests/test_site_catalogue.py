@@ -29,28 +29,63 @@ def _no_site_dirs(monkeypatch):
 
 
 def _accelerator(**over):
-    return {"vendor": "nvidia", "arch": "sm90", "name": "x", "count": 8, "memory_gib": 80, "interconnect": "nvswitch",
-            **over}
+    return {
+        "vendor": "nvidia",
+        "arch": "sm90",
+        "name": "x",
+        "count": 8,
+        "memory_gib": 80,
+        "interconnect": "nvswitch",
+        **over,
+    }
 
 
-@pytest.mark.parametrize("arch,vendor", [("sm80", "nvidia"), ("sm86", "nvidia"), ("sm89", "nvidia"),
-                                         ("sm90", "nvidia"), ("sm100", "nvidia"), ("sm103", "nvidia"),
-                                         ("sm120", "nvidia"), ("ascend-a3", "huawei"), ("ascend-a5", "huawei"),
-                                         ("none", "none")])
+@pytest.mark.parametrize(
+    "arch,vendor",
+    [
+        ("sm80", "nvidia"),
+        ("sm86", "nvidia"),
+        ("sm89", "nvidia"),
+        ("sm90", "nvidia"),
+        ("sm100", "nvidia"),
+        ("sm103", "nvidia"),
+        ("sm120", "nvidia"),
+        ("ascend-a3", "huawei"),
+        ("ascend-a5", "huawei"),
+        ("none", "none"),
+    ],
+)
 def test_arch_is_an_open_grammar(arch, vendor):
     assert Accelerator.model_validate(_accelerator(arch=arch, vendor=vendor)).arch == arch
 
 
-@pytest.mark.parametrize("arch,vendor,says", [("sm9", "nvidia", "not an accelerator architecture"),
-                                              ("sm90 ", "nvidia", "not an accelerator architecture"),
-                                              ("sm90;id", "nvidia", "not an accelerator architecture"),
-                                              ("hopper", "nvidia", "not an accelerator architecture"),
-                                              ("ascend-a3", "nvidia", "not an architecture of vendor nvidia"),
-                                              ("sm90", "huawei", "not an architecture of vendor huawei")])
+@pytest.mark.parametrize(
+    "arch,vendor,says",
+    [
+        ("sm9", "nvidia", "not an accelerator architecture"),
+        ("sm90 ", "nvidia", "not an accelerator architecture"),
+        ("sm90;id", "nvidia", "not an accelerator architecture"),
+        ("hopper", "nvidia", "not an accelerator architecture"),
+        ("ascend-a3", "nvidia", "not an architecture of vendor nvidia"),
+        ("sm90", "huawei", "not an architecture of vendor huawei"),
+    ],
+)
 def test_arch_refuses_what_is_not_one(arch, vendor, says, tmp_path):
     hw = tmp_path / "hardware.yaml"
-    hw.write_text(yaml.safe_dump({"profiles": [{"id": "mine", "description": "d", "cpu_arch": "x86_64",
-                                                "accelerator": _accelerator(arch=arch, vendor=vendor)}]}))
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "profiles": [
+                    {
+                        "id": "mine",
+                        "description": "d",
+                        "cpu_arch": "x86_64",
+                        "accelerator": _accelerator(arch=arch, vendor=vendor),
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(SpecError) as err:
         catalogue.load_hardware(hw)
     assert says in str(err.value) and "profiles[0].accelerator" in str(err.value)
@@ -58,8 +93,12 @@ def test_arch_refuses_what_is_not_one(arch, vendor, says, tmp_path):
 
 def test_the_catalogue_has_hopper_and_blackwell_profiles():
     hw = catalogue.hardware_profiles()
-    expect = {"h100-sxm": ("sm90", 8, "x86_64"), "h200": ("sm90", 8, "x86_64"), "b200": ("sm100", 8, "x86_64"),
-              "gb300": ("sm103", 4, "aarch64")}
+    expect = {
+        "h100-sxm": ("sm90", 8, "x86_64"),
+        "h200": ("sm90", 8, "x86_64"),
+        "b200": ("sm100", 8, "x86_64"),
+        "gb300": ("sm103", 4, "aarch64"),
+    }
     for pid, (arch, count, cpu) in expect.items():
         p = hw[pid]
         assert (p.accelerator.arch, p.accelerator.count, p.cpu_arch) == (arch, count, cpu), pid
@@ -74,8 +113,10 @@ def test_sm120_findings_stay_on_sm120():
     kimi = "python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp-size 8 --kv-cache-dtype fp8_e4m3"
     legacy = "python3 -m sglang.launch_server --model-path m/x --tp-size 8 --disable-custom-all-reduce"
     for command, rule in ((ep, "ep-on-pcie"), (kimi, "kimi-fp8-kv-slow"), (legacy, "legacy-disable-custom-all-reduce")):
-        rules = {pid: {f.rule for f in lint_pasted(shlex.split(command), hw[pid])} for pid in ("rtx6000-pro", "h100-sxm",
-                                                                                              "b200", "gb300")}
+        rules = {
+            pid: {f.rule for f in lint_pasted(shlex.split(command), hw[pid])}
+            for pid in ("rtx6000-pro", "h100-sxm", "b200", "gb300")
+        }
         assert rule in rules["rtx6000-pro"], (rule, rules)
         assert not [pid for pid in ("h100-sxm", "b200", "gb300") if rule in rules[pid]], (rule, rules)
 
@@ -107,8 +148,11 @@ def test_a_clashing_id_is_an_error_naming_both_files(tmp_path, monkeypatch, caps
     site = tmp_path / "site"
     shutil.copytree(SITE, site)
     shutil.copy(catalogue.recipes_dir() / "tiny-cpu.yaml", site / "tiny-cpu.yaml")
-    (site / "hardware.yaml").write_text(yaml.safe_dump({"profiles": [
-        {"id": "h200", "description": "mine", "cpu_arch": "x86_64", "accelerator": _accelerator()}]}))
+    (site / "hardware.yaml").write_text(
+        yaml.safe_dump(
+            {"profiles": [{"id": "h200", "description": "mine", "cpu_arch": "x86_64", "accelerator": _accelerator()}]}
+        )
+    )
     monkeypatch.setenv("IRONSERVE_RECIPES", str(site))
     assert main(["render", "--list"]) == 2
     err = capsys.readouterr().err
@@ -139,13 +183,27 @@ def test_nvswitch_boards_and_only_they_need_fabric_manager():
     assert not any(hw[pid].fabric_manager for pid in ("rtx6000-pro", "rtx6000-pro-maxq", "gb200", "gb300"))
 
 
-@pytest.mark.parametrize("vendor,arch,interconnect", [("nvidia", "sm120", "pcie"), ("nvidia", "sm100", "nvlink-mnnvl"),
-                                                      ("huawei", "ascend-a3", "hccs")])
+@pytest.mark.parametrize(
+    "vendor,arch,interconnect",
+    [("nvidia", "sm120", "pcie"), ("nvidia", "sm100", "nvlink-mnnvl"), ("huawei", "ascend-a3", "hccs")],
+)
 def test_fabric_manager_is_refused_where_there_is_no_nvswitch(vendor, arch, interconnect, tmp_path):
     hw = tmp_path / "hardware.yaml"
-    hw.write_text(yaml.safe_dump({"profiles": [{
-        "id": "mine", "description": "d", "cpu_arch": "x86_64", "fabric_manager": True,
-        "accelerator": _accelerator(vendor=vendor, arch=arch, interconnect=interconnect)}]}))
+    hw.write_text(
+        yaml.safe_dump(
+            {
+                "profiles": [
+                    {
+                        "id": "mine",
+                        "description": "d",
+                        "cpu_arch": "x86_64",
+                        "fabric_manager": True,
+                        "accelerator": _accelerator(vendor=vendor, arch=arch, interconnect=interconnect),
+                    }
+                ]
+            }
+        )
+    )
     with pytest.raises(SpecError) as err:
         catalogue.load_hardware(hw)
     assert "fabric_manager: true is for NVIDIA boards with interconnect nvswitch" in str(err.value)

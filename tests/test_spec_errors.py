@@ -57,7 +57,9 @@ def test_tp_larger_than_devices(tmp_path):
 
 def test_container_without_unlimited_memlock(tmp_path):
     # the default ulimits carry memlock -1: a recipe that lists its own without it loses it
-    path = write_variant(tmp_path, lambda d: d["runtime"].setdefault("run", {}).__setitem__("ulimits", {"stack": "67108864"}))
+    path = write_variant(
+        tmp_path, lambda d: d["runtime"].setdefault("run", {}).__setitem__("ulimits", {"stack": "67108864"})
+    )
     (p,) = problems(path)
     assert p.field == "runtime.run.ulimits.memlock" and "unlimited locked memory" in p.message
     assert p.fix == "add memlock: -1 to runtime.run.ulimits (docker --ulimit memlock=-1)"
@@ -122,8 +124,11 @@ def test_unknown_recipe_id_suggests(capsys):
 def test_topology_consistency(tmp_path):
     # one half of a PD deployment loads alone (its router runs with the other half), never with a router
     def mutate(d):
-        d["topology"] = {"kind": "pd-disaggregation", "groups": [{"role": "prefill", "bootstrap_port": 8998}],
-                         "router": {}}
+        d["topology"] = {
+            "kind": "pd-disaggregation",
+            "groups": [{"role": "prefill", "bootstrap_port": 8998}],
+            "router": {},
+        }
 
     (p,) = problems(write_variant(tmp_path, mutate))
     assert p.field == "topology" and "no decode group" in p.message and "router" in p.message
@@ -137,7 +142,9 @@ def test_topology_consistency(tmp_path):
 
 def test_a_flag_render_derives_is_refused_in_extra_args(tmp_path):
     # later stages read the bind address, ranks and devices from the process's fields, built from typed fields
-    path = write_variant(tmp_path, lambda d: d["server"].__setitem__("extra_args", ["--tp=4", "--watchdog-timeout", "9"]))
+    path = write_variant(
+        tmp_path, lambda d: d["server"].__setitem__("extra_args", ["--tp=4", "--watchdog-timeout", "9"])
+    )
     (p,) = problems(path)
     assert p.field == "server.extra_args" and "--tp does not belong in extra_args" in p.message
     assert "server.tp_size" in p.message

@@ -31,8 +31,20 @@ def _key(tmp_path: Path, name: str) -> tuple[Path, str]:
     home.mkdir(mode=0o700)
     gpg = ["gpg", "--homedir", str(home), "--batch", "--quiet"]
     try:
-        subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", f"{name} <{name}@ironserve.invalid>", "ed25519",
-                        "sign", "never"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                *gpg,
+                "--passphrase",
+                "",
+                "--quick-gen-key",
+                f"{name} <{name}@ironserve.invalid>",
+                "ed25519",
+                "sign",
+                "never",
+            ],
+            check=True,
+            capture_output=True,
+        )
         armored = subprocess.run([*gpg, "--armor", "--export"], check=True, capture_output=True).stdout
         listing = subprocess.run([*gpg, "--with-colons", "--list-keys"], check=True, capture_output=True, text=True)
     finally:
@@ -74,13 +86,13 @@ def test_a_fetched_key_is_installed_only_when_it_is_the_pinned_one(tmp_path):
 def test_an_installer_runs_only_when_its_sha256_is_the_inventorys(tmp_path):
     """The old roles ran a .run package (and unpacked uv_url) as root without any checksum."""
     installer = tmp_path / "Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run"
-    installer.write_text("#!/bin/sh\ntouch \"$(dirname \"$0\")/ran\"\n")
+    installer.write_text('#!/bin/sh\ntouch "$(dirname "$0")/ran"\n')
     installer.chmod(0o755)
     vetted = hashlib.sha256(installer.read_bytes()).hexdigest()
     ok = _sh(f"{sha256_checked(str(installer), vetted, 'Ascend toolkit installer', 'npu1')} && {installer}")
     assert ok.returncode == 0 and (tmp_path / "ran").exists()
     (tmp_path / "ran").unlink()
-    installer.write_text("#!/bin/sh\ntouch \"$(dirname \"$0\")/ran\"\necho swapped\n")
+    installer.write_text('#!/bin/sh\ntouch "$(dirname "$0")/ran"\necho swapped\n')
     found = hashlib.sha256(installer.read_bytes()).hexdigest()
     bad = _sh(f"{sha256_checked(str(installer), vetted, 'Ascend toolkit installer', 'npu1')} && {installer}")
     assert bad.returncode != 0 and not (tmp_path / "ran").exists()
@@ -93,8 +105,11 @@ def test_host_data_names_the_checksums_and_fingerprints():
     with pytest.raises(SpecError) as err:
         validate_host_data({"uv_url": "https://files.example/uv-x86_64-unknown-linux-gnu.tar.gz"}, "inv", "h")
     assert err.value.problems[0].field == "h.uv_sha256" and "sha256sum" in err.value.problems[0].fix
-    for key, value in (("nvidia_apt_key_fingerprint", "3bf863cc"), ("uv_sha256", "abc"),
-                       ("ascend_package_sha256", {"a.run": "x" * 64})):
+    for key, value in (
+        ("nvidia_apt_key_fingerprint", "3bf863cc"),
+        ("uv_sha256", "abc"),
+        ("ascend_package_sha256", {"a.run": "x" * 64}),
+    ):
         with pytest.raises(SpecError) as err:
             validate_host_data({key: value}, "inv", "h")
         assert err.value.problems[0].field.startswith(f"h.{key}")

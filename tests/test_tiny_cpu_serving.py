@@ -33,9 +33,19 @@ def test_tiny_model_is_deterministic_and_manifested(tmp_path):
     a = tiny_model.generate(tmp_path / "a")
     b = tiny_model.generate(tmp_path / "b")
     names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir()) == [
-        "config.json", "generation_config.json", "ironserve-manifest.sha256", "model.safetensors",
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (
+        names
+        == sorted(p.name for p in b.iterdir())
+        == [
+            "config.json",
+            "generation_config.json",
+            "ironserve-manifest.sha256",
+            "model.safetensors",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    )
     for name in names:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     lines = (a / tiny_model.MANIFEST).read_text().splitlines()
@@ -56,7 +66,7 @@ def test_tiny_model_config_safetensors_and_tokenizer_agree(tmp_path):
     assert cfg["hidden_size"] == 64 and cfg["num_key_value_heads"] == 2 and cfg["vocab_size"] == 320
     raw = (root / "model.safetensors").read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     assert (8 + n) % 8 == 0
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     assert len(tensors) == 3 + 9 * cfg["num_hidden_layers"]
@@ -74,16 +84,22 @@ def test_tiny_model_config_safetensors_and_tokenizer_agree(tmp_path):
 
 def test_tiny_model_bf16_rounding():
     assert tiny_model._bf16(1.0) == 0x3F80 and tiny_model._bf16(-2.0) == 0xC000
-    assert tiny_model._bf16(1.0 + 2 ** -8) == 0x3F80  # halfway: round to even
-    assert tiny_model._bf16(1.0 + 3 * 2 ** -8) == 0x3F82
+    assert tiny_model._bf16(1.0 + 2**-8) == 0x3F80  # halfway: round to even
+    assert tiny_model._bf16(1.0 + 3 * 2**-8) == 0x3F82
 
 
 def test_tiny_model_cli(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ironserve.lab.tiny_model", str(tmp_path / "m")], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ironserve.lab.tiny_model", str(tmp_path / "m")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    check = subprocess.run(["sha256sum", "-c", "--quiet", tiny_model.MANIFEST], cwd=tmp_path / "m",
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        ["sha256sum", "-c", "--quiet", tiny_model.MANIFEST], cwd=tmp_path / "m", capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 

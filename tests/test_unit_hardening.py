@@ -45,8 +45,9 @@ def _tuning():
 def exposure(tmp_path: Path, name: str, text: str) -> float:
     path = tmp_path / name
     path.write_text(text)
-    out = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)], capture_output=True,
-                         text=True, cwd=tmp_path)
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(path)], capture_output=True, text=True, cwd=tmp_path
+    )
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out.stdout + out.stderr)
     assert match, out.stdout[-2000:] + out.stderr[-2000:]
     return float(match.group(1))
@@ -86,8 +87,15 @@ def test_hardening_leaves_what_gpu_serving_needs():
     # RuntimeDirectory=, which systemd would chown to the engine's user
     assert "ReadWritePaths" not in guard + engine
     assert not [x for x in engine.splitlines() if x.startswith("RuntimeDirectory")]
-    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "ProtectKernelTunables=yes", "ProtectKernelModules=yes",
-                 "RestrictSUIDSGID=yes"):
+    for line in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "RestrictSUIDSGID=yes",
+    ):
         assert line in engine.splitlines() and line in guard.splitlines(), line
     # GPUs are devices: nothing that closes the device policy (ProtectClock= and PrivateDevices= do)
     assert "PrivateDevices" not in engine and "ProtectClock" not in engine and "DeviceAllow" not in engine
@@ -114,13 +122,18 @@ def test_uv_engines_run_as_the_engine_user_with_their_device_groups():
             text = unit_files(recipe, proc, recipe.tuning or _tuning()).unit_text
             # whatever runs from a venv on the host runs as the engine user (a docker recipe's router from its
             # own venv too); a docker unit runs the client as root
-            assert ("User=ironserve-engine" in text.splitlines()) == (not in_container(recipe, proc)), (recipe.id, proc.unit)
+            assert ("User=ironserve-engine" in text.splitlines()) == (not in_container(recipe, proc)), (
+                recipe.id,
+                proc.unit,
+            )
             assert "User=None" not in text
             if not isinstance(recipe.runtime, UvRuntime):
                 continue
             groups = next((line for line in text.splitlines() if line.startswith("SupplementaryGroups=")), "")
-            seen.setdefault((recipe.group_server(recipe.topology.groups[proc.group]).device
-                             if proc.role != "router" else "router"), set()).add(groups)
+            seen.setdefault(
+                (recipe.group_server(recipe.topology.groups[proc.group]).device if proc.role != "router" else "router"),
+                set(),
+            ).add(groups)
     assert seen[None] == {"SupplementaryGroups=video render"}, seen
     assert seen["npu"] == {"SupplementaryGroups=HwHiAiUser"} and seen["cpu"] == {""}, seen
     assert seen.get("router", {""}) == {""}
@@ -163,8 +176,16 @@ def _docker_unit() -> str:
 def test_docker_units_confine_the_client_as_far_as_it_allows():
     text = _docker_unit()
     assert "ironserve-backoff wait" in text and "User=" not in text  # the daemon's socket: root
-    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only", "PrivateTmp=yes",
-                 "ProtectKernelTunables=yes", "RestrictSUIDSGID=yes", "RestrictNamespaces=yes", "CapabilityBoundingSet="):
+    for line in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        "PrivateTmp=yes",
+        "ProtectKernelTunables=yes",
+        "RestrictSUIDSGID=yes",
+        "RestrictNamespaces=yes",
+        "CapabilityBoundingSet=",
+    ):
         assert line in text.splitlines(), line
     assert "ReadWritePaths" not in text  # the client writes nothing on the host
 
@@ -196,8 +217,9 @@ def _backoff(tmp_path: Path, *args: str, result: str | None = None, n_restarts: 
     env = {**os.environ, "IRONSERVE_BACKOFF_DIR": str(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     if result:
         env["SERVICE_RESULT"] = result
-    return subprocess.run([sys.executable, str(BACKOFF), *args], env=env, capture_output=True, text=True,
-                          check=True, timeout=30).stdout
+    return subprocess.run(
+        [sys.executable, str(BACKOFF), *args], env=env, capture_output=True, text=True, check=True, timeout=30
+    ).stdout
 
 
 def _backoff_module():
@@ -250,15 +272,18 @@ def test_deliberate_starts_never_wait_and_forget_the_failures(tmp_path):
 def test_deliberate_restarts_reset_systemds_count_first():
     from ironserve.units import deliberate
 
-    assert deliberate("restart", "sglang-x") == ("systemctl reset-failed sglang-x.service 2>/dev/null; "
-                                                 "systemctl restart sglang-x.service")
+    assert deliberate("restart", "sglang-x") == (
+        "systemctl reset-failed sglang-x.service 2>/dev/null; systemctl restart sglang-x.service"
+    )
     with pytest.raises(AssertionError):
         deliberate("stop", "sglang-x")
 
 
 def _ctx(host: str, **data):
-    hosts = [(n, {"hardware": "cpu-lab", "ssh_hostname": a, "nic": "eth0", **data}) for n, a in (("n0", "10.0.0.10"),
-                                                                                   ("n1", "10.0.0.11"))]
+    hosts = [
+        (n, {"hardware": "cpu-lab", "ssh_hostname": a, "nic": "eth0", **data})
+        for n, a in (("n0", "10.0.0.10"), ("n1", "10.0.0.11"))
+    ]
     return build_context("tiny", host, hosts)
 
 

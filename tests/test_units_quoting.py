@@ -13,31 +13,39 @@ import pytest
 from ironserve import units
 
 
-@pytest.mark.parametrize(("word", "quoted"), [
-    ("plain", "plain"),
-    ("-_./:=,+@09AZaz", "-_./:=,+@09AZaz"),  # every character that needs no quotes
-    ("", '""'),
-    ("two words", '"two words"'),
-    ("a;b", '"a;b"'),
-    ("it's", '"it\'s"'),
-    ('say "hi"', '"say \\"hi\\""'),
-    ("back\\slash", '"back\\\\slash"'),
-    ("50%", '"50%%"'),  # a specifier to systemd
-    ("%n", '"%%n"'),
-    ("$HOME", '"$$HOME"'),  # a variable to systemd
-    ("${X}%i", '"$${X}%%i"'),
-    ("tab\there", '"tab\there"'),
-    ("é", "é"),  # str.isalnum: a letter
-])
+@pytest.mark.parametrize(
+    ("word", "quoted"),
+    [
+        ("plain", "plain"),
+        ("-_./:=,+@09AZaz", "-_./:=,+@09AZaz"),  # every character that needs no quotes
+        ("", '""'),
+        ("two words", '"two words"'),
+        ("a;b", '"a;b"'),
+        ("it's", '"it\'s"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("50%", '"50%%"'),  # a specifier to systemd
+        ("%n", '"%%n"'),
+        ("$HOME", '"$$HOME"'),  # a variable to systemd
+        ("${X}%i", '"$${X}%%i"'),
+        ("tab\there", '"tab\there"'),
+        ("é", "é"),  # str.isalnum: a letter
+    ],
+)
 def test_an_execstart_word_is_quoted_as_systemd_reads_it(word, quoted):
     assert units.systemd_quote(word) == quoted
 
 
 def test_env_lines_refuse_what_the_two_readers_would_read_apart_naming_the_key_only():
     assert units._env_line("NCCL_DEBUG", "INFO=x y") == "NCCL_DEBUG=INFO=x y"
-    for key, value, why in [("1BAD", "s3cr3t", "not a variable name"), ("A-B", "s3cr3t", "not a variable name"),
-                            ("K", " s3cr3t", "leading or trailing spaces"), ("K", "s3\\cr3t", "a backslash"),
-                            ("K", "'s3cr3t'", "a leading quote"), ("K", "s3\ncr3t", "control character U+000A")]:
+    for key, value, why in [
+        ("1BAD", "s3cr3t", "not a variable name"),
+        ("A-B", "s3cr3t", "not a variable name"),
+        ("K", " s3cr3t", "leading or trailing spaces"),
+        ("K", "s3\\cr3t", "a backslash"),
+        ("K", "'s3cr3t'", "a leading quote"),
+        ("K", "s3\ncr3t", "control character U+000A"),
+    ]:
         with pytest.raises(ValueError) as err:
             units._env_line(key, value)
         assert str(err.value).startswith(f"env {key}: {why}") and "cr3t" not in str(err.value)
@@ -58,8 +66,13 @@ def test_the_runtime_env_scripts_are_sourced_in_order_whatever_their_names_then_
     first.write_text("export A=one\n")
     second.write_text('export B="$A-two"\n')
     script = units.sourcing_script([str(first), str(second)])
-    out = subprocess.run(["/bin/bash", "-c", script, "unit", "sh", "-c", 'echo "$B $1"', "sh", "arg with space"],
-                         capture_output=True, text=True, cwd=tmp_path, check=True).stdout
+    out = subprocess.run(
+        ["/bin/bash", "-c", script, "unit", "sh", "-c", 'echo "$B $1"', "sh", "arg with space"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    ).stdout
     assert out == "one-two arg with space\n" and not (tmp_path / "pwned").exists()
 
 
@@ -89,4 +102,10 @@ def test_a_unit_template_value_with_a_control_character_is_refused_before_it_add
 
 def test_limits_unlimited_is_systemds_infinity():
     assert [units._limit(v) for v in ("unlimited", -1, None, 0, 65536, "1024")] == [
-        "infinity", "infinity", "infinity", "0", "65536", "1024"]
+        "infinity",
+        "infinity",
+        "infinity",
+        "0",
+        "65536",
+        "1024",
+    ]

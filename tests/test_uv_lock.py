@@ -67,8 +67,15 @@ def _recipes(tmp_path: Path, packages: list[str]) -> Path:
 
 
 def test_hashed_requirements_round_trip():
-    text = ("alpha==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\nbeta==2.0 \\\n    --hash=sha256:" + "c" * 64
-            + " \\\n    --hash=sha256:" + "b" * 64 + "\n")
+    text = (
+        "alpha==1.0 \\\n    --hash=sha256:"
+        + "a" * 64
+        + "\nbeta==2.0 \\\n    --hash=sha256:"
+        + "c" * 64
+        + " \\\n    --hash=sha256:"
+        + "b" * 64
+        + "\n"
+    )
     locked = imagelock.parse_hashed_requirements(text)
     assert locked == {"alpha==1.0": ["sha256:" + "a" * 64], "beta==2.0": ["sha256:" + "b" * 64, "sha256:" + "c" * 64]}
     assert imagelock.parse_hashed_requirements(imagelock.hashed_requirements_text(locked)) == locked
@@ -85,15 +92,19 @@ def test_lock_records_the_full_resolution_with_hashes(tmp_path, index, monkeypat
     monkeypatch.setenv("IRONSERVE_CATALOGUE", str(recipes))
     assert cli.main(["lock", "tiny-cpu", "--index", url]) == 0
     lock = json.loads((recipes / "tiny-cpu.lock.json").read_text())["uv"]
-    assert lock["platforms"] == {"x86_64": {  # cpu-lab's machine
-        "alpha==1.0": [f"sha256:{sums['alpha-1.0-py3-none-any.whl']}"],
-        "beta==2.0": [f"sha256:{sums['beta-2.0-py3-none-any.whl']}"]}}
+    assert lock["platforms"] == {
+        "x86_64": {  # cpu-lab's machine
+            "alpha==1.0": [f"sha256:{sums['alpha-1.0-py3-none-any.whl']}"],
+            "beta==2.0": [f"sha256:{sums['beta-2.0-py3-none-any.whl']}"],
+        }
+    }
     assert "2 distributions for x86_64" in capsys.readouterr().out
     recipe = catalogue.load_recipe_file(recipes / "tiny-cpu.yaml")
     assert imagelock.uv_lock(recipe, recipes / "tiny-cpu.yaml") == (lock["platforms"], "")
     # other pins: the lock is stale, never used
-    other = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(update={"packages": ["alpha==1.0",
-                                                                                                "beta==1.0"]})})
+    other = recipe.model_copy(
+        update={"runtime": recipe.runtime.model_copy(update={"packages": ["alpha==1.0", "beta==1.0"]})}
+    )
     locked, why = imagelock.uv_lock(other, recipes / "tiny-cpu.yaml")
     assert locked is None and "stale" in why
 
@@ -103,20 +114,40 @@ def test_locked_set_installs_hash_checked_and_a_swapped_file_is_refused(tmp_path
     root, url = index
     _wheels(root)
     recipe = catalogue.get_recipe("tiny-cpu")
-    recipe = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(
-        update={"packages": ["alpha==1.0"], "overrides": [], "excludes": []})})
+    recipe = recipe.model_copy(
+        update={
+            "runtime": recipe.runtime.model_copy(update={"packages": ["alpha==1.0"], "overrides": [], "excludes": []})
+        }
+    )
     locked = imagelock.resolve_uv(recipe, url, ["x86_64"])["platforms"]["x86_64"]
     requirements = tmp_path / "ironserve-requirements.lock.txt"
     requirements.write_text(imagelock.hashed_requirements_text(locked))
 
     def install(venv: Path) -> subprocess.CompletedProcess:
-        subprocess.run([UV, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True,
-                       env={"UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"})
+        subprocess.run(
+            [UV, "venv", "--quiet", "--python", sys.executable, str(venv)],
+            check=True,
+            env={"UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"},
+        )
         # the command roles/uv_env.venv_packages runs with a lock
-        return subprocess.run([UV, "pip", "install", "--python", str(venv / "bin/python"), "--index-url", url,
-                               "--require-hashes", "--no-deps", "-r", str(requirements)],
-                              capture_output=True, text=True, env={"UV_CACHE_DIR": str(tmp_path / "cache"),
-                                                                   "PATH": "/usr/bin:/bin"})
+        return subprocess.run(
+            [
+                UV,
+                "pip",
+                "install",
+                "--python",
+                str(venv / "bin/python"),
+                "--index-url",
+                url,
+                "--require-hashes",
+                "--no-deps",
+                "-r",
+                str(requirements),
+            ],
+            capture_output=True,
+            text=True,
+            env={"UV_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"},
+        )
 
     good = install(tmp_path / "good")
     assert good.returncode == 0, good.stderr
@@ -165,9 +196,17 @@ def test_the_uv_role_takes_the_locks_resolution_for_the_hosts_machine(tmp_path, 
     try:
         recipe = catalogue.get_recipe("tiny-cpu")
         x86 = {"alpha==1.0": ["sha256:" + "a" * 64], "beta==2.0": ["sha256:" + "b" * 64]}
-        imagelock.write(recipes / "tiny-cpu.lock.json", {"recipe": "tiny-cpu", "uv": {
-            "index": "http://10.213.7.1:8780/simple/", "runtime": imagelock.runtime_digest(recipe.runtime),
-            "platforms": {"x86_64": x86}}})
+        imagelock.write(
+            recipes / "tiny-cpu.lock.json",
+            {
+                "recipe": "tiny-cpu",
+                "uv": {
+                    "index": "http://10.213.7.1:8780/simple/",
+                    "runtime": imagelock.runtime_digest(recipe.runtime),
+                    "platforms": {"x86_64": x86},
+                },
+            },
+        )
 
         logged = []
 
@@ -181,10 +220,12 @@ def test_the_uv_role_takes_the_locks_resolution_for_the_hosts_machine(tmp_path, 
 
         assert resolution("x86_64") == x86 and not logged
         assert resolution("aarch64") is None  # installed unchecked, and the deploy says so
-        assert logged == ["warning: h1: its lock file resolves x86_64, not aarch64 (`ironserve lock --arch aarch64`): "
-                          "its uv runtime would install without hash checks. Fix: run `ironserve lock tiny-cpu "
-                          "--inventory INVENTORY` (writes the lock with every distribution's sha256 beside the "
-                          "recipe), or set require_locks=true to refuse such a deploy"]
+        assert logged == [
+            "warning: h1: its lock file resolves x86_64, not aarch64 (`ironserve lock --arch aarch64`): "
+            "its uv runtime would install without hash checks. Fix: run `ironserve lock tiny-cpu "
+            "--inventory INVENTORY` (writes the lock with every distribution's sha256 beside the "
+            "recipe), or set require_locks=true to refuse such a deploy"
+        ]
         with pytest.raises(PyinfraError, match=r"resolves x86_64, not aarch64 \(`ironserve lock --arch aarch64`\)"):
             resolution("aarch64", require_locks=True)
     finally:

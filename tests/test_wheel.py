@@ -46,8 +46,9 @@ def wheel(tmp_path_factory) -> Path:
 def pins(tmp_path_factory) -> Path:
     """The locked dependencies (installed from uv's cache; the registry is asked only when the cache lacks one)."""
     out = tmp_path_factory.mktemp("pins") / "requirements.txt"
-    out.write_text(_check(_uv("export", "--frozen", "--no-dev", "--no-hashes", "--no-emit-project", "--quiet",
-                              cwd=ROOT)).stdout)
+    out.write_text(
+        _check(_uv("export", "--frozen", "--no-dev", "--no-hashes", "--no-emit-project", "--quiet", cwd=ROOT)).stdout
+    )
     return out
 
 
@@ -55,9 +56,13 @@ def test_the_wheel_carries_the_catalogue_and_no_lab(wheel):
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
     assert "ironserve/_files/templates/sglang.service.j2" in names and "ironserve/_files/bin/ironserve-exec" in names
-    assert {"ironserve/_catalogue/hardware.yaml", "ironserve/_catalogue/defaults.yaml",
-            "ironserve/_catalogue/glm5-nvfp4-mtp-rtx6000-tp8.yaml", "ironserve/_deploys/glm5.py",
-            "ironserve/project_template/group_data/all.py"} <= set(names)
+    assert {
+        "ironserve/_catalogue/hardware.yaml",
+        "ironserve/_catalogue/defaults.yaml",
+        "ironserve/_catalogue/glm5-nvfp4-mtp-rtx6000-tp8.yaml",
+        "ironserve/_deploys/glm5.py",
+        "ironserve/project_template/group_data/all.py",
+    } <= set(names)
     assert not [n for n in names if n.startswith(("ironserve/lab/", "files/", "recipes/", "deploys/"))]
     meta = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in meta and "Requires-Dist: uv" in meta
@@ -69,8 +74,16 @@ def test_the_wheel_carries_the_files_and_its_roles_use_them(tmp_path, wheel, pin
     outside.mkdir()
     (tmp_path / "requirements.txt").write_text(pins.read_text())
     _check(_uv("venv", "--quiet", "--python", "python3", str(venv), cwd=outside))
-    install = ["pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), "-r",
-               str(tmp_path / "requirements.txt"), str(wheel)]
+    install = [
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(venv / "bin" / "python"),
+        "-r",
+        str(tmp_path / "requirements.txt"),
+        str(wheel),
+    ]
     if _uv(*install, "--offline", cwd=outside).returncode != 0:
         _check(_uv(*install, cwd=outside))
 
@@ -90,15 +103,19 @@ def test_the_wheel_carries_the_files_and_its_roles_use_them(tmp_path, wheel, pin
                           "files": sorted(c.params["path"] for c in checks if c.kind == "file")}))
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "IRONSERVE_RECIPES")}
-    run = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=outside, env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], cwd=outside, env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.splitlines()[-1])
     assert out["module"].startswith(str(venv)), "the role came from the checkout, not the installed wheel"
     assert out["unit"].startswith("sglang-") and "ExecStart=" in out["text"] and "[Install]" in out["text"]
     # helper scripts, the GPU clock script and the NCCL graph: read from the wheel's files
-    assert {"/usr/local/lib/ironserve/ironserve-exec", "/usr/local/lib/ironserve/ironserve-rank-guard",
-            "/usr/local/lib/ironserve/ironserve-gpu-clocks.py"} <= set(out["files"])
+    assert {
+        "/usr/local/lib/ironserve/ironserve-exec",
+        "/usr/local/lib/ironserve/ironserve-rank-guard",
+        "/usr/local/lib/ironserve/ironserve-gpu-clocks.py",
+    } <= set(out["files"])
 
 
 SITE_RECIPE = ROOT / "tests" / "data" / "site" / "recipes" / "llama3-8b-h100-tp1.yaml"
@@ -111,10 +128,27 @@ def test_a_tool_install_runs_from_an_empty_home(tmp_path, wheel, pins):
     for d in (home, site):
         d.mkdir()
     cache = _check(_uv("cache", "dir", cwd=tmp_path)).stdout.strip()
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "UV_CACHE_DIR": cache, "UV_TOOL_DIR": str(tools),
-           "UV_TOOL_BIN_DIR": str(bin_dir), "UV_PYTHON_DOWNLOADS": "never", "LANG": "C.UTF-8"}
-    install = [uv_binary(), "tool", "install", "--python", "python3", "-c", str(pins),
-               "--with-executables-from", "pyinfra", str(wheel)]
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(home),
+        "UV_CACHE_DIR": cache,
+        "UV_TOOL_DIR": str(tools),
+        "UV_TOOL_BIN_DIR": str(bin_dir),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "LANG": "C.UTF-8",
+    }
+    install = [
+        uv_binary(),
+        "tool",
+        "install",
+        "--python",
+        "python3",
+        "-c",
+        str(pins),
+        "--with-executables-from",
+        "pyinfra",
+        str(wheel),
+    ]
     if subprocess.run([*install, "--offline"], cwd=site, env=env, capture_output=True).returncode != 0:
         _check(subprocess.run(install, cwd=site, env=env, capture_output=True, text=True, timeout=600))
 
@@ -127,19 +161,23 @@ def test_a_tool_install_runs_from_an_empty_home(tmp_path, wheel, pins):
     assert "glm5-nvfp4-mtp-rtx6000-tp8" in listed and "tiny-cpu" in listed, listed
     _check(ironserve("init", "cluster"))
     project = site / "cluster"
-    assert {"inventory.py", "group_data/all.py", "deploys/glm5.py", "recipes/defaults.yaml"} <= \
-        {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()}
+    assert {"inventory.py", "group_data/all.py", "deploys/glm5.py", "recipes/defaults.yaml"} <= {
+        str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()
+    }
     # the site's recipe, in the project's recipes/, for an H100 profile from the catalogue
     shutil.copy(SITE_RECIPE, project / "recipes" / SITE_RECIPE.name)
-    (project / "group_data" / "all.py").write_text((project / "group_data" / "all.py").read_text()
-                                                   .replace('hardware = "rtx6000-pro"', 'hardware = "h100-sxm"'))
-    shown = _check(ironserve("render", "llama3-8b-h100-tp1", "--inventory", "inventory.py", "--format", "shell",
-                             cwd=project)).stdout
+    (project / "group_data" / "all.py").write_text(
+        (project / "group_data" / "all.py").read_text().replace('hardware = "rtx6000-pro"', 'hardware = "h100-sxm"')
+    )
+    shown = _check(
+        ironserve("render", "llama3-8b-h100-tp1", "--inventory", "inventory.py", "--format", "shell", cwd=project)
+    ).stdout
     assert "--model-path meta-llama/Llama-3.1-8B-Instruct" in shown and "host gpu-2 (192.0.2.12)" in shown, shown
     assert _check(ironserve("render", "--list", cwd=project)).stdout.count("llama3-8b-h100-tp1") == 1
     # pyinfra is beside it (the tool's own executable, and through ironserve)
     assert "v3." in _check(subprocess.run(["pyinfra", "--version"], env=env, capture_output=True, text=True)).stdout
     assert "v3." in _check(ironserve("pyinfra", "--version")).stdout
-    closed = subprocess.run("ironserve render --list | head -1", shell=True, cwd=site, env=env, capture_output=True,
-                            text=True, timeout=60)
+    closed = subprocess.run(
+        "ironserve render --list | head -1", shell=True, cwd=site, env=env, capture_output=True, text=True, timeout=60
+    )
     assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr

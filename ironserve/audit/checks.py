@@ -40,8 +40,10 @@ def _fix(deploy: str, inventory: str, host: str) -> str:
 
 def rendered_args(proc) -> dict:
     """The engine's rendered flags as SGLang's server info names them: {dest: value, True for a switch, [values]}."""
-    return {name[2:].replace("-", "_"): (True if not values else values[0] if len(values) == 1 else list(values))
-            for name, values in split_flags(proc.engine_args)}
+    return {
+        name[2:].replace("-", "_"): (True if not values else values[0] if len(values) == 1 else list(values))
+        for name, values in split_flags(proc.engine_args)
+    }
 
 
 def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
@@ -59,8 +61,15 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     for key, value in tuning.sysctls.items():
         add(f"sysctl:{key}", "sysctl", str(value), "host", key=key)
     for item in providers.role_files(ctx):
-        add(f"file:{item['path']}", "file", item["sha256"], item.get("gate", "host"), path=item["path"],
-            mode=item.get("mode"), owner=item.get("owner", "root"))
+        add(
+            f"file:{item['path']}",
+            "file",
+            item["sha256"],
+            item.get("gate", "host"),
+            path=item["path"],
+            mode=item.get("mode"),
+            owner=item.get("owner", "root"),
+        )
     for pkg in providers.role_packages(ctx):
         add(f"package:{pkg['name']}", "package", pkg["version"], pkg.get("gate", "driver"), name=pkg["name"])
     if ctx.vendor == "nvidia":
@@ -96,10 +105,16 @@ def _process_checks(ctx, proc, add) -> None:
     # launch=false: the configuration is staged (validated, not live); a launch makes it the live one
     where = (lambda path: path) if ctx.launch else staged_path
     unit_path = where(f"{UNIT_DIR}/{files.unit_name}")
-    add(f"unit-file:{files.unit_name}", "file", sha256_text(files.unit_text), "service", path=unit_path,
-        mode=0o644, owner="root")
-    add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=where(files.env_path),
-        mode=0o600)
+    add(
+        f"unit-file:{files.unit_name}",
+        "file",
+        sha256_text(files.unit_text),
+        "service",
+        path=unit_path,
+        mode=0o644,
+        owner="root",
+    )
+    add(f"env-file:{files.unit_name}", "env_file", files.env_text, "service", path=where(files.env_path), mode=0o600)
     add(f"unit-active:{files.unit_name}", "service_active", ctx.launch, "service", name=files.unit_name)
     units = [files.unit_name]
     if proc.in_rank_group:
@@ -117,5 +132,10 @@ def _process_checks(ctx, proc, add) -> None:
         add(f"port:{proc.port}", "listening", True, "workload", port=proc.port)
         add(f"health:{proc.unit}", "http_ok", 200, "workload", url=proc.health_url)
     if proc.health_url and proc.role != "router":
-        add(f"server-args:{proc.unit}", "server_args", rendered_args(proc), "workload",
-            cmd=roll_script("server-info", proc.local_url(""), env_path(proc)))
+        add(
+            f"server-args:{proc.unit}",
+            "server_args",
+            rendered_args(proc),
+            "workload",
+            cmd=roll_script("server-info", proc.local_url(""), env_path(proc)),
+        )

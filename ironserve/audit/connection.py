@@ -52,8 +52,16 @@ def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
         host = fleet.pyinfra.get_host(name)
         data = host.data.dict()
         if not host.connector_cls.__module__.endswith(".ssh"):
-            raise SpecError([Problem("inventory", name, f"connector {host.connector_cls.__name__} is not SSH",
-                                     "audit and status reach hosts over SSH: give them ssh_hostname")])
+            raise SpecError(
+                [
+                    Problem(
+                        "inventory",
+                        name,
+                        f"connector {host.connector_cls.__name__} is not SSH",
+                        "audit and status reach hosts over SSH: give them ssh_hostname",
+                    )
+                ]
+            )
         if "ssh_strict_host_key_checking" not in data:
             host.connector.data["ssh_strict_host_key_checking"] = STRICT_UNLESS_SAID
         user = data.get("ssh_user") or "root"

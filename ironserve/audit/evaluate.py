@@ -148,8 +148,10 @@ def http_ok(host, check: Check):
 
 
 # unit files and loaded units of ironserve's naming (roles/undeclared.py removes the ones a deploy wrote)
-UNITS_OF_OUR_NAMING = ("{ ls -1 /etc/systemd/system; systemctl list-units --all --plain --no-legend 'sglang-*' "
-                       "| awk '{print $1}'; } | grep -E '^sglang-.*[.]service$' | sort -u")
+UNITS_OF_OUR_NAMING = (
+    "{ ls -1 /etc/systemd/system; systemctl list-units --all --plain --no-legend 'sglang-*' "
+    "| awk '{print $1}'; } | grep -E '^sglang-.*[.]service$' | sort -u"
+)
 
 
 def undeclared_units(host, check: Check):
@@ -181,8 +183,11 @@ def server_args(host, check: Check):
         return False, "no server info"
     if "error" in info:
         return False, f"no server info: {str(info['error'])[:80]}"
-    differ = [f"{field}={str(info[field])[:40]} (rendered {str(want)[:40]})" for field, want in check.expected.items()
-              if field in info and not _same(info[field], want)]
+    differ = [
+        f"{field}={str(info[field])[:40]} (rendered {str(want)[:40]})"
+        for field, want in check.expected.items()
+        if field in info and not _same(info[field], want)
+    ]
     return not differ, ("differs: " + "; ".join(differ)) if differ else "same"
 
 
@@ -205,8 +210,11 @@ def file_sha256(host, check: Check):
     return file(host, check)
 
 
-EVALUATORS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
-              and name not in ("Check",) and fn.__module__ == __name__}
+EVALUATORS = {
+    name: fn
+    for name, fn in globals().items()
+    if callable(fn) and not name.startswith("_") and name not in ("Check",) and fn.__module__ == __name__
+}
 
 
 def evaluate(host, check: Check):

@@ -29,17 +29,18 @@ def deploy_model(deploy: str) -> str:
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError) as exc:
-        raise SpecError([Problem(deploy, "", f"cannot read the deploy ({exc})", "give a deploys/*.py file")])
+        raise SpecError([Problem(deploy, "", f"cannot read the deploy ({exc})", "give a deploys/*.py file")]) from None
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "deploy_model" and node.args:
             arg = node.args[0]
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 return arg.value
-    raise SpecError([Problem(deploy, "", "no deploy_model(\"<model>\") call", "audit a deploys/*.py entry point")])
+    raise SpecError([Problem(deploy, "", 'no deploy_model("<model>") call', "audit a deploys/*.py entry point")])
 
 
-def plan_checks(inventory: str, deploy: str, limit: list[str] | None = None,
-                data: dict | None = None, fleet: Fleet | None = None) -> tuple[list[Check], dict[str, dict]]:
+def plan_checks(
+    inventory: str, deploy: str, limit: list[str] | None = None, data: dict | None = None, fleet: Fleet | None = None
+) -> tuple[list[Check], dict[str, dict]]:
     """The checks of the --limit'ed hosts, each derived with the whole inventory (ranks, addresses) as the deploy
     derives it: pyinfra's loader, group_data/ and --data included."""
     from roles.context import build_context
@@ -63,8 +64,15 @@ class Result:
     found: str
 
     def as_dict(self) -> dict:
-        return {"host": self.check.host, "check": self.check.id, "gate": self.check.gate, "ok": self.ok,
-                "expected": _show(self.check.expected), "found": self.found, "fix": "" if self.ok else self.check.fix}
+        return {
+            "host": self.check.host,
+            "check": self.check.id,
+            "gate": self.check.gate,
+            "ok": self.ok,
+            "expected": _show(self.check.expected),
+            "found": self.found,
+            "fix": "" if self.ok else self.check.fix,
+        }
 
 
 def _show(value) -> str:
@@ -75,7 +83,7 @@ def _show(value) -> str:
     return str(value)
 
 
-_TEST_MODULE = '''
+_TEST_MODULE = """
 import json, os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -118,7 +126,7 @@ def test_check(check, record_property):
     record_property("found", found)
     _write({"host": check.host, "id": check.id, "ok": ok, "found": found})
     assert ok, f"{check.host} {check.id}: expected {check.expected!r}, found {found}. Fix: {check.fix}"
-'''
+"""
 
 
 @dataclass
@@ -129,19 +137,44 @@ class Reads:
     commands: dict[str, int]
 
 
-def run_checks(checks: list[Check], specs: dict[str, str], junit: str | None = None,
-               parallel: int | None = None, reads: Reads | None = None) -> list[Result]:
+def run_checks(
+    checks: list[Check],
+    specs: dict[str, str],
+    junit: str | None = None,
+    parallel: int | None = None,
+    reads: Reads | None = None,
+) -> list[Result]:
     """Read every host at once (one connection each, batched commands) and report each check through pytest."""
     with tempfile.TemporaryDirectory(prefix="ironserve-audit-") as tmp:
         results_dir = Path(tmp, "results")
         results_dir.mkdir()
         plan = Path(tmp, "plan.json")
-        plan.write_text(json.dumps({"checks": [c.as_dict() for c in checks], "hosts": specs,
-                                    "results": str(results_dir), "parallel": parallel or 32}))
+        plan.write_text(
+            json.dumps(
+                {
+                    "checks": [c.as_dict() for c in checks],
+                    "hosts": specs,
+                    "results": str(results_dir),
+                    "parallel": parallel or 32,
+                }
+            )
+        )
         test_file = Path(tmp, "test_ironserve_audit.py")
         test_file.write_text(_TEST_MODULE)
-        args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", tmp, str(test_file),
-                "-o", "junit_family=xunit2", "--tb=no", "-rN"]
+        args = [
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "--rootdir",
+            tmp,
+            str(test_file),
+            "-o",
+            "junit_family=xunit2",
+            "--tb=no",
+            "-rN",
+        ]
         if junit:
             args.append(f"--junitxml={os.path.abspath(junit)}")
         _pytest(args, plan)
@@ -200,8 +233,16 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str = "text",
-          junit: str | None = None, data: dict | None = None, out=sys.stdout, textfile: str | None = None) -> int:
+def audit(
+    inventory: str,
+    deploy: str,
+    limit: list[str] | None = None,
+    fmt: str = "text",
+    junit: str | None = None,
+    data: dict | None = None,
+    out=sys.stdout,
+    textfile: str | None = None,
+) -> int:
     fleet = read_fleet(inventory, data)
     checks, connections = plan_checks(inventory, deploy, limit, data, fleet)
     specs = open_hosts(fleet, list(connections))
@@ -214,13 +255,23 @@ def audit(inventory: str, deploy: str, limit: list[str] | None = None, fmt: str 
     for name, why in reads.unreachable.items():
         print(f"unreachable: {name} ({connections[name]['address']}): {why}", file=sys.stderr)
     reached = [r for r in results if r.check.host not in reads.unreachable]
-    unreachable = {name: {"address": connections[name]["address"], "error": why}
-                   for name, why in sorted(reads.unreachable.items())}
+    unreachable = {
+        name: {"address": connections[name]["address"], "error": why} for name, why in sorted(reads.unreachable.items())
+    }
     if textfile:
         write_audit_textfile(textfile, reached)
     if fmt == "json":
-        print(json.dumps({"ok": all(r.ok for r in reached) and not unreachable,
-                          "results": [r.as_dict() for r in reached], "unreachable": unreachable}, indent=2), file=out)
+        print(
+            json.dumps(
+                {
+                    "ok": all(r.ok for r in reached) and not unreachable,
+                    "results": [r.as_dict() for r in reached],
+                    "unreachable": unreachable,
+                },
+                indent=2,
+            ),
+            file=out,
+        )
     elif fmt == "junit":
         print(f"junit xml written to {junit}", file=out)
     else:
@@ -238,22 +289,30 @@ def write_audit_textfile(path: str, results: list[Result]) -> None:
 
     from ironserve.metrics import audit_samples, exposition, write_textfile
 
-    write_textfile(path, exposition(audit_samples({(r.check.host, r.check.id): not r.ok for r in results},
-                                                  time.time())))
+    write_textfile(
+        path, exposition(audit_samples({(r.check.host, r.check.id): not r.ok for r in results}, time.time()))
+    )
 
 
 def add_audit_parser(sub) -> None:
-    p = sub.add_parser("audit", help="drift: compare hosts with the deploy's declaration (testinfra)",
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "audit", help="drift: compare hosts with the deploy's declaration (testinfra)", allow_abbrev=False
+    )
     p.add_argument("inventory")
     p.add_argument("deploy")
-    p.add_argument("--limit", action="append", help="only these hosts: a host name, a glob of names or a group, as "
-                   "pyinfra's --limit (repeatable)")
+    p.add_argument(
+        "--limit",
+        action="append",
+        help="only these hosts: a host name, a glob of names or a group, as pyinfra's --limit (repeatable)",
+    )
     p.add_argument("--format", choices=["text", "json", "junit"], default="text")
     p.add_argument("--junit-file", default="ironserve-audit.xml", help="where --format junit writes")
-    p.add_argument("--prometheus-textfile", metavar="FILE.prom",
-                   help="also write the result as ironserve_audit_drift{host,check} metrics (atomically) to this file "
-                   "in a node exporter's textfile collector directory")
+    p.add_argument(
+        "--prometheus-textfile",
+        metavar="FILE.prom",
+        help="also write the result as ironserve_audit_drift{host,check} metrics (atomically) to this file "
+        "in a node exporter's textfile collector directory",
+    )
     p.add_argument("--data", action="append", default=[], help="KEY=VALUE, as pyinfra's --data")
     p.set_defaults(func=_cmd)
 
@@ -262,5 +321,12 @@ def _cmd(args) -> int:
     from ironserve.hostdata import parse_data_args
 
     data = parse_data_args(args.data)
-    return audit(args.inventory, args.deploy, args.limit, args.format,
-                 args.junit_file if args.format == "junit" else None, data, textfile=args.prometheus_textfile)
+    return audit(
+        args.inventory,
+        args.deploy,
+        args.limit,
+        args.format,
+        args.junit_file if args.format == "junit" else None,
+        data,
+        textfile=args.prometheus_textfile,
+    )

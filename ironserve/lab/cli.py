@@ -17,9 +17,12 @@ from .system import LabError
 
 
 def add_lab_parser(subparsers) -> argparse.ArgumentParser:
-    lab = subparsers.add_parser("lab", help="local multi-host lab (systemd-nspawn hosts, air-gapped supply)",
-                                description="Boot several local hosts with real systemd and sshd on a private "
-                                            "bridge, to test deploys for real. Needs root.")
+    lab = subparsers.add_parser(
+        "lab",
+        help="local multi-host lab (systemd-nspawn hosts, air-gapped supply)",
+        description="Boot several local hosts with real systemd and sshd on a private "
+        "bridge, to test deploys for real. Needs root.",
+    )
     add_lab_arguments(lab)
     lab.set_defaults(func=run_lab)
     return lab
@@ -29,26 +32,36 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="lab_command", required=True)
     up = sub.add_parser("up", help="bring the lab up (idempotent; builds the base rootfs on first use)")
     up.add_argument("--nodes", type=int, default=2, help="number of hosts (default 2)")
-    up.add_argument("--hardware", choices=HARDWARE_IDS, default=None,
-                    help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})")
+    up.add_argument(
+        "--hardware",
+        choices=HARDWARE_IDS,
+        default=None,
+        help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})",
+    )
     st = sub.add_parser("status", help="show lab hosts")
     st.add_argument("--format", choices=("text", "json"), default="text")
-    reset = sub.add_parser("reset", help="replace one host with a fresh OS (same name and address), keep the others",
-                           description="Stop HOST, discard everything written on it and boot it again from the "
-                                       "base image: a host rebuilt from scratch. Rebuild it with the production "
-                                       "deploy: pyinfra inventories/lab.py DEPLOY --limit HOST.")
+    reset = sub.add_parser(
+        "reset",
+        help="replace one host with a fresh OS (same name and address), keep the others",
+        description="Stop HOST, discard everything written on it and boot it again from the "
+        "base image: a host rebuilt from scratch. Rebuild it with the production "
+        "deploy: pyinfra inventories/lab.py DEPLOY --limit HOST.",
+    )
     reset.add_argument("host", help="lab host name (see `ironserve lab status`)")
     sub.add_parser("down", help="stop every host and remove every trace (keeps the rootfs cache)")
 
 
 def run_lab(args: argparse.Namespace) -> int:
     from . import cluster  # imported late: `--help` needs nothing but argparse
+
     try:
         if args.lab_command == "up":
             if not cluster.ASSETS.is_dir():
                 # the product wheel leaves the lab's host assets out (pyproject.toml)
-                raise LabError(f"the lab's host assets ({cluster.ASSETS}) are not here: the lab runs from a "
-                               "checkout of ironserve (cd into it and run .venv/bin/ironserve lab up)")
+                raise LabError(
+                    f"the lab's host assets ({cluster.ASSETS}) are not here: the lab runs from a "
+                    "checkout of ironserve (cd into it and run .venv/bin/ironserve lab up)"
+                )
             cluster.up(args.nodes, args.hardware)
         elif args.lab_command == "reset":
             cluster.reset(args.host)
@@ -64,15 +77,16 @@ def run_lab(args: argparse.Namespace) -> int:
                 for h in data["hosts"]:
                     state = "running" if h.get("running") else "stopped"
                     print(f"{h['name']:8} {h['address']:15} {h['hardware']:18} {state}")
-                print(f"ssh: ssh -i {data['hosts'][0]['ssh_key']} -o UserKnownHostsFile={data['known_hosts']} "
-                      f"{data['hosts'][0]['ssh_user']}@ADDRESS")
+                print(
+                    f"ssh: ssh -i {data['hosts'][0]['ssh_key']} -o UserKnownHostsFile={data['known_hosts']} "
+                    f"{data['hosts'][0]['ssh_user']}@ADDRESS"
+                )
                 print(f"apt mirror: {data['apt_mirror']}  pip index: {data['pip_index']}")
         return 0
     except LabError as exc:
         print(f"[lab] error: {exc}", file=sys.stderr)
         if args.lab_command == "up" and "needs root" not in str(exc):
-            print("[lab] hosts already started keep running; `ironserve lab down` removes everything",
-                  file=sys.stderr)
+            print("[lab] hosts already started keep running; `ironserve lab down` removes everything", file=sys.stderr)
         return 1
 
 

@@ -7,14 +7,30 @@ import json
 import os
 import re
 import time
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
-from . import (cgroups, cpu_runtime, cuda_runtime, gpu_images, hosts, images, interpreters, network, npu_runtime, oci,
-               registry, rootfs, runtime_image, standins, state, supply, tiny_model)
+from . import (
+    cgroups,
+    cpu_runtime,
+    cuda_runtime,
+    gpu_images,
+    hosts,
+    images,
+    interpreters,
+    network,
+    npu_runtime,
+    oci,
+    registry,
+    rootfs,
+    runtime_image,
+    standins,
+    state,
+    supply,
+    tiny_model,
+)
 from .profiles import PROFILES
-from .rootfs import ASSETS
 from .state import HARDWARE_IDS, Host, LabState
 from .system import LabError, ensure_tools, require_root, run, say, wait_for
 
@@ -24,15 +40,30 @@ from .system import LabError, ensure_tools, require_root, run, say, wait_for
 # Debian's Docker engine (docker.io with containerd, runc, iptables as dependencies) for the docker recipes, and
 # docker-registry, which the lab's registry runs (registry.py); prometheus-node-exporter, which every deploy
 # installs (roles/node_exporter.py).
-DEFAULT_DEBS = ["jq", "numactl", "pciutils", "python3-venv", "ca-certificates", "curl", "gpg", "python3-pip",
-                "docker.io", "docker-registry", "prometheus-node-exporter"]
+DEFAULT_DEBS = [
+    "jq",
+    "numactl",
+    "pciutils",
+    "python3-venv",
+    "ca-certificates",
+    "curl",
+    "gpg",
+    "python3-pip",
+    "docker.io",
+    "docker-registry",
+    "prometheus-node-exporter",
+]
 # Wheel requirement sets published to the lab index on every `up`, each resolved on its own
 # (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version;
 # uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given;
 # sglang-router: the routers' own venv where the engine image lacks it, roles/uv_env.router_runtime).
 UV_VERSION = "0.13.9"
-DEFAULT_WHEELS = ["nvidia-ml-py", "nvidia-ml-py==13.580.82", f"uv=={UV_VERSION}",
-                  f"sglang-router=={cpu_runtime.ROUTER_VERSION}"]
+DEFAULT_WHEELS = [
+    "nvidia-ml-py",
+    "nvidia-ml-py==13.580.82",
+    f"uv=={UV_VERSION}",
+    f"sglang-router=={cpu_runtime.ROUTER_VERSION}",
+]
 # cpu-lab: the generated model's directory under the lab's model_root (recipes/tiny-cpu.yaml model.path's name)
 TINY_MODEL = "tiny-llama"
 
@@ -63,8 +94,20 @@ def _ssh_ok(lab: LabState, host: Host) -> bool:
 
 
 def ssh_options(lab: LabState) -> list[str]:
-    return ["-i", lab.ssh_key, "-o", f"UserKnownHostsFile={lab.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]
+    return [
+        "-i",
+        lab.ssh_key,
+        "-o",
+        f"UserKnownHostsFile={lab.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "LogLevel=ERROR",
+    ]
 
 
 @contextmanager
@@ -146,8 +189,9 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         say(f"stopping {h.name} (lab now has {nodes} hosts)")
         hosts.stop(root, h.name)
     existing = {h.node_index: h for h in lab.hosts if h.node_index <= nodes}
-    lab.hosts = [existing.get(i) or Host(state.host_name(i), state.host_address(i), i, hardware)
-                 for i in range(1, nodes + 1)]
+    lab.hosts = [
+        existing.get(i) or Host(state.host_name(i), state.host_address(i), i, hardware) for i in range(1, nodes + 1)
+    ]
     for h in lab.hosts:
         h.hardware = hardware
         hosts.ensure_host_key(root, h.name)
@@ -157,15 +201,19 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     pubkey = key.with_suffix(".pub").read_text()
     to_boot = [h for h in lab.hosts if not hosts.pid_of(root, h.name)]
     kept = len(lab.hosts) - len(to_boot)
-    say(f"{'booting ' + str(len(to_boot)) if to_boot else 'no new'} host(s)"
-        f"{f', keeping {kept} running' if kept else ''}")
+    say(
+        f"{'booting ' + str(len(to_boot)) if to_boot else 'no new'} host(s)"
+        f"{f', keeping {kept} running' if kept else ''}"
+    )
     for h in lab.hosts:  # running hosts get the new /etc/hosts and hardware too
         network.ensure_netns(h.name, h.address)
         hosts.prepare(root, base, lab, h, pubkey)
         booted = hosts.booted_binds(root, h.name) if h not in to_boot else binds
         if booted != binds:
-            say(f"warning: {h.name} keeps running with the mounts it booted with (parser venvs, checkpoints); "
-                "`ironserve lab down` and `up` to give it the current ones")
+            say(
+                f"warning: {h.name} keeps running with the mounts it booted with (parser venvs, checkpoints); "
+                "`ironserve lab down` and `up` to give it the current ones"
+            )
     t_boot = time.monotonic()
     for h in to_boot:
         hosts.spawn(root, h, binds)
@@ -177,8 +225,10 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     with ThreadPoolExecutor(max_workers=max(1, len(lab.hosts))) as pool:
         for fut in [pool.submit(ready, h) for h in lab.hosts]:
             fut.result()
-    say(f"{len(lab.hosts)} host(s) up: systemd running, ssh ok "
-        f"(boot {time.monotonic() - t_boot:.1f}s, total {time.monotonic() - t0:.1f}s)")
+    say(
+        f"{len(lab.hosts)} host(s) up: systemd running, ssh ok "
+        f"(boot {time.monotonic() - t_boot:.1f}s, total {time.monotonic() - t0:.1f}s)"
+    )
     for h in lab.hosts:
         say(f"  {h.name}  {h.address}  ssh -i {lab.ssh_key} {lab.ssh_user}@{h.address}")
     return lab
@@ -215,8 +265,10 @@ def reset(name: str) -> LabState:
         hosts.spawn(root, host, binds)
         hosts.wait_running(root, name)
         wait_for(lambda: _ssh_ok(lab, host), 60, interval=0.5, what=f"ssh on {name}")
-        say(f"{name} is a fresh host again ({host.address}, {host.hardware}) after {time.monotonic() - t0:.1f}s; "
-            f"rebuild it with: pyinfra inventories/lab.py DEPLOY --limit {name}")
+        say(
+            f"{name} is a fresh host again ({host.address}, {host.hardware}) after {time.monotonic() - t0:.1f}s; "
+            f"rebuild it with: pyinfra inventories/lab.py DEPLOY --limit {name}"
+        )
         return lab
 
 
@@ -234,8 +286,10 @@ def publish_cpu_runtime(root: Path) -> None:
     """cpu-lab: SGLang's CPU runtime (cpu_runtime.REQUIREMENTS, the shim wheel included) into the lab index."""
     cache = cpu_wheelhouse_dir()
     if not cache.is_dir() or cpu_runtime.check_wheelhouse(cache):
-        say(f"CPU runtime wheelhouse: downloading the {len(cpu_runtime.REQUIREMENTS)} pinned wheels into {cache} "
-            "(once per machine; several minutes)")
+        say(
+            f"CPU runtime wheelhouse: downloading the {len(cpu_runtime.REQUIREMENTS)} pinned wheels into {cache} "
+            "(once per machine; several minutes)"
+        )
     t0 = time.monotonic()
     try:
         summary = cpu_runtime.build_wheelhouse(cache)
@@ -243,9 +297,11 @@ def publish_cpu_runtime(root: Path) -> None:
         raise LabError(f"the lab's CPU runtime wheelhouse could not be built: {exc}") from exc
     wheels = sorted(cache.glob("*.whl"))
     added = supply.add_wheels(root, wheels)
-    say(f"CPU runtime: {summary['wheels']} wheels ({summary['bytes'] / 2**20:.0f} MiB, sglang {summary['sglang']}, "
+    say(
+        f"CPU runtime: {summary['wheels']} wheels ({summary['bytes'] / 2**20:.0f} MiB, sglang {summary['sglang']}, "
         f"sglang-router {summary['router']}, torch {summary['torch']}) in the lab index"
-        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)"
+    )
 
 
 def publish_runtime_image(root: Path, base: Path) -> str:
@@ -307,8 +363,10 @@ def publish_npu_runtime(root: Path) -> None:
     cache = npu_wheelhouse_dir()
     t0 = time.monotonic()
     if not cache.is_dir() or npu_runtime.check_wheelhouse(cache):
-        say(f"Ascend runtime wheelhouse: {len(npu_runtime.REAL_PINS)} real wheels and {len(npu_runtime.STANDINS)} "
-            f"stand-ins into {cache} (once per machine)")
+        say(
+            f"Ascend runtime wheelhouse: {len(npu_runtime.REAL_PINS)} real wheels and {len(npu_runtime.STANDINS)} "
+            f"stand-ins into {cache} (once per machine)"
+        )
         cpu_cache = cpu_wheelhouse_dir()
         try:
             if not cpu_cache.is_dir() or cpu_runtime.check_wheelhouse(cpu_cache):
@@ -317,8 +375,10 @@ def publish_npu_runtime(root: Path) -> None:
         except (cpu_runtime.WheelhouseError, npu_runtime.WheelhouseError) as exc:
             raise LabError(f"the lab's Ascend runtime wheelhouse could not be built: {exc}") from exc
     added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
-    say(f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
-        f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+    say(
+        f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
+        f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)"
+    )
 
 
 def cuda_wheelhouse_dir() -> Path:
@@ -331,15 +391,19 @@ def build_cuda_wheelhouse() -> None:
     printed and recorded in its build.json)."""
     cache = cuda_wheelhouse_dir()
     if not cache.is_dir() or cuda_runtime.check_wheelhouse(cache):
-        say(f"CUDA runtime wheelhouse (Python {cuda_runtime.PYTHON}): {', '.join(cuda_runtime.RUNTIMES)} into {cache} "
-            "(once per machine: ~3 GB of wheels)")
+        say(
+            f"CUDA runtime wheelhouse (Python {cuda_runtime.PYTHON}): {', '.join(cuda_runtime.RUNTIMES)} into {cache} "
+            "(once per machine: ~3 GB of wheels)"
+        )
         try:
             summary = cuda_runtime.build_wheelhouse(cache)
         except (cuda_runtime.WheelhouseError, cuda_runtime.cuda_stubs.StubError) as exc:
             raise LabError(f"the lab's CUDA runtime wheelhouse could not be built: {exc}") from exc
         (cache / "build.json").write_text(json.dumps(summary, indent=1) + "\n")
-        say(f"CUDA runtime wheelhouse built: {summary['wheels']} wheels, {summary['bytes'] / 2**30:.1f} GiB, "
-            f"{summary['downloaded']} downloaded in {summary['download_s']} s, {summary['total_s']} s in all")
+        say(
+            f"CUDA runtime wheelhouse built: {summary['wheels']} wheels, {summary['bytes'] / 2**30:.1f} GiB, "
+            f"{summary['downloaded']} downloaded in {summary['download_s']} s, {summary['total_s']} s in all"
+        )
 
 
 def publish_cuda_runtime(root: Path) -> None:
@@ -348,8 +412,10 @@ def publish_cuda_runtime(root: Path) -> None:
     from the wheelhouse ``build_cuda_wheelhouse`` made."""
     t0 = time.monotonic()
     added = supply.add_wheels(root, sorted(cuda_wheelhouse_dir().glob("*.whl")))
-    say(f"CUDA runtimes: {', '.join(cuda_runtime.RUNTIMES)} in the lab index"
-        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)")
+    say(
+        f"CUDA runtimes: {', '.join(cuda_runtime.RUNTIMES)} in the lab index"
+        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)"
+    )
 
 
 def publish_interpreters(root: Path) -> str:
@@ -453,10 +519,14 @@ def leftovers(root: Path | None = None) -> list[str]:
             cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if ("systemd-nspawn" in cmd and "--machine=lab" in cmd) or ("httpd.py" in cmd and str(root) in cmd) or \
-                ("docker-registry" in cmd and str(root) in cmd):
+        if (
+            ("systemd-nspawn" in cmd and "--machine=lab" in cmd)
+            or ("httpd.py" in cmd and str(root) in cmd)
+            or ("docker-registry" in cmd and str(root) in cmd)
+        ):
             found.append(f"process {pid_dir.name}: {cmd.strip()}")
     if Path("/run/systemd/nspawn/propagate").exists():
-        found += [f"nspawn dir {p}" for p in Path("/run/systemd/nspawn/propagate").iterdir()
-                  if p.name.startswith("lab")]
+        found += [
+            f"nspawn dir {p}" for p in Path("/run/systemd/nspawn/propagate").iterdir() if p.name.startswith("lab")
+        ]
     return found

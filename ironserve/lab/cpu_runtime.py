@@ -99,48 +99,175 @@ OVERRIDES = [f"torch=={TORCH_VERSION}"]
 #   --python-platform x86_64-manylinux_2_36 --only-binary :all: --excludes EXCLUDED --overrides OVERRIDES
 # (PyPI, 2026-11-22), torch left out (it comes from /opt/wheels).
 PINS = [
-    'aiohappyeyeballs==2.7.1', 'aiohttp==3.14.5', 'aiosignal==1.4.0', 'airportsdata==20260905',
-    'annotated-doc==0.0.7', 'annotated-types==0.8.0', 'anthropic==2.12.0', 'anyio==4.16.0',
-    'apache-tvm-ffi==0.1.11', 'asttokens==3.0.2', 'attrs==26.1.0', 'blobfile==3.0.0', 'build==1.6.1',
-    'certifi==2026.10.18', 'cffi==2.1.1', 'charset-normalizer==3.5.2', 'click==8.5.1', 'cloudpickle==3.1.2',
-    'compressed-tensors==0.18.0', 'cryptography==50.0.2', 'datasets==5.2.0', 'deepseek-recipe==0.2.0',
-    'dill==0.4.1', 'diskcache==5.6.3', 'distro==1.9.0', 'docstring-parser==0.18.0', 'easydict==1.14',
-    'einops==0.8.2', 'executing==2.3.0', 'fastapi==0.165.0', 'filelock==4.2.11', 'frozenlist==1.8.0',
-    'fsspec==2026.9.0', 'gguf==0.19.0', 'grpcio==1.85.1', 'grpcio-health-checking==1.85.1',
-    'grpcio-reflection==1.85.1', 'h11==0.16.0', 'hf-xet==1.8.0', 'httpcore==1.0.9', 'httpcore2==2.16.2',
-    'httpx==0.28.1', 'httpx2==2.16.2', 'huggingface-hub==1.33.0', 'idna==3.20', 'interegular==0.3.3',
-    'ipython==9.18.1', 'ipython-pygments-lexers==1.1.1', 'jedi==0.20.1', 'jinja2==3.1.6', 'jiter==0.19.0',
-    'jsonschema==4.26.0', 'jsonschema-specifications==2025.9.1', 'kernels==0.14.1', 'kernels-data==0.16.2',
-    'lark==1.3.1', 'llguidance==1.9.1', 'llvmlite==0.47.0', 'loguru==0.7.3', 'lxml==6.1.3',
-    'markdown-it-py==4.3.0', 'markupsafe==3.0.4', 'matplotlib-inline==0.2.2', 'mdurl==0.1.2',
-    'mistral-common==1.13.1', 'modelscope==1.40.2', 'modelscope-hub==0.5.1', 'mpmath==1.3.0', 'msgspec==0.22.0',
-    'multidict==7.2.1', 'multiprocess==0.70.19', 'nest-asyncio==1.6.0', 'networkx==3.6.1', 'ninja==1.13.2',
-    'numba==0.65.1', 'numpy==2.3.5', 'nvidia-ml-py==13.615.71', 'openai==2.8.0', 'openai-harmony==0.0.4',
-    'opentelemetry-api==1.45.2', 'orjson==3.13.0', 'outlines==0.1.11', 'outlines-core==0.1.26',
-    'packaging==26.3', 'pandas==3.1.1', 'parso==0.8.7', 'partial-json-parser==0.2.1.1.post7', 'pexpect==4.9.0',
-    'pillow==13.0.0', 'prometheus-client==0.26.0', 'prompt-toolkit==3.0.53', 'propcache==0.5.4',
-    'protobuf==7.36.2', 'psutil==7.2.2', 'ptyprocess==0.7.0', 'pure-eval==0.2.4', 'py-spy==0.4.3',
-    'pyarrow==26.0.1', 'pybase64==1.5.1', 'pycountry==26.2.16', 'pycparser==3.12', 'pycryptodomex==3.24.2',
-    'pydantic==2.14.3', 'pydantic-core==2.50.4', 'pydantic-extra-types==2.11.1', 'pygments==2.21.0',
-    'pyproject-hooks==1.3.3', 'python-dateutil==2.9.0.post0', 'python-multipart==0.0.34', 'pyyaml==6.0.3',
-    'pyzmq==27.3.0', 'referencing==0.37.0', 'regex==2026.11.15', 'requests==2.34.2', 'rich==15.0.0',
-    'rpds-py==2026.9.1', 'safetensors==0.8.0', 'scipy==1.17.1', 'sentencepiece==0.2.1', 'setproctitle==1.3.8',
-    'setuptools==84.2.1', f'sglang=={SGLANG_VERSION}', f'sglang-router=={ROUTER_VERSION}', 'shellingham==1.5.4',
-    'six==1.17.0', 'smg-grpc-proto==0.4.28', 'smg-grpc-servicer==0.14.1', 'sniffio==1.3.1', 'soundfile==0.13.1',
-    'stack-data==0.6.3', 'starlette==1.10.0', 'sympy==1.14.0', 'tiktoken==0.14.0', 'timm==1.0.25',
-    'tml-renderers==0.1.0', 'tokenizers==0.23.2', 'tomlkit==0.15.2', 'tqdm==4.70.1', 'traitlets==5.16.1',
-    'transformers==5.19.0', 'triton==3.9.0', 'truststore==0.10.5', 'typer==0.29.2', 'typing-extensions==4.16.0',
-    'typing-inspection==0.4.5', 'urllib3==2.8.0', 'uvicorn==0.54.0', 'uvloop==0.23.0', 'watchfiles==1.3.0',
-    'wcwidth==0.9.4', 'xgrammar==0.2.7', 'xxhash==4.1.0', 'yarl==1.25.1', 'zstandard==0.25.0',
+    "aiohappyeyeballs==2.7.1",
+    "aiohttp==3.14.5",
+    "aiosignal==1.4.0",
+    "airportsdata==20260905",
+    "annotated-doc==0.0.7",
+    "annotated-types==0.8.0",
+    "anthropic==2.12.0",
+    "anyio==4.16.0",
+    "apache-tvm-ffi==0.1.11",
+    "asttokens==3.0.2",
+    "attrs==26.1.0",
+    "blobfile==3.0.0",
+    "build==1.6.1",
+    "certifi==2026.10.18",
+    "cffi==2.1.1",
+    "charset-normalizer==3.5.2",
+    "click==8.5.1",
+    "cloudpickle==3.1.2",
+    "compressed-tensors==0.18.0",
+    "cryptography==50.0.2",
+    "datasets==5.2.0",
+    "deepseek-recipe==0.2.0",
+    "dill==0.4.1",
+    "diskcache==5.6.3",
+    "distro==1.9.0",
+    "docstring-parser==0.18.0",
+    "easydict==1.14",
+    "einops==0.8.2",
+    "executing==2.3.0",
+    "fastapi==0.165.0",
+    "filelock==4.2.11",
+    "frozenlist==1.8.0",
+    "fsspec==2026.9.0",
+    "gguf==0.19.0",
+    "grpcio==1.85.1",
+    "grpcio-health-checking==1.85.1",
+    "grpcio-reflection==1.85.1",
+    "h11==0.16.0",
+    "hf-xet==1.8.0",
+    "httpcore==1.0.9",
+    "httpcore2==2.16.2",
+    "httpx==0.28.1",
+    "httpx2==2.16.2",
+    "huggingface-hub==1.33.0",
+    "idna==3.20",
+    "interegular==0.3.3",
+    "ipython==9.18.1",
+    "ipython-pygments-lexers==1.1.1",
+    "jedi==0.20.1",
+    "jinja2==3.1.6",
+    "jiter==0.19.0",
+    "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1",
+    "kernels==0.14.1",
+    "kernels-data==0.16.2",
+    "lark==1.3.1",
+    "llguidance==1.9.1",
+    "llvmlite==0.47.0",
+    "loguru==0.7.3",
+    "lxml==6.1.3",
+    "markdown-it-py==4.3.0",
+    "markupsafe==3.0.4",
+    "matplotlib-inline==0.2.2",
+    "mdurl==0.1.2",
+    "mistral-common==1.13.1",
+    "modelscope==1.40.2",
+    "modelscope-hub==0.5.1",
+    "mpmath==1.3.0",
+    "msgspec==0.22.0",
+    "multidict==7.2.1",
+    "multiprocess==0.70.19",
+    "nest-asyncio==1.6.0",
+    "networkx==3.6.1",
+    "ninja==1.13.2",
+    "numba==0.65.1",
+    "numpy==2.3.5",
+    "nvidia-ml-py==13.615.71",
+    "openai==2.8.0",
+    "openai-harmony==0.0.4",
+    "opentelemetry-api==1.45.2",
+    "orjson==3.13.0",
+    "outlines==0.1.11",
+    "outlines-core==0.1.26",
+    "packaging==26.3",
+    "pandas==3.1.1",
+    "parso==0.8.7",
+    "partial-json-parser==0.2.1.1.post7",
+    "pexpect==4.9.0",
+    "pillow==13.0.0",
+    "prometheus-client==0.26.0",
+    "prompt-toolkit==3.0.53",
+    "propcache==0.5.4",
+    "protobuf==7.36.2",
+    "psutil==7.2.2",
+    "ptyprocess==0.7.0",
+    "pure-eval==0.2.4",
+    "py-spy==0.4.3",
+    "pyarrow==26.0.1",
+    "pybase64==1.5.1",
+    "pycountry==26.2.16",
+    "pycparser==3.12",
+    "pycryptodomex==3.24.2",
+    "pydantic==2.14.3",
+    "pydantic-core==2.50.4",
+    "pydantic-extra-types==2.11.1",
+    "pygments==2.21.0",
+    "pyproject-hooks==1.3.3",
+    "python-dateutil==2.9.0.post0",
+    "python-multipart==0.0.34",
+    "pyyaml==6.0.3",
+    "pyzmq==27.3.0",
+    "referencing==0.37.0",
+    "regex==2026.11.15",
+    "requests==2.34.2",
+    "rich==15.0.0",
+    "rpds-py==2026.9.1",
+    "safetensors==0.8.0",
+    "scipy==1.17.1",
+    "sentencepiece==0.2.1",
+    "setproctitle==1.3.8",
+    "setuptools==84.2.1",
+    f"sglang=={SGLANG_VERSION}",
+    f"sglang-router=={ROUTER_VERSION}",
+    "shellingham==1.5.4",
+    "six==1.17.0",
+    "smg-grpc-proto==0.4.28",
+    "smg-grpc-servicer==0.14.1",
+    "sniffio==1.3.1",
+    "soundfile==0.13.1",
+    "stack-data==0.6.3",
+    "starlette==1.10.0",
+    "sympy==1.14.0",
+    "tiktoken==0.14.0",
+    "timm==1.0.25",
+    "tml-renderers==0.1.0",
+    "tokenizers==0.23.2",
+    "tomlkit==0.15.2",
+    "tqdm==4.70.1",
+    "traitlets==5.16.1",
+    "transformers==5.19.0",
+    "triton==3.9.0",
+    "truststore==0.10.5",
+    "typer==0.29.2",
+    "typing-extensions==4.16.0",
+    "typing-inspection==0.4.5",
+    "urllib3==2.8.0",
+    "uvicorn==0.54.0",
+    "uvloop==0.23.0",
+    "watchfiles==1.3.0",
+    "wcwidth==0.9.4",
+    "xgrammar==0.2.7",
+    "xxhash==4.1.0",
+    "yarl==1.25.1",
+    "zstandard==0.25.0",
 ]
 
 # Everything a lab host's venv holds (recipes/tiny-cpu.yaml runtime.packages is exactly this list).
-REQUIREMENTS = [f"sglang=={SGLANG_VERSION}", f"sglang-router=={ROUTER_VERSION}", f"torch=={TORCH_VERSION}",
-                f"{SHIM_DIST}=={SHIM_VERSION}"] + [
-    p for p in PINS if not p.startswith((f"sglang=={SGLANG_VERSION}", f"sglang-router=={ROUTER_VERSION}"))]
+REQUIREMENTS = [
+    f"sglang=={SGLANG_VERSION}",
+    f"sglang-router=={ROUTER_VERSION}",
+    f"torch=={TORCH_VERSION}",
+    f"{SHIM_DIST}=={SHIM_VERSION}",
+] + [p for p in PINS if not p.startswith((f"sglang=={SGLANG_VERSION}", f"sglang-router=={ROUTER_VERSION}"))]
 
-_CUDA_WHEEL = re.compile(r"^(nvidia[-_](?!ml[-_]py)|cuda[-_]|flashinfer|sgl[-_]kernel|sglang[-_]kernel|"
-                         r"torch[-_]memory[-_]saver|tilelang|nccl)", re.I)
+_CUDA_WHEEL = re.compile(
+    r"^(nvidia[-_](?!ml[-_]py)|cuda[-_]|flashinfer|sgl[-_]kernel|sglang[-_]kernel|"
+    r"torch[-_]memory[-_]saver|tilelang|nccl)",
+    re.I,
+)
 
 
 class WheelhouseError(RuntimeError):
@@ -200,8 +327,15 @@ def build_shim_wheel(dest: str | os.PathLike) -> Path:
         "Requires-Python: >=3.10\n"
         "Description-Content-Type: text/markdown\n\n" + readme
     )
-    return write_wheel(dest, SHIM_DIST, SHIM_VERSION, shim_files(), metadata, list(SHIM_PACKAGES),
-                       generator="ironserve.lab.cpu_runtime")
+    return write_wheel(
+        dest,
+        SHIM_DIST,
+        SHIM_VERSION,
+        shim_files(),
+        metadata,
+        list(SHIM_PACKAGES),
+        generator="ironserve.lab.cpu_runtime",
+    )
 
 
 # --------------------------------------------------------------------------- the wheelhouse
@@ -238,9 +372,26 @@ def _pip() -> list[str]:
 def download_command(dest: Path, pins: list[str], python: str = PYTHON) -> list[str]:
     """``pip download`` of exact pins, no dependencies, binary wheels for CPython ``python`` on the lab hosts."""
     tag = "cp" + python.replace(".", "")
-    cmd = [*_pip(), "download", "--disable-pip-version-check", "--no-deps", "--only-binary", ":all:",
-           "--python-version", python, "--implementation", "cp", "--abi", tag, "--abi", "abi3",
-           "--abi", "none", "--dest", str(dest)]
+    cmd = [
+        *_pip(),
+        "download",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--abi",
+        tag,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        "--dest",
+        str(dest),
+    ]
     for tag in platform_tags():
         cmd += ["--platform", tag]
     return cmd + pins
@@ -274,8 +425,9 @@ def check_wheelhouse(dest: str | os.PathLike) -> list[str]:
     return problems
 
 
-def build_wheelhouse(dest: str | os.PathLike, *, torch_dir: str | os.PathLike | None = None,
-                     timeout: int = 3600) -> dict:
+def build_wheelhouse(
+    dest: str | os.PathLike, *, torch_dir: str | os.PathLike | None = None, timeout: int = 3600
+) -> dict:
     """Every wheel of :data:`REQUIREMENTS` into ``dest`` (kept across runs: pip skips what is there).
 
     ``pip download --no-deps --only-binary :all:`` of the exact pins for CPython 3.11 manylinux x86_64 (no
@@ -303,15 +455,21 @@ def build_wheelhouse(dest: str | os.PathLike, *, torch_dir: str | os.PathLike | 
     wheels = sorted(dest.glob("*.whl"))
     sums = "".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in wheels)
     (dest / "SHA256SUMS").write_text(sums)
-    return {"path": str(dest), "wheels": len(wheels), "bytes": sum(w.stat().st_size for w in wheels),
-            "sglang": SGLANG_VERSION, "router": ROUTER_VERSION, "torch": TORCH_VERSION, "python": PYTHON,
-            "shim": f"{SHIM_DIST}=={SHIM_VERSION}"}
+    return {
+        "path": str(dest),
+        "wheels": len(wheels),
+        "bytes": sum(w.stat().st_size for w in wheels),
+        "sglang": SGLANG_VERSION,
+        "router": ROUTER_VERSION,
+        "torch": TORCH_VERSION,
+        "python": PYTHON,
+        "shim": f"{SHIM_DIST}=={SHIM_VERSION}",
+    }
 
 
 def install_command(uv: str, python: str, wheelhouse: str | os.PathLike) -> list[str]:
     """What a lab host runs, in effect (the uv role adds its index options): offline, from the wheelhouse."""
-    return [uv, "pip", "install", "--python", python, "--no-index", "--find-links", str(wheelhouse),
-            *REQUIREMENTS]
+    return [uv, "pip", "install", "--python", python, "--no-index", "--find-links", str(wheelhouse), *REQUIREMENTS]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,8 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     elif len(args) == 2 and args[0] == "wheelhouse":
         print(json.dumps(build_wheelhouse(args[1]), indent=1))
     else:
-        print("usage: python -m ironserve.lab.cpu_runtime requirements | uv-config | shim-wheel DIR | wheelhouse DIR",
-              file=sys.stderr)
+        print(
+            "usage: python -m ironserve.lab.cpu_runtime requirements | uv-config | shim-wheel DIR | wheelhouse DIR",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -82,12 +82,20 @@ def wanted(recipes: list) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for recipe in recipes:
         runtime = recipe.runtime
-        entry = out.setdefault(runtime.image, {
-            "version": recipe.engine.check_version, "replaces": runtime.digest, "recipes": [],
-            "extras": None if recipe.engine.is_pypi else IMAGE_EXTRAS.get(recipe.engine.sglang)})
+        entry = out.setdefault(
+            runtime.image,
+            {
+                "version": recipe.engine.check_version,
+                "replaces": runtime.digest,
+                "recipes": [],
+                "extras": None if recipe.engine.is_pypi else IMAGE_EXTRAS.get(recipe.engine.sglang),
+            },
+        )
         if (entry["version"], entry["replaces"]) != (recipe.engine.check_version, runtime.digest):
-            raise LabError(f"recipes {entry['recipes'][0]} and {recipe.id} name the image {runtime.image} with "
-                           f"different engines or digests: the lab registry can hold one image per tag")
+            raise LabError(
+                f"recipes {entry['recipes'][0]} and {recipe.id} name the image {runtime.image} with "
+                f"different engines or digests: the lab registry can hold one image per tag"
+            )
         entry["recipes"].append(recipe.id)
     return out
 
@@ -108,18 +116,34 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
     shutil.copytree(src / "sglang", dest / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
     # bytecode for the image's Python 3.11, hash-checked (the layer clamps mtimes to 0; a patch's `sed -i` makes
     # just that module stale): each `docker run` of the image imports SGLang without compiling it first
-    run([str(venv / "bin/python"), "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "checked-hash",
-         "-d", f"{WORKSPACE}/sglang", str(dest / "sglang")])
+    run(
+        [
+            str(venv / "bin/python"),
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            "--invalidation-mode",
+            "checked-hash",
+            "-d",
+            f"{WORKSPACE}/sglang",
+            str(dest / "sglang"),
+        ]
+    )
     for info in src.glob("sglang-*.dist-info"):
         shutil.copytree(info, dest / info.name)
     if extras:
         baked = json.dumps({"flags": extras.get("flags") or {}, "choices": extras.get("choices") or {}})
         (dest / "sitecustomize.py").write_text(
-            (ASSETS / "image_extras.py").read_text().replace("'__EXTRAS__'", repr(baked)))
+            (ASSETS / "image_extras.py").read_text().replace("'__EXTRAS__'", repr(baked))
+        )
     pip_wheels = sorted((base_rootfs / "usr/share/python-wheels").glob("pip-*.whl"))
     if not pip_wheels:
-        raise LabError(f"no pip wheel in the lab rootfs ({base_rootfs}/usr/share/python-wheels): the images' "
-                       "`RUN pip install` patches need pip")
+        raise LabError(
+            f"no pip wheel in the lab rootfs ({base_rootfs}/usr/share/python-wheels): the images' "
+            "`RUN pip install` patches need pip"
+        )
     site = runtime_image.site_packages(stage)
     site.mkdir(parents=True)
     with zipfile.ZipFile(pip_wheels[-1]) as whl:
@@ -127,15 +151,25 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
     bindir = stage / runtime_image.VENV.lstrip("/") / "bin"
     bindir.mkdir(parents=True)
     for name in ("pip", "pip3"):
-        (bindir / name).write_text(f"#!{runtime_image.VENV}/bin/python3\nimport sys\n"
-                                   "from pip._internal.cli.main import main\nsys.exit(main())\n")
+        (bindir / name).write_text(
+            f"#!{runtime_image.VENV}/bin/python3\nimport sys\n"
+            "from pip._internal.cli.main import main\nsys.exit(main())\n"
+        )
         (bindir / name).chmod(0o755)
 
 
 def _key(image: str, spec: dict, base_ref: dict) -> str:
-    text = json.dumps({"build": BUILD_VERSION, "image": image, "version": spec["version"], "extras": spec["extras"],
-                       "base": base_ref["manifest_digest"],
-                       "asset": (ASSETS / "image_extras.py").read_text()}, sort_keys=True)
+    text = json.dumps(
+        {
+            "build": BUILD_VERSION,
+            "image": image,
+            "version": spec["version"],
+            "extras": spec["extras"],
+            "base": base_ref["manifest_digest"],
+            "asset": (ASSETS / "image_extras.py").read_text(),
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -151,25 +185,38 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
     t0 = time.monotonic()
     manifest = json.loads(oci.blob_path(store, base_ref["manifest_digest"]).read_bytes())
     config = json.loads(oci.blob_path(store, base_ref["config_digest"]).read_bytes())
-    layers = [{"digest": item["digest"], "size": item["size"], "diff_id": diff_id}
-              for item, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])]
+    layers = [
+        {"digest": item["digest"], "size": item["size"], "diff_id": diff_id}
+        for item, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])
+    ]
     with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
         _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
         layers.append(oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True))
     env = [e for e in config["config"]["Env"] if not e.startswith("PYTHONPATH=")] + [f"PYTHONPATH={WORKSPACE}"]
-    labels = {**config["config"].get("Labels", {}), "org.opencontainers.image.title":
-              f"ironserve lab stand-in for {image}: SGLang {spec['version']} on the CPU runtime, no GPU code",
-              "ironserve.lab.standin-for": image, "ironserve.lab.sglang": spec["version"]}
+    labels = {
+        **config["config"].get("Labels", {}),
+        "org.opencontainers.image.title": f"ironserve lab stand-in for {image}: SGLang {spec['version']} on the CPU runtime, no GPU code",
+        "ironserve.lab.standin-for": image,
+        "ironserve.lab.sglang": spec["version"],
+    }
     history = [h["created_by"] for h in config["history"]] + [
         f"SGLang {spec['version']} --no-deps at {WORKSPACE} (the lint parser venv's), pip"
-        + (", the engine era's extra flags" if spec["extras"] else "")]
+        + (", the engine era's extra flags" if spec["extras"] else "")
+    ]
     oci.write_image(store, ref, layers, {**config["config"], "Env": env, "Labels": labels}, history)
     say(f"stand-in image for {image} built in {time.monotonic() - t0:.0f}s")
     return ref
 
 
-def publish(client: Registry, registry: str, ca_file: Path, recipes: list, base_rootfs: Path, base_ref_file: Path,
-            site_lock: Path) -> dict:
+def publish(
+    client: Registry,
+    registry: str,
+    ca_file: Path,
+    recipes: list,
+    base_rootfs: Path,
+    base_ref_file: Path,
+    site_lock: Path,
+) -> dict:
     """Build (once) and push every stand-in image the recipes name, then lock them as a site would
     (`ironserve lock --site`: imagelock.resolve_site against the registry); the site lock's data."""
     t0 = time.monotonic()
@@ -180,12 +227,15 @@ def publish(client: Registry, registry: str, ca_file: Path, recipes: list, base_
             ref = ensure(image, spec, base_rootfs, base_ref_file)
         except (engine_parser.EngineNotAvailable, engine_parser.ParserEnvError) as exc:
             # the lab stays usable for the other recipes; this one's pull will fail at its deploy, naming the image
-            say(f"warning: no stand-in image for {image} (recipes {', '.join(spec['recipes'])}): the SGLang "
-                f"{spec['version']} parser venv could not be built: {str(exc).strip()[-600:]}")
+            say(
+                f"warning: no stand-in image for {image} (recipes {', '.join(spec['recipes'])}): the SGLang "
+                f"{spec['version']} parser venv could not be built: {str(exc).strip()[-600:]}"
+            )
             continue
         _, path, tag = imagelock.split_reference(image)
-        digest = oci.push(client, store, ref, path, [tag], say=say,
-                          mount_from=runtime_image.REPO)  # the CPU runtime's layers: pushed already
+        digest = oci.push(
+            client, store, ref, path, [tag], say=say, mount_from=runtime_image.REPO
+        )  # the CPU runtime's layers: pushed already
         recipe = next(r for r in recipes if r.id == spec["recipes"][0])
         data["docker"][image] = imagelock.resolve_site(recipe, registry, str(ca_file))
         if data["docker"][image]["digest"] != digest:
@@ -193,6 +243,5 @@ def publish(client: Registry, registry: str, ca_file: Path, recipes: list, base_
     if imagelock.read(site_lock) != data:
         site_lock.parent.mkdir(parents=True, exist_ok=True)
         imagelock.write(site_lock, data)
-    say(f"registry: {len(data['docker'])} stand-in GPU image(s), site lock {site_lock} "
-        f"({time.monotonic() - t0:.1f}s)")
+    say(f"registry: {len(data['docker'])} stand-in GPU image(s), site lock {site_lock} ({time.monotonic() - t0:.1f}s)")
     return data

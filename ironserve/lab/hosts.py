@@ -43,7 +43,7 @@ from .profiles import PROFILES
 from .state import GATEWAY, Host, LabState
 from .system import LabError, run, say, wait_for
 
-FAKE_PROC = "/var/lib/ironlab/fakeproc"   # inside the host
+FAKE_PROC = "/var/lib/ironlab/fakeproc"  # inside the host
 # kernel.* keys made writable when the running kernel has them (a key the kernel lacks, such as
 # sched_migration_cost_ns on 5.13+, stays absent, exactly as on a real host with that kernel).
 FAKE_KERNEL_KEYS = ("numa_balancing", "sched_migration_cost_ns", "sched_autogroup_enabled")
@@ -84,8 +84,7 @@ def _write(rootdir: Path, rel: str, text: str, mode: int = 0o644) -> None:
 
 
 def etc_hosts(state: LabState) -> str:
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-             f"{GATEWAY}\tironlab-supply"]
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{GATEWAY}\tironlab-supply"]
     lines += [f"{h.address}\t{h.name}" for h in state.hosts]
     return "\n".join(lines) + "\n"
 
@@ -138,8 +137,17 @@ def prepare(root: Path, base: Path, state: LabState, host: Host, pubkey: str) ->
     for sub in ("upper", "work", "root", "docker"):
         (hdir / sub).mkdir(parents=True, exist_ok=True)
     if not _mounted(merged):
-        run(["mount", "-t", "overlay", "overlay", "-o",
-             f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(merged)])
+        run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}",
+                str(merged),
+            ]
+        )
     _write(merged, "/etc/hostname", host.name + "\n")
     _write(merged, "/etc/hosts", etc_hosts(state))
     # Empty resolv.conf: no DNS exists here; anything else makes sudo and ssh stall on lookups.
@@ -203,14 +211,24 @@ def _prepare_fake_proc(merged: Path) -> None:
 def nspawn_command(root: Path, host: Host, binds: list[tuple[str, str]] | None = None) -> list[str]:
     """binds: (path on this machine, path in the host) pairs mounted read-only."""
     merged = rootfs(root, host.name)
-    cmd = ["systemd-nspawn", "--boot", f"--directory={merged}", f"--machine={host.name}",
-           f"--network-namespace-path={network.netns_path(host.name)}",
-           "--register=no", "--keep-unit", "--console=read-only", "--resolv-conf=off",
-           "--timezone=off", "--link-journal=no",
-           f"--bind={FAKE_PROC}/vm:/proc/sys/vm",
-           # a real Docker engine inside (see the module docstring)
-           "--capability=all", f"--system-call-filter={' '.join(DOCKER_SYSCALLS)}",
-           f"--bind={host_dir(root, host.name) / 'docker'}:{DOCKER_DATA}"]
+    cmd = [
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={merged}",
+        f"--machine={host.name}",
+        f"--network-namespace-path={network.netns_path(host.name)}",
+        "--register=no",
+        "--keep-unit",
+        "--console=read-only",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--link-journal=no",
+        f"--bind={FAKE_PROC}/vm:/proc/sys/vm",
+        # a real Docker engine inside (see the module docstring)
+        "--capability=all",
+        f"--system-call-filter={' '.join(DOCKER_SYSCALLS)}",
+        f"--bind={host_dir(root, host.name) / 'docker'}:{DOCKER_DATA}",
+    ]
     for key in FAKE_KERNEL_KEYS:
         if (merged / FAKE_PROC.lstrip("/") / "kernel" / key).exists():
             cmd.append(f"--bind={FAKE_PROC}/kernel/{key}:/proc/sys/kernel/{key}")
@@ -260,12 +278,18 @@ def spawn(root: Path, host: Host, binds: list[tuple[str, str]] | None = None) ->
     paths = cgroups.create(host.name)
     # The shell moves itself into the host's cgroups, then becomes systemd-nspawn.
     moves = "; ".join(f"echo $$ > {p}/cgroup.procs" for p in paths)
-    script = f"{moves}; exec \"$@\""
+    script = f'{moves}; exec "$@"'
     env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network", "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
     with open(hdir / "console.log", "ab") as log:
-        proc = subprocess.Popen(["sh", "-c", script, "sh", *nspawn_command(root, host, binds)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env, close_fds=True)
+        proc = subprocess.Popen(
+            ["sh", "-c", script, "sh", *nspawn_command(root, host, binds)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
     (hdir / "nspawn.pid").write_text(f"{proc.pid}\n")
     return proc.pid
 
@@ -276,8 +300,12 @@ def in_host(root: Path, name: str, cmd: list[str], timeout: float = 60) -> subpr
     leader = leader_of(pid) if pid else None
     if not leader:
         raise LabError(f"host {name} is not running")
-    return subprocess.run(["nsenter", "-t", str(leader), "-m", "-u", "-i", "-n", "-p", *cmd],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["nsenter", "-t", str(leader), "-m", "-u", "-i", "-n", "-p", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_running(root: Path, name: str, timeout: float = 120) -> None:
@@ -317,8 +345,7 @@ def stop(root: Path, name: str, timeout: float = 20) -> None:
             os.kill(pid, signal.SIGKILL)
     halted = time.monotonic()
     cgroups.kill_all(name)
-    wait_for(lambda: not any(cgroups.pids(p) for p in cgroups.host_cgroups(name)), 10,
-             what=f"{name} processes to exit")
+    wait_for(lambda: not any(cgroups.pids(p) for p in cgroups.host_cgroups(name)), 10, what=f"{name} processes to exit")
     exited = time.monotonic()
     hdir = host_dir(root, name)
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
@@ -333,5 +360,7 @@ def stop(root: Path, name: str, timeout: float = 20) -> None:
     shutil.rmtree(hdir, ignore_errors=True)  # empty once its disk is unmounted (else: every file of the host)
     disk_image(root, name).unlink(missing_ok=True)
     done = time.monotonic()
-    say(f"{name}: stopped in {done - t0:.1f}s (halt {halted - t0:.1f}s, processes {exited - halted:.1f}s, "
-        f"unmount {unmounted - exited:.1f}s, files {done - unmounted:.1f}s)")
+    say(
+        f"{name}: stopped in {done - t0:.1f}s (halt {halted - t0:.1f}s, processes {exited - halted:.1f}s, "
+        f"unmount {unmounted - exited:.1f}s, files {done - unmounted:.1f}s)"
+    )

@@ -15,7 +15,7 @@ import sys
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, fmt, *args):  # one line per request, to the server log
-        sys.stderr.write("%s %s\n" % (self.address_string(), fmt % args))
+        sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
 
 
 def main(argv=None) -> None:

@@ -18,7 +18,6 @@ import os
 import struct
 from pathlib import Path
 
-
 MODEL_ROOT = "/srv/models"
 MANIFEST = "ironserve-manifest.sha256"
 INDEX = "model.safetensors.index.json"
@@ -46,8 +45,12 @@ def docker_recipes() -> list:
 
     from .profiles import PROFILES
 
-    return [r for _, r in sorted(catalogue.catalogue().items()) if isinstance(r.runtime, DockerRuntime)
-            and any(PROFILES.get(hw, {}).get("kind") not in (None, "none") for hw in r.hardware)]
+    return [
+        r
+        for _, r in sorted(catalogue.catalogue().items())
+        if isinstance(r.runtime, DockerRuntime)
+        and any(PROFILES.get(hw, {}).get("kind") not in (None, "none") for hw in r.hardware)
+    ]
 
 
 def _seed_recipes() -> list:
@@ -59,6 +62,7 @@ def _seed_recipes() -> list:
 
 # ---------------------------------------------------------------- stand-in checkpoints
 
+
 def model_name(recipe) -> str | None:
     source = recipe.model.path or recipe.model.hub_id or ""
     return source.rstrip("/").rsplit("/", 1)[-1] or None
@@ -69,29 +73,47 @@ def _safetensors(name: str, shape: tuple[int, ...]) -> bytes:
     for n in shape:
         count *= n
     data = b"\0" * (2 * count)  # bf16 zeros
-    header = json.dumps({"__metadata__": {"format": "pt", "ironserve_lab": "stand-in shard, no real weights"},
-                         name: {"dtype": "BF16", "shape": list(shape), "data_offsets": [0, len(data)]}},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "pt", "ironserve_lab": "stand-in shard, no real weights"},
+            name: {"dtype": "BF16", "shape": list(shape), "data_offsets": [0, len(data)]},
+        },
+        separators=(",", ":"),
+    ).encode()
     header += b" " * (-len(header) % 8)
     return struct.pack("<Q", len(header)) + header + data
 
 
 def checkpoint_files(name: str, recipe_ids: list[str], hub_id: str | None) -> dict[str, bytes]:
     """The files of a stand-in checkpoint (manifest included), by path relative to the model directory."""
-    shards = {"model-00001-of-00002.safetensors": ("model.embed_tokens.weight", (16, 8)),
-              "model-00002-of-00002.safetensors": ("lm_head.weight", (16, 8))}
+    shards = {
+        "model-00001-of-00002.safetensors": ("model.embed_tokens.weight", (16, 8)),
+        "model-00002-of-00002.safetensors": ("lm_head.weight", (16, 8)),
+    }
     blobs = {f: _safetensors(t, s) for f, (t, s) in shards.items()}
     files = {
-        "config.json": json.dumps({
-            "architectures": ["IronLabStandInForCausalLM"], "model_type": "ironlab-stand-in",
-            "hidden_size": 8, "num_hidden_layers": 0, "vocab_size": 16, "torch_dtype": "bfloat16",
-            "_name_or_path": hub_id or name,
-            "ironserve_lab": f"stand-in checkpoint for {', '.join(recipe_ids)}: no real weights, cannot be served",
-        }, indent=2).encode() + b"\n",
-        INDEX: json.dumps({
-            "metadata": {"total_size": sum(len(b) for b in blobs.values())},
-            "weight_map": {t: f for f, (t, _) in shards.items()},
-        }, indent=2).encode() + b"\n",
+        "config.json": json.dumps(
+            {
+                "architectures": ["IronLabStandInForCausalLM"],
+                "model_type": "ironlab-stand-in",
+                "hidden_size": 8,
+                "num_hidden_layers": 0,
+                "vocab_size": 16,
+                "torch_dtype": "bfloat16",
+                "_name_or_path": hub_id or name,
+                "ironserve_lab": f"stand-in checkpoint for {', '.join(recipe_ids)}: no real weights, cannot be served",
+            },
+            indent=2,
+        ).encode()
+        + b"\n",
+        INDEX: json.dumps(
+            {
+                "metadata": {"total_size": sum(len(b) for b in blobs.values())},
+                "weight_map": {t: f for f, (t, _) in shards.items()},
+            },
+            indent=2,
+        ).encode()
+        + b"\n",
         **blobs,
     }
     manifest = "".join(f"{hashlib.sha256(data).hexdigest()}  {path}\n" for path, data in sorted(files.items()))
@@ -137,9 +159,11 @@ def publish_models(root: Path, recipes: list | None = None) -> dict[str, dict]:
             if stale.name not in files:
                 stale.unlink()
         result[name] = {"path": f"{MODEL_ROOT}/{name}", "recipes": entry["recipes"]}
-    readme = ("ironserve lab stand-in checkpoints (no real weights): one directory per model of the catalogue's seed\n"
-              "recipes, named as ironserve.render.model_path_on derives it from model_root. Verify with\n"
-              f"  cd {MODEL_ROOT}/<name> && sha256sum -c {MANIFEST}\n")
+    readme = (
+        "ironserve lab stand-in checkpoints (no real weights): one directory per model of the catalogue's seed\n"
+        "recipes, named as ironserve.render.model_path_on derives it from model_root. Verify with\n"
+        f"  cd {MODEL_ROOT}/<name> && sha256sum -c {MANIFEST}\n"
+    )
     if not (out_dir / "README").exists() or (out_dir / "README").read_text() != readme:
         (out_dir / "README").write_text(readme)
     return result

@@ -86,9 +86,20 @@ def archive(prefix: Path, dest: Path) -> Path:
 def download_entry(version: str, url: str, sha256: str) -> tuple[str, dict]:
     major, minor, patch = (int(x) for x in version.split("."))
     key = f"cpython-{version}-linux-x86_64-gnu"
-    return key, {"name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux", "libc": "gnu",
-                 "major": major, "minor": minor, "patch": patch, "prerelease": "", "url": url, "sha256": sha256,
-                 "variant": None, "build": "ironserve-lab"}
+    return key, {
+        "name": "cpython",
+        "arch": {"family": "x86_64", "variant": None},
+        "os": "linux",
+        "libc": "gnu",
+        "major": major,
+        "minor": minor,
+        "patch": patch,
+        "prerelease": "",
+        "url": url,
+        "sha256": sha256,
+        "variant": None,
+        "build": "ironserve-lab",
+    }
 
 
 def publish(dest: Path, base_url: str, cache: Path, minors: tuple[str, ...] = ("3.12",)) -> dict[str, str]:
@@ -109,4 +120,3 @@ def publish(dest: Path, base_url: str, cache: Path, minors: tuple[str, ...] = ("
         published[minor] = prefix.name
     (dest / LIST_NAME).write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
     return published
-

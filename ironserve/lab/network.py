@@ -38,8 +38,9 @@ def ensure_bridge() -> None:
     for line in run(["ip", "-o", "-4", "addr", "show"]).stdout.splitlines():
         parts = line.split()
         if f" {SUBNET_PREFIX}." in f" {parts[3]}" and parts[1] != BRIDGE:
-            raise LabError(f"subnet {SUBNET_PREFIX}.0/{PREFIX_LEN} already in use on {parts[1]}; "
-                           "the lab will not touch it")
+            raise LabError(
+                f"subnet {SUBNET_PREFIX}.0/{PREFIX_LEN} already in use on {parts[1]}; the lab will not touch it"
+            )
     if not _link_exists(BRIDGE):
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
     addrs = run(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE]).stdout

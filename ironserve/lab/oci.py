@@ -26,7 +26,6 @@ LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 CHUNK = 1 << 20
 
 
-
 def blob_path(store: Path, digest: str) -> Path:
     return store / "blobs" / "sha256" / digest.removeprefix("sha256:")
 
@@ -40,8 +39,14 @@ def put_blob(store: Path, data: bytes) -> dict:
     return {"digest": digest, "size": len(data)}
 
 
-def layer_from_dir(store: Path, src: Path, excludes: tuple[str, ...] = (), *, normalize_mtime: bool = False,
-                   progress: Callable[[str], None] | None = None) -> dict:
+def layer_from_dir(
+    store: Path,
+    src: Path,
+    excludes: tuple[str, ...] = (),
+    *,
+    normalize_mtime: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """A gzip layer of everything under ``src`` (numeric owners kept, no xattrs): {digest, size, diff_id}."""
     cmd = ["tar", "--sort=name", "--numeric-owner", "--one-file-system", "-C", str(src), "-cf", "-"]
     if normalize_mtime:
@@ -82,13 +87,17 @@ def layer_from_dir(store: Path, src: Path, excludes: tuple[str, ...] = (), *, no
 def write_image(store: Path, ref_file: Path, layers: list[dict], config: dict, history: list[str]) -> dict:
     """Image config + schema 2 manifest into the store, named by ``ref_file``; {manifest_digest, config_digest}."""
     image = {
-        "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z", "config": config,
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": config,
         "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for layer in layers]},
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": h} for h in history],
     }
     cfg = put_blob(store, json.dumps(image, sort_keys=True, separators=(",", ":")).encode())
     manifest = {
-        "schemaVersion": 2, "mediaType": MANIFEST_V2,
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_V2,
         "config": {"mediaType": CONFIG_V1, **cfg},
         "layers": [{"mediaType": LAYER_GZIP, "digest": layer["digest"], "size": layer["size"]} for layer in layers],
     }
@@ -111,8 +120,15 @@ def read_image(store: Path, ref_file: Path) -> dict | None:
     return ref if all(blob_path(store, d).is_file() for d in blobs) else None
 
 
-def push(registry: Registry, store: Path, ref_file: Path, repo: str, tags: list[str],
-         say: Callable[[str], None] = lambda _m: None, mount_from: str | None = None) -> str:
+def push(
+    registry: Registry,
+    store: Path,
+    ref_file: Path,
+    repo: str,
+    tags: list[str],
+    say: Callable[[str], None] = lambda _m: None,
+    mount_from: str | None = None,
+) -> str:
     """Push a stored image as repo:tag for each tag (blobs the registry has are skipped, blobs it holds in the
     repository ``mount_from`` are mounted, not uploaded); its digest."""
     ref = read_image(store, ref_file)

@@ -63,17 +63,69 @@ def ensure_tls(root: Path) -> None:
     tls.mkdir(parents=True, exist_ok=True)
     os.chmod(tls, 0o700)
     ossl = ["openssl"]
-    run([*ossl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(tls / "ca.key"), "-out", str(tls / "ca.crt"), "-days", "3650",
-         "-subj", "/CN=ironserve lab registry CA", "-addext", "basicConstraints=critical,CA:TRUE",
-         "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
-    run([*ossl, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(tls / "server.key"), "-out", str(tls / "server.csr"), "-subj", f"/CN={GATEWAY}"])
+    run(
+        [
+            *ossl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(tls / "ca.key"),
+            "-out",
+            str(tls / "ca.crt"),
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=ironserve lab registry CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]
+    )
+    run(
+        [
+            *ossl,
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(tls / "server.key"),
+            "-out",
+            str(tls / "server.csr"),
+            "-subj",
+            f"/CN={GATEWAY}",
+        ]
+    )
     ext = tls / "server.ext"
     ext.write_text(f"subjectAltName=IP:{GATEWAY}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
-    run([*ossl, "x509", "-req", "-in", str(tls / "server.csr"), "-CA", str(tls / "ca.crt"), "-CAkey",
-         str(tls / "ca.key"), "-CAcreateserial", "-out", str(tls / "server.crt"), "-days", "3650",
-         "-extfile", str(ext)])
+    run(
+        [
+            *ossl,
+            "x509",
+            "-req",
+            "-in",
+            str(tls / "server.csr"),
+            "-CA",
+            str(tls / "ca.crt"),
+            "-CAkey",
+            str(tls / "ca.key"),
+            "-CAcreateserial",
+            "-out",
+            str(tls / "server.crt"),
+            "-days",
+            "3650",
+            "-extfile",
+            str(ext),
+        ]
+    )
     for key in ("ca.key", "server.key"):
         os.chmod(tls / key, 0o600)
     os.chmod(tls / "ca.crt", 0o644)
@@ -112,8 +164,14 @@ def start_server(root: Path) -> None:
     if server_pid(root):
         return
     with open(reg / "registry.log", "ab") as log:
-        proc = subprocess.Popen([str(exe), "serve", str(cfg)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            [str(exe), "serve", str(cfg)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
     _pidfile(root).write_text(f"{proc.pid}\n")
     wait_for(lambda: server_pid(root) and listening(GATEWAY, REGISTRY_PORT), 15, what="the lab registry")
     say(f"registry: https://{address()} (Debian {PACKAGE}; CA {ca_file(root)})")

@@ -17,9 +17,25 @@ SUITE = "bookworm"
 # Bump when the package list or the configuration below changes: forces a rebuild.
 BASE_VERSION = "3"
 PACKAGES = [
-    "systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "sudo",
-    "python3", "python3-venv", "ca-certificates", "iproute2", "procps", "curl",
-    "iputils-ping", "netcat-openbsd", "less", "kmod", "gnupg", "lsb-release", "xz-utils",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "libpam-systemd",
+    "openssh-server",
+    "sudo",
+    "python3",
+    "python3-venv",
+    "ca-certificates",
+    "iproute2",
+    "procps",
+    "curl",
+    "iputils-ping",
+    "netcat-openbsd",
+    "less",
+    "kmod",
+    "gnupg",
+    "lsb-release",
+    "xz-utils",
 ]
 SSH_USER = "ironserve"
 ASSETS = Path(__file__).parent / "assets"
@@ -93,11 +109,19 @@ def ensure_base(root: Path) -> Path:
     start = time.monotonic()
     cache = root / "cache" / "debootstrap"
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-           f"--cache-dir={cache}", SUITE, str(tmp), mirror]
+    cmd = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(PACKAGES)}",
+        f"--cache-dir={cache}",
+        SUITE,
+        str(tmp),
+        mirror,
+    ]
     log = root / "debootstrap.log"
     with open(log, "w") as fh:
         import subprocess
+
         rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         _umount_under(tmp)
@@ -120,30 +144,40 @@ def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
 
 def configure(rootfs: Path) -> None:
     """Turn a debootstrapped tree into a lab host template (per-host bits come later)."""
-    run(["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash",
-         "--groups", "sudo", SSH_USER])
+    run(["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash", "--groups", "sudo", SSH_USER])
     _write(rootfs, f"/etc/sudoers.d/{SSH_USER}", f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
-    _write(rootfs, "/etc/ssh/sshd_config.d/ironlab.conf",
-           "PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\n"
-           "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    _write(
+        rootfs,
+        "/etc/ssh/sshd_config.d/ironlab.conf",
+        "PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\n"
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n",
+    )
     for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
         key.unlink()  # each host gets its own, stable across lab restarts
     # The hosts are air-gapped: apt sees only the lab repository (written per host at up).
     (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
-    _write(rootfs, "/etc/apt/apt.conf.d/90ironlab",
-           'Acquire::Languages "none";\nAPT::Install-Recommends "false";\n')
+    _write(rootfs, "/etc/apt/apt.conf.d/90ironlab", 'Acquire::Languages "none";\nAPT::Install-Recommends "false";\n')
     # Per-host identity is written at up; an empty machine-id here would be shared otherwise.
     _write(rootfs, "/etc/machine-id", "")
     # Units that make no sense offline or in a container; masking keeps `running` clean.
     wants = rootfs / "etc/systemd/system"
-    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
-                 "fstrim.timer", "systemd-timesyncd.service"):
+    for unit in (
+        "apt-daily.timer",
+        "apt-daily-upgrade.timer",
+        "e2scrub_all.timer",
+        "e2scrub_reap.service",
+        "fstrim.timer",
+        "systemd-timesyncd.service",
+    ):
         link = wants / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
     # Writable stand-in cpufreq tree (see assets/fake-sysfs.sh).
     _write(rootfs, "/usr/local/lib/ironlab/fake-sysfs", (ASSETS / "fake-sysfs.sh").read_text(), 0o755)
-    _write(rootfs, "/etc/systemd/system/ironlab-fakesys.service", """\
+    _write(
+        rootfs,
+        "/etc/systemd/system/ironlab-fakesys.service",
+        """\
 [Unit]
 Description=ironserve lab: writable stand-in cpufreq tree
 DefaultDependencies=no
@@ -157,7 +191,8 @@ ExecStart=/usr/local/lib/ironlab/fake-sysfs
 
 [Install]
 WantedBy=sysinit.target
-""")
+""",
+    )
     sysinit = wants / "sysinit.target.wants"
     sysinit.mkdir(parents=True, exist_ok=True)
     (sysinit / "ironlab-fakesys.service").unlink(missing_ok=True)

@@ -36,11 +36,23 @@ BUILD_VERSION = "3"  # bump when the build below changes: the cached image is re
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
 # stand-ins built FROM it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
-GPU_TOOLCHAIN = ("triton/backends/nvidia/bin", "triton/backends/nvidia/lib/cupti",
-                 "triton/backends/nvidia/lib/cupti-blackwell", "triton/backends/amd/lib/libtriton_amd_codegen.so",
-                 "triton/instrumentation/libGPUInstrumentationTestLib.so")
-BASE_EXCLUDES = ("./dev/*", "./proc/*", "./sys/*", "./run/*", "./tmp/*", "./var/cache/apt/*",
-                 "./var/lib/apt/lists/*", "./etc/ssh/ssh_host_*")
+GPU_TOOLCHAIN = (
+    "triton/backends/nvidia/bin",
+    "triton/backends/nvidia/lib/cupti",
+    "triton/backends/nvidia/lib/cupti-blackwell",
+    "triton/backends/amd/lib/libtriton_amd_codegen.so",
+    "triton/instrumentation/libGPUInstrumentationTestLib.so",
+)
+BASE_EXCLUDES = (
+    "./dev/*",
+    "./proc/*",
+    "./sys/*",
+    "./run/*",
+    "./tmp/*",
+    "./var/cache/apt/*",
+    "./var/lib/apt/lists/*",
+    "./etc/ssh/ssh_host_*",
+)
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -56,8 +68,14 @@ def _base_identity(base: Path) -> str:
 
 
 def build_key(base: Path, wheelhouse: Path) -> str:
-    text = json.dumps({"build": BUILD_VERSION, "base": _base_identity(base),
-                       "wheels": (wheelhouse / "SHA256SUMS").read_text(), "requirements": cpu_runtime.REQUIREMENTS})
+    text = json.dumps(
+        {
+            "build": BUILD_VERSION,
+            "base": _base_identity(base),
+            "wheels": (wheelhouse / "SHA256SUMS").read_text(),
+            "requirements": cpu_runtime.REQUIREMENTS,
+        }
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -112,8 +130,10 @@ def _drop_gpu_toolchain(merged: Path) -> None:
     site = site_packages(merged)
     missing = [rel for rel in GPU_TOOLCHAIN if not (site / rel).exists()]
     if missing:  # a triton release that moved them: the image would silently grow by half a GB again
-        raise LabError(f"runtime image: triton's GPU toolchain is not where the build expects it: {missing} "
-                       "(update runtime_image.GPU_TOOLCHAIN)")
+        raise LabError(
+            f"runtime image: triton's GPU toolchain is not where the build expects it: {missing} "
+            "(update runtime_image.GPU_TOOLCHAIN)"
+        )
     for rel in GPU_TOOLCHAIN:
         path = site / rel
         if path.is_dir():
@@ -130,8 +150,10 @@ def _check_bytecode(merged: Path) -> None:
     except OSError as exc:
         raise LabError(f"runtime image: no bytecode compiled for sglang ({exc})") from exc
     if not flags & 1:
-        raise LabError(f"runtime image: {pyc.name} is timestamp-checked: in the layer (mtimes clamped to 0) every "
-                       "pyc would be stale; the install needs SOURCE_DATE_EPOCH")
+        raise LabError(
+            f"runtime image: {pyc.name} is timestamp-checked: in the layer (mtimes clamped to 0) every "
+            "pyc would be stale; the install needs SOURCE_DATE_EPOCH"
+        )
 
 
 def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
@@ -147,24 +169,56 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
     try:
         wheels = merged / "tmp/ironlab-wheels"
         wheels.mkdir(parents=True)
-        for src, dst, opts in ((wheelhouse, wheels, ["--bind", "-o", "ro"]), ("/proc", merged / "proc", ["--bind"]),
-                               ("/dev", merged / "dev", ["--bind"])):
+        for src, dst, opts in (
+            (wheelhouse, wheels, ["--bind", "-o", "ro"]),
+            ("/proc", merged / "proc", ["--bind"]),
+            ("/dev", merged / "dev", ["--bind"]),
+        ):
             run(["mount", *opts, str(src), str(dst)])
             mounts.append(dst)
         shutil.copy2(uv, merged / "tmp/ironlab-uv")
         # SOURCE_DATE_EPOCH: the bytecode is compiled hash-checked (PEP 552), not against source mtimes, which the
         # layer clamps to 0: timestamp pycs would all be stale, and every container start would recompile
-        env = {"HOME": "/tmp/ironlab-home", "UV_NO_CACHE": "1", "UV_PYTHON_DOWNLOADS": "never",
-               "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml", "PATH": PATH, "SOURCE_DATE_EPOCH": "0"}
+        env = {
+            "HOME": "/tmp/ironlab-home",
+            "UV_NO_CACHE": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml",
+            "PATH": PATH,
+            "SOURCE_DATE_EPOCH": "0",
+        }
         chroot = ["chroot", str(merged), "env", "-i", *(f"{k}={v}" for k, v in env.items())]
         run([*chroot, "/tmp/ironlab-uv", "venv", "--python", "/usr/bin/python3.11", VENV])
-        run([*chroot, "/tmp/ironlab-uv", "pip", "install", "--python", f"{VENV}/bin/python", "--no-index",
-             "--find-links", "/tmp/ironlab-wheels", "--link-mode", "copy", "--compile-bytecode",
-             "-r", "/tmp/ironlab-wheels/requirements.txt"], timeout=3600)
+        run(
+            [
+                *chroot,
+                "/tmp/ironlab-uv",
+                "pip",
+                "install",
+                "--python",
+                f"{VENV}/bin/python",
+                "--no-index",
+                "--find-links",
+                "/tmp/ironlab-wheels",
+                "--link-mode",
+                "copy",
+                "--compile-bytecode",
+                "-r",
+                "/tmp/ironlab-wheels/requirements.txt",
+            ],
+            timeout=3600,
+        )
         _check_bytecode(merged)
         _drop_gpu_toolchain(merged)
-        check = run([*chroot, f"{VENV}/bin/python", "-c", "import sglang, torch, triton; "
-                     "print(sglang.__version__, torch.__version__)"], timeout=600)
+        check = run(
+            [
+                *chroot,
+                f"{VENV}/bin/python",
+                "-c",
+                "import sglang, torch, triton; print(sglang.__version__, torch.__version__)",
+            ],
+            timeout=600,
+        )
         say(f"runtime image: the venv imports sglang/torch {check.stdout.strip()}")
     finally:
         for m in reversed(mounts):
@@ -187,8 +241,10 @@ def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
     found = oci.read_image(cache_dir(), ref)
     if found:
         return ref, found
-    say(f"runtime image {REPO}:{TAG}: building it once for this machine (Debian base from the lab rootfs + the "
-        f"CPU wheelhouse's {len(cpu_runtime.REQUIREMENTS)} pins, a few minutes) -> {cache_dir()}")
+    say(
+        f"runtime image {REPO}:{TAG}: building it once for this machine (Debian base from the lab rootfs + the "
+        f"CPU wheelhouse's {len(cpu_runtime.REQUIREMENTS)} pins, a few minutes) -> {cache_dir()}"
+    )
     t0 = time.monotonic()
     layer0 = base_layer(base)
     work = cache_dir() / "build"
@@ -207,15 +263,25 @@ def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
         "Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"],
         "Cmd": ["python3"],
         "WorkingDir": "/",
-        "Labels": {"org.opencontainers.image.title": "ironserve lab: SGLang CPU runtime",
-                   "ironserve.lab.sglang": cpu_runtime.SGLANG_VERSION,
-                   "ironserve.lab.requirements.sha256": hashlib.sha256(
-                       cpu_runtime.requirements_text().encode()).hexdigest()},
+        "Labels": {
+            "org.opencontainers.image.title": "ironserve lab: SGLang CPU runtime",
+            "ironserve.lab.sglang": cpu_runtime.SGLANG_VERSION,
+            "ironserve.lab.requirements.sha256": hashlib.sha256(cpu_runtime.requirements_text().encode()).hexdigest(),
+        },
     }
-    found = oci.write_image(cache_dir(), ref, [layer0, layer1], config, [
-        "lab rootfs (Debian bookworm, ironserve/lab/rootfs.py)",
-        f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (ironserve/lab/cpu_runtime.py pins), "
-        "less triton's GPU toolchain binaries"])
-    say(f"runtime image {REPO}:{TAG} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
-        f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB compressed)")
+    found = oci.write_image(
+        cache_dir(),
+        ref,
+        [layer0, layer1],
+        config,
+        [
+            "lab rootfs (Debian bookworm, ironserve/lab/rootfs.py)",
+            f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (ironserve/lab/cpu_runtime.py pins), "
+            "less triton's GPU toolchain binaries",
+        ],
+    )
+    say(
+        f"runtime image {REPO}:{TAG} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
+        f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB compressed)"
+    )
     return ref, found

@@ -86,6 +86,7 @@ RUN_FILES = {
 
 # ---------------------------------------------------------------- builders
 
+
 def _fingerprint() -> str:
     h = hashlib.sha256()
     for p in sorted(ASSETS.iterdir()) + [Path(__file__), Path(__file__).with_name("profiles.py")]:
@@ -94,8 +95,16 @@ def _fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def build_deb(out: Path, name: str, version: str, files: dict, description: str, depends: str = "",
-              scripts: dict | None = None, extra: str = "") -> Path:
+def build_deb(
+    out: Path,
+    name: str,
+    version: str,
+    files: dict,
+    description: str,
+    depends: str = "",
+    scripts: dict | None = None,
+    extra: str = "",
+) -> Path:
     """files: {"/abs/path": (bytes|str, mode)} or {"/abs/link": ("->", target)}."""
     with tempfile.TemporaryDirectory(prefix=f"ironlab-{name}-") as tmp:
         stage = Path(tmp)
@@ -108,14 +117,22 @@ def build_deb(out: Path, name: str, version: str, files: dict, description: str,
             dest.write_bytes(content.encode() if isinstance(content, str) else content)
             dest.chmod(mode)
         (stage / "DEBIAN").mkdir()
-        control = [f"Package: {name}", f"Version: {version}", "Architecture: amd64",
-                   "Maintainer: ironserve lab <lab@ironserve.invalid>", "Section: non-free/libs", "Priority: optional"]
+        control = [
+            f"Package: {name}",
+            f"Version: {version}",
+            "Architecture: amd64",
+            "Maintainer: ironserve lab <lab@ironserve.invalid>",
+            "Section: non-free/libs",
+            "Priority: optional",
+        ]
         if depends:
             control.append(f"Depends: {depends}")
         if extra:
             control.append(extra)
-        control.append(f"Description: {description}\n ironserve lab stand-in: answers like the real package for the\n"
-                       " hardware profile in /etc/ironlab/hardware. Never install outside the lab.")
+        control.append(
+            f"Description: {description}\n ironserve lab stand-in: answers like the real package for the\n"
+            " hardware profile in /etc/ironlab/hardware. Never install outside the lab."
+        )
         (stage / "DEBIAN/control").write_text("\n".join(control) + "\n")
         for script, body in (scripts or {}).items():
             (stage / "DEBIAN" / script).write_text("#!/bin/sh\nset -e\n" + body + "\n")
@@ -137,16 +154,33 @@ def build_nvml(out: Path) -> Path:
         apt_install(["gcc", "libc6-dev"], "to build the lab's stand-in libnvidia-ml.so.1")
     rows = "".join(
         f'{{"{pid}", {p["count"]}, "{p["name"]}", {p["memory_mib"]}ULL, {p["compute_cap"].split(".")[0]}, '
-        f'{p["compute_cap"].split(".")[1]}}}, '
-        for pid, p in PROFILES.items() if p["kind"] == "nvidia")
+        f"{p['compute_cap'].split('.')[1]}}}, "
+        for pid, p in PROFILES.items()
+        if p["kind"] == "nvidia"
+    )
     header = out / "nvml_profiles.h"
     major, minor = CUDA_VERSION.split(".")
-    header.write_text(f'#define PROFILE_TABLE {rows}\n#define DRIVER_VERSION "{DRIVER_VERSION}"\n'
-                      f'#define NVML_VERSION "{major}.{DRIVER_VERSION}"\n'
-                      f'#define CUDA_DRIVER_VERSION {int(major) * 1000 + int(minor) * 10}\n')
+    header.write_text(
+        f'#define PROFILE_TABLE {rows}\n#define DRIVER_VERSION "{DRIVER_VERSION}"\n'
+        f'#define NVML_VERSION "{major}.{DRIVER_VERSION}"\n'
+        f"#define CUDA_DRIVER_VERSION {int(major) * 1000 + int(minor) * 10}\n"
+    )
     lib = out / "libnvidia-ml.so.1"
-    run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-include", str(header), "-Wl,-soname,libnvidia-ml.so.1",
-         "-o", str(lib), str(ASSETS / "libnvidia_ml.c")])
+    run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-include",
+            str(header),
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            str(lib),
+            str(ASSETS / "libnvidia_ml.c"),
+        ]
+    )
     return lib
 
 
@@ -239,7 +273,7 @@ print("NAME:\n   NVIDIA Container Toolkit CLI (ironserve lab stand-in)"); sys.ex
 # dockerd registers its "nvidia" device driver (`docker run --gpus`) when this is on PATH at its start, and runs it
 # as the container's OCI prestart hook; like the real hook (nvidia-container-cli underneath), it fails the
 # container's start when the driver does not answer. It mounts nothing: no stand-in GPU can run code.
-RUNTIME_HOOK = r'''#!/bin/sh
+RUNTIME_HOOK = r"""#!/bin/sh
 # ironserve lab stand-in for nvidia-container-runtime-hook (the prestart hook of `docker run --gpus`)
 case "$1" in
     prestart) ;;
@@ -252,11 +286,11 @@ if ! /usr/bin/nvidia-smi -L >/dev/null 2>&1; then
     exit 1
 fi
 exit 0
-'''
+"""
 
 # The stand-in driver's "DKMS build": like dkms, it needs the running kernel's headers; like the driver, it honours
 # NVreg_CreateImexChannel0=1 when "the module loads" (here: at configure time, unless nouveau holds the GPUs).
-DRIVER_POSTINST = r'''k=$(uname -r)
+DRIVER_POSTINST = r"""k=$(uname -r)
 if [ ! -e "/lib/modules/$k/build" ] && [ ! -e "/lib/modules/$k/source" ]; then
     echo "Error! Your kernel headers for kernel $k cannot be found at /lib/modules/$k/build or /lib/modules/$k/source."
     echo "Please install the linux-headers-$k package or use the --kernelsourcedir option to tell DKMS where it's located."
@@ -269,9 +303,9 @@ ldconfig
 if grep -qs '^options nvidia .*NVreg_CreateImexChannel0=1' /etc/modprobe.d/*.conf && nvidia-smi -L >/dev/null 2>&1; then
     mkdir -p /dev/nvidia-caps-imex-channels
     [ -c /dev/nvidia-caps-imex-channels/channel0 ] || mknod -m 666 /dev/nvidia-caps-imex-channels/channel0 c 234 0 || true
-fi'''
+fi"""
 
-PERSISTENCED = r'''#!/bin/sh
+PERSISTENCED = r"""#!/bin/sh
 # ironserve lab stand-in for nvidia-persistenced: like the real daemon, persistence mode is on while it runs
 # unless it was started with --no-persistence-mode
 case " $* " in
@@ -279,7 +313,7 @@ case " $* " in
     *) nvidia-smi -pm 1 >/dev/null 2>&1 || { echo "nvidia-persistenced: failed to initialize: driver not loaded" >&2; exit 1; } ;;
 esac
 exec sleep infinity
-'''
+"""
 
 IMEX = r'''#!/usr/bin/python3
 """ironserve lab stand-in for nvidia-imex: reads its config and nodes config like the real service.
@@ -368,69 +402,134 @@ IMEX_WAIT_FOR_QUORUM=RECOVERY
 """
 
 
-DCGMI = r'''#!/bin/sh
+DCGMI = r"""#!/bin/sh
 # ironserve lab stand-in for dcgmi
 case "$1" in
   -v|--version) echo "Version : 4.4.1"; exit 0;;
   discovery) nvidia-smi -L | sed 's/^/| /'; exit $?;;
   *) echo "dcgmi stand-in: $*"; exit 0;;
 esac
-'''
+"""
 
 
 def build_debs(out: Path) -> list[Path]:
     lib = build_nvml(out)
     smi = _template("nvidia_smi.py", PROFILES=_profiles_json(), DRIVER=DRIVER_VERSION, CUDA=CUDA_VERSION)
-    debs = [build_deb(out, "nvidia-open-580", f"{DRIVER_VERSION}-1", {
-        "/usr/bin/nvidia-smi": (smi, 0o755),
-        f"{LIBDIR}/libnvidia-ml.so.1": (lib.read_bytes(), 0o644),
-        f"{LIBDIR}/libnvidia-ml.so": ("->", "libnvidia-ml.so.1"),
-    }, "NVIDIA open GPU kernel modules and driver (stand-in)", depends="python3",
-        extra="Provides: nvidia-driver, nvidia-open, libnvidia-ml1",
-        scripts={"postinst": DRIVER_POSTINST.replace("__DRIVER__", DRIVER_VERSION)})]
+    debs = [
+        build_deb(
+            out,
+            "nvidia-open-580",
+            f"{DRIVER_VERSION}-1",
+            {
+                "/usr/bin/nvidia-smi": (smi, 0o755),
+                f"{LIBDIR}/libnvidia-ml.so.1": (lib.read_bytes(), 0o644),
+                f"{LIBDIR}/libnvidia-ml.so": ("->", "libnvidia-ml.so.1"),
+            },
+            "NVIDIA open GPU kernel modules and driver (stand-in)",
+            depends="python3",
+            extra="Provides: nvidia-driver, nvidia-open, libnvidia-ml1",
+            scripts={"postinst": DRIVER_POSTINST.replace("__DRIVER__", DRIVER_VERSION)},
+        )
+    ]
     debs.append(build_headers(out))
-    debs.append(build_deb(out, "nvidia-imex-580", f"{DRIVER_VERSION}-1", {
-        "/usr/bin/nvidia-imex": (IMEX, 0o755),
-        "/usr/bin/nvidia-imex-ctl": (IMEX_CTL, 0o755),
-        "/etc/nvidia-imex/config.cfg": (IMEX_CONFIG, 0o644),
-        "/lib/systemd/system/nvidia-imex.service": (
-            "[Unit]\nDescription=NVIDIA IMEX service (ironserve lab stand-in)\nAfter=network-online.target\n\n"
-            "[Service]\nType=simple\nExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg\n"
-            "Restart=on-failure\nRestartSec=2\n\n[Install]\nWantedBy=multi-user.target\n", 0o644),
-    }, "NVIDIA IMEX service for multi-node NVLink (stand-in)", depends="nvidia-open-580, python3, iproute2"))
-    nvcc = (f'#!/bin/sh\necho "nvcc: NVIDIA (R) Cuda compiler driver"\n'
-            f'echo "Copyright (c) 2005-2025 NVIDIA Corporation"\n'
-            f'echo "Cuda compilation tools, release {CUDA_VERSION}, {NVCC_VERSION}"\n'
-            f'echo "Build cuda_{CUDA_VERSION}.r{CUDA_VERSION}/compiler.ironlab"\n')
-    debs.append(build_deb(out, "cuda-toolkit-13-0", "13.0.2-1", {
-        "/usr/local/cuda-13.0/bin/nvcc": (nvcc, 0o755),
-        "/usr/local/cuda-13.0/version.json": (json.dumps({"cuda": {"name": "CUDA SDK", "version": "13.0.2"}}), 0o644),
-        "/etc/ld.so.conf.d/cuda-13-0.conf": ("/usr/local/cuda-13.0/targets/x86_64-linux/lib\n", 0o644),
-    }, "CUDA Toolkit 13.0 (stand-in)",
-        scripts={"postinst": "[ -e /usr/local/cuda ] || ln -s /usr/local/cuda-13.0 /usr/local/cuda",
-                 "postrm": '[ "$(readlink /usr/local/cuda)" != /usr/local/cuda-13.0 ] || rm -f /usr/local/cuda'}))
-    debs.append(build_deb(out, "nvidia-container-toolkit", "1.18.0-1", {
-        "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("__DRIVER__", DRIVER_VERSION), 0o755),
-        "/usr/bin/nvidia-container-runtime": ("#!/bin/sh\nexec runc \"$@\"\n", 0o755),
-        "/usr/bin/nvidia-container-runtime-hook": (RUNTIME_HOOK, 0o755),
-    }, "NVIDIA container runtime hook and CLI (stand-in)", depends="python3"))
-    debs.append(build_deb(out, "nvidia-persistenced", f"{DRIVER_VERSION}-1", {
-        "/usr/bin/nvidia-persistenced": (PERSISTENCED, 0o755),
-        "/lib/systemd/system/nvidia-persistenced.service": (
-            "[Unit]\nDescription=NVIDIA Persistence Daemon (ironserve lab stand-in)\n\n[Service]\nType=simple\n"
-            "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose\n"
-            "\n[Install]\nWantedBy=multi-user.target\n", 0o644),
-    }, "NVIDIA persistence daemon (stand-in)", depends="nvidia-open-580",
-        scripts=_unit_scripts("nvidia-persistenced.service")))
-    debs.append(build_deb(out, "datacenter-gpu-manager-4-cuda13", "1:4.4.1-1", {
-        "/usr/bin/dcgmi": (DCGMI, 0o755),
-        "/usr/bin/nv-hostengine": ("#!/bin/sh\nexec sleep infinity\n", 0o755),
-        "/lib/systemd/system/nvidia-dcgm.service": (
-            "[Unit]\nDescription=NVIDIA DCGM service (ironserve lab stand-in)\n\n[Service]\nType=simple\n"
-            "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm\n\n[Install]\nWantedBy=multi-user.target\n",
-            0o644),
-    }, "NVIDIA Datacenter GPU Manager 4 for CUDA 13 (stand-in)", depends="nvidia-open-580",
-        scripts=_unit_scripts("nvidia-dcgm.service")))
+    debs.append(
+        build_deb(
+            out,
+            "nvidia-imex-580",
+            f"{DRIVER_VERSION}-1",
+            {
+                "/usr/bin/nvidia-imex": (IMEX, 0o755),
+                "/usr/bin/nvidia-imex-ctl": (IMEX_CTL, 0o755),
+                "/etc/nvidia-imex/config.cfg": (IMEX_CONFIG, 0o644),
+                "/lib/systemd/system/nvidia-imex.service": (
+                    "[Unit]\nDescription=NVIDIA IMEX service (ironserve lab stand-in)\nAfter=network-online.target\n\n"
+                    "[Service]\nType=simple\nExecStart=/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg\n"
+                    "Restart=on-failure\nRestartSec=2\n\n[Install]\nWantedBy=multi-user.target\n",
+                    0o644,
+                ),
+            },
+            "NVIDIA IMEX service for multi-node NVLink (stand-in)",
+            depends="nvidia-open-580, python3, iproute2",
+        )
+    )
+    nvcc = (
+        f'#!/bin/sh\necho "nvcc: NVIDIA (R) Cuda compiler driver"\n'
+        f'echo "Copyright (c) 2005-2025 NVIDIA Corporation"\n'
+        f'echo "Cuda compilation tools, release {CUDA_VERSION}, {NVCC_VERSION}"\n'
+        f'echo "Build cuda_{CUDA_VERSION}.r{CUDA_VERSION}/compiler.ironlab"\n'
+    )
+    debs.append(
+        build_deb(
+            out,
+            "cuda-toolkit-13-0",
+            "13.0.2-1",
+            {
+                "/usr/local/cuda-13.0/bin/nvcc": (nvcc, 0o755),
+                "/usr/local/cuda-13.0/version.json": (
+                    json.dumps({"cuda": {"name": "CUDA SDK", "version": "13.0.2"}}),
+                    0o644,
+                ),
+                "/etc/ld.so.conf.d/cuda-13-0.conf": ("/usr/local/cuda-13.0/targets/x86_64-linux/lib\n", 0o644),
+            },
+            "CUDA Toolkit 13.0 (stand-in)",
+            scripts={
+                "postinst": "[ -e /usr/local/cuda ] || ln -s /usr/local/cuda-13.0 /usr/local/cuda",
+                "postrm": '[ "$(readlink /usr/local/cuda)" != /usr/local/cuda-13.0 ] || rm -f /usr/local/cuda',
+            },
+        )
+    )
+    debs.append(
+        build_deb(
+            out,
+            "nvidia-container-toolkit",
+            "1.18.0-1",
+            {
+                "/usr/bin/nvidia-ctk": (NVIDIA_CTK.replace("__DRIVER__", DRIVER_VERSION), 0o755),
+                "/usr/bin/nvidia-container-runtime": ('#!/bin/sh\nexec runc "$@"\n', 0o755),
+                "/usr/bin/nvidia-container-runtime-hook": (RUNTIME_HOOK, 0o755),
+            },
+            "NVIDIA container runtime hook and CLI (stand-in)",
+            depends="python3",
+        )
+    )
+    debs.append(
+        build_deb(
+            out,
+            "nvidia-persistenced",
+            f"{DRIVER_VERSION}-1",
+            {
+                "/usr/bin/nvidia-persistenced": (PERSISTENCED, 0o755),
+                "/lib/systemd/system/nvidia-persistenced.service": (
+                    "[Unit]\nDescription=NVIDIA Persistence Daemon (ironserve lab stand-in)\n\n[Service]\nType=simple\n"
+                    "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose\n"
+                    "\n[Install]\nWantedBy=multi-user.target\n",
+                    0o644,
+                ),
+            },
+            "NVIDIA persistence daemon (stand-in)",
+            depends="nvidia-open-580",
+            scripts=_unit_scripts("nvidia-persistenced.service"),
+        )
+    )
+    debs.append(
+        build_deb(
+            out,
+            "datacenter-gpu-manager-4-cuda13",
+            "1:4.4.1-1",
+            {
+                "/usr/bin/dcgmi": (DCGMI, 0o755),
+                "/usr/bin/nv-hostengine": ("#!/bin/sh\nexec sleep infinity\n", 0o755),
+                "/lib/systemd/system/nvidia-dcgm.service": (
+                    "[Unit]\nDescription=NVIDIA DCGM service (ironserve lab stand-in)\n\n[Service]\nType=simple\n"
+                    "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm\n\n[Install]\nWantedBy=multi-user.target\n",
+                    0o644,
+                ),
+            },
+            "NVIDIA Datacenter GPU Manager 4 for CUDA 13 (stand-in)",
+            depends="nvidia-open-580",
+            scripts=_unit_scripts("nvidia-dcgm.service"),
+        )
+    )
     return debs
 
 
@@ -438,20 +537,30 @@ def build_headers(out: Path) -> Path:
     """linux-headers-<running kernel>: what the stand-in driver's DKMS build needs (Debian has no headers for the
     lab machine's kernel: the lab hosts share it, as containers do)."""
     release = os.uname().release
-    return build_deb(out, f"linux-headers-{release}", "1.0-ironlab1", {
-        f"/usr/src/linux-headers-{release}/Makefile": (f"# ironserve lab stand-in: headers of {release}\n", 0o644),
-        f"/lib/modules/{release}/build": ("->", f"/usr/src/linux-headers-{release}"),
-    }, f"Header files for Linux {release} (stand-in)")
+    return build_deb(
+        out,
+        f"linux-headers-{release}",
+        "1.0-ironlab1",
+        {
+            f"/usr/src/linux-headers-{release}/Makefile": (f"# ironserve lab stand-in: headers of {release}\n", 0o644),
+            f"/lib/modules/{release}/build": ("->", f"/usr/src/linux-headers-{release}"),
+        },
+        f"Header files for Linux {release} (stand-in)",
+    )
 
 
 def _unit_scripts(unit: str) -> dict:
     """Enable and start a unit on install, stop and disable it on removal, like the real packages do."""
-    return {"postinst": (f"if [ -d /run/systemd/system ]; then systemctl daemon-reload; "
-                         f"systemctl enable {unit} >/dev/null 2>&1 || true; systemctl start {unit} || true; fi"),
-            "prerm": f"if [ -d /run/systemd/system ]; then systemctl disable --now {unit} >/dev/null 2>&1 || true; fi"}
+    return {
+        "postinst": (
+            f"if [ -d /run/systemd/system ]; then systemctl daemon-reload; "
+            f"systemctl enable {unit} >/dev/null 2>&1 || true; systemctl start {unit} || true; fi"
+        ),
+        "prerm": f"if [ -d /run/systemd/system ]; then systemctl disable --now {unit} >/dev/null 2>&1 || true; fi",
+    }
 
 
-RUN_HEADER = r'''#!/bin/sh
+RUN_HEADER = r"""#!/bin/sh
 # ironserve lab stand-in for @FILE@ (self-extracting installer; accepts the real flags)
 NAME="@NAME@"
 VERSION="@VERSION@"
@@ -493,11 +602,12 @@ for f in @SUBST@; do [ -f "$INSTALL_PATH/$f" ] && sed -i "s#@INSTALL_PATH@#$INST
 echo "[INFO] $NAME $VERSION install success"
 exit 0
 __IRONLAB_PAYLOAD__
-'''
+"""
 
 
-def build_run(out: Path, key: str, name: str, version: str, top: str, files: dict, *, subst=(), precheck="",
-              post="", uninstall="") -> Path:
+def build_run(
+    out: Path, key: str, name: str, version: str, top: str, files: dict, *, subst=(), precheck="", post="", uninstall=""
+) -> Path:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for path, (content, mode) in files.items():
@@ -512,9 +622,17 @@ def build_run(out: Path, key: str, name: str, version: str, top: str, files: dic
             tar.addfile(info, io.BytesIO(data))
     payload = base64.encodebytes(buf.getvalue())
     header = RUN_HEADER
-    for k, v in {"FILE": RUN_FILES[key], "NAME": name, "VERSION": version, "TOP": top,
-                 "SHA256": hashlib.sha256(payload).hexdigest(), "SUBST": " ".join(subst) or "none",
-                 "PRECHECK": precheck or ":", "POST": post or ":", "UNINSTALL": uninstall or ":"}.items():
+    for k, v in {
+        "FILE": RUN_FILES[key],
+        "NAME": name,
+        "VERSION": version,
+        "TOP": top,
+        "SHA256": hashlib.sha256(payload).hexdigest(),
+        "SUBST": " ".join(subst) or "none",
+        "PRECHECK": precheck or ":",
+        "POST": post or ":",
+        "UNINSTALL": uninstall or ":",
+    }.items():
         header = header.replace(f"@{k}@", v)
     path = out / RUN_FILES[key]
     path.write_bytes(header.encode() + payload)
@@ -524,46 +642,92 @@ def build_run(out: Path, key: str, name: str, version: str, top: str, files: dic
 
 def build_runs(out: Path) -> list[Path]:
     npu_smi = _template("npu_smi.py", PROFILES=_profiles_json(), VERSION=ASCEND_DRIVER_VERSION)
-    version_info = (f"Version={ASCEND_DRIVER_VERSION}\nascendhal_version=7.35.23\npackage_version={ASCEND_DRIVER_VERSION}\n"
-                    "Innerversion=V100R001C25SPC001B220\ncompatible_version=[V100R001C15],[V100R001C25]\n")
-    driver = build_run(out, "driver", "Ascend-hdk-910c-npu-driver", ASCEND_DRIVER_VERSION, "driver", {
-        "driver/version.info": (version_info, 0o644),
-        "driver/tools/npu-smi": (npu_smi, 0o755),
-        "driver/lib64/driver/.keep": ("", 0o644),
-    }, post=('ln -sf "$INSTALL_PATH/driver/tools/npu-smi" /usr/local/sbin/npu-smi\n'
-             'echo "Driver_Install_Path_Param=$INSTALL_PATH" > /etc/ascend_install.info'),
-        uninstall="rm -f /usr/local/sbin/npu-smi /etc/ascend_install.info")
-    tk_env = ("export ASCEND_TOOLKIT_HOME=@INSTALL_PATH@/ascend-toolkit/latest\n"
-              "export LD_LIBRARY_PATH=${ASCEND_TOOLKIT_HOME}/lib64:${ASCEND_TOOLKIT_HOME}/lib64/plugin/opskernel:"
-              "@INSTALL_PATH@/driver/lib64/driver:${LD_LIBRARY_PATH}\n"
-              "export PATH=${ASCEND_TOOLKIT_HOME}/bin:${ASCEND_TOOLKIT_HOME}/compiler/ccec_compiler/bin:${PATH}\n"
-              "export ASCEND_AICPU_PATH=${ASCEND_TOOLKIT_HOME}\nexport ASCEND_OPP_PATH=${ASCEND_TOOLKIT_HOME}/opp\n"
-              "export TOOLCHAIN_HOME=${ASCEND_TOOLKIT_HOME}/toolkit\nexport ASCEND_HOME_PATH=${ASCEND_TOOLKIT_HOME}\n")
-    toolkit = build_run(out, "toolkit", "Ascend-cann-toolkit", CANN_VERSION, "ascend-toolkit", {
-        "ascend-toolkit/set_env.sh": (tk_env, 0o644),
-        f"ascend-toolkit/{CANN_VERSION}/x86_64-linux/ascend_toolkit_install.info": (
-            f"package_name=Ascend-cann-toolkit\nversion={CANN_VERSION}\narch=x86_64\nos=linux\n", 0o644),
-        f"ascend-toolkit/{CANN_VERSION}/version.cfg": (f"runtime_running_version=[{CANN_VERSION}]\n", 0o644),
-        f"ascend-toolkit/{CANN_VERSION}/bin/.keep": ("", 0o644),
-        f"ascend-toolkit/{CANN_VERSION}/lib64/.keep": ("", 0o644),
-        "ascend-toolkit/latest": ("->", CANN_VERSION),
-    }, subst=["ascend-toolkit/set_env.sh"])
-    nnal_env = ("export ATB_HOME_PATH=@INSTALL_PATH@/nnal/atb/latest/atb/cxx_abi_1\n"
-                "export LD_LIBRARY_PATH=${ATB_HOME_PATH}/lib:${ATB_HOME_PATH}/examples:${LD_LIBRARY_PATH}\n"
-                "export PATH=${ATB_HOME_PATH}/bin:${PATH}\nexport ATB_STREAM_SYNC_EVERY_KERNEL_ENABLE=0\n")
-    nnal = build_run(out, "nnal", "Ascend-cann-nnal", CANN_VERSION, "nnal", {
-        "nnal/atb/set_env.sh": (nnal_env, 0o644),
-        f"nnal/atb/{CANN_VERSION}/atb/cxx_abi_1/lib/.keep": ("", 0o644),
-        f"nnal/atb/{CANN_VERSION}/version.info": (f"version={CANN_VERSION}\n", 0o644),
-        "nnal/atb/latest": ("->", CANN_VERSION),
-    }, subst=["nnal/atb/set_env.sh"],
-        precheck=('[ -f "$INSTALL_PATH/ascend-toolkit/set_env.sh" ] || { echo "[ERROR] Ascend-cann-nnal: '
-                  'install Ascend-cann-toolkit first (set_env.sh not found)"; exit 1; }'))
-    firmware = build_run(out, "firmware", "Ascend-hdk-910c-npu-firmware", ASCEND_FIRMWARE_VERSION, "firmware", {
-        "firmware/version.info": (f"Version={ASCEND_FIRMWARE_VERSION}\n", 0o644),
-    }, precheck=('[ -f "$INSTALL_PATH/driver/version.info" ] || { echo "[ERROR] Ascend-hdk-910c-npu-firmware: '
-                 'install the NPU driver first"; exit 1; }'),
-        post='echo "[INFO] firmware takes effect after a reboot"')
+    version_info = (
+        f"Version={ASCEND_DRIVER_VERSION}\nascendhal_version=7.35.23\npackage_version={ASCEND_DRIVER_VERSION}\n"
+        "Innerversion=V100R001C25SPC001B220\ncompatible_version=[V100R001C15],[V100R001C25]\n"
+    )
+    driver = build_run(
+        out,
+        "driver",
+        "Ascend-hdk-910c-npu-driver",
+        ASCEND_DRIVER_VERSION,
+        "driver",
+        {
+            "driver/version.info": (version_info, 0o644),
+            "driver/tools/npu-smi": (npu_smi, 0o755),
+            "driver/lib64/driver/.keep": ("", 0o644),
+        },
+        post=(
+            'ln -sf "$INSTALL_PATH/driver/tools/npu-smi" /usr/local/sbin/npu-smi\n'
+            'echo "Driver_Install_Path_Param=$INSTALL_PATH" > /etc/ascend_install.info'
+        ),
+        uninstall="rm -f /usr/local/sbin/npu-smi /etc/ascend_install.info",
+    )
+    tk_env = (
+        "export ASCEND_TOOLKIT_HOME=@INSTALL_PATH@/ascend-toolkit/latest\n"
+        "export LD_LIBRARY_PATH=${ASCEND_TOOLKIT_HOME}/lib64:${ASCEND_TOOLKIT_HOME}/lib64/plugin/opskernel:"
+        "@INSTALL_PATH@/driver/lib64/driver:${LD_LIBRARY_PATH}\n"
+        "export PATH=${ASCEND_TOOLKIT_HOME}/bin:${ASCEND_TOOLKIT_HOME}/compiler/ccec_compiler/bin:${PATH}\n"
+        "export ASCEND_AICPU_PATH=${ASCEND_TOOLKIT_HOME}\nexport ASCEND_OPP_PATH=${ASCEND_TOOLKIT_HOME}/opp\n"
+        "export TOOLCHAIN_HOME=${ASCEND_TOOLKIT_HOME}/toolkit\nexport ASCEND_HOME_PATH=${ASCEND_TOOLKIT_HOME}\n"
+    )
+    toolkit = build_run(
+        out,
+        "toolkit",
+        "Ascend-cann-toolkit",
+        CANN_VERSION,
+        "ascend-toolkit",
+        {
+            "ascend-toolkit/set_env.sh": (tk_env, 0o644),
+            f"ascend-toolkit/{CANN_VERSION}/x86_64-linux/ascend_toolkit_install.info": (
+                f"package_name=Ascend-cann-toolkit\nversion={CANN_VERSION}\narch=x86_64\nos=linux\n",
+                0o644,
+            ),
+            f"ascend-toolkit/{CANN_VERSION}/version.cfg": (f"runtime_running_version=[{CANN_VERSION}]\n", 0o644),
+            f"ascend-toolkit/{CANN_VERSION}/bin/.keep": ("", 0o644),
+            f"ascend-toolkit/{CANN_VERSION}/lib64/.keep": ("", 0o644),
+            "ascend-toolkit/latest": ("->", CANN_VERSION),
+        },
+        subst=["ascend-toolkit/set_env.sh"],
+    )
+    nnal_env = (
+        "export ATB_HOME_PATH=@INSTALL_PATH@/nnal/atb/latest/atb/cxx_abi_1\n"
+        "export LD_LIBRARY_PATH=${ATB_HOME_PATH}/lib:${ATB_HOME_PATH}/examples:${LD_LIBRARY_PATH}\n"
+        "export PATH=${ATB_HOME_PATH}/bin:${PATH}\nexport ATB_STREAM_SYNC_EVERY_KERNEL_ENABLE=0\n"
+    )
+    nnal = build_run(
+        out,
+        "nnal",
+        "Ascend-cann-nnal",
+        CANN_VERSION,
+        "nnal",
+        {
+            "nnal/atb/set_env.sh": (nnal_env, 0o644),
+            f"nnal/atb/{CANN_VERSION}/atb/cxx_abi_1/lib/.keep": ("", 0o644),
+            f"nnal/atb/{CANN_VERSION}/version.info": (f"version={CANN_VERSION}\n", 0o644),
+            "nnal/atb/latest": ("->", CANN_VERSION),
+        },
+        subst=["nnal/atb/set_env.sh"],
+        precheck=(
+            '[ -f "$INSTALL_PATH/ascend-toolkit/set_env.sh" ] || { echo "[ERROR] Ascend-cann-nnal: '
+            'install Ascend-cann-toolkit first (set_env.sh not found)"; exit 1; }'
+        ),
+    )
+    firmware = build_run(
+        out,
+        "firmware",
+        "Ascend-hdk-910c-npu-firmware",
+        ASCEND_FIRMWARE_VERSION,
+        "firmware",
+        {
+            "firmware/version.info": (f"Version={ASCEND_FIRMWARE_VERSION}\n", 0o644),
+        },
+        precheck=(
+            '[ -f "$INSTALL_PATH/driver/version.info" ] || { echo "[ERROR] Ascend-hdk-910c-npu-firmware: '
+            'install the NPU driver first"; exit 1; }'
+        ),
+        post='echo "[INFO] firmware takes effect after a reboot"',
+    )
     return [driver, toolkit, nnal, firmware]
 
 

@@ -45,6 +45,7 @@ def ensure_dirs(root: Path) -> Path:
 
 # ---------------------------------------------------------------- apt repository
 
+
 def _apt_lists_present() -> bool:
     return any(Path("/var/lib/apt/lists").glob("*_Packages*"))
 
@@ -66,10 +67,26 @@ def publish_debs(root: Path, names: list[str]) -> list[str]:
         raise LabError("base rootfs missing; build it before publishing packages")
     with tempfile.TemporaryDirectory(prefix="ironlab-apt-") as tmp:
         (Path(tmp) / "partial").mkdir()
-        proc = run(["apt-get", "install", "--download-only", "-y", "--no-install-recommends",
-                    "-o", f"Dir::State::status={status}", "-o", f"Dir::Cache::archives={tmp}",
-                    "-o", "Debug::NoLocking=1", "-o", "APT::Get::AllowUnauthenticated=false", *names],
-                   check=False, env={"DEBIAN_FRONTEND": "noninteractive"})
+        proc = run(
+            [
+                "apt-get",
+                "install",
+                "--download-only",
+                "-y",
+                "--no-install-recommends",
+                "-o",
+                f"Dir::State::status={status}",
+                "-o",
+                f"Dir::Cache::archives={tmp}",
+                "-o",
+                "Debug::NoLocking=1",
+                "-o",
+                "APT::Get::AllowUnauthenticated=false",
+                *names,
+            ],
+            check=False,
+            env={"DEBIAN_FRONTEND": "noninteractive"},
+        )
         if proc.returncode != 0:
             raise LabError(f"could not download {' '.join(names)} for the lab repo:\n{proc.stderr.strip()}")
         got = sorted(p.name for p in Path(tmp).glob("*.deb"))
@@ -93,15 +110,23 @@ def reindex_apt(root: Path) -> None:
     for deb in sorted(repo.glob("*.deb")):
         control = run(["dpkg-deb", "-f", str(deb)]).stdout.rstrip("\n")
         data = deb.read_bytes()
-        stanzas.append(f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
-                       f"MD5sum: {hashlib.md5(data).hexdigest()}\n"
-                       f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+        stanzas.append(
+            f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+            f"MD5sum: {hashlib.md5(data).hexdigest()}\n"
+            f"SHA256: {hashlib.sha256(data).hexdigest()}\n"
+        )
     packages = "\n".join(stanzas).encode()
     (repo / "Packages").write_bytes(packages)
     (repo / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
-    lines = ["Origin: ironserve-lab", "Label: ironserve-lab", "Suite: lab", "Codename: lab",
-             f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S +0000', time.gmtime())}",
-             "Architectures: amd64 all", "SHA256:"]
+    lines = [
+        "Origin: ironserve-lab",
+        "Label: ironserve-lab",
+        "Suite: lab",
+        "Codename: lab",
+        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S +0000', time.gmtime())}",
+        "Architectures: amd64 all",
+        "SHA256:",
+    ]
     for name in ("Packages", "Packages.gz"):
         blob = (repo / name).read_bytes()
         lines.append(f" {hashlib.sha256(blob).hexdigest()} {len(blob)} {name}")
@@ -133,15 +158,26 @@ def sign_release(root: Path) -> None:
         return
     try:
         if not (root / "gpg" / "pubring.kbx").exists() or not _gpg(root, "--list-secret-keys").stdout.strip():
-            _gpg(root, "--passphrase", "", "--quick-gen-key", "ironserve lab archive <lab@ironserve.invalid>",
-                 "ed25519", "sign", "never")
+            _gpg(
+                root,
+                "--passphrase",
+                "",
+                "--quick-gen-key",
+                "ironserve lab archive <lab@ironserve.invalid>",
+                "ed25519",
+                "sign",
+                "never",
+            )
         _gpg(root, "--yes", "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release"))
         _gpg(root, "--yes", "--armor", "--detach-sign", "-o", str(repo / "Release.gpg"), str(repo / "Release"))
         # binary keyring (what hosts keep for signed-by) and the armored key, published next to the
         # index the way vendors publish theirs (roles fetch <mirror>/<key name> and dearmor it)
         for args in (["--output", str(repo / KEYRING_NAME)], ["--armor", "--output", str(repo / ARMORED_KEY_NAME)]):
-            subprocess.run(["gpg", "--batch", "--homedir", str(root / "gpg"), "--yes", *args, "--export"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["gpg", "--batch", "--homedir", str(root / "gpg"), "--yes", *args, "--export"],
+                check=True,
+                capture_output=True,
+            )
     finally:
         # gpg starts an agent for the homedir; never leave it running.
         subprocess.run(["gpgconf", "--homedir", str(root / "gpg"), "--kill", "all"], capture_output=True)
@@ -172,18 +208,20 @@ def keyring(root: Path) -> Path | None:
 
 # ---------------------------------------------------------------- wheelhouse
 
+
 def _pip() -> list[str]:
     """A pip for Python 3.11 (the hosts' interpreter); uv-made venvs have none, so fall back."""
-    candidates = [[sys.executable, "-m", "pip"], ["python3", "-m", "pip"], ["/usr/bin/python3", "-m", "pip"],
-                  ["pip3"]]
+    candidates = [[sys.executable, "-m", "pip"], ["python3", "-m", "pip"], ["/usr/bin/python3", "-m", "pip"], ["pip3"]]
     for cand in candidates:
         if not shutil.which(cand[0]):
             continue
         proc = subprocess.run([*cand, "--version"], capture_output=True, text=True)
         if proc.returncode == 0 and "python 3.11" in proc.stdout:
             return cand
-    raise LabError("no pip for Python 3.11 found on this machine to fill the lab wheelhouse "
-                   "(lab hosts run Debian bookworm's Python 3.11)")
+    raise LabError(
+        "no pip for Python 3.11 found on this machine to fill the lab wheelhouse "
+        "(lab hosts run Debian bookworm's Python 3.11)"
+    )
 
 
 def publish_wheels(root: Path, requirements: list[str]) -> None:
@@ -194,8 +232,9 @@ def publish_wheels(root: Path, requirements: list[str]) -> None:
     """
     wheels = ensure_dirs(root) / "wheels"
     if requirements:
-        proc = run([*_pip(), "download", "--disable-pip-version-check", "-q", "-d", str(wheels),
-                    *requirements], check=False)
+        proc = run(
+            [*_pip(), "download", "--disable-pip-version-check", "-q", "-d", str(wheels), *requirements], check=False
+        )
         if proc.returncode != 0:
             raise LabError(f"pip download {' '.join(requirements)} failed:\n{proc.stderr.strip()}")
     reindex_wheels(root)
@@ -252,7 +291,8 @@ def reindex_wheels(root: Path) -> None:
             links.append(f'<a href="../../wheels/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br>')
         (simple / name).mkdir()
         (simple / name / "index.html").write_text(
-            f"<!DOCTYPE html><html><body>\n{chr(10).join(links)}\n</body></html>\n")
+            f"<!DOCTYPE html><html><body>\n{chr(10).join(links)}\n</body></html>\n"
+        )
     index = [f'<a href="{n}/">{n}</a><br>' for n in sorted(projects)]
     (simple / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{chr(10).join(index)}\n</body></html>\n")
 
@@ -281,6 +321,7 @@ def add_wheels(root: Path, wheels: list[Path]) -> int:
 
 # ---------------------------------------------------------------- files
 
+
 def add_files(root: Path, subdir: str, files: list[Path]) -> None:
     dest = ensure_dirs(root) / subdir
     dest.mkdir(parents=True, exist_ok=True)
@@ -289,6 +330,7 @@ def add_files(root: Path, subdir: str, files: list[Path]) -> None:
 
 
 # ---------------------------------------------------------------- server
+
 
 def _pidfile(root: Path) -> Path:
     return supply_dir(root) / "httpd.pid"
@@ -304,10 +346,25 @@ def start_server(root: Path) -> None:
         return
     _pidfile(root).unlink(missing_ok=True)
     with open(sup.parent / "supply-httpd.log", "ab") as log:
-        subprocess.Popen([sys.executable, str(HTTPD), "--bind", GATEWAY, "--port", str(SUPPLY_PORT),
-                          "--root", str(sup), "--pidfile", str(_pidfile(root))],
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                         close_fds=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HTTPD),
+                "--bind",
+                GATEWAY,
+                "--port",
+                str(SUPPLY_PORT),
+                "--root",
+                str(sup),
+                "--pidfile",
+                str(_pidfile(root)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
     wait_for(lambda: server_pid(root) and listening(GATEWAY, SUPPLY_PORT), 10, what="the lab supply server")
 
 

@@ -21,10 +21,18 @@ def say(message: str) -> None:
     print(f"[lab] {message}", file=sys.stderr, flush=True)
 
 
-def run(cmd: list[str], *, check: bool = True, capture: bool = True, timeout: float | None = None,
-        env: dict | None = None, input: str | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=capture, text=True, timeout=timeout, input=input,
-                          env={**os.environ, **env} if env else None)
+def run(
+    cmd: list[str],
+    *,
+    check: bool = True,
+    capture: bool = True,
+    timeout: float | None = None,
+    env: dict | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        cmd, capture_output=capture, text=True, timeout=timeout, input=input, env={**os.environ, **env} if env else None
+    )
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip() if capture else ""
         raise LabError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{detail}")
@@ -33,8 +41,10 @@ def run(cmd: list[str], *, check: bool = True, capture: bool = True, timeout: fl
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        raise LabError("the lab needs root (it creates network namespaces, overlay mounts and "
-                       "systemd-nspawn containers); run it with sudo or as root")
+        raise LabError(
+            "the lab needs root (it creates network namespaces, overlay mounts and "
+            "systemd-nspawn containers); run it with sudo or as root"
+        )
 
 
 def apt_install(packages: list[str], why: str) -> None:
@@ -53,8 +63,11 @@ def apt_install(packages: list[str], why: str) -> None:
 def ensure_tools() -> None:
     """Host-safety preflight: root, then systemd-nspawn/debootstrap (installed when missing)."""
     require_root()
-    missing = [pkg for tool, pkg in (("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"))
-               if not shutil.which(tool)]
+    missing = [
+        pkg
+        for tool, pkg in (("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"))
+        if not shutil.which(tool)
+    ]
     if missing:
         try:
             apt_install(missing, "needed to build and boot lab hosts")
@@ -79,6 +92,7 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
 
 
 # ---------------------------------------------------------------- the lab's own daemons (supply server, registry)
+
 
 def daemon_pid(pidfile: Path, *markers: str) -> int | None:
     """The PID in ``pidfile`` when that process is still the daemon (its command line holds every marker)."""

@@ -128,8 +128,17 @@ def tokenizer_json() -> dict:
     specials = SPECIALS + [f"<|reserved_special_token_{i}|>" for i in range(VOCAB - len(vocab) - len(SPECIALS))]
     added = []
     for tok in specials:
-        added.append({"id": len(vocab), "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-                      "normalized": False, "special": True})
+        added.append(
+            {
+                "id": len(vocab),
+                "content": tok,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
         vocab[tok] = len(vocab)
     assert len(vocab) == VOCAB, len(vocab)
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -142,16 +151,34 @@ def tokenizer_json() -> dict:
         "pre_tokenizer": byte_level,
         "post_processor": {**byte_level, "trim_offsets": False},
         "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": [[a, b] for a, b in merges]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [[a, b] for a, b in merges],
+        },
     }
 
 
 def tokenizer_config(vocab: dict[str, int]) -> dict:
-    decoder = {str(vocab[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                               "single_word": False, "special": True}
-               for t in vocab if t.startswith("<|") and t.endswith("|>")}
+    decoder = {
+        str(vocab[t]): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t in vocab
+        if t.startswith("<|") and t.endswith("|>")
+    }
     return {
         "added_tokens_decoder": decoder,
         "bos_token": BOS,
@@ -247,8 +274,12 @@ def files(seed: int = SEED) -> dict[str, bytes]:
     tok = tokenizer_json()
     vocab = tok["model"]["vocab"]
     cfg = model_config(vocab)
-    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
-           "pad_token_id": cfg["pad_token_id"], "do_sample": False}
+    gen = {
+        "bos_token_id": cfg["bos_token_id"],
+        "eos_token_id": cfg["eos_token_id"],
+        "pad_token_id": cfg["pad_token_id"],
+        "do_sample": False,
+    }
     tcfg = tokenizer_config(vocab)
     special_map = {"bos_token": BOS, "eos_token": EOT, "pad_token": EOS_TEXT}
     return {
@@ -291,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m ironserve.lab.tiny_model PATH", file=sys.stderr)
         return 2
     root = generate(args[0])
-    print(f"tiny model in {root} ({(root / 'model.safetensors').stat().st_size} bytes of weights, "
-          f"manifest {root / MANIFEST})")
+    print(
+        f"tiny model in {root} ({(root / 'model.safetensors').stat().st_size} bytes of weights, "
+        f"manifest {root / MANIFEST})"
+    )
     return 0
 
 

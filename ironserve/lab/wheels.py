@@ -34,8 +34,16 @@ def metadata_text(name: str, version: str, summary: str, requires_python: str | 
     return "\n".join(lines) + "\n"
 
 
-def write_wheel(dest: str | os.PathLike, name: str, version: str, members: dict[str, bytes], metadata: str,
-                top_level: list[str], tag: str = "py3-none-any", generator: str = "ironserve.lab.wheels") -> Path:
+def write_wheel(
+    dest: str | os.PathLike,
+    name: str,
+    version: str,
+    members: dict[str, bytes],
+    metadata: str,
+    top_level: list[str],
+    tag: str = "py3-none-any",
+    generator: str = "ironserve.lab.wheels",
+) -> Path:
     """Write a wheel of ``members`` ({path in the wheel: bytes}) with its dist-info (METADATA text as given, WHEEL,
     top_level.txt, RECORD), byte-stable, atomically (a temporary file renamed into place)."""
     dest = Path(dest)
@@ -43,8 +51,9 @@ def write_wheel(dest: str | os.PathLike, name: str, version: str, members: dict[
     dist_info = f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
     members = dict(members)
     members[f"{dist_info}/METADATA"] = metadata.encode()
-    members[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: true\n"
-                                     f"Tag: {tag}\n").encode()
+    members[f"{dist_info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    ).encode()
     members[f"{dist_info}/top_level.txt"] = "".join(f"{t}\n" for t in top_level).encode()
     record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in members.items()) + f"{dist_info}/RECORD,,\n"
     members[f"{dist_info}/RECORD"] = record.encode()
@@ -60,28 +69,48 @@ def write_wheel(dest: str | os.PathLike, name: str, version: str, members: dict[
     return target
 
 
-def build_wheel(dest: str | os.PathLike, name: str, version: str, requires: list[str] | tuple = (),
-                requires_python: str | None = None, tag: str = "py3-none-any", package: str | None = None,
-                files: dict[str, bytes] | None = None) -> Path:
+def build_wheel(
+    dest: str | os.PathLike,
+    name: str,
+    version: str,
+    requires: list[str] | tuple = (),
+    requires_python: str | None = None,
+    tag: str = "py3-none-any",
+    package: str | None = None,
+    files: dict[str, bytes] | None = None,
+) -> Path:
     """A stand-in wheel of ``name`` ``version`` whose metadata requires ``requires`` (PEP 508 strings, markers
     included). ``package`` is the import name of its placeholder module (default: the name with ``_``); ``files``
     adds or replaces files ({path in the wheel: bytes})."""
     module = package or re.sub(r"[-_.]+", "_", name).lower()
     members: dict[str, bytes] = {
-        f"{module}/__init__.py": (f'"""ironserve lab stand-in of {name} {version}: its metadata, none of its code."""\n'
-                                  f"__version__ = {version!r}\n").encode(),
+        f"{module}/__init__.py": (
+            f'"""ironserve lab stand-in of {name} {version}: its metadata, none of its code."""\n'
+            f"__version__ = {version!r}\n"
+        ).encode(),
     }
     members.update(files or {})
-    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-                f"Summary: ironserve lab stand-in of {name} (real metadata, no code)"]
+    metadata = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        f"Summary: ironserve lab stand-in of {name} (real metadata, no code)",
+    ]
     if requires_python:
         metadata.append(f"Requires-Python: {requires_python}")
     metadata += [f"Requires-Dist: {r}" for r in requires]
     return write_wheel(dest, name, version, members, "\n".join(metadata) + "\n", [module], tag)
 
 
-def rebrand_wheel(src: str | os.PathLike, dest: str | os.PathLike, name: str, version: str, metadata: str,
-                  tag: str, generator: str = "ironserve.lab.wheels") -> Path:
+def rebrand_wheel(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    name: str,
+    version: str,
+    metadata: str,
+    tag: str,
+    generator: str = "ironserve.lab.wheels",
+) -> Path:
     """A wheel with the files of the wheel ``src`` under another distribution's metadata (``name`` ``version``,
     METADATA text as given): a stand-in that runs the code of the nearest build this machine can run. The
     source's own dist-info is left out (its entry points kept), the RECORD written anew. Streams member by member
@@ -113,8 +142,11 @@ def rebrand_wheel(src: str | os.PathLike, dest: str | os.PathLike, name: str, ve
             top_level.add(head.split(".", 1)[0] if "/" not in item.filename else head)
             add(zout, item.filename, zin.read(item), (item.external_attr >> 16) & 0o777 or 0o644)
         add(zout, f"{dist_info}/METADATA", metadata.encode())
-        add(zout, f"{dist_info}/WHEEL", (f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: false\n"
-                                         f"Tag: {tag}\n").encode())
+        add(
+            zout,
+            f"{dist_info}/WHEEL",
+            (f"Wheel-Version: 1.0\nGenerator: {generator}\nRoot-Is-Purelib: false\nTag: {tag}\n").encode(),
+        )
         add(zout, f"{dist_info}/top_level.txt", "".join(f"{t}\n" for t in sorted(top_level)).encode())
         if entry_points is not None:
             add(zout, f"{dist_info}/entry_points.txt", entry_points)

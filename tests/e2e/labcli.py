@@ -14,26 +14,44 @@ BIN = Path(sys.executable).parent
 
 
 def run(*args: str, check: bool = True, timeout: int = 1200, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} -> {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
 
 
-def pyinfra(*args: str, check: bool = True, timeout: int = 1500, env: dict | None = None) -> subprocess.CompletedProcess:
+def pyinfra(
+    *args: str, check: bool = True, timeout: int = 1500, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return run(str(BIN / "pyinfra"), "inventories/lab.py", *args, check=check, timeout=timeout, env=env)
 
 
-def ironserve(*args: str, check: bool = True, timeout: int = 1800,
-              env: dict | None = None) -> subprocess.CompletedProcess:
+def ironserve(
+    *args: str, check: bool = True, timeout: int = 1800, env: dict | None = None
+) -> subprocess.CompletedProcess:
     return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout, env=env)
 
 
 def ssh(host: dict, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
-    return run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
-               f"sudo sh -c {json.dumps(command)}", check=check, timeout=timeout)
+    return run(
+        "ssh",
+        "-i",
+        host["ssh_key"],
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        f"{host['ssh_user']}@{host['address']}",
+        f"sudo sh -c {json.dumps(command)}",
+        check=check,
+        timeout=timeout,
+    )
 
 
 def lab_down() -> None:

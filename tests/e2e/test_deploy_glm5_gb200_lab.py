@@ -64,13 +64,20 @@ def test_done_when_on_every_host(lab):
     pinned = f"{site['repository']}@{site['digest']}"
     for h in lab["hosts"]:
         # module prerequisites of the running kernel (the stand-in DKMS build needs them, and ran)
-        assert sh(h, "test -e /lib/modules/$(uname -r)/build && ls /var/lib/dkms/nvidia/*/$(uname -r)/*/module/"
-                     "nvidia.ko >/dev/null && echo ok").stdout.strip() == "ok"
+        assert (
+            sh(
+                h,
+                "test -e /lib/modules/$(uname -r)/build && ls /var/lib/dkms/nvidia/*/$(uname -r)/*/module/"
+                "nvidia.ko >/dev/null && echo ok",
+            ).stdout.strip()
+            == "ok"
+        )
         assert "blacklist nouveau" in sh(h, "cat /etc/modprobe.d/ironserve-blacklist-nouveau.conf").stdout
         assert "nvidia-open-580" in sh(h, "apt-mark showhold").stdout.split()
         assert "Package-Blacklist" in sh(h, "cat /etc/apt/apt.conf.d/51ironserve-hold-kernel-and-nvidia").stdout
-        assert sh(h, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader | sort -u").stdout.strip() \
-            == "Enabled"
+        assert (
+            sh(h, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader | sort -u").stdout.strip() == "Enabled"
+        )
         # IMEX: enabled, READY, nodes config naming all 5 hosts, every peer connected; channel 0 provided
         assert sh(h, "systemctl is-enabled nvidia-imex").stdout.strip() == "enabled"
         assert sh(h, "nvidia-imex-ctl -q").stdout.strip() == "READY"
@@ -91,8 +98,11 @@ def test_done_when_on_every_host(lab):
 
 def test_second_run_plans_no_change(lab):
     plan = json.loads(pyinfra("deploys/glm5.py", "--dry", "--json", *lab["data"], timeout=1200).stdout)["plan"]
-    changed = [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
-               for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    changed = [
+        f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+        for op in plan
+        if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
     assert plan and not changed, changed
 
 
@@ -101,8 +111,13 @@ def test_audit_is_clean(lab):
     bad = [r for r in json.loads(out.stdout)["results"] if not r["ok"]]
     assert out.returncode == 0, bad
     ids = {r["check"] for r in json.loads(out.stdout)["results"]}
-    assert {"imex:ready", "imex:channel0", "gpu:persistence-mode", "kernel:module-prerequisites",
-            "cdi:nvidia.com/gpu=all"} <= ids
+    assert {
+        "imex:ready",
+        "imex:channel0",
+        "gpu:persistence-mode",
+        "kernel:module-prerequisites",
+        "cdi:nvidia.com/gpu=all",
+    } <= ids
 
 
 def test_other_clique_refused_before_any_change(lab):

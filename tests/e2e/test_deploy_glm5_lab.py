@@ -55,8 +55,11 @@ def deployed(lab):
 
 
 def changes(plan: list[dict]) -> list[str]:
-    return [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
-            for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    return [
+        f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+        for op in plan
+        if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
 
 
 def test_real_engine_pulls_the_site_locked_image_and_builds_the_derived_one(deployed):
@@ -70,14 +73,21 @@ def test_real_engine_pulls_the_site_locked_image_and_builds_the_derived_one(depl
     for host in deployed["hosts"]:
         assert ssh(deployed, host, "head -c 4 /usr/sbin/dockerd | od -An -c").stdout.split() == ["177", "E", "L", "F"]
         assert "Server Version: 20.10" in ssh(deployed, host, "docker info").stdout
-        digests = ssh(deployed, host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' "
-                                      f"lmsysorg/sglang@{site['digest']}").stdout
+        digests = ssh(
+            deployed,
+            host,
+            f"docker image inspect --format '{{{{json .RepoDigests}}}}' lmsysorg/sglang@{site['digest']}",
+        ).stdout
         assert f"lmsysorg/sglang@{site['digest']}" in digests
         # one container per host (each start imports SGLang): the sed edit, then the versions the pip install left
-        out = ssh(deployed, host, f"docker run --rm --network none --entrypoint /bin/sh {derived} -c 'grep -c "
-                                  "\"DEEPGEMM_SCALE_UE8M0 = False\" /sgl-workspace/sglang/python/sglang/srt/layers/"
-                                  "deep_gemm_wrapper/configurer.py && python3 -c \"import sglang, transformers; "
-                                  "print(sglang.__version__, transformers.__version__)\"'").stdout.split()
+        out = ssh(
+            deployed,
+            host,
+            f"docker run --rm --network none --entrypoint /bin/sh {derived} -c 'grep -c "
+            '"DEEPGEMM_SCALE_UE8M0 = False" /sgl-workspace/sglang/python/sglang/srt/layers/'
+            'deep_gemm_wrapper/configurer.py && python3 -c "import sglang, transformers; '
+            "print(sglang.__version__, transformers.__version__)\"'",
+        ).stdout.split()
         assert out == ["1", "0.5.9", "5.2.0"]
 
 
@@ -92,13 +102,28 @@ def test_parse_probe_runs_the_images_own_sglang_parser(deployed):
     assert probe[:2] == ["docker", "run"] and f"ironserve/{RECIPE}:derived" in probe
     # three probes at once (each imports SGLang)
     argvs = [probe, probe + ["--no-such-flag", "1"], probe + ["--kv-cache-dtype", "fp3"]]
-    script = " ".join(f"( {ss.ParseCheck().command(probe=shlex.join(a))} ) > /tmp/ironlab-probe-{n} 2>&1 &"
-                      for n, a in enumerate(argvs))
+    script = " ".join(
+        f"( {ss.ParseCheck().command(probe=shlex.join(a))} ) > /tmp/ironlab-probe-{n} 2>&1 &"
+        for n, a in enumerate(argvs)
+    )
     script += " wait; " + " ".join(f"cat /tmp/ironlab-probe-{n}; echo ironlab-probe-end;" for n in range(len(argvs)))
     # quoted for the remote shell as one word: $? must reach the host's sh, not the login shell
-    outputs = run("ssh", "-i", host["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                  "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{host['ssh_user']}@{host['address']}",
-                  f"sudo sh -c {shlex.quote(script)}", timeout=300).stdout.split("ironlab-probe-end\n")
+    outputs = run(
+        "ssh",
+        "-i",
+        host["ssh_key"],
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        f"{host['ssh_user']}@{host['address']}",
+        f"sudo sh -c {shlex.quote(script)}",
+        timeout=300,
+    ).stdout.split("ironlab-probe-end\n")
     ok, bad, choice = (ss.ParseCheck().process(o.splitlines()) for o in outputs[:3])
     assert ok["rc"] == 0, ok["output"]
     assert bad["rc"] == 2 and "unrecognized arguments: --no-such-flag 1" in bad["output"]
@@ -128,7 +153,6 @@ def test_second_run_plans_no_change(deployed):
     assert not changes(plan), changes(plan)
 
 
-
 def test_noop_reads_each_host_in_a_few_commands(deployed):
     """A no-op after the apply: the facts of the prepare stage come from one batched read per host
     (roles/host_state.py); the launch stage's few reads stay their own."""
@@ -137,6 +161,7 @@ def test_noop_reads_each_host_in_a_few_commands(deployed):
     for host in deployed["hosts"]:
         sent = log.count(f"Running command on {host['name']}:")
         assert 0 < sent <= 10, f"{host['name']}: {sent} ssh commands in a no-op"
+
 
 def test_units_staged_validated_not_live(deployed):
     for host in deployed["hosts"]:
@@ -168,14 +193,24 @@ def test_hardware_tuning_applied(deployed):
         assert ssh(deployed, host, "sysctl -n vm.swappiness").stdout.strip() == "0"
         assert "vm.swappiness = 0" in ssh(deployed, host, "cat /etc/sysctl.d/90-ironserve.conf").stdout
         assert "580.95.05" in ssh(deployed, host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
-        offsets = ssh(deployed, host, "/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py"
-                      " --read").stdout
+        offsets = ssh(
+            deployed, host, "/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --read"
+        ).stdout
         assert set(offsets.split()) == {"4000"} or "4000" in offsets
 
 
 def audit(deployed, *extra: str, check: bool = False):
-    return ironserve("audit", "inventories/lab.py", "deploys/glm5.py", "--format", "json",
-                     "--data", f"api_key_file={deployed['api_key_file']}", *extra, check=check)
+    return ironserve(
+        "audit",
+        "inventories/lab.py",
+        "deploys/glm5.py",
+        "--format",
+        "json",
+        "--data",
+        f"api_key_file={deployed['api_key_file']}",
+        *extra,
+        check=check,
+    )
 
 
 def test_audit_clean_then_drift_then_clean(deployed):
@@ -185,7 +220,7 @@ def test_audit_clean_then_drift_then_clean(deployed):
     a, b = deployed["hosts"][0], deployed["hosts"][1]
     injected = {
         (a["name"], f"unit-file:{UNIT}.service"): f"sed -i 's/--mem-fraction-static 0.85/--mem-fraction-static 0.95/'"
-                                                  f" {STAGED_UNIT}",
+        f" {STAGED_UNIT}",
         (a["name"], "cpu-governor"): "echo powersave > /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor",
         (b["name"], "file:/etc/sysctl.d/90-ironserve.conf"): "rm /etc/sysctl.d/90-ironserve.conf",
         (b["name"], f"env-file:{UNIT}.service"): f"chmod 644 {STAGED_ENV}",
@@ -199,8 +234,11 @@ def test_audit_clean_then_drift_then_clean(deployed):
     assert drifted.returncode == 1
     bad = {(r["host"], r["check"]) for r in json.loads(drifted.stdout)["results"] if not r["ok"]}
     assert set(injected) <= bad, set(injected) - bad
-    assert all(r["fix"].startswith("pyinfra inventories/lab.py deploys/glm5.py --limit ")
-               for r in json.loads(drifted.stdout)["results"] if not r["ok"])
+    assert all(
+        r["fix"].startswith("pyinfra inventories/lab.py deploys/glm5.py --limit ")
+        for r in json.loads(drifted.stdout)["results"]
+        if not r["ok"]
+    )
     pyinfra("-y", "deploys/glm5.py", "--data", f"api_key_file={deployed['api_key_file']}")
     again = audit(deployed)
     assert again.returncode == 0, [r for r in json.loads(again.stdout)["results"] if not r["ok"]]
@@ -208,8 +246,18 @@ def test_audit_clean_then_drift_then_clean(deployed):
 
 def test_audit_junit_and_unreachable(deployed, tmp_path):
     junit = tmp_path / "audit.xml"
-    out = ironserve("audit", "inventories/lab.py", "deploys/glm5.py", "--format", "junit", "--junit-file", str(junit),
-                    "--data", f"api_key_file={deployed['api_key_file']}", check=False)
+    out = ironserve(
+        "audit",
+        "inventories/lab.py",
+        "deploys/glm5.py",
+        "--format",
+        "junit",
+        "--junit-file",
+        str(junit),
+        "--data",
+        f"api_key_file={deployed['api_key_file']}",
+        check=False,
+    )
     assert out.returncode == 0 and "<testsuite" in junit.read_text()
     # an address on the lab bridge with no host behind it: unreachable, exit 2
     bad_inventory = tmp_path / "bad.py"
@@ -223,8 +271,16 @@ def test_audit_junit_and_unreachable(deployed, tmp_path):
 
 
 def test_status_reports_endpoint_and_prepared_units(deployed):
-    out = ironserve("status", "inventories/lab.py", "deploys/glm5.py", "--format", "json",
-                    "--data", f"api_key_file={deployed['api_key_file']}", check=False)
+    out = ironserve(
+        "status",
+        "inventories/lab.py",
+        "deploys/glm5.py",
+        "--format",
+        "json",
+        "--data",
+        f"api_key_file={deployed['api_key_file']}",
+        check=False,
+    )
     report = json.loads(out.stdout)
     assert out.returncode == 0, report
     assert report["served_model_name"] == "glm-5" and report["endpoint"].endswith(":5000")

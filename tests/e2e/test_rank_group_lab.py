@@ -53,8 +53,8 @@ import pytest
 from ironserve.catalogue import get_recipe
 from ironserve.units import RANK_GUARD_PORT_OFFSET, deliberate, jit_dir
 
-from .labcli import BIN, ROOT, ironserve, lab_down, pyinfra, ssh
 from .cpu3.fleet import changes, chat
+from .labcli import BIN, ROOT, ironserve, lab_down, pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -68,8 +68,15 @@ KEY_FILE = KEY_DIR / "api_key"
 
 
 def keyed(*extra: str) -> list[str]:
-    return ["--data", f"recipe={RECIPE}", "--data", f"api_key_file={KEY_FILE}", "--data", "allow_open_bind=false",
-            *extra]
+    return [
+        "--data",
+        f"recipe={RECIPE}",
+        "--data",
+        f"api_key_file={KEY_FILE}",
+        "--data",
+        "allow_open_bind=false",
+        *extra,
+    ]
 
 
 def deploy(*extra: str, check: bool = True, env: dict | None = None):
@@ -116,9 +123,11 @@ def invocation(host: dict) -> str:
 def serving(lab) -> bool:
     rank0, rank1 = lab["hosts"]
     probe = "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health"
-    return (ssh(rank0, probe, check=False).stdout.strip() == "200"
-            and ssh(rank1, probe, check=False).stdout.strip() == "200"
-            and chat(base(lab), timeout=30, key=KEY)[0] == 200)
+    return (
+        ssh(rank0, probe, check=False).stdout.strip() == "200"
+        and ssh(rank1, probe, check=False).stdout.strip() == "200"
+        and chat(base(lab), timeout=30, key=KEY)[0] == 200
+    )
 
 
 def wait_until(predicate, timeout_s: float, step_s: float = 5.0) -> float | None:
@@ -158,9 +167,13 @@ def test_2_right_interface_forms_the_group_and_serves(lab):
     assert chat(base(lab))[0] == 401, "rank 0 answered a client without the key"
     for host in lab["hosts"]:
         state = ssh(host, f"systemctl is-active {GUARD}", check=False).stdout.strip()
-        assert state == "active", (host["name"], state, ssh(host, f"systemctl status {GUARD} --no-pager -l; "
-                                                                  f"journalctl -u {GUARD} -n 40 --no-pager",
-                                                             check=False).stdout[-4000:])
+        assert state == "active", (
+            host["name"],
+            state,
+            ssh(
+                host, f"systemctl status {GUARD} --no-pager -l; journalctl -u {GUARD} -n 40 --no-pager", check=False
+            ).stdout[-4000:],
+        )
     # rank 1's engine stays connected to rank 0's rendezvous (torch's store) while in the group, and rank 0's side
     # holds that very connection: what keeps a follower that joined a new rank 0 from being restarted out of it
     rank0, rank1 = lab["hosts"]
@@ -173,8 +186,10 @@ def guard_call(host: dict, expression: str):
     """An expression over the guard script installed on a lab host (``g``) and its config (``config``), as JSON."""
     from ironserve.units import RANK_GUARD
 
-    script = (f"import json, importlib.machinery as m; g = m.SourceFileLoader('g', {RANK_GUARD!r}).load_module(); "
-              f"config = json.load(open('/etc/ironserve/{UNIT}.rank-group.json')); print(json.dumps({expression}))")
+    script = (
+        f"import json, importlib.machinery as m; g = m.SourceFileLoader('g', {RANK_GUARD!r}).load_module(); "
+        f"config = json.load(open('/etc/ironserve/{UNIT}.rank-group.json')); print(json.dumps({expression}))"
+    )
     return json.loads(ssh(host, f"python3 -c {shlex.quote(script)}").stdout)
 
 
@@ -182,8 +197,9 @@ def test_3_second_run_plans_no_change_and_the_audit_is_clean(lab):
     out = pyinfra("deploys/tiny.py", *keyed(), "--dry", "--json", timeout=600)
     plan = json.loads(out.stdout)["plan"]
     assert plan and not changes(plan), changes(plan)
-    audit = ironserve("audit", "inventories/lab.py", "deploys/tiny.py", *keyed(), "--format", "json", check=False,
-                      timeout=600)
+    audit = ironserve(
+        "audit", "inventories/lab.py", "deploys/tiny.py", *keyed(), "--format", "json", check=False, timeout=600
+    )
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
     checks = json.loads(audit.stdout)["results"]
     guards = [c for c in checks if c["check"].startswith("unit-active:") and c["check"].endswith("-rank-guard.service")]
@@ -206,8 +222,19 @@ def test_3b_a_key_rotation_plans_the_change_and_prints_no_key(lab, tmp_path):
     rotated = tmp_path / "rotated"
     new_key = f"lab-tp2-rotated-{secrets.token_hex(12)}"
     rotated.write_text(new_key + "\n")
-    proc = pyinfra("deploys/tiny.py", "--data", f"recipe={RECIPE}", "--data", f"api_key_file={rotated}",
-                   "--data", "allow_open_bind=false", "--dry", "--diff", "-v", timeout=600)
+    proc = pyinfra(
+        "deploys/tiny.py",
+        "--data",
+        f"recipe={RECIPE}",
+        "--data",
+        f"api_key_file={rotated}",
+        "--data",
+        "allow_open_bind=false",
+        "--dry",
+        "--diff",
+        "-v",
+        timeout=600,
+    )
     text = output(proc)
     assert KEY not in text and new_key not in text, "a key shows in the dry run's output"
     # the change is planned (both env files), shown by path only
@@ -223,14 +250,14 @@ def test_3c_a_secret_planted_in_an_env_file_is_reported_by_name_only(lab):
     # keep the file's mtime: a restored file must not look newer than the running unit to later deploys
     ssh(rank1, f"cp -p {env} /root/env.saved && echo PLANTED_TOKEN={planted} >> {env}")
     try:
-        audit = ironserve("audit", "inventories/lab.py", "deploys/tiny.py", *keyed(), "--format", "json",
-                          check=False, timeout=600)
+        audit = ironserve(
+            "audit", "inventories/lab.py", "deploys/tiny.py", *keyed(), "--format", "json", check=False, timeout=600
+        )
     finally:
         ssh(rank1, f"cp -p /root/env.saved {env} && rm -f /root/env.saved")
     assert audit.returncode != 0
     assert planted not in audit.stdout + audit.stderr and KEY not in audit.stdout + audit.stderr
-    found = [c for c in json.loads(audit.stdout)["results"] if c["check"] == f"env-file:{UNIT}.service"
-             and not c["ok"]]
+    found = [c for c in json.loads(audit.stdout)["results"] if c["check"] == f"env-file:{UNIT}.service" and not c["ok"]]
     assert found and "not declared: PLANTED_TOKEN" in found[0]["found"], found
 
 
@@ -239,13 +266,17 @@ def test_3d_engine_unit_exposure_within_budget(lab):
     score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out).group(1))
     guard = ssh(lab["hosts"][0], f"systemd-analyze security {GUARD}.service --no-pager").stdout
     guard_score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", guard).group(1))
-    print(f"\nsystemd-analyze security on {lab['hosts'][0]['name']}: engine unit {score}, rank guard unit "
-          f"{guard_score}")
+    print(
+        f"\nsystemd-analyze security on {lab['hosts'][0]['name']}: engine unit {score}, rank guard unit {guard_score}"
+    )
     assert score <= 6.5 and guard_score <= 6.5
     for host in lab["hosts"]:
         # the engine runs as its own user (its every process), owns its JIT directory; its secrets stay root's 0600
-        users = ssh(host, f"ps -o user:32= --ppid $(systemctl show -p MainPID --value {UNIT}) "
-                          f"-p $(systemctl show -p MainPID --value {UNIT}) | sort -u").stdout.split()
+        users = ssh(
+            host,
+            f"ps -o user:32= --ppid $(systemctl show -p MainPID --value {UNIT}) "
+            f"-p $(systemctl show -p MainPID --value {UNIT}) | sort -u",
+        ).stdout.split()
         assert users == ["ironserve-engine"], (host["name"], users)
         jit = ssh(host, f"stat -c %U {JIT_DIR} {JIT_DIR}/home").stdout.split()
         assert jit == ["ironserve-engine", "ironserve-engine"], (host["name"], jit)
@@ -261,8 +292,10 @@ def test_3e_forged_reports_from_a_non_rank_address_restart_nothing(lab):
     body = json.dumps({"rank": 1, "healthy": False, "nonce": "n", "challenge": ""}).encode()
     end = time.monotonic() + 30  # 6 of the guard's 5 s polls: twice its failure threshold
     while time.monotonic() < end:
-        for method, path, payload, mac in (("POST", "/report", body, "0" * 64), ("GET", "/group?rank=1&healthy=0",
-                                                                                 None, "")):
+        for method, path, payload, mac in (
+            ("POST", "/report", body, "0" * 64),
+            ("GET", "/group?rank=1&healthy=0", None, ""),
+        ):
             conn = http.client.HTTPConnection(rank0["address"], port, timeout=5)
             try:
                 conn.request(method, path, body=payload, headers={"X-Ironserve-Mac": mac})
@@ -320,8 +353,10 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
     journal = guard_journal_since(rank0, started)
     for said in ("restarting the group", "rank 0 not answering", "did not run", "Traceback"):
         assert said not in journal, journal[-3000:]
-    print(f"\n{count} idle connections to rank 0's guard (LimitNOFILE={limit}) for 90 s: {established} got past "
-          f"the network filter (each closed as accepted), the guard held {fds} descriptors; nothing restarted")
+    print(
+        f"\n{count} idle connections to rank 0's guard (LimitNOFILE={limit}) for 90 s: {established} got past "
+        f"the network filter (each closed as accepted), the guard held {fds} descriptors; nothing restarted"
+    )
 
 
 def _connected(conn: socket.socket) -> bool:
@@ -339,7 +374,8 @@ def as_engine_user(command: str) -> str:
 def restart_rank0_and_serve(lab) -> None:
     ssh(lab["hosts"][0], deliberate("restart", UNIT), check=False)
     assert wait_until(lambda: serving(lab), 420) is not None, ssh(
-        lab["hosts"][0], f"journalctl -u {UNIT} -u {GUARD} -n 40 --no-pager", check=False).stdout[-3000:]
+        lab["hosts"][0], f"journalctl -u {UNIT} -u {GUARD} -n 40 --no-pager", check=False
+    ).stdout[-3000:]
 
 
 def test_3g_links_the_engine_user_plants_in_its_cache_hand_it_nothing(lab):
@@ -350,8 +386,9 @@ def test_3g_links_the_engine_user_plants_in_its_cache_hand_it_nothing(lab):
     home, victims = f"{JIT_DIR}/home", ("/etc/ironserve-lab-victim-home", "/etc/ironserve-lab-victim-cache")
     ssh(rank0, f"install -d -m 0700 -o root -g root {victims[0]} {victims[1]}")
     try:
-        ssh(rank0, as_engine_user(f"rm -rf {home} && ln -s {victims[0]} {home} && ln -s {victims[1]} "
-                                  f"{JIT_DIR}/planted"))
+        ssh(
+            rank0, as_engine_user(f"rm -rf {home} && ln -s {victims[0]} {home} && ln -s {victims[1]} {JIT_DIR}/planted")
+        )
         ssh(rank0, f"chown root:root {JIT_DIR}")
         before = invocation(rank0)
         ssh(rank0, deliberate("restart", UNIT), check=False)
@@ -363,8 +400,10 @@ def test_3g_links_the_engine_user_plants_in_its_cache_hand_it_nothing(lab):
         ssh(rank0, as_engine_user(f"rm -f {home} {JIT_DIR}/planted"), check=False)
         ssh(rank0, f"rmdir {victims[0]} {victims[1]}", check=False)
     restart_rank0_and_serve(lab)
-    print("\nthe engine user's links in its cache (HOME -> a root directory, a planted one, the cache made root's): "
-          "after an engine restart both targets are still root's 0700")
+    print(
+        "\nthe engine user's links in its cache (HOME -> a root directory, a planted one, the cache made root's): "
+        "after an engine restart both targets are still root's 0700"
+    )
 
 
 def test_3h_a_removed_key_stops_the_engine_instead_of_serving_keyless(lab):
@@ -375,6 +414,7 @@ def test_3h_a_removed_key_stops_the_engine_instead_of_serving_keyless(lab):
     try:
         before = invocation(rank0)
         ssh(rank0, deliberate("restart", UNIT), check=False)
+
         def state() -> list[str]:
             out = ssh(rank0, f"systemctl show -p ActiveState -p ExecMainStatus {UNIT}", check=False).stdout
             found = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -392,14 +432,17 @@ def test_3h_a_removed_key_stops_the_engine_instead_of_serving_keyless(lab):
     finally:
         ssh(rank0, f"cp -p /root/env.keyed {env} && rm -f /root/env.keyed")
     restart_rank0_and_serve(lab)
-    print(f"\nrank 0's key removed, engine restarted: the unit failed (exit 78, not restarted), keyless requests "
-          f"got {sorted(answers)}; the key back, the group serves again")
+    print(
+        f"\nrank 0's key removed, engine restarted: the unit failed (exit 78, not restarted), keyless requests "
+        f"got {sorted(answers)}; the key back, the group serves again"
+    )
 
 
 def group_journals(lab) -> str:
     """What a failed group restart is read from, short enough to survive a CI log's tail: each rank's engine
     journal (its last lines, a line repeated with new figures only once), then each rank's guard journal (its
     decisions and restarts), last; each line its time and message."""
+
     def journal(host: dict, unit: str, count: int, repeated: bool) -> list[str]:
         out = ssh(host, f"journalctl -u {unit} -n 60 --no-pager -o short-precise", check=False).stdout
         kept, seen = [], set()
@@ -412,9 +455,10 @@ def group_journals(lab) -> str:
                 kept.append(message[:170])
         return kept[-count:]
 
-    return "\n".join([f"--- {h['name']} engine" + "\n".join(["", *journal(h, UNIT, 8, False)]) for h in lab["hosts"]]
-                     + [f"--- {h['name']} guard" + "\n".join(["", *journal(h, GUARD, 22, True)])
-                        for h in lab["hosts"]])
+    return "\n".join(
+        [f"--- {h['name']} engine" + "\n".join(["", *journal(h, UNIT, 8, False)]) for h in lab["hosts"]]
+        + [f"--- {h['name']} guard" + "\n".join(["", *journal(h, GUARD, 22, True)]) for h in lab["hosts"]]
+    )
 
 
 def _group_restart(lab, signal: str) -> None:
@@ -429,8 +473,9 @@ def _group_restart(lab, signal: str) -> None:
     # a killed one was already restarting by systemd, and its new guard starts on the new invocation)
     follower = ssh(rank1, f"journalctl -u {GUARD} --no-pager", check=False).stdout
     assert f"rank 0's engine invocation {after}" in follower or f"-> {after})" in follower, follower[-2000:]
-    print(f"\nSIG{signal} on rank 1: the group restarted as a whole and served again after "
-          f"{time.monotonic() - hit:.0f}s")
+    print(
+        f"\nSIG{signal} on rank 1: the group restarted as a whole and served again after {time.monotonic() - hit:.0f}s"
+    )
 
 
 def test_4_a_hung_rank_restarts_the_whole_group(lab):
@@ -499,17 +544,24 @@ def pending_reload(host: dict) -> list[str]:
 
 def backoff_lines(host: dict) -> list[str]:
     """What the engine's restart backoff (files/bin/ironserve-backoff) said in the engine's journal, in order."""
-    out = ssh(host, f"journalctl -u {UNIT} --no-pager -o cat | grep -e 'before this start' -e 'started on purpose' "
-                    "|| true").stdout
+    out = ssh(
+        host, f"journalctl -u {UNIT} --no-pager -o cat | grep -e 'before this start' -e 'started on purpose' || true"
+    ).stdout
     return out.splitlines()
 
 
 def killed_deploy(marker: str, env: dict) -> float:
     """The production deploy, SIGKILLed (its whole process group) as soon as it starts the operation ``marker``."""
     started = time.monotonic()
-    proc = subprocess.Popen([str(BIN / "pyinfra"), "inventories/lab.py", "-y", "deploys/tiny.py", *keyed()],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "pyinfra"), "inventories/lab.py", "-y", "deploys/tiny.py", *keyed()],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        start_new_session=True,
+    )
     seen = []
     try:
         for line in proc.stdout:
@@ -545,14 +597,16 @@ def test_7_a_prepared_configuration_never_runs_before_its_launch(lab, changed_re
     # rank 1 following) is deliberate to the engines' restart backoff: no start waited
     for host, earlier in zip(lab["hosts"], waited):
         now = backoff_lines(host)
-        assert not [line for line in now[len(earlier):] if "waiting" in line], (host["name"], now[len(earlier):])
+        assert not [line for line in now[len(earlier) :] if "waiting" in line], (host["name"], now[len(earlier) :])
     for host in lab["hosts"]:
         # the crash restarted the whole group on the live (gated) configuration, on both ranks
         argv = engine_argv(host)
         assert "--context-length 512" in argv and "--context-length 384" not in argv, argv[-300:]
         assert not pending_reload(host), host["name"]
-    print(f"\nlaunch=false, then SIGKILL on rank 1: the group served the gated configuration again after "
-          f"{time.monotonic() - hit:.0f}s")
+    print(
+        f"\nlaunch=false, then SIGKILL on rank 1: the group served the gated configuration again after "
+        f"{time.monotonic() - hit:.0f}s"
+    )
 
 
 def test_8_a_killed_deploy_is_finished_by_the_rerun_on_one_configuration(lab, changed_recipes):
@@ -577,20 +631,37 @@ def test_8_a_killed_deploy_is_finished_by_the_rerun_on_one_configuration(lab, ch
         assert not pending_reload(host), host["name"]
         jobs = ssh(host, "systemctl list-jobs --no-legend").stdout.strip()
         assert not jobs, jobs
-    plan = json.loads(pyinfra("deploys/tiny.py", *keyed(), "--dry", "--json", timeout=600,
-                              env=changed_recipes).stdout)["plan"]
+    plan = json.loads(pyinfra("deploys/tiny.py", *keyed(), "--dry", "--json", timeout=600, env=changed_recipes).stdout)[
+        "plan"
+    ]
     assert plan and not changes(plan), changes(plan)
-    audit = ironserve("audit", "inventories/lab.py", "deploys/tiny.py", *keyed(), "--format", "json", check=False,
-                      timeout=600, env=changed_recipes)
+    audit = ironserve(
+        "audit",
+        "inventories/lab.py",
+        "deploys/tiny.py",
+        *keyed(),
+        "--format",
+        "json",
+        check=False,
+        timeout=600,
+        env=changed_recipes,
+    )
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
     loaded = [c for c in json.loads(audit.stdout)["results"] if c["check"].startswith("unit-loaded:")]
     assert len(loaded) == 4 and all(c["ok"] for c in loaded), loaded
-    print(f"\nkilled deploy (before and in the units stage, then after making the configuration live): the rerun "
-          f"converged both ranks on it in {rerun_s:.0f}s")
+    print(
+        f"\nkilled deploy (before and in the units stage, then after making the configuration live): the rerun "
+        f"converged both ranks on it in {rerun_s:.0f}s"
+    )
 
 
-HASHED = [f"/etc/systemd/system/{UNIT}.service", f"/etc/ironserve/{UNIT}.env", f"/etc/systemd/system/{GUARD}.service",
-          f"/etc/ironserve/{UNIT}.rank-group.json", "/etc/sysctl.d/90-ironserve.conf"]
+HASHED = [
+    f"/etc/systemd/system/{UNIT}.service",
+    f"/etc/ironserve/{UNIT}.env",
+    f"/etc/systemd/system/{GUARD}.service",
+    f"/etc/ironserve/{UNIT}.rank-group.json",
+    "/etc/sysctl.d/90-ironserve.conf",
+]
 
 
 def file_hashes(host: dict) -> dict[str, str]:
@@ -608,13 +679,16 @@ def test_9_a_host_rebuilt_from_scratch_rejoins_its_group_identical(lab, changed_
     # a fresh OS: nothing of ironserve left, same name and address
     assert ssh(rank1, f"test -e /etc/systemd/system/{UNIT}.service", check=False).returncode != 0
     assert ssh(rank1, "hostname").stdout.strip() == rank1["name"]
-    proc = pyinfra("-y", "deploys/tiny.py", *keyed(), "--limit", rank1["name"], check=False,
-                   env=changed_recipes, timeout=2400)
+    proc = pyinfra(
+        "-y", "deploys/tiny.py", *keyed(), "--limit", rank1["name"], check=False, env=changed_recipes, timeout=2400
+    )
     assert proc.returncode == 0, run_log(proc)
     rebuilt_s = time.monotonic() - started
     assert wait_until(lambda: serving(lab), 420) is not None
     served_s = time.monotonic() - started
     assert file_hashes(rank1) == before
     assert "--context-length 384" in engine_argv(rank1)
-    print(f"\nrank 1's host rebuilt from scratch: reset {reset_s:.0f}s, deploy --limit done at {rebuilt_s:.0f}s, "
-          f"group serving at {served_s:.0f}s")
+    print(
+        f"\nrank 1's host rebuilt from scratch: reset {reset_s:.0f}s, deploy --limit done at {rebuilt_s:.0f}s, "
+        f"group serving at {served_s:.0f}s"
+    )

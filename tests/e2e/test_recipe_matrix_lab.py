@@ -96,8 +96,10 @@ def interpreter_data(recipe_id: str) -> list[str]:
         return []
     downloads = python_downloads()
     if not downloads:
-        pytest.skip(f"{recipe_id} needs Python {runtime.python}: this machine has no CPython build for the lab to "
-                    "publish (IRONSERVE_PYTHONS, default /root/.pyenv/versions/3.12.*)")
+        pytest.skip(
+            f"{recipe_id} needs Python {runtime.python}: this machine has no CPython build for the lab to "
+            "publish (IRONSERVE_PYTHONS, default /root/.pyenv/versions/3.12.*)"
+        )
     return ["--data", f"uv_python_downloads_json_url={downloads}"]
 
 
@@ -105,17 +107,23 @@ def venv_report(host: dict, recipe_id: str) -> dict:
     """What the recipe's venv on ``host`` runs: its Python, sglang and torch (imported: the CUDA build over the lab's
     stub libraries), and whether torch sees a GPU."""
     venv = venv_path(catalogue.get_recipe(recipe_id))
-    probe = ("import json, sys, importlib.metadata as m, torch; print(json.dumps({'python': '%d.%d' % "
-             "sys.version_info[:2], 'sglang': m.version('sglang'), 'torch': torch.__version__, "
-             "'cuda': torch.cuda.is_available()}))")
+    probe = (
+        "import json, sys, importlib.metadata as m, torch; print(json.dumps({'python': '%d.%d' % "
+        "sys.version_info[:2], 'sglang': m.version('sglang'), 'torch': torch.__version__, "
+        "'cuda': torch.cuda.is_available()}))"
+    )
     return json.loads(labcli.ssh(host, f"{venv}/bin/python -c {json.dumps(probe)}").stdout.strip().splitlines()[-1])
 
 
 def venv_as_served(recipe_id: str, got: dict) -> bool:
     """The venv runs Python 3.12, the recipe's sglang and the CUDA build of the runtime's torch, without a GPU."""
     runtime = next(r for r in cuda_runtime.RUNTIMES.values() if r.recipe == recipe_id)
-    return (got["python"] == cuda_runtime.PYTHON and got["sglang"] == catalogue.get_recipe(recipe_id).engine.sglang
-            and got["torch"].startswith(f"{runtime.torch}+cu{runtime.cuda}") and got["cuda"] is False)
+    return (
+        got["python"] == cuda_runtime.PYTHON
+        and got["sglang"] == catalogue.get_recipe(recipe_id).engine.sglang
+        and got["torch"].startswith(f"{runtime.torch}+cu{runtime.cuda}")
+        and got["cuda"] is False
+    )
 
 
 def gloo_group_from_the_venvs(hosts: list[dict], recipe_id: str) -> list[dict]:
@@ -128,9 +136,13 @@ def gloo_group_from_the_venvs(hosts: list[dict], recipe_id: str) -> list[dict]:
 
     def rank(i: int, host: dict) -> dict:
         venv = venv_path(catalogue.get_recipe(recipe_id))
-        out = labcli.ssh(host, f"GLOO_SOCKET_IFNAME=host0 {venv}/bin/python3 {RENDEZVOUS} --addr {addr} "
-                               f"--port {port} --rank {i} --world {world} --timeout 60", check=False,
-                         timeout=180).stdout
+        out = labcli.ssh(
+            host,
+            f"GLOO_SOCKET_IFNAME=host0 {venv}/bin/python3 {RENDEZVOUS} --addr {addr} "
+            f"--port {port} --rank {i} --world {world} --timeout 60",
+            check=False,
+            timeout=180,
+        ).stdout
         line = next((ln for ln in out.splitlines() if ln.startswith("IRONSERVE-RENDEZVOUS ")), None)
         assert line, out
         return json.loads(line.split(" ", 1)[1])
@@ -142,16 +154,24 @@ def gloo_group_from_the_venvs(hosts: list[dict], recipe_id: str) -> list[dict]:
 def planned_changes(out: str) -> list[str]:
     plan = json.loads(out)["plan"]
     assert plan, "the dry run planned no operation at all"
-    return [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
-            for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    return [
+        f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+        for op in plan
+        if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.recipe for e in ENTRIES])
 def test_recipe_deploys_and_converges(shapes, entry):
     STARTED.add(entry.recipe)
     hosts = shapes.up(entry.shape)
-    data = ["--data", f"recipe={entry.recipe}", "--data", f"api_key_file={shapes.api_key_file}",
-            *interpreter_data(entry.recipe)]
+    data = [
+        "--data",
+        f"recipe={entry.recipe}",
+        "--data",
+        f"api_key_file={shapes.api_key_file}",
+        *interpreter_data(entry.recipe),
+    ]
     started = time.monotonic()
     if entry.recipe not in DEPLOYED:
         dry = pyinfra(entry.deploy, "--dry", "--json", *data, timeout=900)
@@ -170,8 +190,10 @@ def test_recipe_deploys_and_converges(shapes, entry):
         assert venv_as_served(entry.recipe, VENVS[entry.recipe][1]), VENVS[entry.recipe]
     if isinstance(recipe.runtime, UvRuntime) and recipe.topology and recipe.topology.kind == "multinode-tp":
         ranks = gloo_group_from_the_venvs(hosts, entry.recipe)
-        print(f"\n{entry.recipe}: gloo group of {len(ranks)} ranks from the venvs: "
-              + ", ".join(f"rank {r['rank']} {r.get('seconds')}s" for r in ranks))
+        print(
+            f"\n{entry.recipe}: gloo group of {len(ranks)} ranks from the venvs: "
+            + ", ".join(f"rank {r['rank']} {r.get('seconds')}s" for r in ranks)
+        )
         assert all(r["ok"] for r in ranks), ranks
 
 
@@ -179,16 +201,18 @@ def test_python_312_refused_on_an_air_gapped_host_before_any_change(shapes):
     """minimax/llama3 (seed 003: `uv venv --python 3.12`) on Debian bookworm (3.11), air-gapped, no mirror."""
     recipe = "minimax-m2.5-nvfp4-rtx6000-tp2"
     hosts = shapes.up(SECOND_PROFILE)
-    before = labcli.ssh(hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; cat /etc/sysctl.d/*.conf 2>/dev/null | md5sum",
-                        check=False).stdout
+    before = labcli.ssh(
+        hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; cat /etc/sysctl.d/*.conf 2>/dev/null | md5sum", check=False
+    ).stdout
     refused = pyinfra("-y", "deploys/minimax_m2.py", "--data", f"recipe={recipe}", check=False, timeout=900)
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0
     assert f"recipe {recipe} needs Python 3.12" in output and "uv_python_install_mirror" in output
     assert "python3.12 from the OS's packages" in output and hosts[0]["name"] in output
     assert "dns error" not in output  # uv never asked the internet for an interpreter
-    after = labcli.ssh(hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; cat /etc/sysctl.d/*.conf 2>/dev/null | md5sum",
-                       check=False).stdout
+    after = labcli.ssh(
+        hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; cat /etc/sysctl.d/*.conf 2>/dev/null | md5sum", check=False
+    ).stdout
     assert before == after
 
 
@@ -208,17 +232,29 @@ def test_python_312_from_the_labs_download_list(shapes):
         hosts = shapes.up(SECOND_PROFILE)
         downloads = python_downloads()
         if not downloads:
-            pytest.skip("this machine has no CPython 3.12 build for the lab to publish (IRONSERVE_PYTHONS, "
-                        "default /root/.pyenv/versions/3.12.*)")
+            pytest.skip(
+                "this machine has no CPython 3.12 build for the lab to publish (IRONSERVE_PYTHONS, "
+                "default /root/.pyenv/versions/3.12.*)"
+            )
         started = time.monotonic()
-        out = pyinfra("-y", "deploys/minimax_m2.py", "--data", f"recipe={recipe}", "--data",
-                      f"uv_python_downloads_json_url={downloads}", check=False, timeout=1800)
+        out = pyinfra(
+            "-y",
+            "deploys/minimax_m2.py",
+            "--data",
+            f"recipe={recipe}",
+            "--data",
+            f"uv_python_downloads_json_url={downloads}",
+            check=False,
+            timeout=1800,
+        )
         output = out.stdout + out.stderr
         assert "needs Python 3.12" not in output and "dns error" not in output
         assert out.returncode == 0, output[-4000:]
         got = venv_report(hosts[0], recipe)
-        print(f"\n{recipe} on {hosts[0]['name']} ({shapes.shape[0]}): deployed in {time.monotonic() - started:.0f}s; "
-              f"venv: {got}")
+        print(
+            f"\n{recipe} on {hosts[0]['name']} ({shapes.shape[0]}): deployed in {time.monotonic() - started:.0f}s; "
+            f"venv: {got}"
+        )
     assert venv_as_served(recipe, got), got
 
 

@@ -20,8 +20,8 @@ import pytest
 
 from ironserve.registry import Registry
 
-from .labcli import ROOT, ironserve, lab_down, pyinfra, ssh
 from .cpu3.fleet import changes, chat
+from .labcli import ROOT, ironserve, lab_down, pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -40,8 +40,7 @@ def lab():
     up = ironserve("lab", "up", "--nodes", "2", "--hardware", "cpu-lab", timeout=3600)
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
     try:
-        yield {"hosts": status["hosts"], "status": status, "up_s": time.monotonic() - started,
-               "up_output": up.stderr}
+        yield {"hosts": status["hosts"], "status": status, "up_s": time.monotonic() - started, "up_output": up.stderr}
     finally:
         LOCK.unlink(missing_ok=True)
         lab_down()
@@ -56,8 +55,10 @@ def deployed(lab):
     lab["deploy_s"] = time.monotonic() - started
     lab["deploy_output"] = first.stdout + first.stderr
     built = [line for line in lab["up_output"].splitlines() if "runtime image" in line and "built in" in line]
-    print(f"\n{out.stdout.strip()}\nlab up {lab['up_s']:.0f}s{' (' + built[0].strip() + ')' if built else ''}, "
-          f"first deploy {lab['deploy_s']:.0f}s")
+    print(
+        f"\n{out.stdout.strip()}\nlab up {lab['up_s']:.0f}s{' (' + built[0].strip() + ')' if built else ''}, "
+        f"first deploy {lab['deploy_s']:.0f}s"
+    )
     return lab
 
 
@@ -80,8 +81,10 @@ def test_docker_is_the_real_engine(deployed):
     for host in deployed["hosts"]:
         cli = ssh(host, "head -c 4 /usr/bin/docker | od -An -c | tr -d ' '; dpkg -S /usr/bin/docker").stdout
         assert cli.splitlines()[0] == "177ELF" and "docker.io: /usr/bin/docker" in cli, cli
-        info = ssh(host, "docker info --format '{{.ServerVersion}} {{.Driver}} {{.CgroupVersion}} "
-                         "{{json .RegistryConfig.Mirrors}}'").stdout.split(" ", 3)
+        info = ssh(
+            host,
+            "docker info --format '{{.ServerVersion}} {{.Driver}} {{.CgroupVersion}} {{json .RegistryConfig.Mirrors}}'",
+        ).stdout.split(" ", 3)
         assert info[0].startswith("20.10.") and info[1] == "overlay2" and info[2] == "2", info
         assert json.loads(info[3]) == [f"https://{deployed['status']['registry']}/"], info
 
@@ -92,14 +95,20 @@ def test_both_hosts_run_the_locked_image(deployed):
     layers = []
     for host in deployed["hosts"]:
         assert ssh(host, f"systemctl is-active {UNIT}").stdout.strip() == "active"
-        pulled = json.loads(ssh(host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' {repo}@{digest}").stdout)
+        pulled = json.loads(
+            ssh(host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' {repo}@{digest}").stdout
+        )
         assert f"{repo}@{digest}" in pulled, pulled
         running = ssh(host, f"docker inspect --format '{{{{.Config.Image}}}} {{{{.Image}}}}' {UNIT}").stdout.split()
         assert running[0] == f"ironserve/{RECIPE}:derived", running
         # the derived image is the locked base plus the patch layers: base layers identical on both hosts
-        base = json.loads(ssh(host, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {repo}@{digest}").stdout)
-        derived = json.loads(ssh(host, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {running[1]}").stdout)
-        assert derived[:len(base)] == base, (base, derived)
+        base = json.loads(
+            ssh(host, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {repo}@{digest}").stdout
+        )
+        derived = json.loads(
+            ssh(host, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {running[1]}").stdout
+        )
+        assert derived[: len(base)] == base, (base, derived)
         layers.append(base)
         # the patch's RUN lines ran in the build
         mark = ssh(host, f"docker exec {UNIT} cat /etc/ironserve-derived").stdout
@@ -129,8 +138,12 @@ def test_engine_killed_inside_the_container_is_recovered(deployed):
     ssh(host, f"kill -KILL {pid}")
     recovered, state = None, None
     while time.monotonic() - killed < 420:
-        state = ssh(host, f"systemctl is-active {UNIT}; systemctl show -p NRestarts --value {UNIT}; "
-                    "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health", check=False)
+        state = ssh(
+            host,
+            f"systemctl is-active {UNIT}; systemctl show -p NRestarts --value {UNIT}; "
+            "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health",
+            check=False,
+        )
         lines = state.stdout.split()
         if len(lines) >= 3 and lines[0] == "active" and lines[1] != before and lines[2] == "200":
             recovered = time.monotonic() - killed

@@ -44,8 +44,19 @@ def lab(tmp_path_factory):
 def test_no_lock_is_refused_under_require_locks_before_any_change(lab):
     hosts, api_key_file, env, _ = lab
     before = labcli.ssh(hosts[0], "ls /opt/ironserve/venvs 2>/dev/null; true").stdout
-    out = pyinfra("-y", DEPLOY, "--data", f"recipe={RECIPE}", "--data", f"api_key_file={api_key_file}", "--data",
-                  "require_locks=true", check=False, env=env, timeout=900)
+    out = pyinfra(
+        "-y",
+        DEPLOY,
+        "--data",
+        f"recipe={RECIPE}",
+        "--data",
+        f"api_key_file={api_key_file}",
+        "--data",
+        "require_locks=true",
+        check=False,
+        env=env,
+        timeout=900,
+    )
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert f"recipe {RECIPE}: runtime: no lock file with hashes ({RECIPE}.lock.json)" in text, text[-3000:]
@@ -86,8 +97,10 @@ def test_locked_runtime_installs_hash_checked_and_converges(lab):
         hashed = labcli.ssh(host, f"cat {venv}/ironserve-requirements.lock.txt").stdout.splitlines()
         assert len(hashed) == len(locked) and all("--hash=sha256:" in line for line in hashed)
         # every locked distribution is installed at its locked version
-        probe = ("import json, re, importlib.metadata as m; print(json.dumps({re.sub(r'[-_.]+', '-', "
-                 "d.metadata['Name']).lower(): d.version for d in m.distributions()}))")
+        probe = (
+            "import json, re, importlib.metadata as m; print(json.dumps({re.sub(r'[-_.]+', '-', "
+            "d.metadata['Name']).lower(): d.version for d in m.distributions()}))"
+        )
         have = json.loads(labcli.ssh(host, f"{venv}/bin/python -c {json.dumps(probe)}").stdout.strip().splitlines()[-1])
         assert {f"{name}=={have.get(name)}" for name in (r.split("==")[0] for r in locked)} == set(locked)
     assert not planned_changes(data, env)

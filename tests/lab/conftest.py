@@ -39,8 +39,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def lab_cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "ironserve.lab", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ironserve.lab", *args], capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -54,14 +55,32 @@ class Lab:
     def hosts(self) -> list[dict]:
         return self.status["hosts"]
 
-    def ssh(self, host: dict, command: str, user: str | None = None, timeout: float = 120,
-            check: bool = True) -> subprocess.CompletedProcess:
+    def ssh(
+        self, host: dict, command: str, user: str | None = None, timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess:
         user = user or host["ssh_user"]
         proc = subprocess.run(
-            ["ssh", "-i", host["ssh_key"], "-o", f"UserKnownHostsFile={self.status['known_hosts']}",
-             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-             "-o", "LogLevel=ERROR", f"{user}@{host['address']}", command],
-            capture_output=True, text=True, timeout=timeout)
+            [
+                "ssh",
+                "-i",
+                host["ssh_key"],
+                "-o",
+                f"UserKnownHostsFile={self.status['known_hosts']}",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=10",
+                "-o",
+                "LogLevel=ERROR",
+                f"{user}@{host['address']}",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"ssh {host['name']} {command!r} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc

@@ -51,9 +51,22 @@ def test_host_to_host_tcp(lab):
     a, b = lab.hosts
     port = 45123
     listener = subprocess.Popen(
-        ["ssh", "-i", b["ssh_key"], "-o", f"UserKnownHostsFile={lab.status['known_hosts']}", "-o", "BatchMode=yes",
-         "-o", "LogLevel=ERROR", f"{b['ssh_user']}@{b['address']}", f"timeout 30 nc -l -p {port}"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            "ssh",
+            "-i",
+            b["ssh_key"],
+            "-o",
+            f"UserKnownHostsFile={lab.status['known_hosts']}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"{b['ssh_user']}@{b['address']}",
+            f"timeout 30 nc -l -p {port}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 15
         while f":{port} " not in lab.ssh(b, "ss -ltnH").stdout:
@@ -92,10 +105,16 @@ def test_stand_in_nvidia_from_lab_repo(lab):
     assert "NVIDIA-SMI has failed" in lab.ssh(h, "nvidia-smi -L", check=False).stdout
     lab.ssh(h, "echo 'blacklist nouveau' | sudo tee /etc/modprobe.d/blacklist-nouveau.conf")
     lab.ssh(h, f"{APT} install {NVIDIA_PACKAGES}", timeout=300)
-    out = lab.ssh(h, "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap "
-                     "--format=csv,noheader,nounits").stdout.strip().splitlines()
-    assert out == [f"{i}, NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition, 97887, 580.95.05, 12.0"
-                   for i in range(8)]
+    out = (
+        lab.ssh(
+            h, "nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap --format=csv,noheader,nounits"
+        )
+        .stdout.strip()
+        .splitlines()
+    )
+    assert out == [
+        f"{i}, NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition, 97887, 580.95.05, 12.0" for i in range(8)
+    ]
     listing = lab.ssh(h, "nvidia-smi -L").stdout.splitlines()
     assert len(listing) == 8 and listing[0].startswith("GPU 0: NVIDIA RTX PRO 6000 Blackwell Max-Q")
     table = lab.ssh(h, "nvidia-smi").stdout
@@ -109,13 +128,16 @@ def test_stand_in_nvidia_from_lab_repo(lab):
 def test_stand_in_nvml_through_pynvml_from_lab_index(lab):
     h = lab.hosts[0]  # driver installed by the previous test
     lab.ssh(h, "sudo python3 -m venv /opt/nvml && sudo /opt/nvml/bin/pip install -q nvidia-ml-py", timeout=300)
-    script = ("import pynvml as n; n.nvmlInit(); d = n.nvmlDeviceGetHandleByIndex(2); "
-              "print(n.nvmlDeviceGetCount(), n.nvmlSystemGetDriverVersion(), n.nvmlDeviceGetName(d), "
-              "n.nvmlDeviceGetMemoryInfo(d).total // 2**20, n.nvmlDeviceGetMemClkVfOffset(d)); "
-              "import sys; len(sys.argv) > 1 and n.nvmlDeviceSetMemClkVfOffset(d, int(sys.argv[1])); n.nvmlShutdown()")
+    script = (
+        "import pynvml as n; n.nvmlInit(); d = n.nvmlDeviceGetHandleByIndex(2); "
+        "print(n.nvmlDeviceGetCount(), n.nvmlSystemGetDriverVersion(), n.nvmlDeviceGetName(d), "
+        "n.nvmlDeviceGetMemoryInfo(d).total // 2**20, n.nvmlDeviceGetMemClkVfOffset(d)); "
+        "import sys; len(sys.argv) > 1 and n.nvmlDeviceSetMemClkVfOffset(d, int(sys.argv[1])); n.nvmlShutdown()"
+    )
     run = f"sudo /opt/nvml/bin/python -c {shlex.quote(script)}"
-    assert lab.ssh(h, run).stdout.strip() == \
-        "8 580.95.05 NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition 97887 0"
+    assert (
+        lab.ssh(h, run).stdout.strip() == "8 580.95.05 NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition 97887 0"
+    )
     lab.ssh(h, f"{run} 1500")
     assert lab.ssh(h, run).stdout.strip().endswith(" 1500")  # a later process reads the write
     denied = lab.ssh(h, f"/opt/nvml/bin/python -c {shlex.quote(script)} 100", check=False)
@@ -124,7 +146,11 @@ def test_stand_in_nvml_through_pynvml_from_lab_index(lab):
 
 def test_fake_governor_and_sysctls_never_touch_this_machine(lab):
     real_swappiness = Path("/proc/sys/vm/swappiness").read_text()
-    real_numa = Path("/proc/sys/kernel/numa_balancing").read_text() if Path("/proc/sys/kernel/numa_balancing").exists() else None
+    real_numa = (
+        Path("/proc/sys/kernel/numa_balancing").read_text()
+        if Path("/proc/sys/kernel/numa_balancing").exists()
+        else None
+    )
     real_gov = sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor"))
     real_gov_values = [p.read_text() for p in real_gov]
     real_dirty = Path("/proc/sys/vm/dirty_ratio").read_text()
@@ -132,17 +158,25 @@ def test_fake_governor_and_sysctls_never_touch_this_machine(lab):
     h = lab.hosts[1]
     govs = lab.ssh(h, "cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor").stdout.split()
     assert govs and set(govs) == {"powersave"}
-    lab.ssh(h, "for f in /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor; do "
-               "echo performance | sudo tee $f >/dev/null; done")
-    assert set(lab.ssh(h, "cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor").stdout.split()) == {"performance"}
+    lab.ssh(
+        h,
+        "for f in /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor; do "
+        "echo performance | sudo tee $f >/dev/null; done",
+    )
+    assert set(lab.ssh(h, "cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor").stdout.split()) == {
+        "performance"
+    }
     lab.ssh(h, f"sudo sysctl -w vm.swappiness={new_swappiness}")
     assert lab.ssh(h, "sudo sysctl -n vm.swappiness").stdout.strip() == new_swappiness
     if real_numa is not None:
         lab.ssh(h, "sudo sysctl -w kernel.numa_balancing=1")
         assert lab.ssh(h, "cat /proc/sys/kernel/numa_balancing").stdout.strip() == "1"
     # boot-time path: systemd-sysctl applies /etc/sysctl.d files and succeeds
-    lab.ssh(h, "echo 'vm.dirty_ratio = 7' | sudo tee /etc/sysctl.d/90-lab-test.conf >/dev/null && "
-               "sudo systemctl restart systemd-sysctl")
+    lab.ssh(
+        h,
+        "echo 'vm.dirty_ratio = 7' | sudo tee /etc/sysctl.d/90-lab-test.conf >/dev/null && "
+        "sudo systemctl restart systemd-sysctl",
+    )
     assert lab.ssh(h, "systemctl is-active systemd-sysctl").stdout.strip() == "active"
     assert lab.ssh(h, "cat /proc/sys/vm/dirty_ratio").stdout.strip() == "7"
     # this machine's kernel knobs are untouched
@@ -160,20 +194,29 @@ def test_ascend_stand_ins_follow_hardware_profile(lab):
     try:
         assert _boot_ids(lab) == before  # same hosts, re-profiled in place
         store = lab.status["ascend_files"]
-        names = ["Ascend-hdk-910c-npu-driver_25.2.0_linux-x86-64.run", "Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run",
-                 "Ascend-cann-nnal_8.3.RC1_linux-x86_64.run"]
+        names = [
+            "Ascend-hdk-910c-npu-driver_25.2.0_linux-x86-64.run",
+            "Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run",
+            "Ascend-cann-nnal_8.3.RC1_linux-x86_64.run",
+        ]
         fetch = " && ".join(f"curl -fsSO {store}{n} && chmod +x {n}" for n in names)
         lab.ssh(h, f"cd /tmp && {fetch}")
         assert "All good" in lab.ssh(h, f"/tmp/{names[1]} --check").stdout
         early = lab.ssh(h, f"sudo /tmp/{names[2]} --install --quiet", check=False)
         assert early.returncode != 0 and "toolkit first" in early.stdout  # install order enforced like the real one
-        for flags, name in (("--full --install-for-all --quiet", names[0]), ("--install --quiet", names[1]),
-                            ("--install --quiet", names[2])):
+        for flags, name in (
+            ("--full --install-for-all --quiet", names[0]),
+            ("--install --quiet", names[1]),
+            ("--install --quiet", names[2]),
+        ):
             lab.ssh(h, f"sudo /tmp/{name} {flags}")
         listing = lab.ssh(h, "sudo npu-smi info -l").stdout
         assert "Total Count                    : 16" in listing and listing.count("Ascend910") == 16
-        env = lab.ssh(h, ". /usr/local/Ascend/ascend-toolkit/set_env.sh && . /usr/local/Ascend/nnal/atb/set_env.sh "
-                         "&& echo $ASCEND_TOOLKIT_HOME $ATB_HOME_PATH").stdout.split()
+        env = lab.ssh(
+            h,
+            ". /usr/local/Ascend/ascend-toolkit/set_env.sh && . /usr/local/Ascend/nnal/atb/set_env.sh "
+            "&& echo $ASCEND_TOOLKIT_HOME $ATB_HOME_PATH",
+        ).stdout.split()
         assert env == ["/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/nnal/atb/latest/atb/cxx_abi_1"]
         assert "Version=25.2.0" in lab.ssh(h, "cat /usr/local/Ascend/driver/version.info").stdout
     finally:
@@ -210,12 +253,18 @@ def test_pyinfra_inventory(lab):
     pytest.importorskip("pyinfra")
     import shutil
     import sys
+
     pyinfra = shutil.which("pyinfra") or str(Path(sys.executable).with_name("pyinfra"))
     if not Path(pyinfra).exists():
         pytest.skip("pyinfra CLI not installed")
     repo = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([pyinfra, "-y", "inventories/lab.py", "exec", "--", "hostname"], cwd=repo,
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [pyinfra, "-y", "inventories/lab.py", "exec", "--", "hostname"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for h in lab.hosts:
         assert f"[{h['name']}] Success" in proc.stdout + proc.stderr
@@ -248,4 +297,5 @@ def test_down_leaves_nothing(lab):
             live.append(cmd)
     assert live == []
     from ironserve.lab.cluster import leftovers
+
     assert leftovers(state_dir) == []

@@ -22,13 +22,16 @@ from ironserve.lab import cluster, gpu_images, images, runtime_image
 from ironserve.lab.system import LabError
 from ironserve.render import model_path_on
 from ironserve.spec import DockerRuntime
-from roles import gpu_clocks, model_weights as mw, uv_env
+from roles import gpu_clocks, uv_env
+from roles import model_weights as mw
 
 GLM_DIGEST = "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bbe77df"
 
 
 def _gpu_docker_recipes():
-    return [r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime) and r.hardware != ["cpu-lab"]]
+    return [
+        r for r in catalogue.catalogue().values() if isinstance(r.runtime, DockerRuntime) and r.hardware != ["cpu-lab"]
+    ]
 
 
 def test_one_stand_in_image_per_image_the_gpu_recipes_name():
@@ -56,8 +59,9 @@ def test_the_images_sitecustomize_adds_exactly_the_eras_flags(tmp_path):
         parser = argparse.ArgumentParser(prog="sglang.launch_server")
         parser.add_argument("--model-path", required=True)
         parser.add_argument("--tool-call-parser", choices=["glm47"])
-        args = parser.parse_args(["--model-path", "/m", "--enable-pcie-oneshot-allreduce", "--tool-call-parser",
-                                  "qwen3"])
+        args = parser.parse_args(
+            ["--model-path", "/m", "--enable-pcie-oneshot-allreduce", "--tool-call-parser", "qwen3"]
+        )
         assert args.enable_pcie_oneshot_allreduce and args.tool_call_parser == "qwen3"
         other = argparse.ArgumentParser()  # not a server parser: untouched
         other.add_argument("--x")
@@ -67,8 +71,9 @@ def test_the_images_sitecustomize_adds_exactly_the_eras_flags(tmp_path):
 
 
 def test_the_lab_index_carries_what_the_patches_pip_install():
-    assert cluster.patch_requirements(["RUN pip install --no-cache-dir transformers==5.2.0",
-                                       "RUN sed -i s/a/b/ /x.py", "RUN pip install foo"]) == ["transformers==5.2.0"]
+    assert cluster.patch_requirements(
+        ["RUN pip install --no-cache-dir transformers==5.2.0", "RUN sed -i s/a/b/ /x.py", "RUN pip install foo"]
+    ) == ["transformers==5.2.0"]
     glm = catalogue.get_recipe("glm5-nvfp4-mtp-rtx6000-tp8")
     assert cluster.patch_requirements(glm.runtime.patches) == ["transformers==5.2.0"]
 
@@ -91,10 +96,13 @@ def test_stand_in_checkpoints_verify_like_the_role_checks_them(tmp_path):
         check = subprocess.run(["sha256sum", "-c", mw.MANIFEST], cwd=local, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
         index = json.loads((local / mw.INDEX).read_text())
-        assert sorted(set(index["weight_map"].values())) == ["model-00001-of-00002.safetensors",
-                                                             "model-00002-of-00002.safetensors"]
-        out = subprocess.run(["sh", "-c", mw.ModelCheckpoint().command(path=str(local))], capture_output=True,
-                             text=True)
+        assert sorted(set(index["weight_map"].values())) == [
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ]
+        out = subprocess.run(
+            ["sh", "-c", mw.ModelCheckpoint().command(path=str(local))], capture_output=True, text=True
+        )
         state = mw.ModelCheckpoint().process(out.stdout.splitlines())
         assert mw.checkpoint_problems(state) == [] and state["shards"] == 2 and state["manifest_stamp"]
     stamp = {p: p.stat().st_mtime for p in (tmp_path / "models").rglob("*")}
@@ -105,12 +113,16 @@ def test_stand_in_checkpoints_verify_like_the_role_checks_them(tmp_path):
 def test_cuda_builds_the_patches_install_are_stand_ins_with_their_metadata(tmp_path):
     import zipfile
 
-    standins, real = gpu_images.patch_wheels(["nvidia-cudnn-cu13==9.19.1.2", "transformers==5.2.0",
-                                              "nvidia-cudnn-cu13==1.0"], tmp_path)
+    standins, real = gpu_images.patch_wheels(
+        ["nvidia-cudnn-cu13==9.19.1.2", "transformers==5.2.0", "nvidia-cudnn-cu13==1.0"], tmp_path
+    )
     assert real == ["transformers==5.2.0", "nvidia-cudnn-cu13==1.0"]  # no stand-in of that version: the real one
     names = sorted(w.name for w in standins)
-    assert names == ["nvidia_cublas-13.10.0.20-py3-none-any.whl", "nvidia_cuda_nvrtc-13.5.37-py3-none-any.whl",
-                     "nvidia_cudnn_cu13-9.19.1.2-py3-none-any.whl"]
+    assert names == [
+        "nvidia_cublas-13.10.0.20-py3-none-any.whl",
+        "nvidia_cuda_nvrtc-13.5.37-py3-none-any.whl",
+        "nvidia_cudnn_cu13-9.19.1.2-py3-none-any.whl",
+    ]
     with zipfile.ZipFile(tmp_path / names[2]) as whl:
         meta = whl.read("nvidia_cudnn_cu13-9.19.1.2.dist-info/METADATA").decode()
     assert "Requires-Dist: nvidia-cublas" in meta and "Version: 9.19.1.2" in meta
@@ -129,8 +141,11 @@ def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
         else:
             (site / rel).mkdir()
             (site / rel / "ptxas").write_bytes(b"\x7fELF")
-    kept = [site / "triton/backends/nvidia/driver.py", site / "triton/backends/amd/compiler.py",
-            site / "triton/_C/libtriton.so"]
+    kept = [
+        site / "triton/backends/nvidia/driver.py",
+        site / "triton/backends/amd/compiler.py",
+        site / "triton/_C/libtriton.so",
+    ]
     for path in kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("kept\n")
@@ -147,10 +162,12 @@ def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("version = 1\n")
     pyc = pkg / "__pycache__/__init__.cpython-311.pyc"
-    py_compile.compile(str(pkg / "__init__.py"), cfile=str(pyc),
-                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    py_compile.compile(
+        str(pkg / "__init__.py"), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP
+    )
     with pytest.raises(LabError, match="SOURCE_DATE_EPOCH"):
         runtime_image._check_bytecode(tmp_path)
-    py_compile.compile(str(pkg / "__init__.py"), cfile=str(pyc),
-                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    py_compile.compile(
+        str(pkg / "__init__.py"), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
+    )
     runtime_image._check_bytecode(tmp_path)

@@ -19,13 +19,17 @@ from ironserve.lab.profiles import PROFILES
 
 def test_debian_mirror_from_deb822_and_list(tmp_path):
     deb822 = tmp_path / "debian.sources"
-    deb822.write_text("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
-                      "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
-                      "Suites: bookworm-security\nComponents: main\n")
+    deb822.write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian-security\n"
+        "Suites: bookworm-security\nComponents: main\n"
+    )
     assert rootfs.debian_mirror([str(deb822)]) == "http://mirror.example/debian"
     classic = tmp_path / "sources.list"
-    classic.write_text("# comment\ndeb http://mirror.example/debian-security bookworm-security main\n"
-                       "deb [arch=amd64] http://mirror.example/debian bookworm main\n")
+    classic.write_text(
+        "# comment\ndeb http://mirror.example/debian-security bookworm-security main\n"
+        "deb [arch=amd64] http://mirror.example/debian bookworm main\n"
+    )
     assert rootfs.debian_mirror([str(classic)]) == "http://mirror.example/debian"
     with pytest.raises(Exception, match="no Debian archive"):
         rootfs.debian_mirror([str(tmp_path / "missing")])
@@ -65,7 +69,9 @@ def test_reindex_reuses_digests_of_unchanged_files_only(tmp_path, monkeypatch):
     (wheels / "a-1.0-py3-none-any.whl").unlink()
     (wheels / "a-1.0-py3-none-any.whl").write_bytes(b"AAAA")  # replaced (another inode): hashed again
     supply.reindex_wheels(tmp_path)
-    assert hashlib.sha256(b"AAAA").hexdigest() in (supply.supply_dir(tmp_path) / "simple" / "a" / "index.html").read_text()
+    assert (
+        hashlib.sha256(b"AAAA").hexdigest() in (supply.supply_dir(tmp_path) / "simple" / "a" / "index.html").read_text()
+    )
 
 
 def test_add_wheels_links_once_and_indexes(tmp_path):
@@ -83,12 +89,24 @@ def test_add_wheels_links_once_and_indexes(tmp_path):
 def _lab_inventory(tmp_path, monkeypatch, hardware: str, nodes: int) -> list:
     import runpy
 
-    hosts = [{"name": state.host_name(i), "address": state.host_address(i), "hardware": hardware, "node_index": i}
-             for i in range(1, nodes + 1)]
-    (tmp_path / "state.json").write_text(json.dumps({
-        "ssh_user": "ironlab", "ssh_key": "/k", "known_hosts": "/kh", "apt_mirror": "http://m/apt",
-        "pip_index": "http://m/simple/", "ascend_files": "http://m/ascend/", "model_root": "/srv/models",
-        "hosts": hosts}))
+    hosts = [
+        {"name": state.host_name(i), "address": state.host_address(i), "hardware": hardware, "node_index": i}
+        for i in range(1, nodes + 1)
+    ]
+    (tmp_path / "state.json").write_text(
+        json.dumps(
+            {
+                "ssh_user": "ironlab",
+                "ssh_key": "/k",
+                "known_hosts": "/kh",
+                "apt_mirror": "http://m/apt",
+                "pip_index": "http://m/simple/",
+                "ascend_files": "http://m/ascend/",
+                "model_root": "/srv/models",
+                "hosts": hosts,
+            }
+        )
+    )
     monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
     return runpy.run_path(str(Path(__file__).resolve().parents[2] / "inventories" / "lab.py"))["lab_hosts"]
 
@@ -104,7 +122,8 @@ def test_lab_inventory_dedicates_the_first_cpu_lab_host_to_the_router(tmp_path, 
 
 
 def test_cpu_lab_hosts_get_the_uv_config(tmp_path, monkeypatch):
-    from ironserve.lab import cpu_runtime, hosts as lab_hosts
+    from ironserve.lab import cpu_runtime
+    from ironserve.lab import hosts as lab_hosts
 
     written = {}
     real_write = lab_hosts._write
@@ -137,8 +156,9 @@ def _key(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")
 def test_apt_index_of_a_built_deb(tmp_path):
-    deb = standins.build_deb(tmp_path, "ironlab-probe", "1.0-1", {"/usr/share/ironlab-probe/x": ("x", 0o644)},
-                             "probe package")
+    deb = standins.build_deb(
+        tmp_path, "ironlab-probe", "1.0-1", {"/usr/share/ironlab-probe/x": ("x", 0o644)}, "probe package"
+    )
     supply.add_debs(tmp_path, [deb])
     packages = (tmp_path / "supply/apt/Packages").read_text()
     assert "Package: ironlab-probe" in packages and "Filename: ./ironlab-probe_1.0-1_amd64.deb" in packages
@@ -146,13 +166,21 @@ def test_apt_index_of_a_built_deb(tmp_path):
     assert "Packages.gz" in (tmp_path / "supply/apt/Release").read_text()
 
 
-def _smi(tmp_path, hardware: str, *args: str, built: bool = True, nouveau: bool = False,
-         blacklisted: bool = False, fabric: str | None = None) -> subprocess.CompletedProcess:
+def _smi(
+    tmp_path,
+    hardware: str,
+    *args: str,
+    built: bool = True,
+    nouveau: bool = False,
+    blacklisted: bool = False,
+    fabric: str | None = None,
+) -> subprocess.CompletedProcess:
     """The stand-in nvidia-smi over a temporary tree: a module built (or not) for the running kernel, nouveau
     holding the GPUs (or not) and blacklisted (or not), a fabric override."""
     script = tmp_path / "nvidia-smi"
-    script.write_text(standins._template("nvidia_smi.py", PROFILES=json.dumps(PROFILES), DRIVER="580.95.05",
-                                         CUDA="13.0"))
+    script.write_text(
+        standins._template("nvidia_smi.py", PROFILES=json.dumps(PROFILES), DRIVER="580.95.05", CUDA="13.0")
+    )
     hw = tmp_path / "hardware"
     hw.write_text(hardware + "\n")
     module = tmp_path / f"dkms/nvidia/580.95.05/{os.uname().release}/x86_64/module"
@@ -166,9 +194,14 @@ def _smi(tmp_path, hardware: str, *args: str, built: bool = True, nouveau: bool 
     (tmp_path / "modprobe.d").mkdir(exist_ok=True)
     (tmp_path / "modprobe.d/nouveau.conf").write_text("blacklist nouveau\n" if blacklisted else "# nothing\n")
     (tmp_path / "fabric").write_text(fabric or "")
-    env = {"IRONLAB_HARDWARE_FILE": str(hw), "IRONLAB_DKMS_DIR": str(tmp_path / "dkms"),
-           "IRONLAB_NOUVEAU_FILE": str(tmp_path / "nouveau"), "IRONLAB_MODPROBE_DIR": str(tmp_path / "modprobe.d"),
-           "IRONLAB_FABRIC_FILE": str(tmp_path / "fabric"), "IRONLAB_LOADED_FILE": str(tmp_path / "loaded")}
+    env = {
+        "IRONLAB_HARDWARE_FILE": str(hw),
+        "IRONLAB_DKMS_DIR": str(tmp_path / "dkms"),
+        "IRONLAB_NOUVEAU_FILE": str(tmp_path / "nouveau"),
+        "IRONLAB_MODPROBE_DIR": str(tmp_path / "modprobe.d"),
+        "IRONLAB_FABRIC_FILE": str(tmp_path / "fabric"),
+        "IRONLAB_LOADED_FILE": str(tmp_path / "loaded"),
+    }
     (tmp_path / "loaded").unlink(missing_ok=True)
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env)
 
@@ -186,19 +219,27 @@ def test_nvidia_smi_q_reports_the_fabric_clique(tmp_path):
 
     default = FabricInfo().process(_smi(tmp_path, "gb200", "-q").stdout.splitlines())
     assert len(default) == 4 and {(g["state"], g["status"], g["clique_id"]) for g in default} == {
-        ("Completed", "Success", "32766")}
+        ("Completed", "Success", "32766")
+    }
     moved = FabricInfo().process(_smi(tmp_path, "gb200", "-q", fabric="clique_id=9\n").stdout.splitlines())
     assert {g["clique_id"] for g in moved} == {"9"}
 
 
-@pytest.mark.parametrize("hardware,count,name,mem,cc", [
-    ("rtx6000-pro-maxq", 8, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 97887, "12.0"),
-    ("rtx6000-pro", 8, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0"),
-    ("gb200", 4, "NVIDIA GB200", 189471, "10.0"),
-])
+@pytest.mark.parametrize(
+    "hardware,count,name,mem,cc",
+    [
+        ("rtx6000-pro-maxq", 8, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", 97887, "12.0"),
+        ("rtx6000-pro", 8, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0"),
+        ("gb200", 4, "NVIDIA GB200", 189471, "10.0"),
+    ],
+)
 def test_nvidia_smi_answers_per_profile(tmp_path, hardware, count, name, mem, cc):
-    out = _smi(tmp_path, hardware, "--query-gpu=index,name,memory.total,driver_version,compute_cap",
-               "--format=csv,noheader,nounits")
+    out = _smi(
+        tmp_path,
+        hardware,
+        "--query-gpu=index,name,memory.total,driver_version,compute_cap",
+        "--format=csv,noheader,nounits",
+    )
     assert out.returncode == 0
     assert out.stdout.splitlines() == [f"{i}, {name}, {mem}, 580.95.05, {cc}" for i in range(count)]
     with_units = _smi(tmp_path, hardware, "--query-gpu=memory.total", "--format=csv")
@@ -219,8 +260,12 @@ def test_npu_smi_lists_16_ascend910(tmp_path):
     script.write_text(standins._template("npu_smi.py", PROFILES=json.dumps(PROFILES), VERSION="25.2.0"))
     hw = tmp_path / "hardware"
     hw.write_text("atlas-800i-a3\n")
-    out = subprocess.run([sys.executable, str(script), "info", "-l"], capture_output=True, text=True,
-                         env={"IRONLAB_HARDWARE_FILE": str(hw)})
+    out = subprocess.run(
+        [sys.executable, str(script), "info", "-l"],
+        capture_output=True,
+        text=True,
+        env={"IRONLAB_HARDWARE_FILE": str(hw)},
+    )
     assert "Total Count                    : 16" in out.stdout and out.stdout.count("Ascend910") == 16
 
 
@@ -242,6 +287,7 @@ def test_cli_wiring():
 
 def test_refuses_without_root(monkeypatch):
     from ironserve.lab import cluster, system
+
     monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
     for action in (lambda: cluster.up(2), cluster.down):
         with pytest.raises(system.LabError, match="needs root"):
@@ -250,11 +296,15 @@ def test_refuses_without_root(monkeypatch):
 
 def test_refuses_without_nspawn(monkeypatch):
     from ironserve.lab import system
+
     monkeypatch.setattr(system.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "debootstrap") else "/x")
+    monkeypatch.setattr(
+        system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "debootstrap") else "/x"
+    )
 
     def no_apt(packages, why):
         raise system.LabError("apt-get install failed")
+
     monkeypatch.setattr(system, "apt_install", no_apt)
     with pytest.raises(system.LabError, match="systemd-nspawn.*required"):
         system.ensure_tools()
@@ -262,6 +312,7 @@ def test_refuses_without_nspawn(monkeypatch):
 
 def test_cli_reports_errors_without_traceback(monkeypatch, capsys):
     from ironserve.lab import system
+
     monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
     assert cli.main(["down"]) == 1
     assert "[lab] error: the lab needs root" in capsys.readouterr().err
@@ -279,17 +330,25 @@ def _imex(tmp_path, nodes: str | None, driver: bool = True) -> subprocess.Comple
     config.write_text(f"SERVER_PORT=0\nIMEX_NODE_CONFIG_FILE={tmp_path / 'nodes_config.cfg'}\n")
     if nodes is not None:
         (tmp_path / "nodes_config.cfg").write_text(nodes)
-    return subprocess.run([sys.executable, str(script), "-c", str(config)], capture_output=True, text=True,
-                          timeout=20, env={"PATH": f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"})
+    return subprocess.run(
+        [sys.executable, str(script), "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
 
 
-@pytest.mark.parametrize("nodes,driver,why", [
-    (None, True, "cannot open node config file"),
-    ("", True, "lists no nodes"),
-    ("10.0.0.1\nnot-an-ip\n", True, "invalid IP address 'not-an-ip'"),
-    ("192.0.2.77\n192.0.2.78\n", True, "no address of this node is in the node config file"),
-    ("192.0.2.77\n", False, "failed to open the NVIDIA driver"),
-])
+@pytest.mark.parametrize(
+    "nodes,driver,why",
+    [
+        (None, True, "cannot open node config file"),
+        ("", True, "lists no nodes"),
+        ("10.0.0.1\nnot-an-ip\n", True, "invalid IP address 'not-an-ip'"),
+        ("192.0.2.77\n192.0.2.78\n", True, "no address of this node is in the node config file"),
+        ("192.0.2.77\n", False, "failed to open the NVIDIA driver"),
+    ],
+)
 def test_nvidia_imex_stand_in_refuses_like_the_real_service(tmp_path, nodes, driver, why):
     out = _imex(tmp_path, nodes, driver)
     assert out.returncode == 1 and why in out.stderr, out.stderr

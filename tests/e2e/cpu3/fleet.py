@@ -13,8 +13,14 @@ SERVER_UNIT = f"sglang-{RECIPE}-server"  # + -<instance>
 
 def chat(base: str, timeout: float = 60.0, key: str | None = None) -> tuple[int, str]:
     """(HTTP status, answer text) of one short chat completion; (0, error) when nothing answered."""
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello, how are you?"}],
-                       "max_tokens": 8, "temperature": 0}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Hello, how are you?"}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+    ).encode()
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(f"{base}/v1/chat/completions", data=body, method="POST", headers=headers)
     try:
@@ -28,8 +34,11 @@ def chat(base: str, timeout: float = 60.0, key: str | None = None) -> tuple[int,
 
 
 def changes(plan: list[dict]) -> list[str]:
-    return [f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
-            for op in plan if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    return [
+        f"{op['name']} on {op['hosts_with_change'] + op['hosts_with_conditional_change']}"
+        for op in plan
+        if op["hosts_with_change"] or op["hosts_with_conditional_change"]
+    ]
 
 
 def router_base(lab) -> str:

@@ -33,7 +33,8 @@ def behind_bastion(deployed, tmp_path_factory):
         f"Host bastion\n  HostName {bastion[1]['ssh_hostname']}\n  User {common['ssh_user']}\n"
         f"  IdentityFile {common['ssh_key']}\n  UserKnownHostsFile {common['ssh_known_hosts_file']}\n"
         "  StrictHostKeyChecking yes\n"
-        f"Host {' '.join(data['ssh_hostname'] for _, data in behind)}\n  ProxyJump bastion\n")
+        f"Host {' '.join(data['ssh_hostname'] for _, data in behind)}\n  ProxyJump bastion\n"
+    )
     entries = [bastion] + [(name, {**data, "ssh_config_file": str(config)}) for name, data in behind]
     inventory = tmp / "behind_bastion.py"
     inventory.write_text(f"lab_hosts = {entries!r}\n")
@@ -65,8 +66,16 @@ def test_status_and_audit_through_the_bastion(behind_bastion):
     assert all("error" not in h for h in report["hosts"]) and len(report["hosts"]) == 3, report
     assert all(u["active"] == "active" for h in report["hosts"] for u in h["units"]), report
     names = [name for name, _ in behind_bastion["behind"]]
-    out = ironserve("audit", inventory, "deploys/tiny.py", *[a for n in names for a in ("--limit", n)],
-                    "--format", "json", check=False, timeout=600)
+    out = ironserve(
+        "audit",
+        inventory,
+        "deploys/tiny.py",
+        *[a for n in names for a in ("--limit", n)],
+        "--format",
+        "json",
+        check=False,
+        timeout=600,
+    )
     # reached and read (0 clean, 1 drift); unreachable would be 2
     assert out.returncode in (0, 1), out.stdout[-3000:] + out.stderr[-2000:]
     results = json.loads(out.stdout)["results"]
@@ -79,8 +88,11 @@ def test_a_bastion_key_the_known_hosts_lacks_is_refused(behind_bastion, tmp_path
     """The same inventory with an empty known_hosts for the hosts: nothing is trusted on first use."""
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    text = open(behind_bastion["inventory"]).read().replace(
-        repr(behind_bastion["bastion"][1]["ssh_known_hosts_file"]), repr(str(empty)))
+    text = (
+        open(behind_bastion["inventory"])
+        .read()
+        .replace(repr(behind_bastion["bastion"][1]["ssh_known_hosts_file"]), repr(str(empty)))
+    )
     inventory = tmp_path / "unknown_keys.py"
     inventory.write_text(text)
     out = ironserve("status", str(inventory), "deploys/tiny.py", "--format", "json", check=False, timeout=300)

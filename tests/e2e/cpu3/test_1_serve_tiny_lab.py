@@ -27,7 +27,7 @@ def test_deploy_starts_every_unit(deployed):
     out = deployed["deploy_output"]
     # the replicas are started (and health-gated) before the router, whatever each host's other operations
     servers = out.index(f"Starting operation: Launch | Start {SERVER_UNIT}")
-    assert servers < out.index(f"Starting operation: Launch | Start {ROUTER_UNIT}"), out[servers - 2000:]
+    assert servers < out.index(f"Starting operation: Launch | Start {ROUTER_UNIT}"), out[servers - 2000 :]
     assert ssh(router, f"systemctl is-active {ROUTER_UNIT}").stdout.strip() == "active"
     for i, host in enumerate(workers):
         assert ssh(host, f"systemctl is-active {SERVER_UNIT}-{i}").stdout.strip() == "active"
@@ -83,8 +83,12 @@ def test_killed_engine_is_restarted_and_router_keeps_answering(deployed):
         time.sleep(1)
     recovered = None
     while time.monotonic() - killed < 300:
-        state = ssh(worker, f"systemctl is-active {unit}; systemctl show -p MainPID --value {unit}; "
-                    "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health", check=False)
+        state = ssh(
+            worker,
+            f"systemctl is-active {unit}; systemctl show -p MainPID --value {unit}; "
+            "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:30000/health",
+            check=False,
+        )
         lines = state.stdout.split()
         if len(lines) >= 3 and lines[0] == "active" and lines[1] not in ("0", before) and lines[2] == "200":
             recovered = time.monotonic() - killed
@@ -93,22 +97,25 @@ def test_killed_engine_is_restarted_and_router_keeps_answering(deployed):
     assert recovered is not None, f"{unit} not active and healthy again within 300s: {state.stdout}"
     code, text = chat(base)
     assert code == 200, text
-    print(f"\n{len(codes)} requests through the router after the kill, all 200; {unit} healthy again after "
-          f"{recovered:.0f}s")
+    print(
+        f"\n{len(codes)} requests through the router after the kill, all 200; {unit} healthy again after "
+        f"{recovered:.0f}s"
+    )
 
 
 def test_bench_serving_through_the_router(deployed, tmp_path):
     report = tmp_path / "bench.json"
-    out = pyinfra("-y", "deploys/bench.py", "--data", "model=tiny", "--data", f"bench_report={report}",
-                  timeout=900)
+    out = pyinfra("-y", "deploys/bench.py", "--data", "model=tiny", "--data", f"bench_report={report}", timeout=900)
     text = out.stdout + out.stderr
     assert "bench_serving against tiny-cpu: 8 requests completed" in text, text[-3000:]
     data = json.loads(report.read_text())
     assert data["endpoint"] == router_base(deployed) and data["host"] == deployed["hosts"][1]["name"]
     assert data["result"]["completed"] == 8 and data["result"]["output_throughput"] > 0
     assert {r["metric"] for r in data["rows"]} >= {"total_output_tok_s", "tpot_ms"}
-    print(f"\nbench_serving (8 prompts, 64 in / 16 out, concurrency 2) through the router: "
-          f"{data['result']['output_throughput']:.1f} output tok/s, mean TPOT {data['result']['mean_tpot_ms']:.1f} ms")
+    print(
+        f"\nbench_serving (8 prompts, 64 in / 16 out, concurrency 2) through the router: "
+        f"{data['result']['output_throughput']:.1f} output tok/s, mean TPOT {data['result']['mean_tpot_ms']:.1f} ms"
+    )
 
 
 LAB_KEY = "lab-s3cret-key"  # the API key the last two tests deploy
@@ -143,8 +150,9 @@ def test_status_and_bench_print_key_names_never_values(deployed, tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
         outputs.append(out.stdout + out.stderr)
     report = tmp_path / "bench.json"
-    out = pyinfra("-y", "-v", "deploys/bench.py", "--data", "model=tiny", "--data", f"bench_report={report}",
-                  timeout=900)
+    out = pyinfra(
+        "-y", "-v", "deploys/bench.py", "--data", "model=tiny", "--data", f"bench_report={report}", timeout=900
+    )
     outputs += [out.stdout + out.stderr, report.read_text()]
     assert "8 requests completed" in outputs[2], outputs[2][-3000:]
     for text in outputs:

@@ -37,8 +37,9 @@ STAGES = {"preflight", "runtime", "units", "node_exporter", "launch_preflight", 
 
 def prometheus_binary() -> str:
     """The distribution's prometheus: installed, or unpacked from `apt-get download prometheus` (no service)."""
-    found = shutil.which("prometheus") or (str(CACHE / "usr/bin/prometheus")
-                                           if (CACHE / "usr/bin/prometheus").exists() else None)
+    found = shutil.which("prometheus") or (
+        str(CACHE / "usr/bin/prometheus") if (CACHE / "usr/bin/prometheus").exists() else None
+    )
     if found:
         return found
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -80,15 +81,28 @@ def prom(deployed, tmp_path_factory):
     out = ironserve("status", "inventories/lab.py", "deploys/tiny.py", "--format", "prometheus", timeout=300)
     targets = json.loads(out.stdout)
     (tmp / "targets.json").write_text(out.stdout)
-    config = {"global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
-              "scrape_configs": [{"job_name": "ironserve", "file_sd_configs": [
-                  {"files": [str(tmp / "targets.json")], "refresh_interval": "5s"}]}]}
+    config = {
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "2s"},
+        "scrape_configs": [
+            {
+                "job_name": "ironserve",
+                "file_sd_configs": [{"files": [str(tmp / "targets.json")], "refresh_interval": "5s"}],
+            }
+        ],
+    }
     (tmp / "prometheus.yml").write_text(json.dumps(config))
     port = free_port()
-    proc = subprocess.Popen([prometheus_binary(), f"--config.file={tmp / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--storage.tsdb.retention.time=1h"], stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "prometheus.log", "w"))
+    proc = subprocess.Popen(
+        [
+            prometheus_binary(),
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "prometheus.log", "w"),
+    )
     base = f"http://127.0.0.1:{port}"
     key = key_for(deployed)
     for _ in range(4):  # traffic, so the engines' and the router's request series exist
@@ -116,8 +130,9 @@ def wait_for(base: str, expr: str, ok, timeout_s: float = 90) -> list[dict]:
 def test_file_sd_names_every_engine_router_and_node_exporter(prom, deployed):
     roles = sorted((g["labels"]["role"], g["labels"]["host"]) for g in prom["targets"])
     names = [h["name"] for h in deployed["hosts"]]
-    assert roles == sorted([("node", n) for n in names] + [("router", names[0])]
-                           + [("server", n) for n in names[1:]]), roles
+    assert roles == sorted(
+        [("node", n) for n in names] + [("router", names[0])] + [("server", n) for n in names[1:]]
+    ), roles
     for group in prom["targets"]:
         assert set(group["labels"]) >= {"recipe", "role", "host"}
         if group["labels"]["role"] != "node":
@@ -126,10 +141,13 @@ def test_file_sd_names_every_engine_router_and_node_exporter(prom, deployed):
 
 def test_metrics_every_target_up(prom):
     want = len(prom["targets"])
-    up = wait_for(prom["base"], 'up{job="ironserve"}', lambda r: len(r) == want and all(s["value"][1] == "1"
-                                                                                        for s in r))
-    assert len(up) == want and all(s["value"][1] == "1" for s in up), (up, (prom["tmp"] / "prometheus.log")
-                                                                       .read_text()[-2000:])
+    up = wait_for(
+        prom["base"], 'up{job="ironserve"}', lambda r: len(r) == want and all(s["value"][1] == "1" for s in r)
+    )
+    assert len(up) == want and all(s["value"][1] == "1" for s in up), (
+        up,
+        (prom["tmp"] / "prometheus.log").read_text()[-2000:],
+    )
     print(f"\nPrometheus: {want} targets, all up")
 
 
@@ -150,13 +168,18 @@ def test_metrics_engines_router_and_ironserve_series(prom, deployed):
     assert all(s["value"][1] == "1" for s in query(base, "ironserve_deploy_last_success")), "a deploy failed"
     units = query(base, "ironserve_unit_live_info")
     assert sorted(s["metric"]["host"] for s in units) == names and all(
-        len(s["metric"]["generation"]) == 12 for s in units), units
-    counts = {family: int(query(base, f'count({{__name__=~"{family}.+"}})')[0]["value"][1])
-              for family in ("sglang_", "smg_", "ironserve_", "node_")}
+        len(s["metric"]["generation"]) == 12 for s in units
+    ), units
+    counts = {
+        family: int(query(base, f'count({{__name__=~"{family}.+"}})')[0]["value"][1])
+        for family in ("sglang_", "smg_", "ironserve_", "node_")
+    }
     worst = max(stages, key=lambda s: float(s["value"][1]))
-    print(f"\nseries: {counts}; engines' hosts {[s['metric']['host'] for s in sglang]}, "
-          f"{int(sglang[0]['value'][1])} sglang series each; slowest stage {worst['metric']['stage']} "
-          f"{float(worst['value'][1]):.1f}s on {worst['metric']['host']}")
+    print(
+        f"\nseries: {counts}; engines' hosts {[s['metric']['host'] for s in sglang]}, "
+        f"{int(sglang[0]['value'][1])} sglang series each; slowest stage {worst['metric']['stage']} "
+        f"{float(worst['value'][1]):.1f}s on {worst['metric']['host']}"
+    )
 
 
 def test_metrics_dashboard_queries_return_data(prom):
@@ -201,8 +224,10 @@ def test_metrics_and_file_sd_hold_no_secret(prom, deployed):
 
 
 def test_metrics_rerun_writes_timings_json_and_fresh_metrics(prom, deployed, tmp_path):
-    before = {s["metric"]["host"]: float(s["value"][1])
-              for s in query(prom["base"], "ironserve_deploy_last_timestamp_seconds")}
+    before = {
+        s["metric"]["host"]: float(s["value"][1])
+        for s in query(prom["base"], "ironserve_deploy_last_timestamp_seconds")
+    }
     report = tmp_path / "timings.json"
     args = ["-y", "deploys/tiny.py", "--data", f"deploy_timings_json={report}"]
     key = prom["key"]
@@ -217,10 +242,13 @@ def test_metrics_rerun_writes_timings_json_and_fresh_metrics(prom, deployed, tmp
     data = json.loads(report.read_text())
     assert data["recipe"] == "tiny-cpu" and data["success"] is True and data["time_to_serving_s"] > 0
     assert {s["stage"] for s in data["stages"]} >= STAGES
-    after = wait_for(prom["base"], "ironserve_deploy_last_timestamp_seconds",
-                     lambda r: len(r) == 3 and all(float(s["value"][1]) > before.get(s["metric"]["host"], 0)
-                                                   for s in r), timeout_s=30)
+    after = wait_for(
+        prom["base"],
+        "ironserve_deploy_last_timestamp_seconds",
+        lambda r: len(r) == 3 and all(float(s["value"][1]) > before.get(s["metric"]["host"], 0) for s in r),
+        timeout_s=30,
+    )
     assert len(after) == 3 and all(float(s["value"][1]) > before.get(s["metric"]["host"], 0) for s in after)
     first = deployed["deploy_output"]
-    table = first[first.index("Deploy timings (time to serving)"):].split("\n\n")[0]
+    table = first[first.index("Deploy timings (time to serving)") :].split("\n\n")[0]
     print(f"\nfirst deploy:\n{table[:1500]}\nrerun: {data['time_to_serving_s']:.1f}s to serving")

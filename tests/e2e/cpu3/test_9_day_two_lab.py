@@ -76,8 +76,14 @@ def day_two(deployed, tmp_path_factory):
     recipes = ROOT / "build" / "day-two-recipes"
     shutil.rmtree(recipes, ignore_errors=True)
     try:
-        yield {"lab": deployed, "base": base, "key": LAB_KEY if keyed else None, "data": data, "recipes": recipes,
-               "figures": []}
+        yield {
+            "lab": deployed,
+            "base": base,
+            "key": LAB_KEY if keyed else None,
+            "data": data,
+            "recipes": recipes,
+            "figures": [],
+        }
     finally:
         shutil.rmtree(recipes, ignore_errors=True)
 
@@ -121,8 +127,10 @@ def main_pid(host: dict, unit: str) -> tuple[str, str]:
 
 def roll_figures(text: str) -> list[str]:
     """The roll's own lines: time out of the router, drain times, in-flight requests cut."""
-    keep = re.compile(r"(out of the router; drained .*|back in the router after [0-9.]+s out of it.*|"
-                      r"CANARY FAILED: [^\n]*|ROLLED BACK [^\n]*|NOT ROLLED[^\n]*)")
+    keep = re.compile(
+        r"(out of the router; drained .*|back in the router after [0-9.]+s out of it.*|"
+        r"CANARY FAILED: [^\n]*|ROLLED BACK [^\n]*|NOT ROLLED[^\n]*)"
+    )
     return [m.group(0)[:200] for m in keep.finditer(text)]
 
 
@@ -143,12 +151,18 @@ def test_b_config_that_cannot_start_fails_the_canary(day_two):
     assert day_two.get("recipe"), "needs (a)"
     first, second = day_two["lab"]["hosts"][1:]
     before = main_pid(second, f"{SERVER_UNIT}-1")
-    recipe = variant(day_two, "b", max_running_requests=3,
-                     extra_args=["--tokenizer-path", "/var/lib/ironserve/models/no-such-tokenizer"])
+    recipe = variant(
+        day_two,
+        "b",
+        max_running_requests=3,
+        extra_args=["--tokenizer-path", "/var/lib/ironserve/models/no-such-tokenizer"],
+    )
     out, text, failed, total, samples, took = deploy_under_load(day_two, recipe, check=False)
     figures = roll_figures(text)
-    print(f"\n(b) a configuration that cannot start: {failed} failed of {total} requests; deploy exit "
-          f"{out.returncode} after {took:.0f}s")
+    print(
+        f"\n(b) a configuration that cannot start: {failed} failed of {total} requests; deploy exit "
+        f"{out.returncode} after {took:.0f}s"
+    )
     print("\n".join(f"    {line}" for line in figures))
     assert out.returncode != 0, text[-4000:]
     assert "CANARY FAILED" in text and "Last journal lines" in text.split("CANARY FAILED", 1)[1], text[-6000:]
@@ -158,9 +172,14 @@ def test_b_config_that_cannot_start_fails_the_canary(day_two):
     for host in (first, second):
         info = server_info(day_two, host)
         assert info["max_running_requests"] == 3 and not (info.get("tokenizer_path") or "").endswith(
-            "no-such-tokenizer"), host["name"]
-    workers = ssh(day_two["lab"]["hosts"][0], "curl -s -m 10 " + (
-        f"-H 'Authorization: Bearer {day_two['key']}' " if day_two["key"] else "") + "http://127.0.0.1:30000/workers")
+            "no-such-tokenizer"
+        ), host["name"]
+    workers = ssh(
+        day_two["lab"]["hosts"][0],
+        "curl -s -m 10 "
+        + (f"-H 'Authorization: Bearer {day_two['key']}' " if day_two["key"] else "")
+        + "http://127.0.0.1:30000/workers",
+    )
     urls = sorted(w["url"] for w in json.loads(workers.stdout)["workers"])
     assert urls == sorted(f"http://{h['address']}:30000" for h in (first, second)), urls
 
@@ -169,15 +188,20 @@ def test_c_switching_recipes_leaves_nothing_of_the_old_one(day_two):
     recipe = variant(day_two, "c", recipe_id=NEW_ID, max_running_requests=3)
     out, text, failed, total, samples, took = deploy_under_load(day_two, recipe)
     figures = roll_figures(text)
-    print(f"\n(c) switch to {NEW_ID}: {failed} failed of {total} requests (the engine groups roll through the old "
-          f"router; the router itself is replaced: its restart is the gap); deploy {took:.0f}s")
+    print(
+        f"\n(c) switch to {NEW_ID}: {failed} failed of {total} requests (the engine groups roll through the old "
+        f"router; the router itself is replaced: its restart is the gap); deploy {took:.0f}s"
+    )
     print("\n".join(f"    {line}" for line in figures))
     assert sum("back in the router after" in f for f in figures) == 2, text[-6000:]
     old = [ROUTER_UNIT, f"{SERVER_UNIT}-0", f"{SERVER_UNIT}-1"]
     for host in day_two["lab"]["hosts"]:
         for unit in old:
-            state = ssh(host, f"systemctl is-active {unit}; systemctl is-enabled {unit}; "
-                        f"ls /etc/systemd/system/{unit}.service", check=False).stdout.split()
+            state = ssh(
+                host,
+                f"systemctl is-active {unit}; systemctl is-enabled {unit}; ls /etc/systemd/system/{unit}.service",
+                check=False,
+            ).stdout.split()
             assert "active" not in state[:1] and "enabled" not in state[1:2], (host["name"], unit, state)
             assert f"/etc/systemd/system/{unit}.service" not in state, (host["name"], unit)
     code, answer = 0, ""
@@ -195,20 +219,39 @@ def test_d_stray_unit_is_named_by_the_audit(day_two):
     assert day_two.get("recipe", "").endswith(f"{NEW_ID}.yaml"), "needs (c)"
     host = day_two["lab"]["hosts"][2]
     stray = "sglang-stray-server"
-    unit = (f"# managed by ironserve: do not edit (rerun the deploy). recipe stray\\n[Unit]\\nDescription=stray\\n"
-            f"[Service]\\nExecStart=/bin/sleep infinity\\n")
-    ssh(host, f"printf '{unit}' > /etc/systemd/system/{stray}.service && systemctl daemon-reload && "
-        f"systemctl start {stray}")
+    unit = (
+        "# managed by ironserve: do not edit (rerun the deploy). recipe stray\\n[Unit]\\nDescription=stray\\n"
+        "[Service]\\nExecStart=/bin/sleep infinity\\n"
+    )
+    ssh(
+        host,
+        f"printf '{unit}' > /etc/systemd/system/{stray}.service && systemctl daemon-reload && systemctl start {stray}",
+    )
     try:
-        out = ironserve("audit", "inventories/lab.py", "deploys/tiny.py", "--format", "json", "--data",
-                        f"recipe={day_two['recipe']}", *day_two["data"], check=False, timeout=600)
+        out = ironserve(
+            "audit",
+            "inventories/lab.py",
+            "deploys/tiny.py",
+            "--format",
+            "json",
+            "--data",
+            f"recipe={day_two['recipe']}",
+            *day_two["data"],
+            check=False,
+            timeout=600,
+        )
         assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
         report = json.loads(out.stdout)
         drift = [r for r in report["results"] if not r["ok"]]
         strays = [r for r in drift if r["check"] == "units:undeclared"]
         assert [(r["host"], r["found"]) for r in strays] == [(host["name"], f"undeclared: {stray}.service")], drift
-        print(f"\n(d) the audit names the stray unit: {strays[0]['host']} {strays[0]['found']}; other drift: "
-              f"{[(r['host'], r['check'], r['found']) for r in drift if r not in strays]}")
+        print(
+            f"\n(d) the audit names the stray unit: {strays[0]['host']} {strays[0]['found']}; other drift: "
+            f"{[(r['host'], r['check'], r['found']) for r in drift if r not in strays]}"
+        )
     finally:
-        ssh(host, f"systemctl disable --now {stray}; rm -f /etc/systemd/system/{stray}.service; "
-            "systemctl daemon-reload", check=False)
+        ssh(
+            host,
+            f"systemctl disable --now {stray}; rm -f /etc/systemd/system/{stray}.service; systemctl daemon-reload",
+            check=False,
+        )
