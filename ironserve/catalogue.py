@@ -23,8 +23,8 @@ from .spec import (
     RANK_GUARD_PORT_OFFSET,
     DockerRuntime,
     HardwareProfile,
+    Parallelism,
     Recipe,
-    devices_per_node,
     effective_tuning,
     is_set,
 )
@@ -276,9 +276,9 @@ def check_recipe(recipe: Recipe, hardware: dict[str, HardwareProfile], file: str
     known = [hardware[h] for h in recipe.hardware if h in hardware]
     for gi, group in enumerate(recipe.topology.groups):
         server = recipe.group_server(group)
-        need = devices_per_node(server, group.nodes)
-        # DP without DP attention runs dp_size copies of the TP group (see spec.devices_per_node)
-        dp_factor = 1 if server.enable_dp_attention else (server.dp_size or 1)
+        parallelism = Parallelism.of(server, recipe.engine.launcher)
+        need = parallelism.devices_per_node(group.nodes)
+        dp_factor = parallelism.replicas  # DP replicas with devices of their own (see spec.Parallelism)
         dp = f" x dp_size {dp_factor}" if dp_factor > 1 else ""
         for profile in known:
             have = profile.accelerator.count

@@ -34,16 +34,21 @@ from .commandline import (
 from .findings import Finding, Severity
 from .flags import canonical, split_flags
 from .lint import SEED_ERA, model_family
-from .spec import DERIVED_FLAGS, UNSET_VALUE, ModelSource, Recipe, ServerOptions, Speculative, binds_every_address
+from .spec import (
+    DERIVED_FLAGS,
+    SERVER_FLAGS,
+    SPECULATIVE_FLAGS,
+    UNSET_VALUE,
+    ModelSource,
+    Recipe,
+    ServerOptions,
+    Speculative,
+    binds_every_address,
+)
 
-_SPECULATIVE = {
-    "--speculative-algorithm": "algorithm",
-    "--speculative-num-steps": "num_steps",
-    "--speculative-eagle-topk": "eagle_topk",
-    "--speculative-num-draft-tokens": "num_draft_tokens",
-    "--speculative-draft-model-path": "draft_model_path",
-    "--speculative-draft-model-quantization": "draft_model_quantization",
-}
+# render's field -> flag tables, read backwards: SGLang flag -> the typed field it fills
+_SPECULATIVE_FIELDS = {flag: name for name, flag in SPECULATIVE_FLAGS.items()}
+_TYPED_FIELDS = {flag: (name, ServerOptions.model_fields[name].annotation) for name, flag in SERVER_FLAGS.items()}
 _TOPOLOGY_FLAGS = {
     "--dist-init-addr",
     "--nnodes",
@@ -161,15 +166,6 @@ def _secret_env(key: str, values: _Values, where: str) -> None:
 # --------------------------------------------------------------------------- one engine command
 
 
-def _typed_fields() -> dict[str, tuple[str, Any]]:
-    out = {}
-    for name, info in ServerOptions.model_fields.items():
-        if name in ("speculative", "extra_args", "api_key_file"):
-            continue
-        out["--" + name.replace("_", "-")] = (name, info.annotation)
-    return out
-
-
 def _convert(annotation, values: list[str]):
     text = str(annotation)
     if "bool" in text:
@@ -219,7 +215,6 @@ def _int(flag: str, values: list[str], where: str) -> int:
 def _server_of(command: Command, values: _Values, where: str) -> _Server:
     """One engine command's flags, step by step: topology flags, secrets, the node's address, typed fields,
     speculative decoding, the rest in order (extra_args)."""
-    typed = _typed_fields()
     out = _Server({}, "")
     speculative: dict[str, Any] = {}
     spec_words: list[str] = []
@@ -236,11 +231,11 @@ def _server_of(command: Command, values: _Values, where: str) -> _Server:
             _node_address(out, vals[0], values)
         else:
             vals = [values.unset(v, flag, _placeholder_for(flag)) for v in vals]
-            if flag in _SPECULATIVE:
-                key = _SPECULATIVE[flag]
+            if flag in _SPECULATIVE_FIELDS:
+                key = _SPECULATIVE_FIELDS[flag]
                 speculative[key] = int(vals[0]) if vals and vals[0].isdigit() else (vals[0] if vals else None)
                 spec_words += [flag, *vals]
-            elif not (flag in typed and _typed_value(out.server, flag, vals, typed[flag], where)):
+            elif not (flag in _TYPED_FIELDS and _typed_value(out.server, flag, vals, _TYPED_FIELDS[flag], where)):
                 extra += [flag, *vals]
     if speculative:
         try:

@@ -15,7 +15,16 @@ from .commandline import SECRET_FLAGS, SECRET_NAME, SECRET_VALUE, CommandError, 
 from .findings import Finding, Severity
 from .flags import ABBREVIATIONS, AMBIGUOUS, canonical, launcher_split, split_flags
 from .pins import RULES as PIN_RULES
-from .spec import UNSET_VALUE, DockerRuntime, HardwareProfile, HostTuning, Recipe, UvRuntime, binds_every_address
+from .spec import (
+    UNSET_VALUE,
+    DockerRuntime,
+    HardwareProfile,
+    HostTuning,
+    Parallelism,
+    Recipe,
+    UvRuntime,
+    binds_every_address,
+)
 
 # The engine era the seeds use per accelerator arch, for pasted commands linted without --engine.
 SEED_ERA = {"sm120": "dev-cu13-2026-03", "sm100": "dynamo-1.1.1", "ascend-a3": "ascend-2026-04", "none": "0.5.23"}
@@ -465,7 +474,7 @@ def glm5_dcp(launch: Launch) -> list[Finding]:
 @rule(
     "tp-exceeds-devices",
     Severity.error,
-    "TP x PP needs more devices per node than the hardware has",
+    "TP x PP (x DP replicas) needs more devices per node than the hardware has",
     scope="any GPU/NPU hardware profile",
     source="hardware profiles",
 )
@@ -474,21 +483,33 @@ def tp_devices(launch: Launch) -> list[Finding]:
     if launch.hardware.accelerator.vendor == "none":
         return []
     nnodes = launch.int_value("--nnodes")
-    replicas = launch.int_value("--dp-size") if launch.launcher == "router_launch_server" else 1
-    need = -(-(launch.int_value("--tp-size") * launch.int_value("--pp-size") * replicas) // nnodes)
-    if need > have:
-        dp = f" x --dp-size {replicas} (router replicas)" if replicas > 1 else ""
-        return [
-            _f(
-                "tp-exceeds-devices",
-                launch,
-                f"--tp-size {launch.int_value('--tp-size')} x --pp-size "
-                f"{launch.int_value('--pp-size')}{dp} over {nnodes} node(s) needs {need} devices per node; "
-                f"{launch.hardware.id} has {have}",
-                "lower --tp-size or spread over more nodes (--nnodes)",
-            )
-        ]
-    return []
+    sizes = Parallelism(
+        launch.int_value("--tp-size"),
+        launch.int_value("--pp-size"),
+        launch.int_value("--dp-size"),
+        launch.has("--enable-dp-attention"),
+        launch.launcher,
+    )
+    need = sizes.devices_per_node(nnodes)
+    if need <= have:
+        return []
+    fix = "lower --tp-size or spread over more nodes (--nnodes)"
+    dp = ""
+    if sizes.replicas > 1 and launch.launcher == "router_launch_server":
+        dp = f" x --dp-size {sizes.replicas} (router replicas)"
+        fix = "lower --tp-size or --dp-size, or spread over more nodes (--nnodes)"
+    elif sizes.replicas > 1:
+        dp = f" x --dp-size {sizes.replicas} (DP replicas: no --enable-dp-attention)"
+        fix = "lower --tp-size or --dp-size, add --enable-dp-attention (DP ranks share the TP group) or more nodes"
+    return [
+        _f(
+            "tp-exceeds-devices",
+            launch,
+            f"--tp-size {sizes.tp_size} x --pp-size {sizes.pp_size}{dp} over {nnodes} node(s) needs {need} devices "
+            f"per node; {launch.hardware.id} has {have}",
+            fix,
+        )
+    ]
 
 
 @rule(

@@ -22,6 +22,8 @@ from .spec import (
     DIST_INIT_DERIVED,
     ENV_NAME,
     RANK_GUARD_PORT_OFFSET,
+    SERVER_FLAGS,
+    SPECULATIVE_FLAGS,
     UNSET_VALUE,
     DockerRuntime,
     Group,
@@ -37,17 +39,6 @@ SERVE = ["sglang", "serve"]
 LAUNCH_ROUTER = ["python3", "-m", "sglang_router.launch_router"]
 ROUTER_LAUNCH_SERVER = ["python3", "-m", "sglang_router.launch_server"]
 LAUNCHERS = {"launch_server": LAUNCH_SERVER, "serve": SERVE, "router_launch_server": ROUTER_LAUNCH_SERVER}
-
-# Typed fields that are not plain "--name value" flags, or not flags at all.
-_SPECIAL = {"speculative", "extra_args", "api_key_file", "model_path"}
-_SPECULATIVE_FLAGS = {
-    "algorithm": "--speculative-algorithm",
-    "num_steps": "--speculative-num-steps",
-    "eagle_topk": "--speculative-eagle-topk",
-    "num_draft_tokens": "--speculative-num-draft-tokens",
-    "draft_model_path": "--speculative-draft-model-path",
-    "draft_model_quantization": "--speculative-draft-model-quantization",
-}
 
 
 # addresses (besides every spelling of the unspecified one) a process that binds them is reached at, from its own
@@ -144,31 +135,25 @@ class Rendered:
         return f"http://{head.address}:{head.port}"
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def server_flags(server: ServerOptions, **values) -> list[str]:
     """Typed server options as full-name flags, in the model's field order, then extra_args; ``values``
     replace fields' values (the process's own bind address)."""
     argv: list[str] = []
     data = {**server.model_dump(), **values}
-    for name in ServerOptions.model_fields:
-        if name in _SPECIAL:
-            continue
+    for name, flag in SERVER_FLAGS.items():
         value = data[name]
         if value is None or value is False:
             continue
         if value is True:
-            argv.append(_flag(name))
+            argv.append(flag)
         elif isinstance(value, list):
-            argv += [_flag(name), *[str(v) for v in value]]
+            argv += [flag, *[str(v) for v in value]]
         elif isinstance(value, dict):
-            argv += [_flag(name), json.dumps(value, separators=(", ", ": "))]
+            argv += [flag, json.dumps(value, separators=(", ", ": "))]
         else:
-            argv += [_flag(name), _number(value)]
+            argv += [flag, _number(value)]
     if server.speculative:
-        for key, flag in _SPECULATIVE_FLAGS.items():
+        for key, flag in SPECULATIVE_FLAGS.items():
             value = getattr(server.speculative, key)
             if value is not None:
                 argv += [flag, str(value)]
@@ -443,7 +428,7 @@ def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: st
         dist_init_addr=dist_init[0] if dist_init else None,
         dist_init_port=dist_init[1] if dist_init else None,
         head=head.name if group.nodes > 1 else None,
-        devices=devices_per_node(server, group.nodes),
+        devices=devices_per_node(server, group.nodes, recipe.engine.launcher),
         model_path=model_path,
         gpu_access=_gpu_access(runtime, slot.host),
         metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -729,13 +730,54 @@ def derived_flag_problems(extra_args: list[str]) -> list[tuple[str, str]]:
     return [(n, DERIVED_FLAGS[n]) for n in names if n in DERIVED_FLAGS]
 
 
-def devices_per_node(server: ServerOptions, nodes: int) -> int:
-    """Accelerators one node of an engine instance drives: TP x PP, x DP unless DP attention (which runs DP
-    inside the TP group), spread over the instance's nodes."""
-    world = (server.tp_size or 1) * (server.pp_size or 1)
-    if not server.enable_dp_attention:
-        world *= server.dp_size or 1
-    return -(-world // max(1, nodes))
+# The typed options that are not one "--name value" flag of their own: speculative (its table below), extra_args
+# (flags as written), api_key_file (the key reaches the engine through its 0600 env file, never argv), model_path
+# (render writes it first, per host)
+NOT_FLAG_FIELDS = frozenset({"speculative", "extra_args", "api_key_file", "model_path"})
+# One two-way table of typed field <-> SGLang flag: render reads it to write argv, import reads it backwards to turn
+# argv into fields, so a field added to ServerOptions or Speculative is both rendered and imported. SGLang names
+# its flags after its ServerArgs fields (x_y is --x-y; speculative_x_y is --speculative-x-y).
+SERVER_FLAGS: dict[str, str] = {
+    name: "--" + name.replace("_", "-") for name in ServerOptions.model_fields if name not in NOT_FLAG_FIELDS
+}
+SPECULATIVE_FLAGS: dict[str, str] = {
+    name: "--speculative-" + name.replace("_", "-") for name in Speculative.model_fields
+}
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How one engine instance spreads over accelerators, as SGLang reads its sizes.
+
+    Each data-parallel replica is a TP x PP group of devices. Without --enable-dp-attention, SGLang's DP
+    controller starts --dp-size replicas, each on devices of its own (its base GPU moves on by TP x PP); with it,
+    the DP ranks split attention inside one TP group and share its devices. sglang_router.launch_server always
+    starts --dp-size separate servers (each dp_size 1, its base GPU moved on by TP), DP attention or not."""
+
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+    dp_attention: bool = False
+    launcher: str = "launch_server"
+
+    @classmethod
+    def of(cls, server: ServerOptions, launcher: str = "launch_server") -> Parallelism:
+        return cls(server.tp_size or 1, server.pp_size or 1, server.dp_size or 1, server.enable_dp_attention, launcher)
+
+    @property
+    def replicas(self) -> int:
+        """TP x PP groups that each need devices of their own."""
+        own_devices = self.launcher == "router_launch_server" or not self.dp_attention
+        return self.dp_size if own_devices else 1
+
+    def devices_per_node(self, nodes: int) -> int:
+        """Accelerators one node of the instance drives: all its replicas' devices, spread over its nodes."""
+        return -(-(self.tp_size * self.pp_size * self.replicas) // max(1, nodes))
+
+
+def devices_per_node(server: ServerOptions, nodes: int, launcher: str = "launch_server") -> int:
+    """Accelerators one node of an engine instance of ``server`` drives (Parallelism: the one rule)."""
+    return Parallelism.of(server, launcher).devices_per_node(nodes)
 
 
 class Router(Strict):
