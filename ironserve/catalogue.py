@@ -146,67 +146,50 @@ def _expanded_nodes(root) -> int:
 def load_yaml_text(raw: bytes, where: str):
     """Parse one YAML document strictly: size-bounded, UTF-8, alias expansion bounded, no duplicate keys.
     Every failure is a SpecError naming the file, the line and the fix."""
-    if len(raw) > MAX_YAML_BYTES:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    "",
-                    f"{len(raw)} bytes is larger than the {MAX_YAML_BYTES} a recipe may be",
-                    "split it, or check that this is the right file",
-                )
-            ]
-        )
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"line {line}",
-                    f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-                    "save the file as UTF-8",
-                )
-            ]
-        ) from None
-    loader = _StrictLoader(text)
+    loader = _StrictLoader(_yaml_source(raw, where))
     try:
         root = loader.get_single_node()
         if _expanded_nodes(root) > MAX_YAML_NODES:
-            raise SpecError(
-                [
-                    Problem(
-                        where,
-                        "",
-                        f"anchors and aliases expand to more than {MAX_YAML_NODES} nodes",
-                        "write the values out, or use fewer nested aliases",
-                    )
-                ]
+            raise SpecError.one(
+                where,
+                "",
+                f"anchors and aliases expand to more than {MAX_YAML_NODES} nodes",
+                "write the values out, or use fewer nested aliases",
             )
         return loader.construct_document(root) if root is not None else None
     except _DuplicateKey as dup:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"line {dup.again.line + 1}",
-                    f"duplicate key '{dup.key}' (first on line {dup.first.line + 1})",
-                    "keep one of them",
-                )
-            ]
+        raise SpecError.one(
+            where,
+            f"line {dup.again.line + 1}",
+            f"duplicate key '{dup.key}' (first on line {dup.first.line + 1})",
+            "keep one of them",
         ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}" if mark else ""
-        raise SpecError(
-            [Problem(where, at, f"not valid YAML ({getattr(exc, 'problem', None) or exc})", "fix the syntax")]
-        ) from None
+        problem = f"not valid YAML ({getattr(exc, 'problem', None) or exc})"
+        raise SpecError.one(where, at, problem, "fix the syntax") from None
     except RecursionError:
-        raise SpecError([Problem(where, "", "nested too deeply", "flatten the document")]) from None
+        raise SpecError.one(where, "", "nested too deeply", "flatten the document") from None
     finally:
         loader.dispose()
+
+
+def _yaml_source(raw: bytes, where: str) -> str:
+    """The document's text, checked before the parser sees it: no larger than a recipe may be, and UTF-8."""
+    if len(raw) > MAX_YAML_BYTES:
+        raise SpecError.one(
+            where,
+            "",
+            f"{len(raw)} bytes is larger than the {MAX_YAML_BYTES} a recipe may be",
+            "split it, or check that this is the right file",
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        problem = f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        raise SpecError.one(where, f"line {line}", problem, "save the file as UTF-8") from None
 
 
 def _load_yaml(path: Path):

@@ -355,59 +355,18 @@ def _read_script(name: str) -> str:
 
 def cmd_import(args) -> int:
     from . import catalogue
-    from .commandline import CommandError, parse_command
-    from .findings import Severity, has_errors
-    from .importer import import_commands, import_script, to_yaml
-    from .problems import Problem, SpecError
+    from .findings import has_errors
+    from .importer import to_yaml
 
     profiles = catalogue.hardware_profiles()
-    if args.hardware not in profiles:
-        raise SpecError(
-            [
-                Problem(
-                    "command line", "--hardware", f"unknown hardware '{args.hardware}'", f"one of {', '.join(profiles)}"
-                )
-            ]
-        )
-    words = args.command
-    if not words and not args.file:
-        raise SpecError(
-            [
-                Problem(
-                    "command line", "", "no command to import", "paste it after --, or name a launch script with --file"
-                )
-            ]
-        )
-    arch = profiles[args.hardware].accelerator.arch
+    _check_import_input(args, profiles)
     engine = _engine_version(args.engine)
     args.id = _import_id(args.id, args.output)
-    try:
-        if args.file:  # --file repeated: the halves and the router of one deployment, one script each
-            texts = [_read_script(name) for name in args.file] + ([shlex.join(words)] if words else [])
-            result = import_script("\n".join(texts), args.hardware, args.id, engine, arch, detect=not args.offline)
-        else:
-            result = import_commands(
-                [parse_command(words)], args.hardware, args.id, engine, arch, detect=not args.offline
-            )
-    except CommandError as exc:
-        source = ", ".join(args.file or ["command"])
-        raise SpecError([Problem(source, exc.where if exc.where != "command" else "", str(exc), exc.fix)]) from None
+    result = _imported(args, profiles[args.hardware].accelerator.arch, engine)
     text = to_yaml(result.data)
     for f in result.findings:
         print(f.line(), file=sys.stderr)
-    # what import writes must load and pass lint: cross-field errors (a tp_size larger than the hardware's devices)
-    # stop it, exit 2, nothing written; lint errors are said, and exit 1 after writing (fix the file, lint again)
-    from .lint import lint_recipe
-
-    recipe = catalogue.parse_recipe(result.data, args.output or "imported recipe")
-    catalogue.check_recipe(recipe, profiles, args.output or "imported recipe")
-    try:
-        linted = lint_recipe(recipe, profiles, engine)
-    except SpecError:  # placement that needs the inventory's hosts (a router beside an engine): `lint --inventory`
-        linted = []
-    for f in linted:
-        if f.severity is Severity.error:
-            print(f.line(), file=sys.stderr)
+    linted = _lint_imported(result.data, profiles, engine, args.output or "imported recipe")
     if any(h for h in result.hosts):
         print(
             f"hosts in render order (put them in the inventory): {', '.join(h or '?' for h in result.hosts)}",
@@ -416,16 +375,72 @@ def cmd_import(args) -> int:
     if args.inventory_out:
         from .importer import inventory_text
 
-        with open(args.inventory_out, "w") as fh:
-            fh.write(inventory_text(result))
-        print(f"wrote {args.inventory_out}", file=sys.stderr)
+        _write_said(args.inventory_out, inventory_text(result))
     if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-        print(f"wrote {args.output}", file=sys.stderr)
+        _write_said(args.output, text)
     else:
         print(text, end="")
     return 1 if has_errors(linted) else 0
+
+
+def _check_import_input(args, profiles: dict) -> None:
+    """A known hardware profile and something to import, before anything is parsed."""
+    from .problems import SpecError
+
+    if args.hardware not in profiles:
+        raise SpecError.one(
+            "command line", "--hardware", f"unknown hardware '{args.hardware}'", f"one of {', '.join(profiles)}"
+        )
+    if not args.command and not args.file:
+        raise SpecError.one(
+            "command line", "", "no command to import", "paste it after --, or name a launch script with --file"
+        )
+
+
+def _imported(args, arch: str, engine: str | None):
+    """The pasted command, or the launch scripts (--file repeated: the halves and the router of one deployment, one
+    script each, and a pasted command beside them), as recipe data; a command import refuses is a SpecError."""
+    from .commandline import CommandError, parse_command
+    from .importer import import_commands, import_script
+    from .problems import SpecError
+
+    words = args.command
+    options = {"engine": engine, "hardware_arch": arch, "detect": not args.offline}
+    try:
+        if args.file:
+            texts = [_read_script(name) for name in args.file] + ([shlex.join(words)] if words else [])
+            return import_script("\n".join(texts), args.hardware, args.id, **options)
+        return import_commands([parse_command(words)], args.hardware, args.id, **options)
+    except CommandError as exc:
+        source = ", ".join(args.file or ["command"])
+        raise SpecError.one(source, exc.where if exc.where != "command" else "", str(exc), exc.fix) from None
+
+
+def _lint_imported(data: dict, profiles: dict, engine: str | None, where: str) -> list:
+    """What import writes must load and pass lint: cross-field errors (a tp_size larger than the hardware's devices)
+    stop it, exit 2, nothing written; lint errors are said (returned), and exit 1 after writing (fix the file, lint
+    again)."""
+    from . import catalogue
+    from .findings import Severity
+    from .lint import lint_recipe
+    from .problems import SpecError
+
+    recipe = catalogue.parse_recipe(data, where)
+    catalogue.check_recipe(recipe, profiles, where)
+    try:
+        linted = lint_recipe(recipe, profiles, engine)
+    except SpecError:  # placement that needs the inventory's hosts (a router beside an engine): `lint --inventory`
+        linted = []
+    for f in linted:
+        if f.severity is Severity.error:
+            print(f.line(), file=sys.stderr)
+    return linted
+
+
+def _write_said(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _import_id(given: str | None, output: str | None) -> str | None:
@@ -626,11 +641,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _add_recipe_parsers(sub) -> None:
-    """render, lint and import: recipes and pasted commands."""
-    p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
-    p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
-    p.add_argument("--inventory", help="pyinfra inventory file: hosts, addresses, ranks")
+def _add_inventory_options(p, inventory_help: str) -> None:
+    """--inventory and the --data that adds host data to its hosts: they come together."""
+    p.add_argument("--inventory", help=inventory_help)
     p.add_argument(
         "--data",
         action="append",
@@ -638,6 +651,13 @@ def _add_recipe_parsers(sub) -> None:
         metavar="KEY=VALUE",
         help="host data for every host of --inventory, as pyinfra's --data",
     )
+
+
+def _add_recipe_parsers(sub) -> None:
+    """render, lint and import: recipes and pasted commands."""
+    p = sub.add_parser("render", help="what runs on each host", allow_abbrev=False)
+    p.add_argument("recipe", nargs="?", help="recipe id or YAML file")
+    _add_inventory_options(p, "pyinfra inventory file: hosts, addresses, ranks")
     p.add_argument("--format", choices=["json", "shell", "systemd"], default="json")
     p.add_argument("--list", action="store_true", help="list the catalogue")
     p.set_defaults(func=cmd_render)
@@ -649,14 +669,7 @@ def _add_recipe_parsers(sub) -> None:
     p.add_argument("--gpus", type=int, help="devices present on the node, if fewer than the profile's")
     p.add_argument("--engine", help="sglang==VERSION: judge for that version, with its real parser")
     p.add_argument("--offline", action="store_true", help="skip the real-parser check (no venv build)")
-    p.add_argument("--inventory", help="pyinfra inventory: validate its host data and render for its hosts")
-    p.add_argument(
-        "--data",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="host data for every host of --inventory, as pyinfra's --data",
-    )
+    _add_inventory_options(p, "pyinfra inventory: validate its host data and render for its hosts")
     p.add_argument("--file", help="a launch script: lint each SGLang launch in it")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--rules", action="store_true", help="list the rules")

@@ -388,17 +388,9 @@ def _build_sglang(tmp: Path, version: str) -> dict:
         )
     else:
         raise ParserEnvError(f"sglang {version}: import chain did not settle after 40 installs")
-    _check_no_cuda(tmp)
-    (tmp / "flags.json").write_text(json.dumps(answer["flags"], indent=0, sort_keys=True))
-    return {
-        "package": "sglang",
-        "version": version,
-        "torch": TORCH_PIN,
-        "import_s": answer["import_s"],
-        "discovered_imports": discovered,
-        "shims": ["torchvision"],
-        "freeze": _freeze(tmp),
-    }
+    return _finish_venv(
+        tmp, "sglang", version, answer, torch=TORCH_PIN, discovered_imports=discovered, shims=["torchvision"]
+    )
 
 
 def _build_router(tmp: Path, version: str) -> dict:
@@ -408,15 +400,15 @@ def _build_router(tmp: Path, version: str) -> dict:
     answer = _probe_raw(tmp, {"kind": "router", "argvs": [], "dump_flags": True})
     if not answer.get("ok"):
         raise ParserEnvError(f"sglang-router {version}: import failed:\n{answer.get('error')}")
+    return _finish_venv(tmp, "sglang-router", version, answer, shims=[])
+
+
+def _finish_venv(tmp: Path, package: str, version: str, answer: dict, **facts) -> dict:
+    """A built parser venv's last steps: no CUDA in it, its flags kept (flags.json), and its manifest (the package,
+    how long the import took, what the build added, the exact freeze)."""
     _check_no_cuda(tmp)
     (tmp / "flags.json").write_text(json.dumps(answer["flags"], indent=0, sort_keys=True))
-    return {
-        "package": "sglang-router",
-        "version": version,
-        "import_s": answer["import_s"],
-        "shims": [],
-        "freeze": _freeze(tmp),
-    }
+    return {"package": package, "version": version, "import_s": answer["import_s"], **facts, "freeze": _freeze(tmp)}
 
 
 def _freeze(path: Path) -> list[str]:

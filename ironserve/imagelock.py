@@ -101,59 +101,63 @@ def apply_site(recipe: Recipe, site_lock: str | Path | None) -> Recipe:
     runtime = recipe.runtime
     if not site_lock or not isinstance(runtime, DockerRuntime):
         return recipe
-    data = read(Path(site_lock).expanduser())
-    if data is None:
-        raise SpecError(
-            [
-                Problem(
-                    str(site_lock),
-                    "",
-                    "docker_image_lock names no file",
-                    "run `ironserve lock --all --site FILE --inventory INVENTORY`, or unset it",
-                )
-            ]
-        )
-    entry = (data.get("docker") or {}).get(runtime.image)
-    if not isinstance(entry, dict):
+    entry = _site_lock_entry(Path(site_lock).expanduser(), runtime.image, str(site_lock))
+    if entry is None:
         return recipe
+    _check_site_entry(entry, recipe, str(site_lock))
+    update = {"digest": entry["digest"]}
+    if entry.get("repository"):
+        update["image"] = f"{entry['repository']}:{split_reference(runtime.image)[2]}"
+    return recipe.model_copy(update={"runtime": _sited_runtime(runtime, update, str(site_lock))})
+
+
+def _site_lock_entry(path: Path, image: str, where: str) -> dict | None:
+    """The site lock's entry for ``image``, None when it has none; the lock itself must exist (host data names it)."""
+    data = read(path)
+    if data is None:
+        raise SpecError.one(
+            where,
+            "",
+            "docker_image_lock names no file",
+            "run `ironserve lock --all --site FILE --inventory INVENTORY`, or unset it",
+        )
+    entry = (data.get("docker") or {}).get(image)
+    return entry if isinstance(entry, dict) else None
+
+
+def _check_site_entry(entry: dict, recipe: Recipe, where: str) -> None:
+    """An entry applies only as a digest that replaces the very pin the recipe has: any other is stale."""
+    runtime = recipe.runtime
     digest = entry.get("digest")
     if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-        raise SpecError(
-            [
-                Problem(
-                    str(site_lock),
-                    f"docker.{runtime.image}.digest",
-                    f"not a digest: {digest!r}",
-                    "run `ironserve lock --all --site FILE` again",
-                )
-            ]
+        raise SpecError.one(
+            where,
+            f"docker.{runtime.image}.digest",
+            f"not a digest: {digest!r}",
+            "run `ironserve lock --all --site FILE` again",
         )
     if entry.get("replaces") != runtime.digest:
-        raise SpecError(
-            [
-                Problem(
-                    str(site_lock),
-                    f"docker.{runtime.image}.replaces",
-                    f"the site's image replaces {entry.get('replaces') or 'the bare tag'}, but recipe "
-                    f"{recipe.id} pins {runtime.digest or 'no digest'}: the site lock is stale",
-                    "push the recipe's image to the site registry and run `ironserve lock --all --site "
-                    "FILE --inventory INVENTORY` again",
-                )
-            ]
+        raise SpecError.one(
+            where,
+            f"docker.{runtime.image}.replaces",
+            f"the site's image replaces {entry.get('replaces') or 'the bare tag'}, but recipe "
+            f"{recipe.id} pins {runtime.digest or 'no digest'}: the site lock is stale",
+            "push the recipe's image to the site registry and run `ironserve lock --all --site "
+            "FILE --inventory INVENTORY` again",
         )
-    update = {"digest": digest}
-    repository = entry.get("repository")
-    if repository:
-        update["image"] = f"{repository}:{split_reference(runtime.image)[2]}"
-    # validated as the recipe's own fields are (model_copy would not): the values reach docker argv and units
+
+
+def _sited_runtime(runtime: DockerRuntime, update: dict, where: str) -> DockerRuntime:
+    """The runtime with the site's digest and image, validated as the recipe's own fields are (model_copy would
+    not): the values reach docker argv and units."""
     try:
-        sited = DockerRuntime.model_validate({**runtime.model_dump(), **update})
+        return DockerRuntime.model_validate({**runtime.model_dump(), **update})
     except ValidationError as exc:
         fields = {"image": "repository"}  # the site lock's own field names
         raise SpecError(
             [
                 Problem(
-                    str(site_lock),
+                    where,
                     f"docker.{runtime.image}.{fields.get(e['loc'][-1], e['loc'][-1])}",
                     f"{e['msg']}: {e.get('input')!r}",
                     "run `ironserve lock --all --site FILE` again",
@@ -161,7 +165,6 @@ def apply_site(recipe: Recipe, site_lock: str | Path | None) -> Recipe:
                 for e in exc.errors()
             ]
         ) from None
-    return recipe.model_copy(update={"runtime": sited})
 
 
 # --------------------------------------------------------------------------- resolving (ironserve lock)
@@ -176,24 +179,24 @@ def split_reference(image: str) -> tuple[str, str, str]:
     return DOCKER_HUB, repository_path(name), tag
 
 
+def _tag_digest(
+    recipe: Recipe, registry: str, path: str, tag: str, ca_file: str | None, missing: str, push: str
+) -> str:
+    """The manifest digest ``registry`` gives path:tag; a SpecError naming the recipe's image when it has none."""
+    digest = Registry(registry, ca_file).digest(path, tag)
+    if not digest:
+        problem = f"{recipe.runtime.image}: the registry {registry} {missing}"
+        raise SpecError.one(recipe.id, "runtime.image", problem, f"{push}, or fix the tag")
+    return digest
+
+
 def resolve_docker(recipe: Recipe, mirror: str | None, ca_file: str | None) -> dict:
     runtime = recipe.runtime
     assert isinstance(runtime, DockerRuntime)
     registry, repo, tag = split_reference(runtime.image)
     if registry == DOCKER_HUB and mirror:
         registry = mirror
-    digest = Registry(registry, ca_file).digest(repo, tag)
-    if not digest:
-        raise SpecError(
-            [
-                Problem(
-                    recipe.id,
-                    "runtime.image",
-                    f"{runtime.image}: the registry {registry} has no tag {tag}",
-                    "push the image there, or fix the tag",
-                )
-            ]
-        )
+    digest = _tag_digest(recipe, registry, repo, tag, ca_file, f"has no tag {tag}", "push the image there")
     return {"image": runtime.image, "digest": digest, "registry": registry}
 
 
@@ -204,18 +207,7 @@ def resolve_site(recipe: Recipe, mirror: str | None, ca_file: str | None) -> dic
     assert isinstance(runtime, DockerRuntime)
     registry, path, tag = split_reference(runtime.image)
     where = mirror or registry
-    digest = Registry(where, ca_file).digest(path, tag)
-    if not digest:
-        raise SpecError(
-            [
-                Problem(
-                    recipe.id,
-                    "runtime.image",
-                    f"{runtime.image}: the registry {where} has no {path}:{tag}",
-                    "push the site's image there, or fix the tag",
-                )
-            ]
-        )
+    digest = _tag_digest(recipe, where, path, tag, ca_file, f"has no {path}:{tag}", "push the site's image there")
     repository = f"{mirror}/{path}" if mirror and registry != DOCKER_HUB else None
     return site_entry(digest, runtime.digest, repository)
 

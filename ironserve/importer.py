@@ -384,6 +384,17 @@ def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> d
             "write the image as repository:tag (and @sha256:... to pin it) in the command",
             "docker",
         )
+    run = _docker_run(d, values)
+    _docker_notes(d, values, notes)
+    runtime: dict[str, Any] = {"kind": "docker", "image": d.image}
+    if d.digest:
+        runtime["digest"] = d.digest
+    runtime["run"] = run
+    return runtime
+
+
+def _docker_run(d: DockerOptions, values: _Values) -> dict:
+    """docker run's options as runtime.run; a shell variable in a value becomes an input to set (values)."""
     d.volumes = [values.unset(v, "docker -v") for v in d.volumes]
     d.devices = [values.unset(v, "docker --device") for v in d.devices]
     d.env_files = [values.unset(v, "docker --env-file") for v in d.env_files]
@@ -411,6 +422,15 @@ def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> d
         run["extra_options"] = extra
     if d.env_files:
         run["env_files"] = list(d.env_files)
+    if d.entrypoint:
+        run["entrypoint"] = d.entrypoint
+    return run
+
+
+def _docker_notes(d: DockerOptions, values: _Values, notes: list[Finding]) -> None:
+    """What a service cannot take from docker run as typed: env files by reference, -e NAME from the shell that ran
+    docker, the options the systemd unit decides (-d, --name)."""
+    if d.env_files:
         notes.append(
             _note(
                 "import-env-file",
@@ -421,8 +441,6 @@ def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> d
                 Severity.info,
             )
         )
-    if d.entrypoint:
-        run["entrypoint"] = d.entrypoint
     for name in d.env_from_host:
         if SECRET_NAME.search(name):
             _secret_env(name, values, "docker -e")
@@ -447,11 +465,6 @@ def docker_runtime(d: DockerOptions, values: _Values, notes: list[Finding]) -> d
                 Severity.info,
             )
         )
-    runtime: dict[str, Any] = {"kind": "docker", "image": d.image}
-    if d.digest:
-        runtime["digest"] = d.digest
-    runtime["run"] = run
-    return runtime
 
 
 def _image_version(image: str) -> str | None:
@@ -536,7 +549,8 @@ def _url(url: str, where: str) -> tuple[str | None, int | str]:
 def _groups_from_servers(
     servers: list[_Server], role: str, notes: list[Finding] | None = None
 ) -> tuple[list[dict], list[str | None], list[int]]:
-    """Engine commands of one role -> groups: one instance per command (multi-node: per dist-init address)."""
+    """Engine commands of one role -> groups: one instance per command (multi-node: per dist-init address); an
+    instance identical to the one before it is that group's next instance."""
     instances: dict[str, list[_Server]] = {}
     for n, s in enumerate(servers):
         key = s.dist_init if s.nnodes > 1 and s.dist_init else f"#{n}"
@@ -547,51 +561,11 @@ def _groups_from_servers(
     last: tuple | None = None
     for members in instances.values():
         head = sorted(members, key=lambda s: s.node_rank)[0]
-        group: dict[str, Any] = {"role": role} if role != "server" else {}
+        group = _instance_group(head, members, role, notes)
         nodes = max(head.nnodes, 1)
-        if nodes > 1:
-            group["nodes"] = nodes
-            port = _dist_init_port(members)
-            if port is not None:
-                group["dist_init_port"] = port
-            if isinstance(port, str) and notes is not None:
-                notes.append(
-                    _note(
-                        "import-set-value",
-                        f"--dist-init-addr {head.dist_init}: the port is a shell "
-                        f"variable; imported as dist_init_port '{port}' (the address is rank 0's, from "
-                        "the inventory)",
-                        "set topology.groups[].dist_init_port in the recipe",
-                        "--dist-init-addr",
-                    )
-                )
-        else:
-            if head.explicit_nnodes and role != "server":
-                group["explicit_single_node_rank"] = True
-            if head.dist_init and notes is not None:
-                notes.append(
-                    _note(
-                        "import-dist-init-dropped",
-                        f"--dist-init-addr {head.dist_init} on a one-node "
-                        f"{role}: not kept (a single node needs no rendezvous; ironserve adds it for "
-                        "multi-node groups from the inventory)",
-                        "",
-                        "--dist-init-addr",
-                        Severity.info,
-                    )
-                )
-        if role == "prefill":
-            group["bootstrap_port"] = head.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
-        group["server"] = head.server
-        if head.env:
-            group["env"] = head.env
         same = (json.dumps(head.server, sort_keys=True), json.dumps(head.env, sort_keys=True), nodes)
         prev = groups[-1] if groups else None
-        if (
-            prev is not None
-            and last == same
-            and (role != "prefill" or prev["bootstrap_port"] + prev.get("instances", 1) == group["bootstrap_port"])
-        ):
+        if last == same and _next_instance_of(prev, role, group.get("bootstrap_port")):
             prev["instances"] = prev.get("instances", 1) + 1
         else:
             groups.append(group)
@@ -600,6 +574,56 @@ def _groups_from_servers(
         heads.append(len(hosts))
         hosts += [ranks.get(r) for r in range(nodes)]
     return groups, hosts, heads
+
+
+def _next_instance_of(prev: dict | None, role: str, bootstrap_port: int | None) -> bool:
+    """Whether an instance like group ``prev``'s can be its next one: instance i of a prefill group listens on
+    bootstrap_port + i, so a prefill's port must be the next in line."""
+    return prev is not None and (
+        role != "prefill" or prev["bootstrap_port"] + prev.get("instances", 1) == bootstrap_port
+    )
+
+
+def _instance_group(head: _Server, members: list[_Server], role: str, notes: list[Finding] | None) -> dict:
+    """One group instance (its rank 0's command ``head``, its ranks ``members``) as a topology group."""
+    group: dict[str, Any] = {"role": role} if role != "server" else {}
+    if head.nnodes > 1:
+        group["nodes"] = head.nnodes
+        port = _dist_init_port(members)
+        if port is not None:
+            group["dist_init_port"] = port
+        if isinstance(port, str) and notes is not None:
+            notes.append(
+                _note(
+                    "import-set-value",
+                    f"--dist-init-addr {head.dist_init}: the port is a shell "
+                    f"variable; imported as dist_init_port '{port}' (the address is rank 0's, from "
+                    "the inventory)",
+                    "set topology.groups[].dist_init_port in the recipe",
+                    "--dist-init-addr",
+                )
+            )
+    else:
+        if head.explicit_nnodes and role != "server":
+            group["explicit_single_node_rank"] = True
+        if head.dist_init and notes is not None:
+            notes.append(
+                _note(
+                    "import-dist-init-dropped",
+                    f"--dist-init-addr {head.dist_init} on a one-node "
+                    f"{role}: not kept (a single node needs no rendezvous; ironserve adds it for "
+                    "multi-node groups from the inventory)",
+                    "",
+                    "--dist-init-addr",
+                    Severity.info,
+                )
+            )
+    if role == "prefill":
+        group["bootstrap_port"] = head.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+    group["server"] = head.server
+    if head.env:
+        group["env"] = head.env
+    return group
 
 
 def _dist_init_port(members: list[_Server]) -> int | str | None:
@@ -642,14 +666,7 @@ def _groups_from_urls(entries: list[tuple[str, int | None]], role: str) -> tuple
         host, port = _url(url, f"--{role}")
         hosts.append(host)
         prev = groups[-1] if groups else None
-        if (
-            prev
-            and prev["server"]["port"] == port
-            and (
-                role != "prefill"
-                or prev["bootstrap_port"] + prev.get("instances", 1) == (boot or DEFAULT_BOOTSTRAP_PORT)
-            )
-        ):
+        if prev and prev["server"]["port"] == port and _next_instance_of(prev, role, boot or DEFAULT_BOOTSTRAP_PORT):
             prev["instances"] = prev.get("instances", 1) + 1
             continue
         group: dict[str, Any] = {"role": role, "server": {"port": port}}
@@ -812,17 +829,9 @@ def import_commands(
     """Commands of one deployment (engine commands, at most one router) -> recipe data and findings.
 
     hardware_arch defaults to the arch of the hardware profile `hardware` names ("none" for unknown ids)."""
-    if hardware_arch is None:
-        from .catalogue import hardware_profiles
-
-        profile = hardware_profiles().get(hardware)
-        hardware_arch = profile.accelerator.arch if profile else "none"
     engines, router_command, launch = _deployment_commands(commands)
-    # the engines' container, else the router's (a router pasted alone)
-    dockers = [c.docker for c in [*engines, *([router_command] if router_command else [])] if c.docker]
     notes: list[Finding] = []
-    first_model = next((s for s in (_first_model(c) for c in engines) if s), "")
-    family = model_family(first_model) or "unknown"
+    family = model_family(next((s for s in (_first_model(c) for c in engines) if s), "")) or "unknown"
     rid = recipe_id or re.sub(r"[^a-z0-9.]+", "-", f"{family}-{hardware}-imported".lower()).strip("-")
     values = _Values(rid)
     servers = [
@@ -837,9 +846,10 @@ def import_commands(
     if values.api_key:
         server["api_key_file"] = API_KEY_FILE.format(id=rid)
     model = _model(next((s.model_path for s in servers if s.model_path), ""), family, values)
-    runtime, engine_data, engine_note = _engine_runtime(
-        hardware_arch, engine, launch, dockers[0] if dockers else None, values, notes, commands, detect
-    )
+    # the engines' container, else the router's (a router pasted alone)
+    docker = next((c.docker for c in [*engines, *([router_command] if router_command else [])] if c.docker), None)
+    arch = hardware_arch if hardware_arch is not None else _profile_arch(hardware)
+    runtime, engine_data, engine_note = _engine_runtime(arch, engine, launch, docker, values, notes, commands, detect)
     if router:
         from .engine_parser import DEFAULT_ROUTER_VERSION
 
@@ -857,15 +867,27 @@ def import_commands(
     }
     _process_env(data, env, commands, notes)
     _memlock(data, hardware, notes)
+    _check_loads(data)
+    return Imported(data, values.findings + notes, hosts, engine_note)
+
+
+def _profile_arch(hardware: str) -> str:
+    from .catalogue import hardware_profiles
+
+    profile = hardware_profiles().get(hardware)
+    return profile.accelerator.arch if profile else "none"
+
+
+def _check_loads(data: dict) -> None:
+    """What import writes must load: a recipe that does not is import's own bug, said as such."""
     try:
-        Recipe.model_validate(data)  # what import writes must load
+        Recipe.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise CommandError(
             f"the imported recipe does not validate at {'.'.join(map(str, err['loc']))}: {err['msg']}",
             "report this command: import should have refused it earlier",
         ) from exc
-    return Imported(data, values.findings + notes, hosts, engine_note)
 
 
 def _deployment_commands(commands: list[Command]) -> tuple[list[Command], Command | None, str]:
@@ -1007,31 +1029,8 @@ def _engine_runtime(
         tag = docker.image.rsplit(":", 1)[1] if ":" in docker.image.split("/")[-1] else "latest"
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch == "ascend-a3":
-        from .catalogue import hardware_profiles
-
-        profile = next(p for p in hardware_profiles().values() if p.accelerator.arch == arch)
-        npu = DockerOptions(
-            image=ASCEND_IMAGE.format(toolkit=(profile.toolkit or "8.3.RC1").lower()),
-            privileged=True,
-            network="host",
-            ipc="host",
-            shm_size="16g",
-            devices=[f"/dev/davinci{n}" for n in range(profile.accelerator.count)] + ASCEND_DEVICES,
-            volumes=list(ASCEND_VOLUMES),
-        )
-        runtime = docker_runtime(npu, values, notes)
-        notes.append(
-            _note(
-                "import-npu-runtime",
-                f"Ascend NPU runtime: SGLang's NPU image {npu.image} (CANN "
-                f"{profile.toolkit}, torch-npu) with the {profile.accelerator.count} NPU dies and the host "
-                "driver mounted, not a CUDA PyPI stack",
-                "pin runtime.digest, or import the docker run line you use",
-                "runtime",
-                Severity.info,
-            )
-        )
-        tag = npu.image.rsplit(":", 1)[1]
+        runtime = _ascend_runtime(arch, values, notes)
+        tag = runtime["image"].rsplit(":", 1)[1]
         return runtime, {"sglang": f"image-{tag}", "launcher": launch, "parser_version": version}, note
     if arch in ERA_IMAGE and not engine and not by_flags:  # flags of another release: that release, from PyPI
         return (
@@ -1044,6 +1043,36 @@ def _engine_runtime(
         {"sglang": version, "launcher": launch},
         note,
     )
+
+
+def _ascend_runtime(arch: str, values: _Values, notes: list[Finding]) -> dict:
+    """SGLang's NPU image for the arch's hardware profile, run as SGLang's Ascend docs run it: every NPU die, the
+    host's driver mounted."""
+    from .catalogue import hardware_profiles
+
+    profile = next(p for p in hardware_profiles().values() if p.accelerator.arch == arch)
+    npu = DockerOptions(
+        image=ASCEND_IMAGE.format(toolkit=(profile.toolkit or "8.3.RC1").lower()),
+        privileged=True,
+        network="host",
+        ipc="host",
+        shm_size="16g",
+        devices=[f"/dev/davinci{n}" for n in range(profile.accelerator.count)] + ASCEND_DEVICES,
+        volumes=list(ASCEND_VOLUMES),
+    )
+    runtime = docker_runtime(npu, values, notes)
+    notes.append(
+        _note(
+            "import-npu-runtime",
+            f"Ascend NPU runtime: SGLang's NPU image {npu.image} (CANN "
+            f"{profile.toolkit}, torch-npu) with the {profile.accelerator.count} NPU dies and the host "
+            "driver mounted, not a CUDA PyPI stack",
+            "pin runtime.digest, or import the docker run line you use",
+            "runtime",
+            Severity.info,
+        )
+    )
+    return runtime
 
 
 def choose_engine(
@@ -1139,26 +1168,15 @@ def detect_engine(argvs: list[list[str]], releases: flag_releases.Fit | None = N
 # --------------------------------------------------------------------------- entry points
 
 
-def import_command(
-    words: list[str],
-    hardware: str,
-    recipe_id: str | None = None,
-    engine: str | None = None,
-    hardware_arch: str | None = None,
-) -> dict:
-    """One pasted command (as the shell split it) -> recipe data."""
-    return import_commands([parse_command(words)], hardware, recipe_id, engine, hardware_arch).data
+def import_command(words: list[str], hardware: str, recipe_id: str | None = None, **options) -> dict:
+    """One pasted command (as the shell split it) -> recipe data; ``options`` are import_commands' (engine,
+    hardware_arch, detect)."""
+    return import_commands([parse_command(words)], hardware, recipe_id, **options).data
 
 
-def import_script(
-    text: str,
-    hardware: str,
-    recipe_id: str | None = None,
-    engine: str | None = None,
-    hardware_arch: str | None = None,
-    detect: bool = False,
-) -> Imported:
-    """A launch script (the engine commands and the router of one deployment) -> recipe data and findings."""
+def import_script(text: str, hardware: str, recipe_id: str | None = None, **options) -> Imported:
+    """A launch script (the engine commands and the router of one deployment) -> recipe data and findings;
+    ``options`` are import_commands' (engine, hardware_arch, detect)."""
     script = parse_script(text)
     if not script.commands:
         raise CommandError(
@@ -1167,7 +1185,7 @@ def import_script(
             "sglang.launch_server, sglang serve or python3 -m sglang_router.launch_router",
             "file",
         )
-    result = import_commands([c for c, _ in script.commands], hardware, recipe_id, engine, hardware_arch, detect)
+    result = import_commands([c for c, _ in script.commands], hardware, recipe_id, **options)
     if script.sourced:
         runtime = result.data["runtime"]
         runtime["source_env"] = list(dict.fromkeys([*runtime.get("source_env", []), *script.sourced]))

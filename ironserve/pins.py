@@ -118,62 +118,57 @@ def resolve_findings(
     if not isinstance(runtime, UvRuntime):
         return []
     where = f"{recipe.id} runtime"
-
-    def not_resolved(why: str, fix: str) -> list[Finding]:
-        return [Finding("uv-pins-not-resolved", Severity.warning, f"pins not resolved: {why}", fix, where)]
-
     if offline:
-        return not_resolved(
+        return _not_resolved(
+            where,
             "offline lint asks no index",
             "run `ironserve lint` without --offline where the recipe's indexes are reachable",
         )
     idx, missing = index_options(runtime, package_indexes)
     if missing:
-        return not_resolved(
+        return _not_resolved(
+            where,
             f"{', '.join(missing)} has no URL here",
             "map it with --inventory (host data package_indexes) to resolve against it",
         )
     uv = uv_binary()
     if not uv:
-        return not_resolved("no uv on this machine", "install uv (scripts/env.sh does)")
+        return _not_resolved(where, "no uv on this machine", "install uv (scripts/env.sh does)")
     findings = []
-    arches = sorted({profiles[h].cpu_arch for h in recipe.hardware if h in profiles})
-    for arch in arches:
-        platform = PLATFORMS[arch]
-        with tempfile.TemporaryDirectory(prefix="ironserve-pins-") as tmp:
-            cmd = compile_command(uv, runtime, platform, idx, Path(tmp))
-            env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-            except subprocess.TimeoutExpired:
-                findings += not_resolved(f"uv took longer than {timeout} s ({platform})", "check the index")
-                continue
-        if proc.returncode == 0:
-            continue
-        text = _explanation(proc.stderr)
-        if "No solution found" in proc.stderr or "unsatisfiable" in proc.stderr:
-            findings.append(
-                Finding(
-                    "uv-pins-unresolvable",
-                    Severity.error,
-                    f"the runtime's pins cannot be installed together on {platform} (Python {runtime.python}): {text}",
-                    "pin versions that resolve (uv pip compile), or add runtime.overrides / runtime.excludes where the "
-                    "build's published metadata names another platform's dependencies",
-                    where,
-                )
-            )
-        elif _UNREACHABLE.search(proc.stderr):
-            findings += not_resolved(
-                f"an index could not be reached ({text[:300]})", "run lint where the recipe's indexes are reachable"
-            )
-        else:
-            findings.append(
-                Finding(
-                    "uv-pins-unresolvable",
-                    Severity.error,
-                    f"uv could not resolve the runtime's pins on {platform}: {text}",
-                    "fix the pins or the indexes",
-                    where,
-                )
-            )
+    for arch in sorted({profiles[h].cpu_arch for h in recipe.hardware if h in profiles}):
+        findings += _platform_findings(uv, runtime, PLATFORMS[arch], idx, timeout, where)
     return findings
+
+
+def _not_resolved(where: str, why: str, fix: str) -> list[Finding]:
+    return [Finding("uv-pins-not-resolved", Severity.warning, f"pins not resolved: {why}", fix, where)]
+
+
+def _platform_findings(
+    uv: str, runtime: UvRuntime, platform: str, idx: list[str], timeout: int, where: str
+) -> list[Finding]:
+    """uv pip compile of the runtime's pins for one machine: [] when they resolve, else why not. An index out of
+    reach says nothing about the pins: a warning; pins that cannot resolve are an error."""
+    with tempfile.TemporaryDirectory(prefix="ironserve-pins-") as tmp:
+        cmd = compile_command(uv, runtime, platform, idx, Path(tmp))
+        env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return _not_resolved(where, f"uv took longer than {timeout} s ({platform})", "check the index")
+    if proc.returncode == 0:
+        return []
+    text = _explanation(proc.stderr)
+    if "No solution found" in proc.stderr or "unsatisfiable" in proc.stderr:
+        message = f"the runtime's pins cannot be installed together on {platform} (Python {runtime.python}): {text}"
+        fix = (
+            "pin versions that resolve (uv pip compile), or add runtime.overrides / runtime.excludes where the "
+            "build's published metadata names another platform's dependencies"
+        )
+        return [Finding("uv-pins-unresolvable", Severity.error, message, fix, where)]
+    if _UNREACHABLE.search(proc.stderr):
+        return _not_resolved(
+            where, f"an index could not be reached ({text[:300]})", "run lint where the recipe's indexes are reachable"
+        )
+    message = f"uv could not resolve the runtime's pins on {platform}: {text}"
+    return [Finding("uv-pins-unresolvable", Severity.error, message, "fix the pins or the indexes", where)]

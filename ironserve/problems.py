@@ -29,6 +29,11 @@ class SpecError(Exception):
         self.problems = problems
         super().__init__("\n".join(p.line() for p in problems))
 
+    @classmethod
+    def one(cls, file: str, field: str, message: str, fix: str) -> SpecError:
+        """The error of a single problem (most input has one thing wrong at a time)."""
+        return cls([Problem(file, field, message, fix)])
+
 
 _WRITE = re.compile(r"[;:] (write .*)$")
 

@@ -54,37 +54,14 @@ def status(
     hosts = limit_hosts(fleet.hosts, limit, inventory)
     contexts = {h.name: build_context(model, h.name, pairs, inventory) for h in hosts}
     first = next(iter(contexts.values()))
-    plans = {}
-    for h in hosts:
-        ctx = contexts[h.name]
-        plans[h.name] = [
-            {
-                "unit": p.unit,
-                "role": p.role,
-                "node_rank": p.node_rank,
-                "health_url": p.health_url if ctx.launch else None,
-            }
-            for p in ctx.processes
-        ]
+    plans = {name: _unit_plan(ctx) for name, ctx in contexts.items()}
     specs = connection.open_hosts(fleet, [h.name for h in hosts])  # pyinfra's connector, strict host keys
     try:
         with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
             results = dict(zip(plans, pool.map(lambda n: _probe(specs[n], plans[n]), plans)))
     finally:
         connection.close(specs)
-    report_hosts, worst = [], 0
-    for h in hosts:
-        units, error = results[h.name]
-        entry = {"name": h.name, "address": h.address, "units": units}
-        if error:
-            entry["error"] = error
-            worst = 2
-        elif any(
-            u["active"] != ("active" if contexts[h.name].launch else "inactive") or (u["health"] not in (None, "200"))
-            for u in units
-        ):
-            worst = max(worst, 1)
-        report_hosts.append(entry)
+    report_hosts = [_host_report(h, *results[h.name]) for h in hosts]
     server = first.recipe.group_server(first.recipe.topology.groups[0])
     report = {
         "recipe": first.recipe.id,
@@ -96,17 +73,44 @@ def status(
     if fmt == "json":
         print(json.dumps(report, indent=2), file=out)
     else:
-        print(f"{report['recipe']}: endpoint {report['endpoint']} model {report['served_model_name']}", file=out)
-        for entry in report_hosts:
-            if "error" in entry:
-                print(f"  {entry['name']}: unreachable ({entry['error']})", file=out)
-            for u in entry["units"]:
-                print(
-                    f"  {entry['name']} {u['unit']} [{u['role']} rank {u['node_rank']}]: {u['active']}"
-                    f"{'' if u['health'] is None else ', health ' + u['health']}",
-                    file=out,
-                )
-    return worst
+        _print_text(report, out)
+    return max((_host_verdict(entry, contexts[entry["name"]].launch) for entry in report_hosts), default=0)
+
+
+def _unit_plan(ctx) -> list[dict]:
+    """The units a host's context renders, each with the health URL to ask when the deploy launched them."""
+    return [
+        {"unit": p.unit, "role": p.role, "node_rank": p.node_rank, "health_url": p.health_url if ctx.launch else None}
+        for p in ctx.processes
+    ]
+
+
+def _host_report(host, units: list[dict], error: str | None) -> dict:
+    entry = {"name": host.name, "address": host.address, "units": units}
+    if error:
+        entry["error"] = error
+    return entry
+
+
+def _host_verdict(entry: dict, launched: bool) -> int:
+    """2: unreachable; 1: a unit not in the state the deploy intends (active and healthy when launched); else 0."""
+    if "error" in entry:
+        return 2
+    intended = "active" if launched else "inactive"
+    return int(any(u["active"] != intended or u["health"] not in (None, "200") for u in entry["units"]))
+
+
+def _print_text(report: dict, out) -> None:
+    print(f"{report['recipe']}: endpoint {report['endpoint']} model {report['served_model_name']}", file=out)
+    for entry in report["hosts"]:
+        if "error" in entry:
+            print(f"  {entry['name']}: unreachable ({entry['error']})", file=out)
+        for u in entry["units"]:
+            print(
+                f"  {entry['name']} {u['unit']} [{u['role']} rank {u['node_rank']}]: {u['active']}"
+                f"{'' if u['health'] is None else ', health ' + u['health']}",
+                file=out,
+            )
 
 
 def prometheus_targets(inventory: str, deploy: str, data: dict | None = None, out=sys.stdout) -> int:
