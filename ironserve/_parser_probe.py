@@ -132,7 +132,11 @@ def _deprecation(action) -> str | None:
 
 
 def check_argv(parser: argparse.ArgumentParser, argv: list[str], kind: str):
-    """Parse ``argv`` with ``parser`` (abbreviations off); return (findings, namespace or None)."""
+    """Parse ``argv`` with ``parser`` (abbreviations off); return (findings, namespace or None).
+
+    argparse stops at the first problem, so each one is reported and taken out of argv (an abbreviation spelled
+    out, an unknown flag or a bad value dropped with its values) and the rest parsed again: one run names every
+    problem of the command. The namespace is what is left parsed; None where the parse could not go on."""
     findings = []
     opts = parser._option_string_actions
     long_opts = sorted(o for o in opts if o.startswith("--"))
@@ -143,143 +147,134 @@ def check_argv(parser: argparse.ArgumentParser, argv: list[str], kind: str):
         try:
             namespace, extras = parser.parse_known_args(argv)
         except (argparse.ArgumentError, _ParseError) as err:
-            msg = str(err.message if isinstance(err, argparse.ArgumentError) else err)
-            action = None
-            if isinstance(err, argparse.ArgumentError) and err.argument_name:
-                for name in err.argument_name.split("/"):
-                    if name in opts:
-                        action = opts[name]
-                        break
-            if action is None:
-                # e.g. "the following arguments are required: --model-path"
-                if "required" in msg:
-                    missing = msg.split(":", 1)[-1].strip()
-                    findings.append(
-                        _finding(
-                            "engine-missing-required", "error", f"{msg} ({kind} parser)", f"add {missing}", missing
-                        )
-                    )
-                else:
-                    findings.append(_finding("engine-bad-value", "error", msg))
-                namespace = None
-                break
-            idx = _find_option(argv, action.option_strings)
-            flag = argv[idx].split("=", 1)[0] if idx is not None else action.option_strings[-1]
-            key = (flag, msg)
-            if "invalid choice" in msg:
-                choices = _choices_list(action.choices) or []
-                bad = msg.split("invalid choice:", 1)[1].split("(choose", 1)[0].strip().strip("'\"")
-                close = difflib.get_close_matches(bad, choices, n=3, cutoff=0.5)
-                hint = f"did you mean {' or '.join(close)}? " if close else ""
-                findings.append(
-                    _finding(
-                        "engine-bad-choice",
-                        "error",
-                        f"{flag} {bad!r} is not a valid choice",
-                        f"{hint}valid choices: {', '.join(choices)}",
-                        flag,
-                    )
-                )
-            else:
-                findings.append(
-                    _finding(
-                        "engine-bad-value",
-                        "error",
-                        f"{flag}: {msg}",
-                        f"check the value given to {flag}"
-                        + (
-                            f" (expects {action.metavar or action.dest}, nargs={action.nargs})"
-                            if action.nargs is not None
-                            else ""
-                        ),
-                        flag,
-                    )
-                )
-            if idx is None or key in seen_errors:
-                namespace = None
-                break
-            seen_errors.add(key)
-            argv = _drop_option(argv, idx)
             namespace = None
+            argv = _after_parse_error(err, argv, opts, kind, findings, seen_errors)
+            if argv is None:
+                break
             continue
-
         if not extras:
             break
-        # Unknown tokens: abbreviations (unique / ambiguous prefixes), unknown flags, stray values.
-        tok = extras[0]
-        idx = _locate(argv, tok, opts)
-        if _is_value_token(tok):
-            findings.append(
-                _finding(
-                    "engine-bad-value",
-                    "error",
-                    f"unexpected positional argument {tok!r}",
-                    "remove it or put it after the flag it belongs to",
-                    tok,
-                )
-            )
-            argv = argv[:idx] + argv[idx + 1 :]
-            continue
-        name, eq, value = tok.partition("=")
-        prefixed = [o for o in long_opts if o.startswith(name)] if name.startswith("--") else []
-        if len(prefixed) == 1:
-            full = prefixed[0]
-            findings.append(
-                _finding(
-                    "engine-abbreviated-flag",
-                    "warning",
-                    f"{name} is an abbreviation of {full}; it only works because argparse expands "
-                    "unique prefixes (allow_abbrev) and breaks when a flag with the same prefix is added",
-                    f"write {full} in full",
-                    name,
-                )
-            )
-            argv[idx] = full + eq + value
-            continue
-        if len(prefixed) > 1:
-            findings.append(
-                _finding(
-                    "engine-abbreviated-flag",
-                    "error",
-                    f"{name} is an ambiguous abbreviation (could be {', '.join(prefixed[:6])}"
-                    + (", ..." if len(prefixed) > 6 else "")
-                    + "); the server refuses to start",
-                    f"write the full flag, e.g. {difflib.get_close_matches(name, prefixed, n=1, cutoff=0)[0]}",
-                    name,
-                )
-            )
-        else:
-            close = difflib.get_close_matches(name, long_opts, n=3, cutoff=0.6)
-            findings.append(
-                _finding(
-                    "engine-unknown-flag",
-                    "error",
-                    f"unknown flag {name}",
-                    (f"did you mean {close[0]}?" + (f" (or {', '.join(close[1:])})" if close[1:] else ""))
-                    if close
-                    else "remove it; this version's parser has no such option",
-                    name,
-                )
-            )
-        argv = _drop_option(argv, idx)
+        argv = _after_unknown_token(extras[0], argv, opts, long_opts, findings)
         namespace = None
-
     if namespace is not None:
-        # Deprecated spellings (0.5.2x registers them with Deprecated*Action classes).
-        for tok in argv:
-            action = opts.get(tok.split("=", 1)[0])
-            note = _deprecation(action) if action is not None else None
-            if note:
-                findings.append(
-                    _finding(
-                        "engine-deprecated-flag",
-                        "warning",
-                        f"{tok.split('=', 1)[0]}: {note}",
-                        "use the replacement flag",
-                        tok.split("=", 1)[0],
-                    )
-                )
+        findings += _deprecated_spellings(argv, opts)
     return findings, namespace
+
+
+def _after_parse_error(err, argv: list[str], opts, kind: str, findings: list, seen_errors: set) -> list[str] | None:
+    """The error argparse raised, as a finding; argv without the option it names, to parse again, or None to stop
+    (it names no option, or the same error came back)."""
+    msg = str(err.message if isinstance(err, argparse.ArgumentError) else err)
+    action = _failed_action(err, opts)
+    if action is None:
+        findings.append(_unnamed_error(msg, kind))
+        return None
+    idx = _find_option(argv, action.option_strings)
+    flag = argv[idx].split("=", 1)[0] if idx is not None else action.option_strings[-1]
+    findings.append(_bad_value(action, flag, msg))
+    if idx is None or (flag, msg) in seen_errors:
+        return None
+    seen_errors.add((flag, msg))
+    return _drop_option(argv, idx)
+
+
+def _failed_action(err, opts):
+    """The option an argparse error names, None when it names none (a missing required flag, ...)."""
+    if isinstance(err, argparse.ArgumentError) and err.argument_name:
+        for name in err.argument_name.split("/"):
+            if name in opts:
+                return opts[name]
+    return None
+
+
+def _unnamed_error(msg: str, kind: str) -> dict:
+    if "required" in msg:  # e.g. "the following arguments are required: --model-path"
+        missing = msg.split(":", 1)[-1].strip()
+        return _finding("engine-missing-required", "error", f"{msg} ({kind} parser)", f"add {missing}", missing)
+    return _finding("engine-bad-value", "error", msg)
+
+
+def _bad_value(action, flag: str, msg: str) -> dict:
+    """A value the option refuses: a choice it does not offer (with the near ones), or one it cannot convert."""
+    if "invalid choice" in msg:
+        choices = _choices_list(action.choices) or []
+        bad = msg.split("invalid choice:", 1)[1].split("(choose", 1)[0].strip().strip("'\"")
+        close = difflib.get_close_matches(bad, choices, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        fix = f"{hint}valid choices: {', '.join(choices)}"
+        return _finding("engine-bad-choice", "error", f"{flag} {bad!r} is not a valid choice", fix, flag)
+    expects = f" (expects {action.metavar or action.dest}, nargs={action.nargs})" if action.nargs is not None else ""
+    return _finding("engine-bad-value", "error", f"{flag}: {msg}", f"check the value given to {flag}{expects}", flag)
+
+
+def _after_unknown_token(tok: str, argv: list[str], opts, long_opts: list[str], findings: list) -> list[str]:
+    """The first token the parser did not know, as a finding; argv to parse again: a stray value or unknown flag
+    dropped, a unique abbreviation spelled out (it works today, so the rest is still checked)."""
+    idx = _locate(argv, tok, opts)
+    if _is_value_token(tok):
+        findings.append(
+            _finding(
+                "engine-bad-value",
+                "error",
+                f"unexpected positional argument {tok!r}",
+                "remove it or put it after the flag it belongs to",
+                tok,
+            )
+        )
+        return argv[:idx] + argv[idx + 1 :]
+    name, eq, value = tok.partition("=")
+    prefixed = [o for o in long_opts if o.startswith(name)] if name.startswith("--") else []
+    if len(prefixed) == 1:
+        full = prefixed[0]
+        findings.append(
+            _finding(
+                "engine-abbreviated-flag",
+                "warning",
+                f"{name} is an abbreviation of {full}; it only works because argparse expands "
+                "unique prefixes (allow_abbrev) and breaks when a flag with the same prefix is added",
+                f"write {full} in full",
+                name,
+            )
+        )
+        return argv[:idx] + [full + eq + value] + argv[idx + 1 :]
+    findings.append(_ambiguous_flag(name, prefixed) if prefixed else _unknown_flag(name, long_opts))
+    return _drop_option(argv, idx)
+
+
+def _ambiguous_flag(name: str, prefixed: list[str]) -> dict:
+    return _finding(
+        "engine-abbreviated-flag",
+        "error",
+        f"{name} is an ambiguous abbreviation (could be {', '.join(prefixed[:6])}"
+        + (", ..." if len(prefixed) > 6 else "")
+        + "); the server refuses to start",
+        f"write the full flag, e.g. {difflib.get_close_matches(name, prefixed, n=1, cutoff=0)[0]}",
+        name,
+    )
+
+
+def _unknown_flag(name: str, long_opts: list[str]) -> dict:
+    close = difflib.get_close_matches(name, long_opts, n=3, cutoff=0.6)
+    fix = (
+        (f"did you mean {close[0]}?" + (f" (or {', '.join(close[1:])})" if close[1:] else ""))
+        if close
+        else "remove it; this version's parser has no such option"
+    )
+    return _finding("engine-unknown-flag", "error", f"unknown flag {name}", fix, name)
+
+
+def _deprecated_spellings(argv: list[str], opts) -> list[dict]:
+    """Deprecated spellings in a command that parsed (0.5.2x registers them with Deprecated*Action classes)."""
+    out = []
+    for tok in argv:
+        flag = tok.split("=", 1)[0]
+        action = opts.get(flag)
+        note = _deprecation(action) if action is not None else None
+        if note:
+            out.append(
+                _finding("engine-deprecated-flag", "warning", f"{flag}: {note}", "use the replacement flag", flag)
+            )
+    return out
 
 
 def _post_init(args_cls, namespace, **kw):
@@ -424,52 +419,51 @@ def main() -> int:
         "results": [],
     }
     launchers = request.get("launchers") or []
+    post_init = kind == "router" or bool(request.get("post_init"))
     for n, argv in enumerate(request.get("argvs", [])):
-        t1 = time.time()
-        findings = []
         launcher = launchers[n] if n < len(launchers) else None
-        if launcher == "serve":
-            argv = _serve_prepare(list(argv), findings)
-        more, namespace = check_argv(parser, list(argv), kind)
-        findings += more
-        post = None
-        if namespace is not None and (kind == "router" or request.get("post_init")):
-            kw = {"use_router_prefix": False} if kind == "router" else {}
-            try:
-                _post_init(args_cls, namespace, **kw)
-                post = "ok"
-            except Exception as err:  # noqa: BLE001
-                text = f"{type(err).__name__}: {err}".strip()
-                env_problem = isinstance(err, (ImportError, OSError, RuntimeError)) or any(
-                    k in text.lower() for k in _ENV_ERRORS
-                )
-                if kind != "router" and env_problem:
-                    post = "skipped"
-                    findings.append(
-                        _finding(
-                            "engine-post-init-skipped",
-                            "info",
-                            f"{args_cls.__name__}.from_cli_args needs the target hardware/model here: {text[:300]}",
-                            "",
-                            "",
-                        )
-                    )
-                else:
-                    post = "failed"
-                    findings.append(
-                        _finding(
-                            "engine-bad-value",
-                            "error",
-                            f"{args_cls.__name__} rejects this combination: {text[:500]}",
-                            "fix the values named in the message",
-                            "",
-                        )
-                    )
-        answer["results"].append({"findings": findings, "post_init": post, "seconds": round(time.time() - t1, 3)})
+        answer["results"].append(_check_command(parser, args_cls, kind, list(argv), launcher, post_init))
     if request.get("dump_flags"):
         answer["flags"] = dump_flags(parser)
     _answer(answer)
     return 0
+
+
+def _check_command(parser, args_cls, kind: str, argv: list[str], launcher: str | None, post_init: bool) -> dict:
+    """One command's result: the parser's findings, then (when asked, and the command parsed) the post-init's."""
+    t1 = time.time()
+    findings = []
+    if launcher == "serve":
+        argv = _serve_prepare(argv, findings)
+    more, namespace = check_argv(parser, list(argv), kind)
+    findings += more
+    post = None
+    if namespace is not None and post_init:
+        post, finding = _post_init_result(args_cls, namespace, kind)
+        findings += [finding] if finding else []
+    return {"findings": findings, "post_init": post, "seconds": round(time.time() - t1, 3)}
+
+
+def _post_init_result(args_cls, namespace, kind: str) -> tuple[str, dict | None]:
+    """("ok" | "skipped" | "failed", its finding or None)."""
+    kw = {"use_router_prefix": False} if kind == "router" else {}
+    try:
+        _post_init(args_cls, namespace, **kw)
+        return "ok", None
+    except Exception as err:  # noqa: BLE001
+        return _post_init_failure(err, args_cls, kind)
+
+
+def _post_init_failure(err: Exception, args_cls, kind: str) -> tuple[str, dict]:
+    """The server's post-init needs the target hardware and model: failing for want of them here is no verdict on
+    the command (skipped, said as info); any other failure is the command's (failed, an error)."""
+    text = f"{type(err).__name__}: {err}".strip()
+    env_problem = isinstance(err, (ImportError, OSError, RuntimeError)) or any(k in text.lower() for k in _ENV_ERRORS)
+    if kind != "router" and env_problem:
+        message = f"{args_cls.__name__}.from_cli_args needs the target hardware/model here: {text[:300]}"
+        return "skipped", _finding("engine-post-init-skipped", "info", message, "", "")
+    message = f"{args_cls.__name__} rejects this combination: {text[:500]}"
+    return "failed", _finding("engine-bad-value", "error", message, "fix the values named in the message", "")
 
 
 def _answer(obj) -> None:
