@@ -213,10 +213,35 @@ def test_a_group_that_formed_but_never_serves_is_restarted_after_the_formation_t
     """Rank 0's server up (every rank joined) but /health never 200 (a warm-up hung on a lost rank): the group is
     formed for the followers' replies, and restarted at the same timeout."""
     start, calls, tmp = guard_env
-    leader_alone(start, tmp, 503, formation_timeout_s=1)
+    port, h0, h1 = free_port(), Health(), Health()
+    h0.code = 503
+    start(base_config(0, port, h0.url, tmp) | {"formation_timeout_s": 2}, "inv-a")
+    start(base_config(1, port, h1.url, tmp), "inv-f")  # healthy: only the timeout restarts this group
     assert restart_asked(calls, "engine0")
     log = (tmp / "rank0.log").read_text()
-    assert "group formed after" in log and "the group formed but did not serve within 1s" in log
+    assert "group formed after" in log and "the group formed but did not serve within 2s" in log
+    assert "not answering" not in log and "silent" not in log
+
+
+def test_a_follower_that_fails_after_forming_restarts_the_group_before_rank0_served(guard_env):
+    """Every rank joined (rank 0's server up) and rank 0 warms up (/health not 200 yet) when rank 1 hangs: the
+    leader restarts the group after its failure threshold, not at the formation timeout (rank 0's warm-up waits
+    on rank 1: that group can never serve)."""
+    start, calls, tmp = guard_env
+    port, h0, h1 = free_port(), Health(), Health()
+    h0.code = 503
+    start(base_config(0, port, h0.url, tmp) | {"formation_timeout_s": 600}, "inv-a")
+    start(base_config(1, port, h1.url, tmp), "inv-f")
+    assert wait_for(lambda: "group formed" in (tmp / "rank0.log").read_text())
+    time.sleep(1.5)  # formed and warming up, rank 1 healthy: nothing restarts
+    assert not [c for c in calls_of(calls) if "restart" in c]
+    h1.code = 503
+    started = time.monotonic()
+    assert restart_asked(calls, "engine0")
+    assert time.monotonic() - started < 10
+    log = (tmp / "rank0.log").read_text()
+    assert "rank 1 not answering /health for 3 polls in a row" in log
+    assert "(the group formed, rank 0 had not served yet)" in log and "serving" not in log
 
 
 def test_guard_config_from_the_render():

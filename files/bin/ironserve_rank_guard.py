@@ -528,49 +528,72 @@ def leader(config: dict) -> None:
     log(f"rank 0 guard of {unit}: taking the group's signed reports on {config['bind']}:{config['guard_port']}, "
         f"engine invocation "
         f"{state['invocation']}; waiting for the group to form (up to {config['formation_timeout_s']}s)")
-    serving_at = wait_until_serving(config, state, reports.refused, backoff)
-    threshold = int(config["failure_threshold"])
+    serving_at = wait_until_serving(config, state, reports, backoff)
+    threshold, world = int(config["failure_threshold"]), int(config["world"])
     failures: dict[int, int] = {}
     while True:
         time.sleep(poll)
         state["invocation"] = invocation(unit) or state["invocation"]
         verdicts = {0: rank0_verdict(config, reports.refused),
-                    **follower_verdicts(reports, int(config["world"]), serving_at, poll * (threshold + 1))}
-        for rank, verdict in verdicts.items():
-            if verdict is None:
-                continue  # the guard's own fault: neither for nor against the rank
-            if verdict == "healthy":
-                failures[rank] = 0
-                continue
-            failures[rank] = failures.get(rank, 0) + 1
-            log(f"rank {rank} {verdict}: {failures[rank]} of {threshold}")
-            if failures[rank] >= threshold:
-                restart_engine(config, f"rank {rank} {verdict} for {failures[rank]} polls in a row; a rank cannot "
-                                       "rejoin its group alone", backoff)
+                    **follower_verdicts(reports, world, serving_at, poll * (threshold + 1))}
+        why = count_failures(failures, verdicts, threshold)
+        if why:
+            restart_engine(config, why, backoff)
 
 
-def wait_until_serving(config: dict, state: dict, refused: "Refusals", backoff: Backoff) -> float:
+def count_failures(failures: dict[int, int], verdicts: dict[int, str | None], threshold: int) -> str | None:
+    """Adds one poll's verdicts to each rank's count of failed polls in a row (a healthy one sets it back to 0; None,
+    the guard's own fault, counts neither for nor against the rank); the reason to restart the group once a rank
+    failed ``threshold`` polls in a row, else None."""
+    for rank, verdict in verdicts.items():
+        if verdict is None:
+            continue
+        if verdict == "healthy":
+            failures[rank] = 0
+            continue
+        failures[rank] = failures.get(rank, 0) + 1
+        log(f"rank {rank} {verdict}: {failures[rank]} of {threshold}")
+        if failures[rank] >= threshold:
+            return f"rank {rank} {verdict} for {failures[rank]} polls in a row; a rank cannot rejoin its group alone"
+    return None
+
+
+def probe_rank0(config: dict, refused: "Refusals") -> int | None:
+    """Rank 0's /health status (0: took the connection, gave no answer); None when nothing listens or the guard
+    could not ask (its own fault, said once a minute)."""
+    try:
+        return http_status(config["health_url"])
+    except GuardFault as fault:
+        refused.say("", f"rank 0's health probe did not run: {fault}", "probe")
+        return None
+
+
+def wait_until_serving(config: dict, state: dict, reports: "Reports", backoff: Backoff) -> float:
     """Rank 0's engine forms its group, then serves; when it serves (monotonic). Formed: its HTTP server is up,
     which SGLang starts only once every rank joined (from then on the group's members are fixed, and the replies
-    say so); serving: its /health answers 200. Neither within the formation timeout: the group restarts."""
+    say so); serving: its /health answers 200. Neither within the formation timeout: the group restarts. Once
+    formed, a follower that fails (hangs, dies) restarts the group at once, as after it served: rank 0's warm-up
+    waits on every rank, so that group can never serve (without this it stayed down for the whole timeout)."""
     started, poll = time.monotonic(), float(config["poll_s"])
+    threshold, world = int(config["failure_threshold"]), int(config["world"])
+    formed_at, failures = None, {}
     while True:
         time.sleep(poll)
         state["invocation"] = invocation(config["unit"]) or state["invocation"]
-        try:
-            status = http_status(config["health_url"])
-        except GuardFault as fault:
-            refused.say("", f"rank 0's health probe did not run: {fault}", "probe")
-            status = None
-        if status is not None and state["formed_in"] is None:
-            state["formed_in"] = state["invocation"]
-            log(f"group formed after {time.monotonic() - started:.0f}s: all {config['world']} ranks joined "
-                f"(rank 0's server is up)")
+        status = probe_rank0(config, reports.refused)
+        if status is not None and formed_at is None:
+            formed_at, state["formed_in"] = time.monotonic(), state["invocation"]
+            log(f"group formed after {formed_at - started:.0f}s: all {world} ranks joined (rank 0's server is up)")
         if status == 200:
             log(f"group serving after {time.monotonic() - started:.0f}s")
             return time.monotonic()
+        if formed_at is not None:
+            why = count_failures(failures, follower_verdicts(reports, world, formed_at, poll * (threshold + 1)),
+                                 threshold)
+            if why:
+                restart_engine(config, f"{why} (the group formed, rank 0 had not served yet)", backoff)
         if time.monotonic() - started > float(config["formation_timeout_s"]):
-            what = "did not form" if state["formed_in"] is None else "formed but did not serve"
+            what = "did not form" if formed_at is None else "formed but did not serve"
             restart_engine(config, f"the group {what} within {config['formation_timeout_s']}s", backoff)
 
 
