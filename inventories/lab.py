@@ -31,6 +31,8 @@ _common = {
     "allow_emulated_arch": True,
     # the lab hosts' only interface: GLOO/NCCL socket traffic goes over the lab bridge
     "nic": "host0",
+    # health gates poll a tiny model that starts in seconds: every 2 s rather than production's 10
+    "health_poll_s": 2,
     # the lab's bridge is private to this machine: its keyless recipes may serve on 0.0.0.0 (elsewhere that is a
     # deploy error without an API key); the keyed lab tests set it back to false
     "allow_open_bind": True,
