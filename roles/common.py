@@ -114,6 +114,12 @@ class ChangeRecords:
         return lambda: any(changed(m) for m in metas)
 
 
+def uses_sudo(h) -> bool:
+    """pyinfra's own ``_sudo`` of a host (a connector argument of the inventory, not ironserve's host data): the one
+    place it is read, for the commands run on a host outside an operation (callbacks while the run executes)."""
+    return bool(h.data.get("_sudo"))
+
+
 def in_run(name: str) -> bool:
     """Is the inventory host ``name`` part of this run (not left out by --limit)?"""
     target = context.inventory.get_host(name) if context.inventory else None

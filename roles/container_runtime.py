@@ -69,7 +69,6 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd
 
-from ironserve.hostdata import DEFAULTS
 from ironserve.nvidia import gpu_access
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, deliberate, image_ref, sha256_text
@@ -79,14 +78,10 @@ from roles.context import DeploymentContext
 from roles.nvidia_driver import upstream
 from roles.preflight import plain
 
-DOCKER_PACKAGES = DEFAULTS.docker_packages
-NVIDIA_CONTAINER_PACKAGES = DEFAULTS.nvidia_container_packages
 DOCKER_APT_URL = "https://download.docker.com/linux/{distro}"
 DOCKER_APT_KEY_URL = "https://download.docker.com/linux/{distro}/gpg"
-DOCKER_APT_COMPONENTS = DEFAULTS.docker_apt_components
 NVIDIA_APT_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 NVIDIA_APT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
-NVIDIA_APT_SUITE = DEFAULTS.nvidia_apt_suite
 KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
 DAEMON_JSON = "/etc/docker/daemon.json"

@@ -5,7 +5,7 @@ The repository (source, key) belongs to the driver role, which runs first. The t
 there by an apt preferences file, like the driver. It lands in ``/usr/local/cuda-<major>.<minor>``
 (``/usr/local/cuda`` links to it); the engine's runtime finds it there.
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``cuda_toolkit_version`` (``13.0.2-1``): exact Debian version of the toolkit package
 """
@@ -17,12 +17,10 @@ from io import StringIO
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
-from ironserve.hostdata import DEFAULTS
 from roles.context import DeploymentContext
 from roles.nvidia_driver import apt_pin_text, apt_refresh
 
 TOOLKIT_PACKAGE = "cuda-toolkit-{dashed}"
-TOOLKIT_VERSION = DEFAULTS.cuda_toolkit_version
 DEFAULT_TOOLKIT = "13.0"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-cuda.pref"
 

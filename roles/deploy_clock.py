@@ -24,6 +24,7 @@ from pyinfra import context, logger
 from pyinfra.api.state import BaseStateCallback
 
 from ironserve.metrics import DeployOutcome, Sample, deploy_samples, exposition, timing_json, timing_table
+from roles.common import uses_sudo
 from roles.context import DeploymentContext
 from roles.node_exporter import TEXTFILE
 
@@ -122,7 +123,7 @@ class DeployClock(BaseStateCallback):
             return
         self.written.add(host.name)
         outcome = self.outcome(host, success)
-        sudo = bool(host.data.get("_sudo"))
+        sudo = uses_sudo(host)
         try:
             samples = deploy_samples(outcome) + self.unit_samples(host, outcome, sudo)
             ok, out = host.run_shell_command(

@@ -15,7 +15,7 @@ script changed or the live offsets (fact ``MemClockOffsets``: the script with ``
 A non-Max-Q profile with an offset set is a configuration error: the deploy fails at once
 (the lint rule reports it too).
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``pip_index_url`` (unset: the host's pip configuration): index for nvidia-ml-py
 - ``nvidia_ml_py_version`` (``13.580.82``): nvidia-ml-py version (13.580.x matches driver 580)
@@ -40,8 +40,6 @@ from roles.preflight import plain
 UNIT = "ironserve-gpu-clocks.service"
 SCRIPT_SOURCE = files_dir() / "host" / "ironserve-gpu-clocks.py"
 SCRIPT = "/usr/local/lib/ironserve/ironserve-gpu-clocks.py"
-TOOLS_VENV = DEFAULTS.tools_venv
-NVIDIA_ML_PY_VERSION = DEFAULTS.nvidia_ml_py_version
 
 
 # --------------------------------------------------------------------------- facts
@@ -50,7 +48,7 @@ NVIDIA_ML_PY_VERSION = DEFAULTS.nvidia_ml_py_version
 class MemClockOffsets(FactBase):
     """Live memory clock offset per GPU in MHz: ``{"0": 4000, ...}``; ``None`` before the tools exist."""
 
-    def command(self, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT) -> str:
+    def command(self, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT) -> str:
         # Never fail the fact: before the first deploy neither the venv nor the script exist.
         python, script = shlex.quote(python), shlex.quote(script)
         return f"if [ -x {python} ] && [ -f {script} ]; then {python} {script} --read 2>/dev/null || true; fi"
@@ -80,7 +78,7 @@ def clock_offset(max_q: bool, offset: int | None, profile_id: str = "") -> int |
     return offset
 
 
-def unit_text(offset: int, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT) -> str:
+def unit_text(offset: int, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT) -> str:
     return (
         "# Managed by ironserve (roles/gpu_clocks.py); local edits are overwritten on the next deploy.\n"
         "[Unit]\n"
@@ -110,7 +108,7 @@ def offsets_drift(live: dict | None, offset: int) -> bool:
 
 
 @operation()
-def clock_unit(offset: int, unit: str = UNIT, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT):
+def clock_unit(offset: int, unit: str = UNIT, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT):
     """Install the script and the unit, enable it, (re)start it when they changed or offsets differ."""
     # Uploaded from memory, not by path: the plan (and its fixtures) must not depend on the checkout's location.
     changed = list(files.put._inner(StringIO(SCRIPT_SOURCE.read_text()), script, mode="755"))

@@ -19,7 +19,7 @@ which a reboot undoes. Here every setting is persistent *and* applied now:
 - ``SGLANG_SET_CPU_AFFINITY=1`` (``tuning.cpu_affinity``) is engine env, in the recipes' ``env``:
   the service units carry it, nothing to do on the host.
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``governor_unit`` (``ironserve-cpu-governor.service``)
 - ``sysctl_file`` (``/etc/sysctl.d/90-ironserve.conf``)
@@ -43,9 +43,6 @@ from roles.common import keyed_lines
 from roles.context import DeploymentContext
 from roles.preflight import plain
 
-GOVERNOR_UNIT = DEFAULTS.governor_unit
-SYSCTL_FILE = DEFAULTS.sysctl_file
-LIMITS_FILE = DEFAULTS.limits_file
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 HEADER = "# Managed by ironserve ({}); local edits are overwritten on the next deploy.\n"
 
@@ -188,7 +185,7 @@ def sysctl_drift(values: dict, live: dict) -> tuple[list[str], list[str]]:
 
 
 @operation()
-def cpu_governor(governor: str, unit: str = GOVERNOR_UNIT):
+def cpu_governor(governor: str, unit: str = DEFAULTS.governor_unit):
     """Install, enable and (re)start the oneshot unit that sets ``governor`` on every CPU."""
     unit_path = f"{UNIT_DIR}/{unit}"
     put = list(files.put._inner(StringIO(governor_unit_text(governor)), unit_path, mode="644"))
@@ -209,7 +206,7 @@ def cpu_governor(governor: str, unit: str = GOVERNOR_UNIT):
 
 
 @operation()
-def sysctl_file(values: dict, path: str = SYSCTL_FILE):
+def sysctl_file(values: dict, path: str = DEFAULTS.sysctl_file):
     """Write ``values`` to a sysctl.d file; ``sysctl -e -p`` it when it changed or a live value differs."""
     if not values:
         host.noop("no sysctls to set")

@@ -44,7 +44,6 @@ CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 CHANNEL0 = f"{CHANNEL_DIR}/channel0"
 SERVICE = "nvidia-imex.service"
 ENGINE_DROPIN = "/etc/systemd/system/{unit}.service.d/ironserve-imex.conf"
-READY_TIMEOUT_S = DEFAULTS.imex_ready_timeout_s
 
 
 # --------------------------------------------------------------------------- facts
@@ -83,7 +82,7 @@ class ImexStatus(FactBase):
 
 
 def imex_address(h) -> str:
-    return str(h.data.get("imex_address") or h.address)
+    return h.host_data.imex_address or h.address
 
 
 def nodes_config_text(addresses: list[str]) -> str:
@@ -115,7 +114,7 @@ def channel0_present():
 
 
 @operation()
-def imex_ready(timeout_s: int = READY_TIMEOUT_S, restarting: bool = False):
+def imex_ready(timeout_s: int = DEFAULTS.imex_ready_timeout_s, restarting: bool = False):
     """The local IMEX answers READY (``nvidia-imex-ctl -q``), waiting up to ``timeout_s`` after a (re)start."""
     if plain(host.get_fact(ImexStatus)) == "READY" and not restarting:
         host.noop("nvidia-imex READY")

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
-from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import image_ref, sourcing_script, venv_path
@@ -54,8 +53,6 @@ from roles.preflight import plain
 LIB_DIR = "/usr/local/lib/ironserve"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # installed by roles/sglang_service.py
 CONTAINER_RENDEZVOUS = "/ironserve-rendezvous"
-NIC_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
-RENDEZVOUS_TIMEOUT_S = DEFAULTS.rendezvous_timeout_s
 MARK = "IRONSERVE-RENDEZVOUS "
 
 # --------------------------------------------------------------------------- pure helpers
@@ -78,10 +75,6 @@ def rank_groups(rendered: Rendered) -> dict[str, RankGroup]:
         key: RankGroup(key, members[0].dist_init_addr, members[0].dist_init_port, members[0].nnodes, list(members))
         for key, members in rendered.groups.items()
     }
-
-
-def nic_env(proc: Process) -> dict[str, str]:
-    return {k: proc.env[k] for k in NIC_ENV if proc.env.get(k)}
 
 
 def nic_problems(
@@ -145,7 +138,7 @@ def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: 
         "--timeout",
         str(timeout_s),
     ]
-    env = nic_env(proc)
+    env = proc.socket_interfaces
     runtime = recipe.runtime
     sourced = sourcing_script(runtime.source_env) if runtime.source_env else None
     if isinstance(runtime, DockerRuntime):
@@ -456,7 +449,7 @@ def apply(ctx: DeploymentContext) -> None:
             nic_reaches_rank0(
                 name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0",
                 rank=proc.node_rank,
-                env=nic_env(proc),
+                env=proc.socket_interfaces,
                 addr=group.addr,
                 port=group.port,
             )
@@ -470,7 +463,7 @@ def apply(ctx: DeploymentContext) -> None:
         problems = nic_problems(
             host.name,
             proc.node_rank,
-            nic_env(proc),
+            proc.socket_interfaces,
             (group.addr, group.port),
             host.get_fact(NetworkPath, target=group.addr),
         )

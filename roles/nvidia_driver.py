@@ -48,7 +48,7 @@ and Debian 12):
   start on any other), pinned and held with it, ``nvidia-fabricmanager.service`` enabled and running. Without it
   CUDA cannot initialise the GPUs of such a board.
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``nvidia_apt_mirror``: repository URL (default: NVIDIA's CUDA repository for the host's OS and
   arch, e.g. ``.../ubuntu2404/x86_64/``, ``.../debian12/sbsa/`` on aarch64)
@@ -89,15 +89,11 @@ from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
 NVIDIA_CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
-NVIDIA_APT_KEY_NAME = DEFAULTS.nvidia_apt_key_name
-NVIDIA_APT_KEY_FINGERPRINT = DEFAULTS.nvidia_apt_key_fingerprint
 SOURCE_FILE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEYRING = "/usr/share/keyrings/ironserve-nvidia.gpg"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-nvidia-driver.pref"
 DRIVER_PACKAGE = "nvidia-open-{branch}"
-DRIVER_VERSION = DEFAULTS.nvidia_driver_version
 PERSISTENCED = "nvidia-persistenced"
-REBOOT_TIMEOUT = DEFAULTS.reboot_timeout
 REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}  # NVIDIA names its arm64 server repos "sbsa"
 NOUVEAU_CONF = "/etc/modprobe.d/ironserve-blacklist-nouveau.conf"
 NOUVEAU_TEXT = (
@@ -350,10 +346,10 @@ def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool
 
 @operation()
 def fetched_keyring(
-    key_name: str = NVIDIA_APT_KEY_NAME,
+    key_name: str = DEFAULTS.nvidia_apt_key_name,
     mirror: str | None = None,
     dest: str = KEYRING,
-    fingerprint: str = NVIDIA_APT_KEY_FINGERPRINT,
+    fingerprint: str = DEFAULTS.nvidia_apt_key_fingerprint,
 ):
     """Fetch the repository key on the host, dearmored into ``dest`` only when it is exactly the key
     ``fingerprint`` (roles/apt_keys.py): a key fetched from the mirror it verifies proves nothing by itself."""
@@ -378,7 +374,9 @@ def apt_refresh(packages: dict):
 
 
 @operation()
-def driver_reboot(package: str, version: str, allow_reboot: bool = False, reboot_timeout: int = REBOOT_TIMEOUT):
+def driver_reboot(
+    package: str, version: str, allow_reboot: bool = False, reboot_timeout: int = DEFAULTS.reboot_timeout
+):
     """Reboot (only when allowed) if the installed driver is not the loaded one; else warn."""
     state = plain(host.get_fact(NvidiaDriverState, package=package)) or {}
     reasons = reboot_reasons(state, version)

@@ -249,10 +249,10 @@ def nvlink_domain(ctx: DeploymentContext) -> list:
     mine = ctx.host.nvlink_domain
     out = []
     for h in ctx.hosts:
-        profile = profiles.get(str(h.data.get("hardware")))
+        profile = profiles.get(h.host_data.hardware or "")
         if profile is None or profile.accelerator.interconnect != "nvlink-mnnvl":
             continue
-        if str(h.data.get("nvlink_domain", "default")) == mine:
+        if h.host_data.nvlink_domain == mine:
             out.append(h)
     return out
 

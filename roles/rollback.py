@@ -33,6 +33,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
 from ironserve.units import KEY_ENV, SECRET_ENV, deliberate
+from roles.common import uses_sudo
 from roles.context import host_data
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
@@ -158,7 +159,7 @@ def _save_if_gate_passed(
             f"pass in this run"
         )
         return True
-    status, _ = host.run_shell_command(save_command(unit, paths), _sudo=bool(host.data.get("_sudo")))
+    status, _ = host.run_shell_command(save_command(unit, paths), _sudo=uses_sudo(host))
     return bool(status)
 
 
@@ -201,7 +202,7 @@ def roll_back(
         # each restore and restart checked: a member left on the failed configuration is said, not assumed away
         failed = []
         for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order
-            ok, out = member_host.run_shell_command(command(member_unit), _sudo=bool(member_host.data.get("_sudo")))
+            ok, out = member_host.run_shell_command(command(member_unit), _sudo=uses_sudo(member_host))
             if not ok:
                 failed.append(f"{member_host.name} ({member_unit}): {' '.join(out.stderr_lines)[-300:]}")
         if failed:
@@ -233,5 +234,5 @@ def _restart_command(unit: str) -> str:
 
 
 def _last_good(member_host, unit: str, paths: list[str]) -> dict:
-    _, out = member_host.run_shell_command(LastGood().command(unit, paths), _sudo=bool(member_host.data.get("_sudo")))
+    _, out = member_host.run_shell_command(LastGood().command(unit, paths), _sudo=uses_sudo(member_host))
     return LastGood().process(out.stdout_lines)

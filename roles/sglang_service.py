@@ -46,7 +46,7 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import files, server
 
-from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
+from ironserve.render import ROUTER_LAUNCHER, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe, binds_every_address
 from ironserve.units import (
@@ -100,12 +100,15 @@ HELPERS = (
 # --------------------------------------------------------------------------- pure helpers
 
 
+# the parse probe's --kind for each launcher kind (ironserve.render.Process.launcher_kind)
+PROBE_KINDS = {ROUTER_LAUNCHER: "router", "launch_server": "server", "serve": "serve"}
+
+
 def parse_kind(proc: Process) -> str:
     """The probe kind of a process's launcher."""
-    for launcher, kind in ((LAUNCH_ROUTER, "router"), (LAUNCH_SERVER, "server"), (SERVE, "serve")):
-        if proc.launcher == launcher:
-            return kind
-    raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
+    if proc.launcher_kind not in PROBE_KINDS:
+        raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
+    return PROBE_KINDS[proc.launcher_kind]
 
 
 def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
@@ -166,12 +169,10 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
     workers it was started with (requests, health checks) and requires it from clients; keyed workers behind a
     keyless router would answer it 401."""
 
-    def secret(key: str, what: str) -> str:
-        return read_secret(getattr(ctx.host, key), f"{ctx.host_name}: {what}").reveal() if read else "<secret>"
-
     out = {}
     if ctx.host.api_key_file:
-        out[API_KEY_ENV] = secret("api_key_file", "api_key_file")
+        key = read_secret(ctx.host.api_key_file, f"{ctx.host_name}: api_key_file") if read else None
+        out[API_KEY_ENV] = key.reveal() if key else "<secret>"
     else:
         groups = ctx.recipe.topology.groups
         # the router: keyed when any engine group is

@@ -11,7 +11,7 @@ PREPARED_MINUTES (its mark, touched by the same locked command): two deploys on 
 
 Host data (defaults in brackets):
 
-- ``uv_version`` [UV_VERSION]: the uv installed at /usr/local/bin/uv
+- ``uv_version`` [the pinned default in ironserve/hostdata.py]: the uv installed at /usr/local/bin/uv
 - ``uv_url`` [none]: a uv release tarball (uv-<arch>-unknown-linux-gnu.tar.gz) on the cluster's file mirror,
   with ``uv_sha256``, its sha256 (required: checked on the host before root unpacks it); without it uv comes from
   the package index: ``python3 -m pip install --target /opt/ironserve/uv/<version>``
@@ -71,7 +71,6 @@ from roles.common import LongCommand, host_locked, plain, run_if_changed, sha256
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 from roles.rollback import LAST_GOOD_DIR
 
-UV_VERSION = DEFAULTS.uv_version
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
 REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
 # a venv this host's deploy built or installed into is "being prepared" for a while (touched by the same locked
@@ -347,7 +346,7 @@ def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, m
 
 @operation()
 def uv_installed(
-    version: str = UV_VERSION, index_url: str | None = None, url: str | None = None, sha256: str | None = None
+    version: str = DEFAULTS.uv_version, index_url: str | None = None, url: str | None = None, sha256: str | None = None
 ):
     """/usr/local/bin/uv at the pinned version, from a tarball on the mirror (unpacked only when its sha256 is
     ``sha256``) or from the package index."""

@@ -118,8 +118,10 @@ def test_a_new_package_set_is_a_new_venv_beside_the_live_one():
     )
     assert venv_path(recipe).startswith("/opt/ironserve/venvs/runtime-") and venv_path(recipe) == venv_path(recipe)
     assert venv_path(bumped) != venv_path(recipe)  # never an upgrade in place under a running unit
-    hosts = [InventoryHost(n, {"hardware": "cpu-lab"}) for n in ("r0", "n0", "n1")]
-    hosts[0].data["ironserve_role"] = "router"
+    hosts = [
+        InventoryHost(n, {"hardware": "cpu-lab"} | ({"ironserve_role": "router"} if n == "r0" else {}))
+        for n in ("r0", "n0", "n1")
+    ]
     assert exec_argv(bumped, render(bumped, hosts).processes[0])[0].startswith(venv_path(bumped) + "/bin/")
 
 
