@@ -75,6 +75,7 @@ from ironserve.units import ETC_DIR, deliberate, image_ref, sha256_text
 from roles.apt_keys import pinned_key
 from roles.common import LongCommand, deb822_source, run_if_changed
 from roles.context import DeploymentContext
+from roles.desired import RuntimeCheck, present_check
 from roles.nvidia_driver import upstream
 from roles.preflight import plain
 
@@ -627,7 +628,7 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """The image the units run is present (pinned digest, or the derived image), for `ironserve audit`."""
     runtime = ctx.recipe.runtime
     if not isinstance(runtime, DockerRuntime):
@@ -640,49 +641,23 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
             f"{shlex.quote(f'{repo}@{runtime.digest}')} 2>/dev/null | grep -cF {shlex.quote('@' + runtime.digest)}"
             " || true"
         )
-        out.append(
-            {"id": f"image:{repo}@{runtime.digest[:19]}", "kind": "command", "expected": "1", "params": {"cmd": cmd}}
-        )
+        out.append(RuntimeCheck(f"image:{repo}@{runtime.digest[:19]}", "1", cmd))
     else:
-        out.append(
-            {
-                "id": f"image-lock:{ctx.recipe.id}",
-                "kind": "command",
-                "expected": "present",
-                "params": {"cmd": f"test -s {shlex.quote(lock_path(ctx.recipe.id))} && echo present || echo missing"},
-            }
-        )
+        out.append(present_check(f"image-lock:{ctx.recipe.id}", f"test -s {shlex.quote(lock_path(ctx.recipe.id))}"))
     if ctx.vendor == "nvidia" and runtime.run.gpus:
         if gpu_access(toolkit_version(ctx)) == "cdi":
             out.append(
-                {
-                    "id": "cdi:nvidia.com/gpu=all",
-                    "kind": "command",
-                    "expected": "1",
-                    "params": {"cmd": "nvidia-ctk cdi list 2>/dev/null | grep -cx 'nvidia.com/gpu=all' || true"},
-                }
+                RuntimeCheck(
+                    "cdi:nvidia.com/gpu=all",
+                    "1",
+                    "nvidia-ctk cdi list 2>/dev/null | grep -cx 'nvidia.com/gpu=all' || true",
+                )
             )
         else:
-            out.append(
-                {
-                    "id": "dev-char:nvidia",
-                    "kind": "command",
-                    "expected": "present",
-                    "params": {
-                        "cmd": "ls /dev/char | xargs -I{} readlink /dev/char/{} 2>/dev/null | "
-                        "grep -q nvidia && echo present || echo missing"
-                    },
-                }
-            )
+            links = "ls /dev/char | xargs -I{} readlink /dev/char/{} 2>/dev/null | grep -q nvidia"
+            out.append(present_check("dev-char:nvidia", links))
     if runtime.patches:
         ref = f"ironserve/{ctx.recipe.id}:derived"
         cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {shlex.quote(ref)}"
-        out.append(
-            {
-                "id": f"derived-image:{ref}",
-                "kind": "command",
-                "expected": "present",
-                "params": {"cmd": f"{cmd} >/dev/null 2>&1 && echo present || echo missing"},
-            }
-        )
+        out.append(present_check(f"derived-image:{ref}", f"{cmd} >/dev/null 2>&1"))
     return out

@@ -18,6 +18,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from roles.context import DeploymentContext
+from roles.desired import DesiredPackage
 from roles.nvidia_driver import apt_pin_text, apt_refresh
 
 TOOLKIT_PACKAGE = "cuda-toolkit-{dashed}"
@@ -44,8 +45,8 @@ def apply(ctx: DeploymentContext) -> None:
     apt.packages(name=f"Install {package}={version}", packages=[f"{package}={version}"], no_recommends=True)
 
 
-def desired_packages(ctx: DeploymentContext) -> list[dict]:
+def desired_packages(ctx: DeploymentContext) -> list[DesiredPackage]:
     """The pinned toolkit, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [{"name": toolkit_package(ctx.profile.toolkit), "version": ctx.host.cuda_toolkit_version, "gate": "driver"}]
+    return [DesiredPackage(toolkit_package(ctx.profile.toolkit), ctx.host.cuda_toolkit_version)]

@@ -28,23 +28,6 @@ from roles.common import uses_sudo
 from roles.context import DeploymentContext
 from roles.node_exporter import TEXTFILE
 
-# the prepare stage's roles (roles/deployment.py PREPARE_ROLES), by the stage they belong to
-STAGE_OF_ROLE = {
-    "preflight": "preflight",
-    "host_tuning": "host_tuning",
-    "nvidia_driver": "accelerator",
-    "cuda": "accelerator",
-    "gpu_clocks": "accelerator",
-    "nccl": "accelerator",
-    "imex": "accelerator",
-    "ascend": "accelerator",
-    "container_runtime": "runtime",
-    "uv_env": "runtime",
-    "model_weights": "weights",
-    "sglang_service": "units",
-    "router": "units",
-    "node_exporter": "node_exporter",
-}
 METRICS_FILE = "ironserve_deploy"  # <textfile dir>/ironserve_deploy.prom
 
 
@@ -187,7 +170,3 @@ def stage(ctx: DeploymentContext, name: str | None) -> None:
         state.add_callback_handler(clock)
     clock.contexts[ctx.host_name] = ctx
     clock.mark(state, name)
-
-
-def role_stage(ctx: DeploymentContext, role_name: str) -> None:
-    stage(ctx, STAGE_OF_ROLE.get(role_name, role_name))

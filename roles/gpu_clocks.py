@@ -33,8 +33,9 @@ from pyinfra.operations import apt, files, pip, systemd
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.resources import files_dir
-from ironserve.units import UNIT_DIR, sha256_text, systemd_quote
+from ironserve.units import UNIT_DIR, systemd_quote
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile, text_file
 from roles.preflight import plain
 
 UNIT = "ironserve-gpu-clocks.service"
@@ -147,7 +148,7 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """The boot-time clock unit and its script, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
@@ -156,11 +157,6 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
         return []
     python = f"{ctx.host.tools_venv}/bin/python"
     return [
-        {"path": SCRIPT, "sha256": sha256_text(SCRIPT_SOURCE.read_text()), "mode": 0o755, "gate": "driver"},
-        {
-            "path": f"{UNIT_DIR}/{UNIT}",
-            "sha256": sha256_text(unit_text(offset, python, SCRIPT)),
-            "mode": 0o644,
-            "gate": "driver",
-        },
+        text_file(SCRIPT, SCRIPT_SOURCE.read_text(), 0o755, "driver"),
+        text_file(f"{UNIT_DIR}/{UNIT}", unit_text(offset, python, SCRIPT), gate="driver"),
     ]

@@ -38,9 +38,10 @@ from pyinfra.operations import files, systemd
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.spec import control_problem
-from ironserve.units import UNIT_DIR, sha256_text
+from ironserve.units import UNIT_DIR
 from roles.common import keyed_lines
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile, text_file
 from roles.preflight import plain
 
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
@@ -276,29 +277,15 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """What this role writes, for `ironserve audit` (same text functions as the operations above)."""
     tuning = ctx.tuning
     out = []
     if tuning.governor:
-        out.append(
-            {
-                "path": f"{UNIT_DIR}/{ctx.host.governor_unit}",
-                "sha256": sha256_text(governor_unit_text(tuning.governor)),
-                "mode": 0o644,
-            }
-        )
+        out.append(text_file(f"{UNIT_DIR}/{ctx.host.governor_unit}", governor_unit_text(tuning.governor)))
     if tuning.sysctls:
-        out.append(
-            {"path": ctx.host.sysctl_file, "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))), "mode": 0o644}
-        )
+        out.append(text_file(ctx.host.sysctl_file, sysctl_text(dict(tuning.sysctls))))
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
-        out.append(
-            {
-                "path": ctx.host.limits_file,
-                "sha256": sha256_text(limits_text(limits.memlock, limits.stack, limits.nofile)),
-                "mode": 0o644,
-            }
-        )
+        out.append(text_file(ctx.host.limits_file, limits_text(limits.memlock, limits.stack, limits.nofile)))
     return out

@@ -30,10 +30,10 @@ from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import apt, files, systemd
 
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import sha256_text
 from roles import nvidia_driver, preflight
 from roles.common import run_if_changed
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
 from roles.preflight import plain
 
 IMEX_PACKAGE = "nvidia-imex-{branch}"
@@ -198,56 +198,28 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     if not wanted(ctx):
         return []
-    out = [
-        {
-            "path": NODES_CONFIG,
-            "sha256": sha256_text(nodes_config_text(domain_addresses(ctx))),
-            "mode": 0o644,
-            "gate": "driver",
-        }
-    ]
-    out += [
-        {
-            "path": ENGINE_DROPIN.format(unit=p.unit),
-            "sha256": sha256_text(engine_dropin_text()),
-            "mode": 0o644,
-            "gate": "service",
-        }
+    dropins = [
+        text_file(ENGINE_DROPIN.format(unit=p.unit), engine_dropin_text(), gate="service")
         for p in ctx.processes
         if p.role != "router"
     ]
-    return out
+    return [text_file(NODES_CONFIG, nodes_config_text(domain_addresses(ctx)), gate="driver"), *dropins]
 
 
-def desired_packages(ctx: DeploymentContext) -> list[dict]:
+def desired_packages(ctx: DeploymentContext) -> list[DesiredPackage]:
     if not wanted(ctx):
         return []
-    return [{"name": imex_package(ctx), "version": ctx.host.nvidia_driver_version, "gate": "driver"}]
+    return [DesiredPackage(imex_package(ctx), ctx.host.nvidia_driver_version)]
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     if not wanted(ctx):
         return []
     return [
-        {
-            "id": "imex:service-enabled",
-            "kind": "command",
-            "expected": "enabled",
-            "params": {"cmd": f"systemctl is-enabled {SERVICE} 2>/dev/null || true"},
-        },
-        {
-            "id": "imex:ready",
-            "kind": "command",
-            "expected": "READY",
-            "params": {"cmd": "nvidia-imex-ctl -q 2>&1 || true"},
-        },
-        {
-            "id": "imex:channel0",
-            "kind": "command",
-            "expected": "present",
-            "params": {"cmd": f"[ -c {shlex.quote(CHANNEL0)} ] && echo present || echo missing"},
-        },
+        RuntimeCheck("imex:service-enabled", "enabled", f"systemctl is-enabled {SERVICE} 2>/dev/null || true"),
+        RuntimeCheck("imex:ready", "READY", "nvidia-imex-ctl -q 2>&1 || true"),
+        present_check("imex:channel0", f"[ -c {shlex.quote(CHANNEL0)} ]"),
     ]

@@ -31,6 +31,7 @@ from pyinfra.operations import files
 from ironserve.catalogue import recipes_dir
 from ironserve.resources import files_dir, project_file
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile
 
 ENV_KEY = "NCCL_GRAPH_FILE"
 
@@ -131,7 +132,7 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """The graph XML with its checksum (the pinned one, else the repository file's), for `ironserve audit`."""
     graph = ctx.tuning.nccl_graph
     if ctx.vendor != "nvidia" or not graph:
@@ -142,4 +143,4 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
             sha = hashlib.sha256(graph_source_file(graph.source, ctx.host.recipe).read_text().encode()).hexdigest()
         except OperationError:
             sha = None
-    return [{"path": graph.path, "sha256": sha, "mode": 0o644, "gate": "driver"}] if sha else []
+    return [DesiredFile(graph.path, sha, 0o644, "driver")] if sha else []

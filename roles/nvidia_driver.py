@@ -80,11 +80,11 @@ from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import sha256_text
 from roles import preflight
 from roles.apt_keys import pinned_key
 from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
 from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
@@ -631,91 +631,66 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_packages(ctx: DeploymentContext) -> list[dict]:
+def desired_packages(ctx: DeploymentContext) -> list[DesiredPackage]:
     """The pinned driver, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [
-        {"name": p, "version": v, "gate": "driver"}
-        for p, v in {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}.items()
-    ]
+    pins = {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}
+    return [DesiredPackage(p, v) for p, v in pins.items()]
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """nouveau blacklist, nvidia module options, unattended-upgrades policy, persistenced drop-in."""
     if ctx.vendor != "nvidia":
         return []
     texts = {NOUVEAU_CONF: NOUVEAU_TEXT, UNATTENDED_CONF: UNATTENDED_TEXT, PERSISTENCED_DROPIN: PERSISTENCED_TEXT}
     if nvidia_module_options(ctx):
         texts[NVIDIA_OPTIONS_CONF] = nvidia_module_options(ctx)
-    return [{"path": p, "sha256": sha256_text(t), "mode": 0o644, "gate": "driver"} for p, t in texts.items()]
+    return [text_file(p, t, gate="driver") for p, t in texts.items()]
 
 
-def hold_check(package: str) -> dict:
+def hold_check(package: str) -> RuntimeCheck:
     """The audit check that ``package`` is on hold."""
-    return {
-        "id": f"apt-hold:{package}",
-        "kind": "command",
-        "expected": "held",
-        "params": {"cmd": f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held"},
-    }
+    return RuntimeCheck(
+        f"apt-hold:{package}",
+        "held",
+        f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held",
+    )
 
 
-def fabric_manager_checks(ctx: DeploymentContext) -> list[dict]:
+def active_check(check_id: str, service: str) -> RuntimeCheck:
+    """The audit check that a systemd unit is active."""
+    return RuntimeCheck(check_id, "active", f"systemctl is-active {shlex.quote(service)} 2>/dev/null || true")
+
+
+def fabric_manager_checks(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """Fabric Manager active and held, on NVSwitch boards."""
     checks = []
     for package in fabric_manager_pins(ctx):
-        checks += [
-            {
-                "id": "fabric-manager:active",
-                "kind": "command",
-                "expected": "active",
-                "params": {"cmd": f"systemctl is-active {shlex.quote(FABRIC_MANAGER_SERVICE)} 2>/dev/null || true"},
-            },
-            hold_check(package),
-        ]
+        checks += [active_check("fabric-manager:active", FABRIC_MANAGER_SERVICE), hold_check(package)]
     return checks
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """Module prerequisites of the running kernel, nouveau not loaded, holds, persistence mode."""
     if ctx.vendor != "nvidia":
         return []
-    prereq = (
-        'r=$(uname -r); [ -e "/lib/modules/$r/build" ] && echo present || echo missing'
+    prerequisites = (
+        'r=$(uname -r); [ -e "/lib/modules/$r/build" ]'
         if module_source(ctx) == "dkms"
         else f"dpkg-query -W -f='${{db:Status-Abbrev}}' linux-modules-nvidia-{branch(ctx)}-open-$(uname -r) "
-        '2>/dev/null | grep -q "^ii" && echo present || echo missing'
+        '2>/dev/null | grep -q "^ii"'
     )
-    dcgm = (
-        [
-            {
-                "id": "dcgm:active",
-                "kind": "command",
-                "expected": "active",
-                "params": {"cmd": "systemctl is-active nvidia-dcgm 2>/dev/null || true"},
-            }
-        ]
-        if dcgm_wanted(ctx)
-        else []
-    )
-    return (
-        dcgm
-        + fabric_manager_checks(ctx)
-        + [
-            {"id": "kernel:module-prerequisites", "kind": "command", "expected": "present", "params": {"cmd": prereq}},
-            {
-                "id": "kernel:nouveau-not-loaded",
-                "kind": "command",
-                "expected": "no",
-                "params": {"cmd": "grep -q '^nouveau ' /proc/modules && echo yes || echo no"},
-            },
-            hold_check(driver_package(ctx)),
-            {
-                "id": "gpu:persistence-mode",
-                "kind": "command",
-                "expected": "Enabled",
-                "params": {"cmd": "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u"},
-            },
-        ]
-    )
+    dcgm = [active_check("dcgm:active", "nvidia-dcgm")] if dcgm_wanted(ctx) else []
+    return [
+        *dcgm,
+        *fabric_manager_checks(ctx),
+        present_check("kernel:module-prerequisites", prerequisites),
+        RuntimeCheck("kernel:nouveau-not-loaded", "no", "grep -q '^nouveau ' /proc/modules && echo yes || echo no"),
+        hold_check(driver_package(ctx)),
+        RuntimeCheck(
+            "gpu:persistence-mode",
+            "Enabled",
+            "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u",
+        ),
+    ]

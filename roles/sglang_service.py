@@ -71,13 +71,13 @@ from ironserve.units import (
     rank_guard_files,
     router_venv,
     runs_as_user,
-    sha256_text,
     sourcing_script,
     staged_path,
     unit_files,
     venv_path,
 )
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile, text_file
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
 BIN_SRC = files_dir() / "bin"
@@ -398,26 +398,16 @@ def group_secret(ctx: DeploymentContext, members: list[Process]):
     return generated_secret(rank_group_secret_name(members), ctx.host.secret_dir)
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
     themselves are checked by ironserve.audit.checks, with their env files): live with launch, else staged."""
-    out = [
-        {"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
-        for name, dest in HELPERS
-    ]
+    out = [text_file(dest, (BIN_SRC / name).read_text(), 0o755, "service") for name, dest in HELPERS]
     for proc in ctx.processes:
         members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
             for path, text in ((gf.config_path, gf.config_text), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text)):
-                out.append(
-                    {
-                        "path": path if ctx.launch else staged_path(path),
-                        "sha256": sha256_text(text),
-                        "mode": 0o644,
-                        "gate": "service",
-                    }
-                )
+                out.append(text_file(path if ctx.launch else staged_path(path), text, gate="service"))
     return out
 
 

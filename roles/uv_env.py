@@ -69,6 +69,7 @@ from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
 from roles.common import LongCommand, host_locked, plain, run_if_changed, sha256_checked
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
+from roles.desired import RuntimeCheck
 from roles.rollback import LAST_GOOD_DIR
 
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
@@ -563,7 +564,7 @@ def router_runtime(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def venv_check(path: str, packages: list[str]) -> dict:
+def venv_check(path: str, packages: list[str]) -> RuntimeCheck:
     """An audit check: every pinned package at its version in the venv at ``path``."""
     wanted = {name: version for name, (_, version) in pins(packages).items()}
     names = json.dumps(sorted(wanted))
@@ -575,10 +576,10 @@ def venv_check(path: str, packages: list[str]) -> dict:
         "print(json.dumps(out))"
     )
     cmd = f"{path}/bin/python -c {shlex.quote(script)}"
-    return {"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}
+    return RuntimeCheck(f"venv-packages:{path}", wanted, cmd, "json_command")
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """Every pinned package at its version in the venv, for `ironserve audit`."""
     runtime = ctx.recipe.runtime
     if not isinstance(runtime, UvRuntime):
@@ -586,7 +587,7 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     return [venv_check(venv_path(ctx.recipe), list(runtime.packages))]
 
 
-def router_desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def router_desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
     path = router_venv(ctx.recipe)
     if not path or not any(p.role == "router" for p in ctx.processes):
