@@ -242,9 +242,9 @@ class HostData(BaseModel):
         "roles/apt_keys.py",
         "the only key a fetched NVIDIA apt key may be (NVIDIA's CUDA repository key)",
     )
-    docker_apt_mirror: Url | None = _field(None, "roles/container_runtime.py", "mirror of Docker's apt repository")
+    docker_apt_mirror: Url | None = _field(None, "roles/docker_engine.py", "mirror of Docker's apt repository")
     docker_apt_key_url: Url | None = _field(
-        None, "roles/container_runtime.py", "Docker's apt key URL (default: Docker's for the distro)"
+        None, "roles/docker_engine.py", "Docker's apt key URL (default: Docker's for the distro)"
     )
     docker_apt_key_fingerprint: Fingerprint = _field(
         DOCKER_KEY_FINGERPRINT,
@@ -253,19 +253,19 @@ class HostData(BaseModel):
     )
     docker_apt_suite: str | None = _field(
         None,
-        "roles/container_runtime.py",
+        "roles/docker_engine.py",
         "suite (default: the distro codename; ending in / = flat repository)",
         pattern=r"^[A-Za-z0-9_.\-/]+$",
     )
     docker_apt_components: str = _field(
-        "stable", "roles/container_runtime.py", "components of the suite", pattern=r"^[A-Za-z0-9_.\- ]+$"
+        "stable", "roles/docker_engine.py", "components of the suite", pattern=r"^[A-Za-z0-9_.\- ]+$"
     )
     docker_packages: list[DebPackage] = _field(
-        ["docker-ce", "docker-ce-cli", "containerd.io"], "roles/container_runtime.py", "Docker packages to install"
+        ["docker-ce", "docker-ce-cli", "containerd.io"], "roles/docker_engine.py", "Docker packages to install"
     )
     docker_registry_mirror: str | None = _field(
         None,
-        "roles/container_runtime.py",
+        "roles/docker_engine.py",
         "host[:port] of an https "
         "registry mirroring Docker Hub (daemon.json registry-mirrors; "
         "`ironserve lock` resolves tags there)",
@@ -273,7 +273,7 @@ class HostData(BaseModel):
     )
     docker_registry_ca: str | None = _field(
         None,
-        "roles/container_runtime.py",
+        "roles/docker_engine.py",
         "CA certificate of that registry, a file on the controller (installed in /etc/docker/certs.d/)",
     )
     docker_image_lock: str | None = _field(
@@ -285,20 +285,25 @@ class HostData(BaseModel):
     )
     docker_allow_unpinned: bool = _field(
         False,
-        "roles/container_runtime.py",
+        "roles/recipe_image.py",
         "deploy a docker recipe with neither runtime.digest nor a lock file (each host resolves the tag itself)",
     )
-    nvidia_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "NVIDIA container toolkit key URL")
+    nvidia_apt_key_url: Url | None = _field(
+        None, "roles/nvidia_container_toolkit.py", "NVIDIA container toolkit key URL"
+    )
     nvidia_container_key_fingerprint: Fingerprint = _field(
         NVIDIA_CONTAINER_KEY_FINGERPRINT,
         "roles/apt_keys.py",
         "the only key the downloaded container toolkit key may be",
     )
     nvidia_apt_suite: str = _field(
-        "/", "roles/container_runtime.py", "suite of the container toolkit repository", pattern=r"^[A-Za-z0-9_.\-/]+$"
+        "/",
+        "roles/nvidia_container_toolkit.py",
+        "suite of the container toolkit repository",
+        pattern=r"^[A-Za-z0-9_.\-/]+$",
     )
     nvidia_container_packages: list[DebPackage] = _field(
-        ["nvidia-container-toolkit"], "roles/container_runtime.py", "NVIDIA container packages to install"
+        ["nvidia-container-toolkit"], "roles/nvidia_container_toolkit.py", "NVIDIA container packages to install"
     )
     pip_index_url: Url | None = _field(None, "roles/uv_env.py", "PyPI mirror for uv and the parser check")
     package_indexes: dict[str, Url] = _field({}, "roles/uv_env.py", "index:NAME in recipes -> URL")
@@ -333,7 +338,9 @@ class HostData(BaseModel):
         None, "roles/nvidia_driver.py", "install and run NVIDIA DCGM (default: on for multi-node NVLink profiles)"
     )
     nvidia_container_toolkit_version: Version = _field(
-        NVIDIA_CONTAINER_TOOLKIT_VERSION, "roles/container_runtime.py", "nvidia-container-toolkit package version"
+        NVIDIA_CONTAINER_TOOLKIT_VERSION,
+        "roles/nvidia_container_toolkit.py",
+        "nvidia-container-toolkit package version",
     )
     nvlink_domain: str = _field(
         "default",

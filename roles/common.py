@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import gevent
 from pyinfra import context, host
 from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
 
 PROGRESS_EVERY_S = 30  # how often a long wait (pull, build, download, install) says it is still running
 
@@ -139,6 +140,14 @@ def plain(value):
     """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
     operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
     return getattr(value, "data", value)
+
+
+def apt_update_for(what: str, sources: list, packages: list[str]) -> None:
+    """``apt-get update`` when one of ``sources`` (the operations that wrote apt sources) changed, or one of
+    ``packages`` is not installed yet: a run that failed after writing the sources never updated."""
+    installed = host.get_fact(DebPackages) or {}
+    missing = any(p.split("=", 1)[0] not in installed for p in packages)
+    run_if_changed(name=f"apt update ({what})", command="apt-get update", triggers=[*sources, missing])
 
 
 def keyed_lines(output) -> dict[str, str]:

@@ -2,8 +2,8 @@
 
     prepare (every host, in parallel, op by op):
         preflight -> host tuning -> accelerator stack (NVIDIA driver + CUDA + clocks + NCCL [+ IMEX] | Ascend)
-        -> runtime (docker image | uv venv) -> model weights -> service units (argv parsed by the installed SGLang)
-        -> router unit
+        -> runtime (Docker engine + NVIDIA container toolkit + the recipe's image | uv venv) -> model weights
+        -> service units (argv parsed by the installed SGLang) -> router unit
     launch (only when every host converged, and unless launch=false):
         gate -> rank 0 of each group -> other ranks -> router, each behind a health gate
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
-    container_runtime,
     cuda,
     deploy_clock,
+    docker_engine,
     gpu_clocks,
     host_state,
     host_tuning,
@@ -30,8 +30,10 @@ from roles import (
     model_weights,
     nccl,
     node_exporter,
+    nvidia_container_toolkit,
     nvidia_driver,
     preflight,
+    recipe_image,
     router,
     sglang_service,
     uv_env,
@@ -74,6 +76,10 @@ def _docker(ctx: DeploymentContext) -> bool:
     return isinstance(ctx.recipe.runtime, DockerRuntime)
 
 
+def _docker_on_nvidia(ctx: DeploymentContext) -> bool:
+    return _docker(ctx) and _nvidia(ctx)
+
+
 def _uv(ctx: DeploymentContext) -> bool:
     return not _docker(ctx)
 
@@ -110,13 +116,15 @@ PREPARE_ROLES: list[Role] = [
         desired_runtime=imex.desired_runtime,
     ),
     Role("ascend", "accelerator", _huawei, ascend.apply),
+    Role("docker_engine", "runtime", _docker, docker_engine.apply),
     Role(
-        "container_runtime",
+        "nvidia_container_toolkit",
         "runtime",
-        _docker,
-        container_runtime.apply,
-        desired_runtime=container_runtime.desired_runtime,
+        _docker_on_nvidia,
+        nvidia_container_toolkit.apply,
+        desired_runtime=nvidia_container_toolkit.desired_runtime,
     ),
+    Role("recipe_image", "runtime", _docker, recipe_image.apply, desired_runtime=recipe_image.desired_runtime),
     Role("uv_env", "runtime", _uv, uv_env.apply, desired_runtime=uv_env.desired_runtime),
     Role("model_weights", "weights", _engine_host, model_weights.apply),
     Role("sglang_service", "units", _always, sglang_service.apply, desired_files=sglang_service.desired_files),
@@ -153,7 +161,9 @@ def prepare(ctx: DeploymentContext) -> None:
     run("nccl")
     run("imex")
     run("ascend")
-    run("container_runtime")
+    run("docker_engine")
+    run("nvidia_container_toolkit")
+    run("recipe_image")
     run("uv_env")
     run("model_weights")
     run("sglang_service")

@@ -59,7 +59,7 @@ from ironserve.render import Process
 from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit, staged_path
 from roles import deploy_clock, launch_preflight, live_config, rollback, rolling, undeclared
 from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed, uses_sudo
-from roles.container_runtime import container_current
+from roles.container_drift import container_current
 from roles.context import DeploymentContext
 from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
 from roles.live_config import install_command, reload_command
