@@ -50,7 +50,6 @@ from ironserve.hostdata import DEFAULTS
 from roles import preflight
 from roles.common import sha256_checked
 from roles.context import DeploymentContext
-from roles.preflight import plain
 
 CACHE_DIR = "/var/cache/ironserve/ascend"
 DEFAULT_DRIVER_VERSION = "25.2.0"
@@ -160,11 +159,11 @@ def run_package(
 ):
     """Install one ``.run`` package from the store unless ``version`` is already installed; it runs as root only
     when its file's sha256 is the one ``sha256`` ({file name: sha256}, host data ascend_package_sha256) gives."""
-    installed = (plain(host.get_fact(AscendVersions, install_path=install_path)) or {}).get(component)
+    installed = (host.get_fact(AscendVersions, install_path=install_path) or {}).get(component)
     if same_version(installed, version):
         host.noop(f"{component} {version} installed")
         return
-    filename = run_file(component, version, plain(host.get_fact(Arch)))
+    filename = run_file(component, version, host.get_fact(Arch))
     if not store:
         raise OperationError(
             f"{host.name}: {component} {version} must be installed ({filename}) but no "
@@ -196,7 +195,7 @@ def run_package(
 @operation()
 def check_versions(wants: dict, install_path: str = DEFAULTS.ascend_install_path):
     """After the installers: every pinned version installed and both set_env.sh scripts present."""
-    problems = version_problems(plain(host.get_fact(AscendVersions, install_path=install_path)), wants, install_path)
+    problems = version_problems(host.get_fact(AscendVersions, install_path=install_path), wants, install_path)
     if not problems:
         host.noop(f"Ascend {', '.join(f'{c} {v}' for c, v in wants.items())} installed")
         return

@@ -136,12 +136,6 @@ def run_if_changed(command: str, triggers: list):
         host.noop(f"nothing changed: not running {command}")
 
 
-def plain(value):
-    """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
-    operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
-    return getattr(value, "data", value)
-
-
 def apt_update_for(what: str, sources: list, packages: list[str]) -> None:
     """``apt-get update`` when one of ``sources`` (the operations that wrote apt sources) changed, or one of
     ``packages`` is not installed yet: a run that failed after writing the sources never updated."""

@@ -36,7 +36,6 @@ from ironserve.resources import files_dir
 from ironserve.units import UNIT_DIR, systemd_quote
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, text_file
-from roles.preflight import plain
 
 UNIT = "ironserve-gpu-clocks.service"
 SCRIPT_SOURCE = files_dir() / "host" / "ironserve-gpu-clocks.py"
@@ -117,7 +116,7 @@ def clock_unit(offset: int, unit: str = UNIT, python: str = f"{DEFAULTS.tools_ve
     yield from changed
     if changed:
         yield "systemctl daemon-reload"
-    drift = offsets_drift(plain(host.get_fact(MemClockOffsets, python=python, script=script)), offset)
+    drift = offsets_drift(host.get_fact(MemClockOffsets, python=python, script=script), offset)
     yield from systemd.service._inner(unit, running=True, restarted=bool(changed or drift), enabled=True)
     if not changed and not drift:
         host.noop(f"memory clock offset {offset} MHz on every GPU")

@@ -42,7 +42,6 @@ from ironserve.units import UNIT_DIR
 from roles.common import keyed_lines
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, text_file
-from roles.preflight import plain
 
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 HEADER = "# Managed by ironserve ({}); local edits are overwritten on the next deploy.\n"
@@ -193,7 +192,7 @@ def cpu_governor(governor: str, unit: str = DEFAULTS.governor_unit):
     yield from put
     if put:
         yield "systemctl daemon-reload"
-    live = plain(host.get_fact(CpuGovernors)) or {}
+    live = host.get_fact(CpuGovernors) or {}
     if not live:
         # No cpufreq (VM, container): the unit is in place for the day it has one; nothing to run.
         yield from systemd.service._inner(unit, running=None, enabled=True)
@@ -214,7 +213,7 @@ def sysctl_file(values: dict, path: str = DEFAULTS.sysctl_file):
         return
     put = list(files.put._inner(StringIO(sysctl_text(values)), path, mode="644"))
     yield from put
-    live = plain(host.get_fact(SysctlValues, keys=sorted(values))) or {}
+    live = host.get_fact(SysctlValues, keys=sorted(values)) or {}
     differ, unknown = sysctl_drift(values, live)
     if put or differ:
         # -e: a key this kernel lacks must not stop the others from being applied.
@@ -231,7 +230,7 @@ def sysctl_file(values: dict, path: str = DEFAULTS.sysctl_file):
 @operation()
 def shm_size(size: str):
     """Remount ``/dev/shm`` with ``size`` when its live size differs (the fstab line persists it)."""
-    have = plain(host.get_fact(ShmSize))
+    have = host.get_fact(ShmSize)
     want = size_kib(size)
     if have == want:
         host.noop(f"/dev/shm is {size}")

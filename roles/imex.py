@@ -34,7 +34,6 @@ from roles import nvidia_driver, preflight
 from roles.common import run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
-from roles.preflight import plain
 
 IMEX_PACKAGE = "nvidia-imex-{branch}"
 IMEX_DIR = "/etc/nvidia-imex"
@@ -106,7 +105,7 @@ def channel0_command() -> str:
 @operation()
 def channel0_present():
     """IMEX channel 0 exists (the driver option creates it at every load; mknod for a driver loaded before)."""
-    state = plain(host.get_fact(ImexChannel)) or {}
+    state = host.get_fact(ImexChannel) or {}
     if state.get("present"):
         host.noop(f"{CHANNEL0} present")
         return
@@ -116,7 +115,7 @@ def channel0_present():
 @operation()
 def imex_ready(timeout_s: int = DEFAULTS.imex_ready_timeout_s, restarting: bool = False):
     """The local IMEX answers READY (``nvidia-imex-ctl -q``), waiting up to ``timeout_s`` after a (re)start."""
-    if plain(host.get_fact(ImexStatus)) == "READY" and not restarting:
+    if host.get_fact(ImexStatus) == "READY" and not restarting:
         host.noop("nvidia-imex READY")
         return
     yield (

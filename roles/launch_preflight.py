@@ -48,7 +48,6 @@ from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import image_ref, sourcing_script, venv_path
 from roles.common import UnitState, in_run
 from roles.context import DeploymentContext
-from roles.preflight import plain
 
 LIB_DIR = "/usr/local/lib/ironserve"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # installed by roles/sglang_service.py
@@ -82,7 +81,7 @@ def nic_problems(
 ) -> list[str]:
     """What is wrong with a rank's socket interfaces (``env``: the NIC variables of its env), one line each
     with the fix; [] when all is right. ``path``: the NetworkPath fact towards rank 0's address ``where``."""
-    path = plain(path) or {}
+    path = path or {}
     addrs: dict[str, list[str]] = path.get("addrs") or {}
     target = path.get("target")
     route_dev = path.get("route_dev")
@@ -259,7 +258,7 @@ class IommuGroups(FactBase):
 
 def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
     """Translated DMA groups (DMA, DMA-FQ) break GPU P2P; identity (passthrough) or no IOMMU is fine."""
-    types = (plain(state) or {}).get("types") or {}
+    types = (state or {}).get("types") or {}
     translated = sum(n for t, n in types.items() if t.startswith("DMA"))
     if not translated:
         return None
@@ -306,7 +305,7 @@ def group_rendezvous(
     filled while planning and read while executing (every host's plan is complete by then): a rank that is
     running keeps the whole group from a rendezvous on its port."""
     state = host.get_fact(UnitState, unit=unit, paths=[])
-    running = (plain(state) or {}).get("active") in ("active", "activating", "reloading")
+    running = (state or {}).get("active") in ("active", "activating", "reloading")
     ranks_running = {} if ranks_running is None else ranks_running
     ranks_running.setdefault(key, {})[rank] = running
     if running:
@@ -383,7 +382,7 @@ def _memlock_now(state, host, unit: str) -> bool:
 
 @operation()
 def pcie_acs_disabled():
-    found = plain(host.get_fact(PcieAcs))
+    found = host.get_fact(PcieAcs)
     if found is None:
         host.noop("lspci not installed (pciutils): PCIe ACS not checked")
         return

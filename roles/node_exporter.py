@@ -26,7 +26,6 @@ from ironserve.resources import files_dir
 from roles.common import run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, text_file
-from roles.preflight import plain
 from roles.sglang_service import LIB_DIR
 
 PACKAGE = "prometheus-node-exporter"
@@ -55,7 +54,7 @@ def own_address(ctx: DeploymentContext) -> str:
 @operation()
 def exporter_installed(package: str = PACKAGE):
     """The package is installed (apt lists refreshed first; the configuration written before it is kept)."""
-    if package in (plain(host.get_fact(DebPackages)) or {}):
+    if package in (host.get_fact(DebPackages) or {}):
         host.noop(f"{package} is installed")
         return
     yield (

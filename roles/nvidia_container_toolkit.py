@@ -36,7 +36,6 @@ from roles.context import DeploymentContext
 from roles.desired import RuntimeCheck, present_check
 from roles.docker_engine import DAEMON_JSON, SOURCES_DIR
 from roles.nvidia_driver import upstream
-from roles.preflight import plain
 
 NVIDIA_APT_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 NVIDIA_APT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
@@ -113,7 +112,7 @@ class CdiSpec(FactBase):
 @operation()
 def nvidia_runtime_configured(cdi: bool = False):
     """Register the nvidia runtime with Docker (nvidia-ctk), CDI enabled when asked, and restart Docker."""
-    if "nvidia" in host.get_fact(DockerRuntimes) and (not cdi or plain(host.get_fact(DockerCdiEnabled))):
+    if "nvidia" in host.get_fact(DockerRuntimes) and (not cdi or host.get_fact(DockerCdiEnabled)):
         host.noop("docker already has the nvidia runtime" + (" and CDI" if cdi else ""))
         return
     yield "nvidia-ctk runtime configure --runtime=docker" + (" --cdi.enabled" if cdi else "")
@@ -124,7 +123,7 @@ def nvidia_runtime_configured(cdi: bool = False):
 @operation()
 def cdi_spec(driver_version: str, path: str = CDI_SPEC):
     """The NVIDIA CDI spec exists, names nvidia.com/gpu=all and the installed driver (else: generate it)."""
-    spec = plain(host.get_fact(CdiSpec, path=path, driver=driver_version)) or {}
+    spec = host.get_fact(CdiSpec, path=path, driver=driver_version) or {}
     if "nvidia.com/gpu=all" in (spec.get("devices") or []) and spec.get("current"):
         host.noop(f"{path}: nvidia.com/gpu=all for driver {driver_version}")
         return

@@ -85,7 +85,6 @@ from roles.apt_keys import pinned_key
 from roles.common import deb822_source, run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
-from roles.preflight import plain
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
 NVIDIA_CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
@@ -340,7 +339,7 @@ def reboot_reasons(state: dict | None, want_version: str) -> list[str]:
 @operation()
 def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool = False, path: str = SOURCE_FILE):
     """The deb822 source for NVIDIA's repository (or the cluster's mirror of it)."""
-    uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
+    uri = mirror or default_repo_url(host.get_fact(LinuxDistribution), host.get_fact(Arch))
     yield from files.put._inner(StringIO(source_text(uri, keyring, trusted)), path, mode="644")
 
 
@@ -353,15 +352,15 @@ def fetched_keyring(
 ):
     """Fetch the repository key on the host, dearmored into ``dest`` only when it is exactly the key
     ``fingerprint`` (roles/apt_keys.py): a key fetched from the mirror it verifies proves nothing by itself."""
-    uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
+    uri = mirror or default_repo_url(host.get_fact(LinuxDistribution), host.get_fact(Arch))
     yield from pinned_key._inner(with_slash(uri) + key_name, dest, fingerprint, dearmor=True)
 
 
 @operation()
 def apt_refresh(packages: dict):
     """``apt-get update`` when a pinned ``{package: version}`` is neither installed nor known to apt."""
-    installed = plain(host.get_fact(DebPackages)) or {}
-    known = plain(host.get_fact(AptVersions, packages=sorted(packages))) or {}
+    installed = host.get_fact(DebPackages) or {}
+    known = host.get_fact(AptVersions, packages=sorted(packages)) or {}
     missing = [
         f"{p}={v}"
         for p, v in sorted(packages.items())
@@ -378,7 +377,7 @@ def driver_reboot(
     package: str, version: str, allow_reboot: bool = False, reboot_timeout: int = DEFAULTS.reboot_timeout
 ):
     """Reboot (only when allowed) if the installed driver is not the loaded one; else warn."""
-    state = plain(host.get_fact(NvidiaDriverState, package=package)) or {}
+    state = host.get_fact(NvidiaDriverState, package=package) or {}
     reasons = reboot_reasons(state, version)
     if not reasons and not state.get("package"):
         host.noop(f"{package} not installed yet: nothing to reboot for")
@@ -400,7 +399,7 @@ def driver_reboot(
 @operation()
 def nouveau_unloaded():
     """nouveau loaded now: unload it, or mark the host for a reboot when it is in use (console)."""
-    kernel = plain(host.get_fact(preflight.KernelState)) or {}
+    kernel = host.get_fact(preflight.KernelState) or {}
     if not kernel.get("nouveau"):
         host.noop("nouveau is not loaded")
         return
@@ -411,7 +410,7 @@ def nouveau_unloaded():
 @operation()
 def packages_held(packages: list[str]):
     """``apt-mark hold`` what is not held yet."""
-    held = set(plain(host.get_fact(AptHolds)) or [])
+    held = set(host.get_fact(AptHolds) or [])
     missing = [p for p in packages if p not in held]
     if not missing:
         host.noop(f"held: {', '.join(packages)}")
@@ -422,7 +421,7 @@ def packages_held(packages: list[str]):
 @operation()
 def persistence_mode_on():
     """Every GPU reports persistence mode Enabled (``nvidia-smi -pm 1`` for those that do not)."""
-    modes = plain(host.get_fact(PersistenceMode))
+    modes = host.get_fact(PersistenceMode)
     if modes is None:
         if host.state.is_executing:
             raise OperationError(
@@ -521,7 +520,7 @@ def repository(ctx: DeploymentContext) -> None:
 
 def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
     """nouveau blacklisted, module options, initramfs, module packages of the running kernel, holds."""
-    release = (plain(host.get_fact(KernelVersion)) or "").strip()
+    release = (host.get_fact(KernelVersion) or "").strip()
     changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
     options = nvidia_module_options(ctx)
     if options:
@@ -584,8 +583,8 @@ def apply(ctx: DeploymentContext) -> None:
         no_recommends=True,
         extra_install_args="--allow-change-held-packages",
     )
-    installed = plain(host.get_fact(DebPackages)) or {}
-    release = (plain(host.get_fact(KernelVersion)) or "").strip()
+    installed = host.get_fact(DebPackages) or {}
+    release = (host.get_fact(KernelVersion) or "").strip()
     packages_held(
         name="Driver and kernel held (apt-mark hold)",
         packages=sorted({*hold_list(package, modules, release, installed), *fabric}),

@@ -41,7 +41,6 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ironserve import catalogue
 from roles import uv_env
-from roles.common import plain  # noqa: F401  (the roles import it from here)
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -361,7 +360,6 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
         host.noop("no accelerators in this profile")
         return
     devices = host.get_fact(GpuDevices if vendor == "nvidia" else NpuDevices)
-    devices = plain(devices)
     if devices is None or (not devices and defer_if_absent):
         if defer_if_absent:
             host.noop("accelerator driver not installed (or not loaded) yet: devices are checked after the driver role")
@@ -386,8 +384,8 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
 @operation()
 def modules_loadable(module_source: str = "dkms"):
     """Refuse, before any change, a host whose kernel would not load the modules as configured."""
-    kernel = plain(host.get_fact(KernelState)) or {}
-    os_id = str(((plain(host.get_fact(LinuxDistribution)) or {}).get("release_meta") or {}).get("ID", "")).lower()
+    kernel = host.get_fact(KernelState) or {}
+    os_id = str(((host.get_fact(LinuxDistribution) or {}).get("release_meta") or {}).get("ID", "")).lower()
     problems = module_problems(host.name, kernel, module_source, os_id)
     if problems:
         raise OperationError("\n".join(problems))
@@ -407,7 +405,7 @@ def same_nvlink_clique(peers: dict, strict: bool = False):
     """
     if host.state.is_executing:
         peers = {name: peer_fabric(name) for name in (peers or {})}
-    fabrics = {**{n: plain(v) for n, v in (peers or {}).items()}, host.name: plain(host.get_fact(FabricInfo))}
+    fabrics = {**(peers or {}), host.name: host.get_fact(FabricInfo)}
     unknown = sorted(n for n, v in fabrics.items() if v is None)
     if unknown and not (strict and host.state.is_executing):
         known = {n: v for n, v in fabrics.items() if v is not None}
@@ -434,7 +432,7 @@ def peer_fabric(name: str):
     """FabricInfo read from another host of this run (None where it does not answer)."""
     peer = host.state.inventory.get_host(name, None)
     try:
-        return plain(peer.get_fact(FabricInfo)) if peer is not None else None
+        return peer.get_fact(FabricInfo) if peer is not None else None
     except Exception:  # a peer outside this run (--limit) or unreachable: unknown, said by the check
         return None
 

@@ -126,7 +126,7 @@ class LastGood(FactBase):
 
 def differs(state: dict) -> bool:
     """Is there a last good configuration, and is it not what the unit has now?"""
-    state = getattr(state, "data", state) or {}
+    state = state or {}
     return bool(state.get("snapshot")) and state["snapshot"] != state.get("current")
 
 

@@ -67,7 +67,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.imagelock import hashed_requirements_text
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
-from roles.common import LongCommand, host_locked, plain, run_if_changed, sha256_checked
+from roles.common import LongCommand, host_locked, run_if_changed, sha256_checked
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 from roles.desired import RuntimeCheck
 from roles.rollback import LAST_GOOD_DIR
@@ -413,7 +413,7 @@ def venv_packages(
     todo = requirements_diff(packages, (have or {}).get("packages"))
     # a venv installed before it had a lock: its files were never checked, so the lock's set goes in again
     unchecked = bool(
-        hashed and have and not hashes_recorded(plain(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}")))
+        hashed and have and not hashes_recorded(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))
     )
     if not todo and not unchecked:
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
@@ -477,7 +477,7 @@ def locked_resolution(ctx: DeploymentContext) -> dict[str, list[str]] | None:
     """The lock's {"name==version": hashes} for this host's machine; None (with the warning, or the error under
     require_locks) when there is none."""
     platforms, why = runtime_lock(ctx)
-    arch = plain(host.get_fact(Arch))
+    arch = host.get_fact(Arch)
     if platforms is not None and arch not in platforms:
         why = f"its lock file resolves {', '.join(sorted(platforms))}, not {arch} (`ironserve lock --arch {arch}`)"
     elif platforms is not None:
