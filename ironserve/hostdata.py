@@ -423,65 +423,63 @@ def is_passthrough(key: str) -> bool:
 
 def validate_host_data(data: dict, where: str, host: str) -> HostData:
     """One host's data as HostData, or a SpecError naming the file, the host's key and the fix."""
-    problems: list[Problem] = []
     known = {k: v for k, v in data.items() if not is_passthrough(str(k))}
-    for key in known:
-        if not isinstance(key, str):
-            problems.append(Problem(where, f"{host}.{key!r}", "host data keys are names", "use a string key"))
+    problems = [
+        Problem(where, f"{host}.{key!r}", "host data keys are names", "use a string key")
+        for key in known
+        if not isinstance(key, str)
+    ]
     try:
         model = HostData.model_validate(known)
     except ValidationError as err:
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"])
-            if e["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(str(e["loc"][0]), list(HostData.model_fields), n=1, cutoff=0.6)
-                fix = (
-                    f"did you mean '{close[0]}'?"
-                    if close
-                    else "remove it (`ironserve schema --host-data` lists the keys)"
-                )
-                problems.append(Problem(where, f"{host}.{key}", f"unknown host data key '{e['loc'][0]}'", fix))
-            else:
-                given = e.get("input")
-                shown = given if isinstance(given, (int, float, bool)) or given is None else str(given)[:60]
-                msg, write = message_and_fix(e["msg"].removeprefix("Value error, "))
-                described = (
-                    HostData.model_fields[str(e["loc"][0])].description
-                    if e["loc"] and str(e["loc"][0]) in HostData.model_fields
-                    else ""
-                )
-                what = f"{e['loc'][0]} is {described}" if described else "see `ironserve schema --host-data`"
-                problems.append(
-                    Problem(where, f"{host}.{key}", f"{msg} (got {shown!r})", f"{write} ({what})" if write else what)
-                )
-        raise SpecError(problems) from None
+        raise SpecError(problems + [_problem(e, where, host) for e in err.errors()]) from None
+    problems = problems or _cross_key_problems(model, where, host)
     if problems:
         raise SpecError(problems)
+    return model
+
+
+def _problem(error: dict, where: str, host: str) -> Problem:
+    """A pydantic error of one key as a Problem: an unknown key names the nearest known one; a bad value what was
+    given and what the key is."""
+    key = ".".join(str(p) for p in error["loc"])
+    name = str(error["loc"][0]) if error["loc"] else ""
+    if error["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(name, list(HostData.model_fields), n=1, cutoff=0.6)
+        fix = f"did you mean '{close[0]}'?" if close else "remove it (`ironserve schema --host-data` lists the keys)"
+        return Problem(where, f"{host}.{key}", f"unknown host data key '{name}'", fix)
+    given = error.get("input")
+    shown = given if isinstance(given, (int, float, bool)) or given is None else str(given)[:60]
+    msg, write = message_and_fix(error["msg"].removeprefix("Value error, "))
+    described = HostData.model_fields[name].description if name in HostData.model_fields else ""
+    what = f"{name} is {described}" if described else "see `ironserve schema --host-data`"
+    return Problem(where, f"{host}.{key}", f"{msg} (got {shown!r})", f"{write} ({what})" if write else what)
+
+
+def _cross_key_problems(model: HostData, where: str, host: str) -> list[Problem]:
+    """What no single key says wrong: a plain-http index not allowed, a uv tarball without its checksum (the first
+    one found)."""
     bad = [u for u in [model.pip_index_url, *model.package_indexes.values()] if u and not model.index_url_allowed(u)]
     if bad:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host}.pip_index_url",
-                    f"plain-http package index {bad[0]} (pip verifies nothing fetched over http)",
-                    "use https, or set allow_http_index=true for a mirror on a trusted network",
-                )
-            ]
-        )
+        return [
+            Problem(
+                where,
+                f"{host}.pip_index_url",
+                f"plain-http package index {bad[0]} (pip verifies nothing fetched over http)",
+                "use https, or set allow_http_index=true for a mirror on a trusted network",
+            )
+        ]
     if model.uv_url and not model.uv_sha256:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host}.uv_sha256",
-                    f"uv_url {model.uv_url} has no checksum: root would unpack whatever the URL serves",
-                    "set uv_sha256 to the tarball's sha256 (the first "
-                    "field of `sha256sum uv-<arch>-unknown-linux-gnu.tar.gz`)",
-                )
-            ]
-        )
-    return model
+        return [
+            Problem(
+                where,
+                f"{host}.uv_sha256",
+                f"uv_url {model.uv_url} has no checksum: root would unpack whatever the URL serves",
+                "set uv_sha256 to the tarball's sha256 (the first "
+                "field of `sha256sum uv-<arch>-unknown-linux-gnu.tar.gz`)",
+            )
+        ]
+    return []
 
 
 def validate_inventory_data(hosts: list[tuple[str, dict]], where: str) -> dict[str, HostData]:

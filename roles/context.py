@@ -61,6 +61,54 @@ class DeploymentContext:
         return model_path_on(self.recipe, InventoryHost(self.host_name, host_data=self.host))
 
 
+def _hardware_profile(data: HostData, host_name: str, where: str) -> HardwareProfile:
+    """The hardware profile the host's data names (``hardware``), or a SpecError naming the known ones."""
+    profiles = catalogue.hardware_profiles()
+    if not data.hardware:
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    "host has no hardware profile",
+                    f"set hardware= one of {', '.join(profiles)}",
+                )
+            ]
+        )
+    if data.hardware not in profiles:
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    f"unknown hardware '{data.hardware}'",
+                    f"one of {', '.join(profiles)}",
+                )
+            ]
+        )
+    return profiles[data.hardware]
+
+
+def _recipe_for(model: str, profile: HardwareProfile, data: HostData, host_name: str, where: str) -> Recipe:
+    """The host's recipe (``recipe``, else the catalogue's default for the model on this hardware), with the site's
+    image lock applied; a SpecError when it is not for this hardware."""
+    recipe = catalogue.get_recipe(data.recipe) if data.recipe else catalogue.default_recipe(model, profile.id)
+    # the site's registry may hold the recipe's image under another digest (ironserve/imagelock.py)
+    recipe = imagelock.apply_site(recipe, data.docker_image_lock)
+    if profile.id not in recipe.hardware:
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    f"recipe {recipe.id} is for {', '.join(recipe.hardware)}, not {profile.id}",
+                    "pick another recipe with --data recipe=ID",
+                )
+            ]
+        )
+    return recipe
+
+
 def build_context(
     model: str,
     host_name: str,
@@ -73,46 +121,16 @@ def build_context(
     Every host's data is validated first (types, grammars, unknown keys): a typo or a wrong type anywhere in the
     inventory or in --data stops the deploy before any operation."""
     typed = validate_inventory_data(hosts, where)
-    hw_id = typed[host_name].hardware
-    if not hw_id:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host_name}.hardware",
-                    "host has no hardware profile",
-                    f"set hardware= one of {', '.join(catalogue.hardware_profiles())}",
-                )
-            ]
-        )
-    profiles = catalogue.hardware_profiles()
-    if hw_id not in profiles:
-        raise SpecError(
-            [Problem(where, f"{host_name}.hardware", f"unknown hardware '{hw_id}'", f"one of {', '.join(profiles)}")]
-        )
-    recipe_id = typed[host_name].recipe
-    recipe = catalogue.get_recipe(recipe_id) if recipe_id else catalogue.default_recipe(model, hw_id)
-    # the site's registry may hold the recipe's image under another digest (ironserve/imagelock.py)
-    recipe = imagelock.apply_site(recipe, typed[host_name].docker_image_lock)
-    if hw_id not in recipe.hardware:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host_name}.hardware",
-                    f"recipe {recipe.id} is for {', '.join(recipe.hardware)}, not {hw_id}",
-                    "pick another recipe with --data recipe=ID",
-                )
-            ]
-        )
+    profile = _hardware_profile(typed[host_name], host_name, where)
+    recipe = _recipe_for(model, profile, typed[host_name], host_name, where)
     inventory_hosts = [InventoryHost(n, dict(d), host_data=typed[n]) for n, d in hosts]
     rendered = render(recipe, inventory_hosts, where)
     require_set(rendered)  # a value import left unset (<PORT>) stops the deploy before any host is touched
     return DeploymentContext(
         model=model,
         recipe=recipe,
-        profile=profiles[hw_id],
-        tuning=effective_tuning(recipe, profiles[hw_id]),
+        profile=profile,
+        tuning=effective_tuning(recipe, profile),
         rendered=rendered,
         host_name=host_name,
         processes=rendered.for_host(host_name),

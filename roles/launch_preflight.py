@@ -413,38 +413,27 @@ def memlock_checks(ctx: DeploymentContext, changing: dict) -> None:
         )
 
 
-@deploy("Launch preflight")
-def apply(ctx: DeploymentContext) -> None:
-    recipe = ctx.recipe
-    engines = [p for p in ctx.processes if p.role != "router"]
-    if not engines:
-        return
-    if not ctx.launch:
-        # the live units (a launch checks its new ones once it made them live: memlock_checks)
-        memlock_checks(ctx, {})
-    if (
+def peer_to_peer_checks(ctx: DeploymentContext, engines: list[Process]) -> None:
+    """NVIDIA GPUs on PCIe that a rank drives several of talk peer to peer: no ACS redirect, no translating IOMMU."""
+    p2p = (
         ctx.vendor == "nvidia"
         and ctx.profile.accelerator.interconnect == "pcie"
-        and ctx.host.pcie_acs_check
         and any(p.devices > 1 for p in engines)
-    ):
+    )
+    if p2p and ctx.host.pcie_acs_check:
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
-    if (
-        ctx.vendor == "nvidia"
-        and ctx.profile.accelerator.interconnect == "pcie"
-        and ctx.host.iommu_check
-        and any(p.devices > 1 for p in engines)
-    ):
+    if p2p and ctx.host.iommu_check:
         iommu_passthrough(name="IOMMU passthrough or off (GPU peer-to-peer)", arch=ctx.profile.cpu_arch)
-    groups = rank_groups(ctx.rendered)
-    mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
-    if not mine:
-        return
+
+
+def rank_group_checks(ctx: DeploymentContext, mine: list[tuple[RankGroup, Process]]) -> None:
+    """Each rank's NIC leads to rank 0 where no rendezvous can run (prepared only; or a member outside this run:
+    --limit, a rebuilt host, whose running engine's dist-init port is not to be disturbed); else the gloo
+    rendezvous of the whole group, which its NIC problems explain when it fails."""
     rendezvous = ctx.launch and ctx.host.rendezvous
+    timeout_s = ctx.host.rendezvous_timeout_s
     for group, proc in mine:
         if not (rendezvous and all(in_run(m.host) for m in group.members)):
-            # prepared only; or a member outside this run (--limit, a rebuilt host): no rendezvous can form
-            # without it, and its running engine's dist-init port is not to be disturbed
             nic_reaches_rank0(
                 name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0",
                 rank=proc.node_rank,
@@ -452,11 +441,8 @@ def apply(ctx: DeploymentContext) -> None:
                 addr=group.addr,
                 port=group.port,
             )
-    if not rendezvous:
-        return
-    timeout_s = ctx.host.rendezvous_timeout_s
     for group, proc in mine:
-        if not all(in_run(m.host) for m in group.members):
+        if not (rendezvous and all(in_run(m.host) for m in group.members)):
             continue
         # NIC problems do not stop the rendezvous: it runs anyway (the proof), they explain its failure
         problems = nic_problems(
@@ -466,7 +452,7 @@ def apply(ctx: DeploymentContext) -> None:
             (group.addr, group.port),
             host.get_fact(NetworkPath, target=group.addr),
         )
-        command = " ".join(shlex.quote(a) for a in rendezvous_argv(recipe, proc, group, timeout_s))
+        command = shlex.join(rendezvous_argv(ctx.recipe, proc, group, timeout_s))
         group_rendezvous(
             name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
             key=group.key,
@@ -477,3 +463,16 @@ def apply(ctx: DeploymentContext) -> None:
             problems=problems,
             ranks_running=ctx.ranks_running,
         )
+
+
+@deploy("Launch preflight")
+def apply(ctx: DeploymentContext) -> None:
+    engines = [p for p in ctx.processes if p.role != "router"]
+    if not engines:
+        return
+    if not ctx.launch:
+        # the live units (a launch checks its new ones once it made them live: memlock_checks)
+        memlock_checks(ctx, {})
+    peer_to_peer_checks(ctx, engines)
+    groups = rank_groups(ctx.rendered)
+    rank_group_checks(ctx, [(groups[p.group_key], p) for p in engines if p.group_key in groups])

@@ -518,8 +518,9 @@ def repository(ctx: DeploymentContext) -> None:
     repo_source(name="NVIDIA apt repository", mirror=mirror, keyring=keyring or KEYRING, trusted=trusted)
 
 
-def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
-    """nouveau blacklisted, module options, initramfs, module packages of the running kernel, holds."""
+def kernel_prerequisites(ctx: DeploymentContext) -> list[str]:
+    """nouveau blacklisted (initramfs rebuilt), module options, unattended-upgrades policy; returns the module
+    packages of the running kernel (installed with the driver)."""
     release = (host.get_fact(KernelVersion) or "").strip()
     changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
     options = nvidia_module_options(ctx)
@@ -546,33 +547,25 @@ def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
         dest=UNATTENDED_CONF,
         mode="644",
     )
-    pkgs = module_packages(module_source(ctx), branch(ctx), release)
-    return pkgs
+    return module_packages(module_source(ctx), branch(ctx), release)
 
 
-@deploy("ironserve: NVIDIA driver")
-def apply(ctx: DeploymentContext) -> None:
-    package = driver_package(ctx)
+def driver_installed(ctx: DeploymentContext, package: str, modules: list[str], fabric: dict[str, str]) -> None:
+    """The driver pinned at its version (apt preferences), the kernel modules' prerequisites, then the driver with
+    persistenced and Fabric Manager in one transaction; driver, modules and kernel held."""
     version = ctx.host.nvidia_driver_version
-    modules = kernel_prerequisites(ctx, package)
-    repository(ctx)
+    pins = [
+        (package, version),
+        (PERSISTENCED, f"{upstream(version)}*"),
+        # the driver's own libraries and tools follow the same upstream version
+        ("/nvidia/", f"{upstream(version)}*"),
+    ]
     files.put(
         name=f"Pin {package} {version}",
-        src=StringIO(
-            apt_pin_text(
-                [
-                    (package, version),
-                    (PERSISTENCED, f"{upstream(version)}*"),
-                    # the driver's own libraries and tools follow the same upstream version
-                    ("/nvidia/", f"{upstream(version)}*"),
-                ],
-                "roles/nvidia_driver.py",
-            )
-        ),
+        src=StringIO(apt_pin_text(pins, "roles/nvidia_driver.py")),
         dest=PREFERENCES_FILE,
         mode="644",
     )
-    fabric = fabric_manager_pins(ctx)
     apt_refresh(name="apt-get update for the NVIDIA driver", packages={package: version, **fabric})
     # before the driver: its postinst builds (DKMS) against the running kernel's headers
     apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
@@ -589,15 +582,10 @@ def apply(ctx: DeploymentContext) -> None:
         name="Driver and kernel held (apt-mark hold)",
         packages=sorted({*hold_list(package, modules, release, installed), *fabric}),
     )
-    driver_reboot(
-        name="Reboot if the installed driver is not loaded",
-        package=package,
-        version=version,
-        allow_reboot=ctx.host.allow_reboot,
-        reboot_timeout=ctx.host.reboot_timeout,
-    )
-    # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
-    preflight.check_devices_of(ctx, defer_if_absent=False)
+
+
+def persistence(ctx: DeploymentContext) -> None:
+    """nvidia-persistenced with persistence mode (its drop-in), running; every GPU in persistence mode."""
     dropin = files.put(
         name="nvidia-persistenced runs with persistence mode",
         src=StringIO(PERSISTENCED_TEXT),
@@ -615,6 +603,10 @@ def apply(ctx: DeploymentContext) -> None:
         restarted=dropin.changed,
     )
     persistence_mode_on(name="Persistence mode on every GPU")
+
+
+def fabric_manager_and_dcgm(ctx: DeploymentContext, fabric: dict[str, str]) -> None:
+    """Fabric Manager running on NVSwitch boards; DCGM where it is wanted."""
     if fabric:
         # not restarted on an upgrade: the running one matches the loaded driver until the reboot it needs
         systemd.service(
@@ -625,6 +617,26 @@ def apply(ctx: DeploymentContext) -> None:
         systemd.service(
             name="nvidia-dcgm enabled and running", service="nvidia-dcgm.service", running=True, enabled=True
         )
+
+
+@deploy("ironserve: NVIDIA driver")
+def apply(ctx: DeploymentContext) -> None:
+    package = driver_package(ctx)
+    modules = kernel_prerequisites(ctx)
+    repository(ctx)
+    fabric = fabric_manager_pins(ctx)
+    driver_installed(ctx, package, modules, fabric)
+    driver_reboot(
+        name="Reboot if the installed driver is not loaded",
+        package=package,
+        version=ctx.host.nvidia_driver_version,
+        allow_reboot=ctx.host.allow_reboot,
+        reboot_timeout=ctx.host.reboot_timeout,
+    )
+    # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
+    preflight.check_devices_of(ctx, defer_if_absent=False)
+    persistence(ctx)
+    fabric_manager_and_dcgm(ctx, fabric)
 
 
 # --------------------------------------------------------------------------- audit

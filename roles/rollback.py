@@ -170,6 +170,35 @@ def roll_back(
     gate again; logs the outcome on the gated host. ``wait``: roles.launch.wait_healthy."""
     if not host_data(gate_host).rollback:
         return
+    hosts = _members_in_run(state, gate_host, unit, members)
+    taken = _last_good_of_every_member(gate_host, unit, hosts) if hosts else None
+    if taken is None:
+        return
+    gate_host.log_styled(
+        f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}", fg="yellow"
+    )
+    where = ", ".join(sorted({h.name for h, _, _ in hosts}))
+    if not _restored(gate_host, unit, hosts, where, taken):
+        return
+    start = time.monotonic()
+    if wait(state, gate_host, unit, url, timeout_s):
+        gate_host.log_styled(
+            f"ROLLED BACK {unit} on {where}: the new configuration failed its health gate ({why}); the last good "
+            f"one from {taken} is serving again (healthy after {time.monotonic() - start:.0f}s). The deploy "
+            f"fails: fix the recipe and rerun",
+            fg="yellow",
+        )
+    else:
+        gate_host.log_styled(
+            f"ROLLBACK FAILED {unit} on {where}: the last good configuration from {taken} is "
+            f"restored but not healthy either",
+            fg="red",
+        )
+
+
+def _members_in_run(state, gate_host, unit: str, members: list[tuple[str, str, list[str]]]) -> list | None:
+    """[(pyinfra host, unit, paths)] of the group's members, or None (said) when one is not in this run: a group is
+    rolled back whole or not at all."""
     hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
     outside = sorted(
         name
@@ -177,9 +206,15 @@ def roll_back(
         if h is None or h not in getattr(state, "activated_hosts", {h})
     )
     if outside:
-        # e.g. --limit left them out: a group is rolled back whole or not at all
+        # e.g. --limit left them out
         gate_host.log_styled(f"{unit}: no rollback: {', '.join(outside)} of its group not in this run", fg="red")
-        return
+        return None
+    return hosts
+
+
+def _last_good_of_every_member(gate_host, unit: str, hosts: list) -> str | None:
+    """When the first member's last good configuration was taken, or None (said) when a member has none that
+    differs from the failed one."""
     snapshots = []
     for member_host, member_unit, paths in hosts:
         found = _last_good(member_host, member_unit, paths)
@@ -189,14 +224,15 @@ def roll_back(
                 f"{member_unit} that differs from the failed one",
                 fg="red",
             )
-            return
+            return None
         snapshots.append(found)
-    taken = snapshots[0].get("taken") or "an earlier run"
-    gate_host.log_styled(
-        f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}", fg="yellow"
-    )
-    where = ", ".join(sorted({h.name for h, _, _ in hosts}))
-    # the key check on every member before anything is restored anywhere: never half a group across a key change
+    return snapshots[0].get("taken") or "an earlier run"
+
+
+def _restored(gate_host, unit: str, hosts: list, where: str, taken: str) -> bool:
+    """Every member's key check, then restore, then restart, each step on every member before the next one (the
+    key check everywhere before anything is restored anywhere: never half a group across a key change); False
+    (said) when one failed."""
     steps = (("restore (key check)", key_check_command), ("restore", restore_command), ("restart", _restart_command))
     for step, command in steps:
         # each restore and restart checked: a member left on the failed configuration is said, not assumed away
@@ -211,22 +247,8 @@ def roll_back(
                 f"from {taken} failed on {'; '.join(failed)}",
                 fg="red",
             )
-            return
-    start = time.monotonic()
-    healthy = wait(state, gate_host, unit, url, timeout_s)
-    if healthy:
-        gate_host.log_styled(
-            f"ROLLED BACK {unit} on {where}: the new configuration failed its health gate ({why}); the last good "
-            f"one from {taken} is serving again (healthy after {time.monotonic() - start:.0f}s). The deploy "
-            f"fails: fix the recipe and rerun",
-            fg="yellow",
-        )
-    else:
-        gate_host.log_styled(
-            f"ROLLBACK FAILED {unit} on {where}: the last good configuration from {taken} is "
-            f"restored but not healthy either",
-            fg="red",
-        )
+            return False
+    return True
 
 
 def _restart_command(unit: str) -> str:
