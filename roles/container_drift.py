@@ -14,6 +14,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from ironserve.units import deliberate
+from roles.common import assignments
 
 CONTAINER_FORMAT = "\n".join(
     [
@@ -41,10 +42,7 @@ class ContainerConfig(FactBase):
         )
 
     def process(self, output):
-        data = {}
-        for line in output:
-            key, _, value = line.partition("=")
-            data[key.strip()] = value.strip()
+        data = assignments(output)
         if "image_id" not in data:
             return None
         return {

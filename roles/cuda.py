@@ -12,11 +12,10 @@ Host data (defaults in ironserve/hostdata.py):
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 
+from roles.common import put_text
 from roles.context import DeploymentContext
 from roles.desired import DesiredPackage
 from roles.nvidia_driver import apt_pin_text, apt_refresh
@@ -35,12 +34,7 @@ def toolkit_package(toolkit: str | None) -> str:
 def apply(ctx: DeploymentContext) -> None:
     package = toolkit_package(ctx.profile.toolkit)
     version = ctx.host.cuda_toolkit_version
-    files.put(
-        name=f"Pin {package} {version}",
-        src=StringIO(apt_pin_text([(package, version)], "roles/cuda.py")),
-        dest=PREFERENCES_FILE,
-        mode="644",
-    )
+    put_text(f"Pin {package} {version}", apt_pin_text([(package, version)], "roles/cuda.py"), PREFERENCES_FILE)
     apt_refresh(name="apt-get update for the CUDA toolkit", packages={package: version})
     apt.packages(name=f"Install {package}={version}", packages=[f"{package}={version}"], no_recommends=True)
 

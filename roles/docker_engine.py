@@ -31,7 +31,7 @@ from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files, systemd
 
 from roles.apt_keys import vendor_keyring
-from roles.common import apt_update_for, deb822_source, run_if_changed
+from roles.common import apt_update_for, deb822_source, json_output, put_text, run_if_changed
 from roles.context import DeploymentContext
 
 DOCKER_APT_URL = "https://download.docker.com/linux/{distro}"
@@ -55,13 +55,7 @@ class DockerDaemonConfig(FactBase):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
 
     def process(self, output):
-        text = "\n".join(output).strip()
-        if not text:
-            return {}
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return None
+        data = json_output(output, {}, None)
         return data if isinstance(data, dict) else None
 
 
@@ -129,9 +123,7 @@ def apply(ctx: DeploymentContext) -> None:
         signed_by,
         trusted,
     )
-    source = files.put(
-        name="Docker apt source", src=StringIO(text), dest=f"{SOURCES_DIR}/ironserve-docker.sources", mode="644"
-    )
+    source = put_text("Docker apt source", text, f"{SOURCES_DIR}/ironserve-docker.sources")
     packages = list(ctx.host.docker_packages)
     apt_update_for("Docker's source changed", [source], packages)
     daemon = registry_mirror(ctx)  # before the install: a first start already pulls through the mirror

@@ -39,7 +39,7 @@ from pyinfra.operations import files, systemd
 from ironserve.hostdata import DEFAULTS
 from ironserve.spec import control_problem
 from ironserve.units import UNIT_DIR
-from roles.common import keyed_lines
+from roles.common import keyed_lines, put_text
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, text_file
 
@@ -257,11 +257,10 @@ def apply(ctx: DeploymentContext) -> None:
         sysctl_file(name="sysctls", values=dict(tuning.sysctls), path=ctx.host.sysctl_file)
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
-        files.put(
-            name="Login session limits (memlock, stack, nofile)",
-            src=StringIO(limits_text(limits.memlock, limits.stack, limits.nofile)),
-            dest=ctx.host.limits_file,
-            mode="644",
+        put_text(
+            "Login session limits (memlock, stack, nofile)",
+            limits_text(limits.memlock, limits.stack, limits.nofile),
+            ctx.host.limits_file,
         )
     if tuning.shm_size:
         files.line(

@@ -23,7 +23,6 @@ Host data: ``nvlink_domain`` [default]: hosts with the same value form one IMEX/
 from __future__ import annotations
 
 import shlex
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
@@ -31,7 +30,7 @@ from pyinfra.operations import apt, files, systemd
 
 from ironserve.hostdata import DEFAULTS
 from roles import nvidia_driver, preflight
-from roles.common import run_if_changed
+from roles.common import assignments, put_text, run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
 
@@ -59,9 +58,9 @@ class ImexChannel(FactBase):
         )
 
     def process(self, output):
-        raw = dict(line.partition("=")[::2] for line in output)
-        major = raw.get("major", "").strip()
-        return {"present": raw.get("present", "").strip() == "yes", "major": int(major) if major.isdigit() else None}
+        raw = assignments(output)
+        major = raw.get("major", "")
+        return {"present": raw.get("present") == "yes", "major": int(major) if major.isdigit() else None}
 
 
 class ImexStatus(FactBase):
@@ -162,11 +161,10 @@ def apply(ctx: DeploymentContext) -> None:
     )
     nvidia_driver.packages_held(name=f"{package} held", packages=[package])
     channel0_present(name=f"IMEX channel 0 ({CHANNEL0})")
-    nodes = files.put(
-        name=f"{NODES_CONFIG}: the NVLink domain's {len(domain_addresses(ctx))} hosts",
-        src=StringIO(nodes_config_text(domain_addresses(ctx))),
-        dest=NODES_CONFIG,
-        mode="644",
+    nodes = put_text(
+        f"{NODES_CONFIG}: the NVLink domain's {len(domain_addresses(ctx))} hosts",
+        nodes_config_text(domain_addresses(ctx)),
+        NODES_CONFIG,
     )
     config = files.line(
         name=f"{CONFIG} reads {NODES_CONFIG}",
@@ -182,12 +180,7 @@ def apply(ctx: DeploymentContext) -> None:
         name="nvidia-imex READY", timeout_s=ctx.host.imex_ready_timeout_s, restarting=restart or bool(service.changed)
     )
     dropins = [
-        files.put(
-            name=f"{p.unit} starts after {SERVICE}",
-            src=StringIO(engine_dropin_text()),
-            dest=ENGINE_DROPIN.format(unit=p.unit),
-            mode="644",
-        )
+        put_text(f"{p.unit} starts after {SERVICE}", engine_dropin_text(), ENGINE_DROPIN.format(unit=p.unit))
         for p in ctx.processes
         if p.role != "router"
     ]

@@ -45,8 +45,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import image_ref, sourcing_script, venv_path
-from roles.common import UnitState, in_run
+from roles.common import UnitState, in_run, refuse, runtime_python_argv
 from roles.context import DeploymentContext
 
 LIB_DIR = "/usr/local/lib/ironserve"
@@ -137,30 +136,9 @@ def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: 
         "--timeout",
         str(timeout_s),
     ]
-    env = proc.socket_interfaces
-    runtime = recipe.runtime
-    sourced = sourcing_script(runtime.source_env) if runtime.source_env else None
-    if isinstance(runtime, DockerRuntime):
-        run = ["docker", "run", "--rm", "--network", "host", "-v", f"{RENDEZVOUS}:{CONTAINER_RENDEZVOUS}:ro"]
-        for key, value in env.items():
-            run += ["-e", f"{key}={value}"]
-        if sourced:
-            return run + [
-                "--entrypoint",
-                "/bin/bash",
-                image_ref(recipe),
-                "-c",
-                sourced,
-                "rendezvous",
-                "python3",
-                CONTAINER_RENDEZVOUS,
-                *args,
-            ]
-        return run + ["--entrypoint", "python3", image_ref(recipe), CONTAINER_RENDEZVOUS, *args]
-    core = [f"{venv_path(recipe)}/bin/python3", RENDEZVOUS, *args]
-    if sourced:
-        core = ["/bin/bash", "-c", sourced, "rendezvous", *core]
-    return ["env", *(f"{k}={v}" for k, v in env.items()), *core]
+    return runtime_python_argv(
+        recipe, RENDEZVOUS, CONTAINER_RENDEZVOUS, args, "rendezvous", "host", proc.socket_interfaces
+    )
 
 
 def parse_rendezvous(stdout_lines: list[str]) -> dict:
@@ -277,9 +255,7 @@ def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
 @operation()
 def iommu_passthrough(arch: str = "x86_64"):
     problem = iommu_problem(host.name, host.get_fact(IommuGroups), arch)
-    if problem:
-        raise OperationError(problem)
-    host.noop("IOMMU off or in passthrough: GPU peer-to-peer is direct")
+    refuse([problem] if problem else [], "IOMMU off or in passthrough: GPU peer-to-peer is direct")
     return
     yield  # unreachable: an operation is a generator
 
@@ -287,10 +263,11 @@ def iommu_passthrough(arch: str = "x86_64"):
 @operation()
 def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
     """The rank's socket interfaces (``env``) exist on this host and lead to rank 0 at ``addr``."""
-    problems = nic_problems(host.name, rank, env, (addr, port), host.get_fact(NetworkPath, target=addr))
-    if problems:
-        raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
-    host.noop(f"rank {rank}: {', '.join(f'{k}={v}' for k, v in env.items())} leads to rank 0 ({addr}:{port})")
+    refuse(
+        nic_problems(host.name, rank, env, (addr, port), host.get_fact(NetworkPath, target=addr)),
+        f"rank {rank}: {', '.join(f'{k}={v}' for k, v in env.items())} leads to rank 0 ({addr}:{port})",
+        "the ranks of this group cannot meet:",
+    )
     return
     yield  # unreachable: an operation is a generator
 
@@ -366,9 +343,7 @@ def memlock_unlimited(unit: str, changing=False):
         yield FunctionCommand(_memlock_now, (unit,), {})
         return
     problem = _memlock_problem(host.name, unit, host.get_fact(UnitMemlock, unit=unit))
-    if problem:
-        raise OperationError(problem)
-    host.noop(f"{unit}: LimitMEMLOCK=infinity")
+    refuse([problem] if problem else [], f"{unit}: LimitMEMLOCK=infinity")
 
 
 def _memlock_now(state, host, unit: str) -> bool:

@@ -30,6 +30,7 @@ from pyinfra.operations import files
 
 from ironserve.catalogue import recipes_dir
 from ironserve.resources import files_dir, project_file
+from roles.common import refuse
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile
 
@@ -106,10 +107,8 @@ def graph_file(source: str, path: str, sha256: str | None = None, content: str |
 @operation()
 def check_graph_env(path: str | None, envs: dict):
     """Fail unless every engine process's NCCL_GRAPH_FILE is the placed graph (or unset without one)."""
-    problems = graph_env_problems(path, envs)
-    if problems:
-        raise OperationError("\n".join(f"{host.name}: {p}" for p in problems))
-    host.noop(f"{ENV_KEY} consistent for {len(envs)} engine process(es)")
+    problems = [f"{host.name}: {p}" for p in graph_env_problems(path, envs)]
+    refuse(problems, f"{ENV_KEY} consistent for {len(envs)} engine process(es)")
     return
     yield
 

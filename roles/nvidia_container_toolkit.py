@@ -20,18 +20,16 @@ which keeps the GPUs across a ``systemctl daemon-reload``. Older toolkits keep `
 
 from __future__ import annotations
 
-import json
 import shlex
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 
 from ironserve.nvidia import gpu_access
 from ironserve.spec import DockerRuntime
 from roles.apt_keys import vendor_keyring
-from roles.common import apt_update_for, deb822_source, run_if_changed
+from roles.common import apt_update_for, deb822_source, json_output, put_text, run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import RuntimeCheck, present_check
 from roles.docker_engine import DAEMON_JSON, SOURCES_DIR
@@ -64,14 +62,7 @@ class DockerRuntimes(FactBase):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
 
     def process(self, output):
-        text = "\n".join(output).strip()
-        if not text:
-            return []
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return []
-        return sorted((data.get("runtimes") or {}).keys())
+        return sorted((json_output(output, {}, {}).get("runtimes") or {}).keys())
 
 
 class DockerCdiEnabled(FactBase):
@@ -81,11 +72,7 @@ class DockerCdiEnabled(FactBase):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
 
     def process(self, output):
-        try:
-            data = json.loads("\n".join(output).strip() or "{}")
-        except ValueError:
-            return False
-        return bool((data.get("features") or {}).get("cdi"))
+        return bool((json_output(output, {}, {}).get("features") or {}).get("cdi"))
 
 
 class CdiSpec(FactBase):
@@ -150,12 +137,7 @@ def gpu_devices(ctx: DeploymentContext) -> None:
     if cdi:
         cdi_spec(name=f"CDI spec {CDI_SPEC}", driver_version=upstream(ctx.host.nvidia_driver_version))
         return
-    rule = files.put(
-        name="udev rule: /dev/char links for NVIDIA devices",
-        src=StringIO(DEV_CHAR_RULE_TEXT),
-        dest=DEV_CHAR_RULE,
-        mode="644",
-    )
+    rule = put_text("udev rule: /dev/char links for NVIDIA devices", DEV_CHAR_RULE_TEXT, DEV_CHAR_RULE)
     run_if_changed(
         name="/dev/char links for NVIDIA devices",
         triggers=[rule],
@@ -178,12 +160,7 @@ def apply(ctx: DeploymentContext) -> None:
         )
         text = deb822_source(NVIDIA_APT_URL, ctx.host.nvidia_apt_suite, None, signed_by, trusted)
         sources.append(
-            files.put(
-                name="NVIDIA container toolkit apt source",
-                src=StringIO(text),
-                dest=f"{SOURCES_DIR}/ironserve-nvidia-container.sources",
-                mode="644",
-            )
+            put_text("NVIDIA container toolkit apt source", text, f"{SOURCES_DIR}/ironserve-nvidia-container.sources")
         )
     packages = toolkit_packages(ctx)
     apt_update_for("the NVIDIA container toolkit's source changed", sources, packages)

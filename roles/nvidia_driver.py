@@ -82,7 +82,7 @@ from pyinfra.operations import apt, files, server, systemd
 from ironserve.hostdata import DEFAULTS
 from roles import preflight
 from roles.apt_keys import pinned_key
-from roles.common import deb822_source, run_if_changed
+from roles.common import assignments, deb822_source, put_text, run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
 
@@ -189,10 +189,7 @@ class NvidiaDriverState(FactBase):
         )
 
     def process(self, output):
-        raw = {}
-        for line in output:
-            key, _, value = line.partition("=")
-            raw[key.strip()] = value.strip()
+        raw = assignments(output)
         status, _, version = raw.get("package", "").partition("|")
         smi = raw.get("smi") or None
         if smi and not smi[0].isdigit():
@@ -522,17 +519,10 @@ def kernel_prerequisites(ctx: DeploymentContext) -> list[str]:
     """nouveau blacklisted (initramfs rebuilt), module options, unattended-upgrades policy; returns the module
     packages of the running kernel (installed with the driver)."""
     release = (host.get_fact(KernelVersion) or "").strip()
-    changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
+    changes = [put_text("nouveau blacklisted", NOUVEAU_TEXT, NOUVEAU_CONF)]
     options = nvidia_module_options(ctx)
     if options:
-        changes.append(
-            files.put(
-                name="nvidia module options (IMEX channel 0)",
-                src=StringIO(options),
-                dest=NVIDIA_OPTIONS_CONF,
-                mode="644",
-            )
-        )
+        changes.append(put_text("nvidia module options (IMEX channel 0)", options, NVIDIA_OPTIONS_CONF))
     # the initramfs carries modprobe.d: without a rebuild nouveau still binds first at boot
     run_if_changed(
         name="initramfs rebuilt (module blacklist and options)",
@@ -541,12 +531,7 @@ def kernel_prerequisites(ctx: DeploymentContext) -> list[str]:
         "then update-initramfs -u -k all; fi",
     )
     nouveau_unloaded(name="nouveau not loaded")
-    files.put(
-        name="unattended-upgrades leaves kernel and NVIDIA packages alone",
-        src=StringIO(UNATTENDED_TEXT),
-        dest=UNATTENDED_CONF,
-        mode="644",
-    )
+    put_text("unattended-upgrades leaves kernel and NVIDIA packages alone", UNATTENDED_TEXT, UNATTENDED_CONF)
     return module_packages(module_source(ctx), branch(ctx), release)
 
 
@@ -560,12 +545,7 @@ def driver_installed(ctx: DeploymentContext, package: str, modules: list[str], f
         # the driver's own libraries and tools follow the same upstream version
         ("/nvidia/", f"{upstream(version)}*"),
     ]
-    files.put(
-        name=f"Pin {package} {version}",
-        src=StringIO(apt_pin_text(pins, "roles/nvidia_driver.py")),
-        dest=PREFERENCES_FILE,
-        mode="644",
-    )
+    put_text(f"Pin {package} {version}", apt_pin_text(pins, "roles/nvidia_driver.py"), PREFERENCES_FILE)
     apt_refresh(name="apt-get update for the NVIDIA driver", packages={package: version, **fabric})
     # before the driver: its postinst builds (DKMS) against the running kernel's headers
     apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
@@ -586,12 +566,7 @@ def driver_installed(ctx: DeploymentContext, package: str, modules: list[str], f
 
 def persistence(ctx: DeploymentContext) -> None:
     """nvidia-persistenced with persistence mode (its drop-in), running; every GPU in persistence mode."""
-    dropin = files.put(
-        name="nvidia-persistenced runs with persistence mode",
-        src=StringIO(PERSISTENCED_TEXT),
-        dest=PERSISTENCED_DROPIN,
-        mode="644",
-    )
+    dropin = put_text("nvidia-persistenced runs with persistence mode", PERSISTENCED_TEXT, PERSISTENCED_DROPIN)
     run_if_changed(
         name="systemctl daemon-reload (persistenced drop-in)", triggers=[dropin], command="systemctl daemon-reload"
     )

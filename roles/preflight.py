@@ -41,6 +41,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ironserve import catalogue
 from roles import uv_env
+from roles.common import assignments, refuse
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -130,10 +131,7 @@ class KernelState(FactBase):
         )
 
     def process(self, output):
-        raw = {}
-        for line in output:
-            key, _, value = line.partition("=")
-            raw[key.strip()] = value.strip()
+        raw = assignments(output)
         sb = raw.get("sb", "").lower()
         return {
             "release": raw.get("release") or None,
@@ -342,9 +340,7 @@ def check_platform(cpu_arch: str, allow_emulated_arch: bool = False):
     problems = platform_problems(
         host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution), allow_emulated_arch
     )
-    if problems:
-        raise OperationError("\n".join(problems))
-    host.noop(f"platform matches: {cpu_arch}, Debian/Ubuntu")
+    refuse(problems, f"platform matches: {cpu_arch}, Debian/Ubuntu")
     return
     yield  # a generator that changes nothing
 
@@ -373,10 +369,10 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
             f"{host.name}: accelerators: expected {count} x {device_name}, found no {tool} after the "
             f"driver install. Fix: check the driver packages installed and `{tool}` runs on the host"
         )
-    problems = device_problems(host.name, vendor, device_name, count, needed, devices)
-    if problems:
-        raise OperationError("\n".join(problems))
-    host.noop(f"devices match: {count} x {device_name}")
+    refuse(
+        device_problems(host.name, vendor, device_name, count, needed, devices),
+        f"devices match: {count} x {device_name}",
+    )
     return
     yield
 
@@ -386,11 +382,11 @@ def modules_loadable(module_source: str = "dkms"):
     """Refuse, before any change, a host whose kernel would not load the modules as configured."""
     kernel = host.get_fact(KernelState) or {}
     os_id = str(((host.get_fact(LinuxDistribution) or {}).get("release_meta") or {}).get("ID", "")).lower()
-    problems = module_problems(host.name, kernel, module_source, os_id)
-    if problems:
-        raise OperationError("\n".join(problems))
     sb = {True: "on", False: "off", None: "unknown (no EFI/mokutil)"}[kernel.get("secure_boot")]
-    host.noop(f"kernel {kernel.get('release')}: {module_source} modules, Secure Boot {sb}")
+    refuse(
+        module_problems(host.name, kernel, module_source, os_id),
+        f"kernel {kernel.get('release')}: {module_source} modules, Secure Boot {sb}",
+    )
     return
     yield  # unreachable: an operation is a generator
 

@@ -38,7 +38,7 @@ from pyinfra.facts.files import Sha256File
 
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, sha256_text
-from roles.common import LongCommand
+from roles.common import LongCommand, json_output
 from roles.context import DeploymentContext
 from roles.desired import RuntimeCheck, present_check
 
@@ -133,13 +133,7 @@ class ImageLock(FactBase):
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
 
     def process(self, output):
-        text = "\n".join(output).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            return None
+        return json_output(output)
 
 
 # --------------------------------------------------------------------------- operations

@@ -46,10 +46,9 @@ def snapshot_dir(unit: str) -> str:
 def save_command(unit: str, paths: list[str]) -> str:
     """Copy the files into a fresh snapshot and swap it in (a half-written snapshot is never the last good)."""
     d = shlex.quote(snapshot_dir(unit))
-    quoted = " ".join(shlex.quote(p) for p in paths)
     # files that do not exist (no parse marker with parse_check=false) are simply not part of the snapshot
     return (
-        f'rm -rf {d}.new && mkdir -p {d}.new && for f in {quoted}; do if [ -e "$f" ]; then '
+        f'rm -rf {d}.new && mkdir -p {d}.new && for f in {shlex.join(paths)}; do if [ -e "$f" ]; then '
         f'cp -p "$f" {d}.new/ && sha256sum "$f" >> {d}.new/MANIFEST || exit 1; fi; done '
         f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}"
     )
@@ -101,9 +100,8 @@ class LastGood(FactBase):
 
     def command(self, unit, paths):
         d = shlex.quote(snapshot_dir(unit))
-        quoted = " ".join(shlex.quote(p) for p in paths)
         return (
-            f"sha256sum {quoted} 2>/dev/null | sed 's/^/current /'; "
+            f"sha256sum {shlex.join(paths)} 2>/dev/null | sed 's/^/current /'; "
             f"[ -f {d}/MANIFEST ] && sed 's/^/snapshot /' {d}/MANIFEST; "
             f"[ -f {d}/TAKEN ] && sed 's/^/taken /' {d}/TAKEN; true"
         )

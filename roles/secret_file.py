@@ -33,7 +33,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
-from roles.common import uses_sudo
+from roles.common import uses_sudo, word_lines
 
 SECRET_DIR = "~/.config/ironserve/secrets"
 
@@ -106,8 +106,7 @@ class SecretFileState(FactBase):
 
     def process(self, output):
         state = {}
-        for line in output:
-            kind, _, rest = line.strip().partition(" ")
+        for kind, rest in word_lines(output):
             if kind == "stat":
                 state["mode"], state["user"], state["group"] = rest.split(" ", 2)
             elif kind == "sha256":

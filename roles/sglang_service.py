@@ -71,11 +71,10 @@ from ironserve.units import (
     rank_guard_files,
     router_venv,
     runs_as_user,
-    sourcing_script,
     staged_path,
     unit_files,
-    venv_path,
 )
+from roles.common import runtime_python_argv
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, text_file
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
@@ -113,30 +112,11 @@ def parse_kind(proc: Process) -> str:
 
 def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
     """The probe invocation: SGLang's own parser, in the runtime the unit will run."""
-    kind, args = parse_kind(proc), proc.engine_args
-    runtime = recipe.runtime
-    sourced = runtime.source_env
+    args = ["--kind", parse_kind(proc), "--", *proc.engine_args]
     if proc.role == "router" and router_venv(recipe):
         # the router's own runtime (the engine's image or venv lacks the pinned sglang-router): probed there
-        return [f"{router_venv(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
-    if isinstance(runtime, DockerRuntime):
-        core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
-        run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
-        if sourced:
-            return run + [
-                "--entrypoint",
-                "/bin/bash",
-                image_ref(recipe),
-                "-c",
-                sourcing_script(sourced),
-                "parse-check",
-                *core,
-            ]
-        return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
-    core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
-    if sourced:
-        return ["/bin/bash", "-c", sourcing_script(sourced), "parse-check", *core]
-    return core
+        return [f"{router_venv(recipe)}/bin/python3", PARSE_CHECK, *args]
+    return runtime_python_argv(recipe, PARSE_CHECK, CONTAINER_PROBE, args, "parse-check", "none")
 
 
 def parse_digest(exec_start: list[str], runtime_identity: str) -> str:

@@ -53,7 +53,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
@@ -67,7 +66,7 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.imagelock import hashed_requirements_text
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
-from roles.common import LongCommand, host_locked, run_if_changed, sha256_checked
+from roles.common import LongCommand, host_locked, put_text, refuse, run_if_changed, sha256_checked, word_lines
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 from roles.desired import RuntimeCheck
 from roles.rollback import LAST_GOOD_DIR
@@ -319,12 +318,7 @@ class VenvsInUse(FactBase):
         )
 
     def process(self, output):
-        found = {}
-        for line in output:
-            kind, _, path = line.strip().partition(" ")
-            if kind in ("used", "unused") and path:
-                found[path] = kind == "used"
-        return found
+        return {path: kind == "used" for kind, path in word_lines(output) if kind in ("used", "unused") and path}
 
 
 # --------------------------------------------------------------------------- operations
@@ -338,9 +332,7 @@ def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, m
         host.noop(f"venv {venv} has Python {have['python']}")
         return
     problems = interpreter_problems(host.name, recipe_id, python, host.get_fact(HostPythons) or [], air_gapped, mirror)
-    if problems:
-        raise OperationError("\n".join(problems))
-    host.noop(f"Python {python} for {recipe_id}: available")
+    refuse(problems, f"Python {python} for {recipe_id}: available")
     return
     yield  # a generator that changes nothing
 
@@ -501,16 +493,11 @@ def apply(ctx: DeploymentContext) -> None:
     idx = index_args(runtime, mirror, ctx.host.package_indexes)
     created = venv_present(name=f"venv {path} (Python {runtime.python})", path=path, python=runtime.python, env=env)
     for dest, text in resolution_files(path, runtime).items():
-        files.put(name=f"venv {dest.rsplit('/', 1)[1]}", src=StringIO(text), dest=dest, mode="644")
+        put_text(f"venv {dest.rsplit('/', 1)[1]}", text, dest)
     locked = locked_resolution(ctx)
     if locked:
         hashed = f"{path}/{LOCKED_REQUIREMENTS_NAME}"
-        files.put(
-            name="venv requirements with hashes (lock)",
-            src=StringIO(hashed_requirements_text(locked)),
-            dest=hashed,
-            mode="644",
-        )
+        put_text("venv requirements with hashes (lock)", hashed_requirements_text(locked), hashed)
         installed = venv_packages(
             name=f"venv {path} packages (hash-checked)",
             path=path,
@@ -527,11 +514,8 @@ def apply(ctx: DeploymentContext) -> None:
             args=install_args(runtime, idx) + resolution_args(path, runtime),
             env=env,
         )
-    files.put(
-        name="venv requirements record",
-        src=StringIO(requirements_text(runtime, idx, len(locked or {}))),
-        dest=f"{path}/{REQUIREMENTS_NAME}",
-        mode="644",
+    put_text(
+        "venv requirements record", requirements_text(runtime, idx, len(locked or {})), f"{path}/{REQUIREMENTS_NAME}"
     )
     ctx.changes.record_runtime_change(created, installed)
     ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")
