@@ -50,8 +50,9 @@ class MemClockOffsets(FactBase):
 
     def command(self, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT) -> str:
         # Never fail the fact: before the first deploy neither the venv nor the script exist.
+        read = shlex.join(read_offsets_argv(python, script))
         python, script = shlex.quote(python), shlex.quote(script)
-        return f"if [ -x {python} ] && [ -f {script} ]; then {python} {script} --read 2>/dev/null || true; fi"
+        return f"if [ -x {python} ] && [ -f {script} ]; then {read} 2>/dev/null || true; fi"
 
     def process(self, output):
         offsets = {}
@@ -93,6 +94,11 @@ def unit_text(offset: int, python: str = f"{DEFAULTS.tools_venv}/bin/python", sc
         "\n[Install]\n"
         "WantedBy=multi-user.target\n"
     )
+
+
+def read_offsets_argv(python: str, script: str = SCRIPT) -> list[str]:
+    """What reads the live offsets (``<index> <MHz>`` per GPU): the script, run by the tools venv's python."""
+    return [python, script, "--read"]
 
 
 def index_args(index: str | None) -> str | None:

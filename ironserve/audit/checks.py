@@ -8,6 +8,7 @@ ironserve.units renders, so a new recipe is audited without new code.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -68,7 +69,10 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
         accel = ctx.profile.accelerator
         add("gpu-devices", "gpus", {"count": accel.count, "name": accel.name}, "driver")
         if accel.max_q and tuning.gpu_memory_clock_offset_mhz:
-            add("gpu-memory-clock-offset", "clock_offsets", tuning.gpu_memory_clock_offset_mhz, "driver")
+            from roles.gpu_clocks import read_offsets_argv
+
+            read = shlex.join(read_offsets_argv(f"{ctx.host.tools_venv}/bin/python"))
+            add("gpu-memory-clock-offset", "clock_offsets", tuning.gpu_memory_clock_offset_mhz, "driver", cmd=read)
     elif ctx.vendor == "huawei":
         add("npu-devices", "npus", {"count": ctx.profile.accelerator.count}, "driver")
     for item in providers.runtime_checks(ctx):
