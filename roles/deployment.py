@@ -43,6 +43,7 @@ from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck
 
 
 def _nothing(ctx: DeploymentContext) -> list:
+    """What a role that puts nothing of a kind on a host declares of it."""
     return []
 
 
