@@ -14,11 +14,13 @@ from pyinfra import host
 from ironserve import catalogue
 from ironserve.catalogue import Problem, SpecError
 from roles import bench
-from roles.context import current
+from roles.context import bad_input_stops_the_deploy, current, host_data
 
-_model = host.data.get("model")
-if not _model and host.data.get("recipe"):
-    _model = catalogue.get_recipe(host.data.get("recipe")).model.family
+with bad_input_stops_the_deploy():
+    _data = host_data(host)
+_model = _data.model
+if not _model and _data.recipe:
+    _model = catalogue.get_recipe(_data.recipe).model.family
 if not _model:
     raise SpecError(
         [

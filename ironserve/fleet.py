@@ -78,16 +78,16 @@ def load_inventory(path: str | Path, data: dict | None = None) -> list[Inventory
 
 def read_fleet(path: str | Path, data: dict | None = None) -> Fleet:
     inventory = pyinfra_inventory(path, data)
-    hosts = []
-    for host in inventory:
-        merged = host.data.dict()
-        groups = [g for g in host.groups if g != "all"]
-        hosts.append(InventoryHost(host.name, merged, groups))
-    if not hosts:
+    merged = [(host.name, host.data.dict()) for host in inventory]
+    if not merged:
         raise SpecError(
             [Problem(str(path), "", "no hosts found", "define a list like: gpu_nodes = [('node0', {...})]")]
         )
-    validate_inventory_data([(h.name, h.data) for h in hosts], str(path))
+    typed = validate_inventory_data(merged, str(path))
+    hosts = [
+        InventoryHost(name, data, [g for g in host.groups if g != "all"], host_data=typed[name])
+        for (name, data), host in zip(merged, inventory)
+    ]
     return Fleet(hosts, inventory)
 
 

@@ -242,9 +242,9 @@ class HostData(BaseModel):
         "roles/apt_keys.py",
         "the only key a fetched NVIDIA apt key may be (NVIDIA's CUDA repository key)",
     )
-    docker_apt_mirror: Url | None = _field(None, "roles/container_runtime.py", "mirror of Docker's apt repository")
+    docker_apt_mirror: Url | None = _field(None, "roles/docker_engine.py", "mirror of Docker's apt repository")
     docker_apt_key_url: Url | None = _field(
-        None, "roles/container_runtime.py", "Docker's apt key URL (default: Docker's for the distro)"
+        None, "roles/docker_engine.py", "Docker's apt key URL (default: Docker's for the distro)"
     )
     docker_apt_key_fingerprint: Fingerprint = _field(
         DOCKER_KEY_FINGERPRINT,
@@ -253,19 +253,19 @@ class HostData(BaseModel):
     )
     docker_apt_suite: str | None = _field(
         None,
-        "roles/container_runtime.py",
+        "roles/docker_engine.py",
         "suite (default: the distro codename; ending in / = flat repository)",
         pattern=r"^[A-Za-z0-9_.\-/]+$",
     )
     docker_apt_components: str = _field(
-        "stable", "roles/container_runtime.py", "components of the suite", pattern=r"^[A-Za-z0-9_.\- ]+$"
+        "stable", "roles/docker_engine.py", "components of the suite", pattern=r"^[A-Za-z0-9_.\- ]+$"
     )
     docker_packages: list[DebPackage] = _field(
-        ["docker-ce", "docker-ce-cli", "containerd.io"], "roles/container_runtime.py", "Docker packages to install"
+        ["docker-ce", "docker-ce-cli", "containerd.io"], "roles/docker_engine.py", "Docker packages to install"
     )
     docker_registry_mirror: str | None = _field(
         None,
-        "roles/container_runtime.py",
+        "roles/docker_engine.py",
         "host[:port] of an https "
         "registry mirroring Docker Hub (daemon.json registry-mirrors; "
         "`ironserve lock` resolves tags there)",
@@ -273,7 +273,7 @@ class HostData(BaseModel):
     )
     docker_registry_ca: str | None = _field(
         None,
-        "roles/container_runtime.py",
+        "roles/docker_engine.py",
         "CA certificate of that registry, a file on the controller (installed in /etc/docker/certs.d/)",
     )
     docker_image_lock: str | None = _field(
@@ -285,20 +285,25 @@ class HostData(BaseModel):
     )
     docker_allow_unpinned: bool = _field(
         False,
-        "roles/container_runtime.py",
+        "roles/recipe_image.py",
         "deploy a docker recipe with neither runtime.digest nor a lock file (each host resolves the tag itself)",
     )
-    nvidia_apt_key_url: Url | None = _field(None, "roles/container_runtime.py", "NVIDIA container toolkit key URL")
+    nvidia_apt_key_url: Url | None = _field(
+        None, "roles/nvidia_container_toolkit.py", "NVIDIA container toolkit key URL"
+    )
     nvidia_container_key_fingerprint: Fingerprint = _field(
         NVIDIA_CONTAINER_KEY_FINGERPRINT,
         "roles/apt_keys.py",
         "the only key the downloaded container toolkit key may be",
     )
     nvidia_apt_suite: str = _field(
-        "/", "roles/container_runtime.py", "suite of the container toolkit repository", pattern=r"^[A-Za-z0-9_.\-/]+$"
+        "/",
+        "roles/nvidia_container_toolkit.py",
+        "suite of the container toolkit repository",
+        pattern=r"^[A-Za-z0-9_.\-/]+$",
     )
     nvidia_container_packages: list[DebPackage] = _field(
-        ["nvidia-container-toolkit"], "roles/container_runtime.py", "NVIDIA container packages to install"
+        ["nvidia-container-toolkit"], "roles/nvidia_container_toolkit.py", "NVIDIA container packages to install"
     )
     pip_index_url: Url | None = _field(None, "roles/uv_env.py", "PyPI mirror for uv and the parser check")
     package_indexes: dict[str, Url] = _field({}, "roles/uv_env.py", "index:NAME in recipes -> URL")
@@ -333,7 +338,9 @@ class HostData(BaseModel):
         None, "roles/nvidia_driver.py", "install and run NVIDIA DCGM (default: on for multi-node NVLink profiles)"
     )
     nvidia_container_toolkit_version: Version = _field(
-        NVIDIA_CONTAINER_TOOLKIT_VERSION, "roles/container_runtime.py", "nvidia-container-toolkit package version"
+        NVIDIA_CONTAINER_TOOLKIT_VERSION,
+        "roles/nvidia_container_toolkit.py",
+        "nvidia-container-toolkit package version",
     )
     nvlink_domain: str = _field(
         "default",
@@ -416,65 +423,63 @@ def is_passthrough(key: str) -> bool:
 
 def validate_host_data(data: dict, where: str, host: str) -> HostData:
     """One host's data as HostData, or a SpecError naming the file, the host's key and the fix."""
-    problems: list[Problem] = []
     known = {k: v for k, v in data.items() if not is_passthrough(str(k))}
-    for key in known:
-        if not isinstance(key, str):
-            problems.append(Problem(where, f"{host}.{key!r}", "host data keys are names", "use a string key"))
+    problems = [
+        Problem(where, f"{host}.{key!r}", "host data keys are names", "use a string key")
+        for key in known
+        if not isinstance(key, str)
+    ]
     try:
         model = HostData.model_validate(known)
     except ValidationError as err:
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"])
-            if e["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(str(e["loc"][0]), list(HostData.model_fields), n=1, cutoff=0.6)
-                fix = (
-                    f"did you mean '{close[0]}'?"
-                    if close
-                    else "remove it (`ironserve schema --host-data` lists the keys)"
-                )
-                problems.append(Problem(where, f"{host}.{key}", f"unknown host data key '{e['loc'][0]}'", fix))
-            else:
-                given = e.get("input")
-                shown = given if isinstance(given, (int, float, bool)) or given is None else str(given)[:60]
-                msg, write = message_and_fix(e["msg"].removeprefix("Value error, "))
-                described = (
-                    HostData.model_fields[str(e["loc"][0])].description
-                    if e["loc"] and str(e["loc"][0]) in HostData.model_fields
-                    else ""
-                )
-                what = f"{e['loc'][0]} is {described}" if described else "see `ironserve schema --host-data`"
-                problems.append(
-                    Problem(where, f"{host}.{key}", f"{msg} (got {shown!r})", f"{write} ({what})" if write else what)
-                )
-        raise SpecError(problems) from None
+        raise SpecError(problems + [_problem(e, where, host) for e in err.errors()]) from None
+    problems = problems or _cross_key_problems(model, where, host)
     if problems:
         raise SpecError(problems)
+    return model
+
+
+def _problem(error: dict, where: str, host: str) -> Problem:
+    """A pydantic error of one key as a Problem: an unknown key names the nearest known one; a bad value what was
+    given and what the key is."""
+    key = ".".join(str(p) for p in error["loc"])
+    name = str(error["loc"][0]) if error["loc"] else ""
+    if error["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(name, list(HostData.model_fields), n=1, cutoff=0.6)
+        fix = f"did you mean '{close[0]}'?" if close else "remove it (`ironserve schema --host-data` lists the keys)"
+        return Problem(where, f"{host}.{key}", f"unknown host data key '{name}'", fix)
+    given = error.get("input")
+    shown = given if isinstance(given, (int, float, bool)) or given is None else str(given)[:60]
+    msg, write = message_and_fix(error["msg"].removeprefix("Value error, "))
+    described = HostData.model_fields[name].description if name in HostData.model_fields else ""
+    what = f"{name} is {described}" if described else "see `ironserve schema --host-data`"
+    return Problem(where, f"{host}.{key}", f"{msg} (got {shown!r})", f"{write} ({what})" if write else what)
+
+
+def _cross_key_problems(model: HostData, where: str, host: str) -> list[Problem]:
+    """What no single key says wrong: a plain-http index not allowed, a uv tarball without its checksum (the first
+    one found)."""
     bad = [u for u in [model.pip_index_url, *model.package_indexes.values()] if u and not model.index_url_allowed(u)]
     if bad:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host}.pip_index_url",
-                    f"plain-http package index {bad[0]} (pip verifies nothing fetched over http)",
-                    "use https, or set allow_http_index=true for a mirror on a trusted network",
-                )
-            ]
-        )
+        return [
+            Problem(
+                where,
+                f"{host}.pip_index_url",
+                f"plain-http package index {bad[0]} (pip verifies nothing fetched over http)",
+                "use https, or set allow_http_index=true for a mirror on a trusted network",
+            )
+        ]
     if model.uv_url and not model.uv_sha256:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host}.uv_sha256",
-                    f"uv_url {model.uv_url} has no checksum: root would unpack whatever the URL serves",
-                    "set uv_sha256 to the tarball's sha256 (the first "
-                    "field of `sha256sum uv-<arch>-unknown-linux-gnu.tar.gz`)",
-                )
-            ]
-        )
-    return model
+        return [
+            Problem(
+                where,
+                f"{host}.uv_sha256",
+                f"uv_url {model.uv_url} has no checksum: root would unpack whatever the URL serves",
+                "set uv_sha256 to the tarball's sha256 (the first "
+                "field of `sha256sum uv-<arch>-unknown-linux-gnu.tar.gz`)",
+            )
+        ]
+    return []
 
 
 def validate_inventory_data(hosts: list[tuple[str, dict]], where: str) -> dict[str, HostData]:

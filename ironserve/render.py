@@ -39,6 +39,9 @@ SERVE = ["sglang", "serve"]
 LAUNCH_ROUTER = ["python3", "-m", "sglang_router.launch_router"]
 ROUTER_LAUNCH_SERVER = ["python3", "-m", "sglang_router.launch_server"]
 LAUNCHERS = {"launch_server": LAUNCH_SERVER, "serve": SERVE, "router_launch_server": ROUTER_LAUNCH_SERVER}
+ROUTER_LAUNCHER = "launch_router"  # the router's launcher kind (LAUNCH_ROUTER)
+# the variables that pin a multi-node group's socket traffic (GLOO's, and NCCL's or HCCL's) to one interface
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
 
 
 # addresses (besides every spelling of the unspecified one) a process that binds them is reached at, from its own
@@ -64,6 +67,7 @@ class Process:
     env_unset: list[str] = field(default_factory=list)
     gpu_access: str = ""  # docker on NVIDIA: "cdi" or "dev-char" (ironserve.nvidia.gpu_access), else ""
     launcher: list[str] = field(default_factory=list)  # argv's launcher (python3 -m sglang.launch_server, ...)
+    launcher_kind: str = ""  # which one: a key of LAUNCHERS (the recipe's engine.launcher) or ROUTER_LAUNCHER
     bind: str | None = None  # the address it binds (--host); None: the engine's default
     dist_init_addr: str | None = None  # multi-node groups: rank 0's address and port (--dist-init-addr)
     dist_init_port: int | None = None
@@ -71,6 +75,9 @@ class Process:
     devices: int = 0  # accelerators it drives on its node
     model_path: str | None = None  # --model-path
     metrics_port: int | None = None  # where Prometheus scrapes its /metrics (bound like the process); None: off
+    # the socket-interface variables of its env (SOCKET_IFNAME_VARS) and the interface(s) each names: the host's
+    # `nic` for a rank of a multi-node group, or the recipe's own value
+    socket_interfaces: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -194,11 +201,11 @@ def _fill(text: str, values: _Placeholders) -> str:
 
 def model_path_on(recipe: Recipe, host: InventoryHost) -> str:
     """Where the weights are on a host: its model_path, else <model_root>/<name>, else the recipe's own path."""
-    if host.data.get("model_path"):
-        return str(host.data["model_path"])
+    if host.host_data.model_path:
+        return host.host_data.model_path
     source = recipe.model.path or recipe.model.hub_id or ""
-    if host.data.get("model_root") and source:
-        return f"{str(host.data['model_root']).rstrip('/')}/{source.rstrip('/').rsplit('/', 1)[-1]}"
+    if host.host_data.model_root and source:
+        return f"{host.host_data.model_root.rstrip('/')}/{source.rstrip('/').rsplit('/', 1)[-1]}"
     return source
 
 
@@ -424,6 +431,7 @@ def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: st
         source_env=list(runtime.source_env),
         env_unset=list(recipe.env_unset),
         launcher=list(launcher),
+        launcher_kind=recipe.engine.launcher,
         bind=bind,
         dist_init_addr=dist_init[0] if dist_init else None,
         dist_init_port=dist_init[1] if dist_init else None,
@@ -432,6 +440,7 @@ def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: st
         model_path=model_path,
         gpu_access=_gpu_access(runtime, slot.host),
         metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,
+        socket_interfaces={name: env[name] for name in SOCKET_IFNAME_VARS if env.get(name)},
     )
 
 
@@ -446,7 +455,7 @@ def _gpu_access(runtime, host: InventoryHost) -> str:
     """How a docker unit on this host asks for its GPUs: decided by the host's pinned container toolkit."""
     if not isinstance(runtime, DockerRuntime) or not runtime.run.gpus:
         return ""
-    return gpu_access(host.data.get("nvidia_container_toolkit_version"))
+    return gpu_access(host.host_data.nvidia_container_toolkit_version)
 
 
 def _socket_ifname_env(recipe: Recipe, host: InventoryHost, env: dict[str, str], where: str) -> dict[str, str]:
@@ -517,6 +526,7 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
         port=router.port,
         unit=f"sglang-{recipe.id}-router",
         launcher=list(LAUNCH_ROUTER),
+        launcher_kind=ROUTER_LAUNCHER,
         bind=router.host,
         metrics_port=router.prometheus_port,
     )

@@ -8,6 +8,9 @@ packages and key alike. So the host downloads the key to a temporary file, reads
 to the file would sign packages too). A mismatch stops the deploy naming host, URL, expected and found fingerprints,
 and leaves no keyring behind. The fact ``KeyFingerprints`` makes the operation idempotent: a keyring that already
 holds exactly the pinned key is left alone; any other (an older download, another key) is replaced.
+
+``vendor_keyring`` is what a role's vendor repository is signed by (Docker's, NVIDIA's container toolkit's): no key
+with host data ``apt_trusted``, the cluster's keyring with ``apt_signed_by``, else the vendor's key pinned as above.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
+from pyinfra.operations import apt, files
+
+from roles.context import DeploymentContext
+
+KEYRING_DIR = "/etc/apt/keyrings"
 
 # primary key fingerprints of a key file (armored or binary); gpg needs a home, never root's own
 _SHOW_KEYS = (
@@ -63,3 +71,20 @@ def pinned_key(url: str, dest: str, fingerprint: str, dearmor: bool = False):
         host.noop(f"{dest} holds the key {fingerprint}")
         return
     yield fetch_verified_command(url, dest, fingerprint, host.name, dearmor)
+
+
+def vendor_keyring(ctx: DeploymentContext, name: str, url: str, fingerprint: str) -> tuple[str | None, bool]:
+    """(Signed-By path, trusted) for one vendor repository; downloads the public key when nothing else says, and
+    keeps it only when it is exactly the key ``fingerprint`` (pinned_key). With ``apt_trusted`` the source is
+    trusted without a key; with ``apt_signed_by`` it is signed by the keyring the cluster already has."""
+    if ctx.host.apt_trusted:
+        return None, True
+    if ctx.host.apt_signed_by:
+        return ctx.host.apt_signed_by, False
+    path = f"{KEYRING_DIR}/{name}.asc"  # armored keys are fine for Signed-By when named *.asc
+    files.directory(name="Keyring directory", path=KEYRING_DIR, mode="755")
+    apt.packages(
+        name="Tools to fetch and check apt keys", packages=["ca-certificates", "curl", "gpg"], no_recommends=True
+    )
+    pinned_key(name=f"{name} apt key (pinned by fingerprint)", url=url, dest=path, fingerprint=fingerprint)
+    return path, False

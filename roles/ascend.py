@@ -20,7 +20,7 @@ Order matters: driver before toolkit, toolkit before NNAL (NNAL's installer need
 must exist: the engine's service units source them (the recipe's ``runtime.source_env``). Then
 the device check that preflight deferred on fresh hosts runs strictly (``npu-smi info -l``).
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``ascend_package_store``: URL or controller directory holding the ``.run`` files (required
   whenever something must be installed)
@@ -50,9 +50,7 @@ from ironserve.hostdata import DEFAULTS
 from roles import preflight
 from roles.common import sha256_checked
 from roles.context import DeploymentContext
-from roles.preflight import plain
 
-INSTALL_PATH = DEFAULTS.ascend_install_path
 CACHE_DIR = "/var/cache/ironserve/ascend"
 DEFAULT_DRIVER_VERSION = "25.2.0"
 DEFAULT_CANN_VERSION = "8.3.RC1"
@@ -82,7 +80,7 @@ class AscendVersions(FactBase):
     """Installed versions ``{driver, firmware, toolkit, nnal}`` (``None`` when absent) and ``set_env``,
     the list of the ``set_env.sh`` scripts present."""
 
-    def command(self, install_path: str = INSTALL_PATH) -> str:
+    def command(self, install_path: str = DEFAULTS.ascend_install_path) -> str:
         p = shlex.quote(install_path)  # data: quoted, and never inside double quotes outside a $(...)
         return (
             'v() { [ -f "$1" ] && sed -n \'s/^[[:space:]]*[Vv]ersion[[:space:]]*[=:][[:space:]]*//p\' "$1" | head -n 1; }; '
@@ -118,7 +116,9 @@ def same_version(installed: str | None, want: str) -> bool:
     return bool(installed) and installed.strip().lower() == want.strip().lower()
 
 
-def version_problems(installed: dict | None, wants: dict, install_path: str = INSTALL_PATH) -> list[str]:
+def version_problems(
+    installed: dict | None, wants: dict, install_path: str = DEFAULTS.ascend_install_path
+) -> list[str]:
     installed = installed or {}
     problems = [
         f"{component}: expected {want}, found {installed.get(component) or 'nothing'}"
@@ -134,10 +134,10 @@ def version_problems(installed: dict | None, wants: dict, install_path: str = IN
     return problems
 
 
-def run_command(component: str, dest: str, install_path: str = INSTALL_PATH) -> str:
+def run_command(component: str, dest: str, install_path: str = DEFAULTS.ascend_install_path) -> str:
     """The installer's command line: every word quoted (the install path is host data)."""
     argv = [dest, *RUN_FLAGS[component].split()]
-    if install_path != INSTALL_PATH:
+    if install_path != DEFAULTS.ascend_install_path:
         argv.append(f"--install-path={install_path}")
     return shlex.join(argv)
 
@@ -154,16 +154,16 @@ def run_package(
     component: str,
     version: str,
     store: str | None = None,
-    install_path: str = INSTALL_PATH,
+    install_path: str = DEFAULTS.ascend_install_path,
     sha256: dict[str, str] | None = None,
 ):
     """Install one ``.run`` package from the store unless ``version`` is already installed; it runs as root only
     when its file's sha256 is the one ``sha256`` ({file name: sha256}, host data ascend_package_sha256) gives."""
-    installed = (plain(host.get_fact(AscendVersions, install_path=install_path)) or {}).get(component)
+    installed = (host.get_fact(AscendVersions, install_path=install_path) or {}).get(component)
     if same_version(installed, version):
         host.noop(f"{component} {version} installed")
         return
-    filename = run_file(component, version, plain(host.get_fact(Arch)))
+    filename = run_file(component, version, host.get_fact(Arch))
     if not store:
         raise OperationError(
             f"{host.name}: {component} {version} must be installed ({filename}) but no "
@@ -193,9 +193,9 @@ def run_package(
 
 
 @operation()
-def check_versions(wants: dict, install_path: str = INSTALL_PATH):
+def check_versions(wants: dict, install_path: str = DEFAULTS.ascend_install_path):
     """After the installers: every pinned version installed and both set_env.sh scripts present."""
-    problems = version_problems(plain(host.get_fact(AscendVersions, install_path=install_path)), wants, install_path)
+    problems = version_problems(host.get_fact(AscendVersions, install_path=install_path), wants, install_path)
     if not problems:
         host.noop(f"Ascend {', '.join(f'{c} {v}' for c, v in wants.items())} installed")
         return

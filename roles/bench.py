@@ -25,12 +25,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import python
 
 from ironserve import bench
-from ironserve.hostdata import DEFAULTS
 from ironserve.spec import DockerRuntime
 from ironserve.units import API_KEY_ENV, API_KEY_FILE_ENV, env_path, image_ref, sourcing_script, venv_path
 from roles.context import DeploymentContext
-
-TIMEOUT_S = DEFAULTS.bench_timeout_s
 
 
 def bench_host(ctx: DeploymentContext) -> str:
@@ -57,8 +54,10 @@ def command(ctx: DeploymentContext) -> str:
     endpoint = ctx.rendered.endpoint
     engine = next(p for p in ctx.rendered.processes if p.host == ctx.host_name and p.role != "router")
     overrides = {
-        key: getattr(ctx.host, f"bench_{key}")
-        for key in ("num_prompts", "max_concurrency", "dataset_name", "dataset_path")
+        "num_prompts": ctx.host.bench_num_prompts,
+        "max_concurrency": ctx.host.bench_max_concurrency,
+        "dataset_name": ctx.host.bench_dataset_name,
+        "dataset_path": ctx.host.bench_dataset_path,
     }
     argv = bench.bench_argv(recipe, endpoint, ctx.model_path, overrides)
     runtime = recipe.runtime

@@ -1,4 +1,5 @@
-"""What several roles share: change records, run-if-changed, the unit facts, apt sources.
+"""What several roles share: change records, run-if-changed, the unit facts, apt sources, reading facts' output,
+files from text, check operations, helper scripts in the engine's runtime.
 
 One home for each: a role that needs one of these imports it from here, never from another role, so the roles
 form no import loop (roles/launch.py is only the launch stage).
@@ -11,13 +12,20 @@ restart exactly the units whose configuration changed.
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from dataclasses import dataclass, field
+from io import StringIO
 
 import gevent
 from pyinfra import context, host
-from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra.api import FactBase, OperationError, StringCommand, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import files
+
+from ironserve.spec import DockerRuntime, Recipe
+from ironserve.units import image_ref, sourcing_script, venv_path
 
 PROGRESS_EVERY_S = 30  # how often a long wait (pull, build, download, install) says it is still running
 
@@ -114,6 +122,12 @@ class ChangeRecords:
         return lambda: any(changed(m) for m in metas)
 
 
+def uses_sudo(h) -> bool:
+    """pyinfra's own ``_sudo`` of a host (a connector argument of the inventory, not ironserve's host data): the one
+    place it is read, for the commands run on a host outside an operation (callbacks while the run executes)."""
+    return bool(h.data.get("_sudo"))
+
+
 def in_run(name: str) -> bool:
     """Is the inventory host ``name`` part of this run (not left out by --limit)?"""
     target = context.inventory.get_host(name) if context.inventory else None
@@ -129,20 +143,92 @@ def run_if_changed(command: str, triggers: list):
         host.noop(f"nothing changed: not running {command}")
 
 
-def plain(value):
-    """A fact value as plain data. Real facts are plain already; pyinfra-testing hands them to
-    operations wrapped (``FakeFact.data``), where ``is None`` / ``len()`` / ``or`` misbehave."""
-    return getattr(value, "data", value)
+def apt_update_for(what: str, sources: list, packages: list[str]) -> None:
+    """``apt-get update`` when one of ``sources`` (the operations that wrote apt sources) changed, or one of
+    ``packages`` is not installed yet: a run that failed after writing the sources never updated."""
+    installed = host.get_fact(DebPackages) or {}
+    missing = any(p.split("=", 1)[0] not in installed for p in packages)
+    run_if_changed(name=f"apt update ({what})", command="apt-get update", triggers=[*sources, missing])
 
 
-def keyed_lines(output) -> dict[str, str]:
-    """{first word: the rest} of a fact's "KEY VALUE" lines (blank lines skipped), as several facts print them."""
-    found = {}
+def word_lines(output) -> list[tuple[str, str]]:
+    """(first word, the rest) of each line of a fact's output, in order (blank lines skipped; a word may come
+    again), as several facts print them."""
+    found = []
     for line in output:
         key, _, value = line.strip().partition(" ")
         if key:
-            found[key] = value.strip()
+            found.append((key, value.strip()))
     return found
+
+
+def keyed_lines(output) -> dict[str, str]:
+    """{first word: the rest} of a fact's "KEY VALUE" lines (the last line of a word wins)."""
+    return dict(word_lines(output))
+
+
+def assignments(output) -> dict[str, str]:
+    """{KEY: VALUE} of a fact's "KEY=VALUE" lines, both stripped (the last line of a key wins)."""
+    found = {}
+    for line in output:
+        key, _, value = line.partition("=")
+        found[key.strip()] = value.strip()
+    return found
+
+
+def json_output(output, empty=None, invalid=None):
+    """The JSON document a fact's command printed: ``empty`` when it printed nothing, ``invalid`` when it is not
+    JSON (a file someone edited by hand)."""
+    text = "\n".join(output).strip()
+    if not text:
+        return empty
+    try:
+        return json.loads(text)
+    except ValueError:
+        return invalid
+
+
+def put_text(name: str, text: str, dest: str, mode: str = "644"):
+    """``dest`` holds ``text`` (a file the role renders, uploaded from memory): the files.put operation, whose change
+    others trigger on (run_if_changed, restarts)."""
+    return files.put(name=name, src=StringIO(text), dest=dest, mode=mode)
+
+
+def refuse(problems: list[str], converged: str, heading: str | None = None) -> None:
+    """What an operation that only checks does: an OperationError with one line per problem (under ``heading``,
+    indented), else the no-op saying what holds."""
+    if problems:
+        raise OperationError(f"{heading}\n  " + "\n  ".join(problems) if heading else "\n".join(problems))
+    host.noop(converged)
+
+
+def runtime_python_argv(
+    recipe: Recipe,
+    script: str,
+    container_script: str,
+    args: list[str],
+    label: str,
+    network: str,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """A helper script of ironserve's (``script`` on the host) run by the python of the engine's own runtime, after
+    its sourced env scripts: in the recipe's image (mounted read-only at ``container_script``, on the ``network``
+    given, ``env`` passed in) or with its venv's python3 (``env`` set by env(1)). ``label`` names the bash -c
+    process that sources the scripts."""
+    runtime = recipe.runtime
+    sourced = sourcing_script(runtime.source_env) if runtime.source_env else None
+    if isinstance(runtime, DockerRuntime):
+        run = ["docker", "run", "--rm", "--network", network, "-v", f"{script}:{container_script}:ro"]
+        for key, value in (env or {}).items():
+            run += ["-e", f"{key}={value}"]
+        if sourced:
+            image = ["--entrypoint", "/bin/bash", image_ref(recipe), "-c", sourced, label, "python3"]
+            return run + image + [container_script, *args]
+        return run + ["--entrypoint", "python3", image_ref(recipe), container_script, *args]
+    core = [f"{venv_path(recipe)}/bin/python3", script, *args]
+    if sourced:
+        core = ["/bin/bash", "-c", sourced, label, *core]
+    return core if env is None else ["env", *(f"{k}={v}" for k, v in env.items()), *core]
 
 
 def sha256_checked(path: str, sha256: str, what: str, host_name: str) -> str:

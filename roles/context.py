@@ -9,6 +9,7 @@ the whole inventory when the first context is built, and read by the roles as ``
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pyinfra import host, inventory
@@ -18,7 +19,7 @@ from ironserve.catalogue import Problem, SpecError
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, model_path_on, render, require_set
-from ironserve.spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, check_address, effective_tuning
+from ironserve.spec import DockerRuntime, HardwareProfile, HostTuning, Recipe, effective_tuning
 from roles.common import ChangeRecords
 
 
@@ -32,7 +33,6 @@ class DeploymentContext:
     host_name: str
     processes: list[Process]
     launch: bool
-    data: dict = field(default_factory=dict)
     host: HostData = field(default_factory=HostData)  # this host's data, typed (ironserve/hostdata.py)
     hosts: list[InventoryHost] = field(default_factory=list)  # the whole inventory, in order (NVLink domains)
     # what this run's operations on this host change (filled by the roles while planning, read by the launch)
@@ -55,16 +55,58 @@ class DeploymentContext:
     def vendor(self) -> str:
         return self.profile.accelerator.vendor
 
-    def get(self, key: str, default=None):
-        """A host-data value, typed and validated; prefer the attribute (ctx.host.KEY). A key the model does not
-        have is a programming error (add it to ironserve/hostdata.py with its type, default and description)."""
-        value = getattr(self.host, key)
-        return default if value is None else value
-
     @property
     def model_path(self) -> str:
         """Where this host's weights are: the same value the rendered --model-path carries."""
-        return model_path_on(self.recipe, InventoryHost(self.host_name, self.data))
+        return model_path_on(self.recipe, InventoryHost(self.host_name, host_data=self.host))
+
+
+def _hardware_profile(data: HostData, host_name: str, where: str) -> HardwareProfile:
+    """The hardware profile the host's data names (``hardware``), or a SpecError naming the known ones."""
+    profiles = catalogue.hardware_profiles()
+    if not data.hardware:
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    "host has no hardware profile",
+                    f"set hardware= one of {', '.join(profiles)}",
+                )
+            ]
+        )
+    if data.hardware not in profiles:
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    f"unknown hardware '{data.hardware}'",
+                    f"one of {', '.join(profiles)}",
+                )
+            ]
+        )
+    return profiles[data.hardware]
+
+
+def _recipe_for(model: str, profile: HardwareProfile, data: HostData, host_name: str, where: str) -> Recipe:
+    """The host's recipe (``recipe``, else the catalogue's default for the model on this hardware), with the site's
+    image lock applied; a SpecError when it is not for this hardware."""
+    recipe = catalogue.get_recipe(data.recipe) if data.recipe else catalogue.default_recipe(model, profile.id)
+    # the site's registry may hold the recipe's image under another digest (ironserve/imagelock.py)
+    recipe = imagelock.apply_site(recipe, data.docker_image_lock)
+    if profile.id not in recipe.hardware:
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    f"{host_name}.hardware",
+                    f"recipe {recipe.id} is for {', '.join(recipe.hardware)}, not {profile.id}",
+                    "pick another recipe with --data recipe=ID",
+                )
+            ]
+        )
+    return recipe
 
 
 def build_context(
@@ -79,52 +121,20 @@ def build_context(
     Every host's data is validated first (types, grammars, unknown keys): a typo or a wrong type anywhere in the
     inventory or in --data stops the deploy before any operation."""
     typed = validate_inventory_data(hosts, where)
-    data = dict(next(d for n, d in hosts if n == host_name))
-    hw_id = typed[host_name].hardware
-    if not hw_id:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host_name}.hardware",
-                    "host has no hardware profile",
-                    f"set hardware= one of {', '.join(catalogue.hardware_profiles())}",
-                )
-            ]
-        )
-    profiles = catalogue.hardware_profiles()
-    if hw_id not in profiles:
-        raise SpecError(
-            [Problem(where, f"{host_name}.hardware", f"unknown hardware '{hw_id}'", f"one of {', '.join(profiles)}")]
-        )
-    recipe_id = typed[host_name].recipe
-    recipe = catalogue.get_recipe(recipe_id) if recipe_id else catalogue.default_recipe(model, hw_id)
-    # the site's registry may hold the recipe's image under another digest (ironserve/imagelock.py)
-    recipe = imagelock.apply_site(recipe, typed[host_name].docker_image_lock)
-    if hw_id not in recipe.hardware:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    f"{host_name}.hardware",
-                    f"recipe {recipe.id} is for {', '.join(recipe.hardware)}, not {hw_id}",
-                    "pick another recipe with --data recipe=ID",
-                )
-            ]
-        )
-    inventory_hosts = [InventoryHost(n, dict(d)) for n, d in hosts]
+    profile = _hardware_profile(typed[host_name], host_name, where)
+    recipe = _recipe_for(model, profile, typed[host_name], host_name, where)
+    inventory_hosts = [InventoryHost(n, dict(d), host_data=typed[n]) for n, d in hosts]
     rendered = render(recipe, inventory_hosts, where)
     require_set(rendered)  # a value import left unset (<PORT>) stops the deploy before any host is touched
     return DeploymentContext(
         model=model,
         recipe=recipe,
-        profile=profiles[hw_id],
-        tuning=effective_tuning(recipe, profiles[hw_id]),
+        profile=profile,
+        tuning=effective_tuning(recipe, profile),
         rendered=rendered,
         host_name=host_name,
         processes=rendered.for_host(host_name),
         launch=typed[host_name].launch,
-        data=data,
         host=typed[host_name],
         hosts=inventory_hosts,
         gate_results=gate_results if gate_results is not None else {},
@@ -184,27 +194,32 @@ def require_locked_runtime(ctx: DeploymentContext) -> None:
 _CACHE: dict[tuple[str, str], DeploymentContext] = {}
 
 
+@contextmanager
+def bad_input_stops_the_deploy():
+    """A SpecError raised while pyinfra collects operations, before any runs, is said as `ironserve` says bad input
+    (file: key: message. Fix: ...) and exits 2, which pyinfra passes on for SystemExit: no traceback."""
+    try:
+        yield
+    except SpecError as err:
+        print(
+            "error: bad recipe or host data, nothing was changed:\n" + "\n".join(f"  {p.line()}" for p in err.problems),
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2) from None
+
+
 def current(model: str) -> DeploymentContext:
     """The context of pyinfra's current host (inventory order = rank order)."""
     key = (model, host.name)
     if key not in _CACHE:
-        hosts = [(h.name, _host_data(h)) for h in inventory]
+        hosts = [(h.name, _pyinfra_data(h)) for h in inventory]
         # the hosts of one run share its gate results and its record of running ranks
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
-        try:
+        with bad_input_stops_the_deploy():
             ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
             require_pinned_image(ctx)
             require_locked_runtime(ctx)
-        except SpecError as err:
-            # raised while pyinfra collects operations, before any runs: said as `ironserve` says bad input
-            # (file: key: message. Fix: ...) and exit 2, which pyinfra passes on for SystemExit: no traceback
-            print(
-                "error: bad recipe or host data, nothing was changed:\n"
-                + "\n".join(f"  {p.line()}" for p in err.problems),
-                file=sys.stderr,
-                flush=True,
-            )
-            raise SystemExit(2) from None
         if peer:
             ctx.ranks_running = peer.ranks_running
             ctx.rolls = peer.rolls
@@ -215,16 +230,9 @@ def current(model: str) -> DeploymentContext:
 def host_data(h) -> HostData:
     """A pyinfra host's data, typed (for code that runs with a pyinfra host rather than a context, e.g. callbacks
     during execution); already validated with the whole inventory by current()."""
-    data = h.data.dict() if hasattr(h.data, "dict") else dict(h.data)
-    return validate_host_data(data, "inventory", getattr(h, "name", "host"))
+    return validate_host_data(_pyinfra_data(h), "inventory", getattr(h, "name", "host"))
 
 
-def _host_data(h) -> dict:
-    data = h.data.dict() if hasattr(h.data, "dict") else dict(h.data)
-    if not data.get("ssh_hostname"):
-        # the host's name is its address unless ssh_hostname says otherwise (not for @local, @docker/...)
-        try:
-            data["ssh_hostname"] = check_address(h.name)
-        except ValueError:
-            pass
-    return data
+def _pyinfra_data(h) -> dict:
+    """A pyinfra host's data as the inventory gives it (ironserve's keys and pyinfra's own), a plain dict."""
+    return h.data.dict() if hasattr(h.data, "dict") else dict(h.data)

@@ -24,26 +24,10 @@ from pyinfra import context, logger
 from pyinfra.api.state import BaseStateCallback
 
 from ironserve.metrics import DeployOutcome, Sample, deploy_samples, exposition, timing_json, timing_table
+from roles.common import uses_sudo
 from roles.context import DeploymentContext
 from roles.node_exporter import TEXTFILE
 
-# the prepare stage's roles (roles/deployment.py PREPARE_ROLES), by the stage they belong to
-STAGE_OF_ROLE = {
-    "preflight": "preflight",
-    "host_tuning": "host_tuning",
-    "nvidia_driver": "accelerator",
-    "cuda": "accelerator",
-    "gpu_clocks": "accelerator",
-    "nccl": "accelerator",
-    "imex": "accelerator",
-    "ascend": "accelerator",
-    "container_runtime": "runtime",
-    "uv_env": "runtime",
-    "model_weights": "weights",
-    "sglang_service": "units",
-    "router": "units",
-    "node_exporter": "node_exporter",
-}
 METRICS_FILE = "ironserve_deploy"  # <textfile dir>/ironserve_deploy.prom
 
 
@@ -122,7 +106,7 @@ class DeployClock(BaseStateCallback):
             return
         self.written.add(host.name)
         outcome = self.outcome(host, success)
-        sudo = bool(host.data.get("_sudo"))
+        sudo = uses_sudo(host)
         try:
             samples = deploy_samples(outcome) + self.unit_samples(host, outcome, sudo)
             ok, out = host.run_shell_command(
@@ -186,7 +170,3 @@ def stage(ctx: DeploymentContext, name: str | None) -> None:
         state.add_callback_handler(clock)
     clock.contexts[ctx.host_name] = ctx
     clock.mark(state, name)
-
-
-def role_stage(ctx: DeploymentContext, role_name: str) -> None:
-    stage(ctx, STAGE_OF_ROLE.get(role_name, role_name))

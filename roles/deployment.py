@@ -2,8 +2,8 @@
 
     prepare (every host, in parallel, op by op):
         preflight -> host tuning -> accelerator stack (NVIDIA driver + CUDA + clocks + NCCL [+ IMEX] | Ascend)
-        -> runtime (docker image | uv venv) -> model weights -> service units (argv parsed by the installed SGLang)
-        -> router unit
+        -> runtime (Docker engine + NVIDIA container toolkit + the recipe's image | uv venv) -> model weights
+        -> service units (argv parsed by the installed SGLang) -> router unit
     launch (only when every host converged, and unless launch=false):
         gate -> rank 0 of each group -> other ranks -> router, each behind a health gate
 
@@ -14,14 +14,14 @@ of the prepare stage.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
+from dataclasses import dataclass
 
 from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
-    container_runtime,
     cuda,
     deploy_clock,
+    docker_engine,
     gpu_clocks,
     host_state,
     host_tuning,
@@ -30,13 +30,35 @@ from roles import (
     model_weights,
     nccl,
     node_exporter,
+    nvidia_container_toolkit,
     nvidia_driver,
     preflight,
+    recipe_image,
     router,
     sglang_service,
     uv_env,
 )
 from roles.context import DeploymentContext, current
+from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck
+
+
+def _nothing(ctx: DeploymentContext) -> list:
+    """What a role that puts nothing of a kind on a host declares of it."""
+    return []
+
+
+@dataclass(frozen=True)
+class Role:
+    """One role of the prepare stage: when it applies to a host, its operations, and what it puts on a host as data
+    for the audit (built from the same functions its operations use)."""
+
+    name: str  # its module, roles/<name>.py
+    stage: str  # the deploy's timing stage its operations belong to (roles/deploy_clock.py)
+    applies: Callable[[DeploymentContext], bool]
+    apply: Callable[[DeploymentContext], None]  # its operations (a pyinfra @deploy)
+    desired_files: Callable[[DeploymentContext], list[DesiredFile]] = _nothing
+    desired_packages: Callable[[DeploymentContext], list[DesiredPackage]] = _nothing
+    desired_runtime: Callable[[DeploymentContext], list[RuntimeCheck]] = _nothing
 
 
 def _always(ctx: DeploymentContext) -> bool:
@@ -47,33 +69,75 @@ def _nvidia(ctx: DeploymentContext) -> bool:
     return ctx.vendor == "nvidia"
 
 
+def _huawei(ctx: DeploymentContext) -> bool:
+    return ctx.vendor == "huawei"
+
+
 def _docker(ctx: DeploymentContext) -> bool:
     return isinstance(ctx.recipe.runtime, DockerRuntime)
 
 
-# The one role registry: the prepare stage's roles in order, each with when it applies to a host. The deploy runs
-# them; the audit collects what they put on a host (their desired_files/packages/runtime) from the same list.
-PREPARE_ROLES: list[tuple[ModuleType, Callable[[DeploymentContext], bool]]] = [
-    (preflight, _always),
-    (host_tuning, _always),
-    (nvidia_driver, _nvidia),
-    (cuda, _nvidia),
-    (gpu_clocks, _nvidia),
-    (nccl, _nvidia),
-    (imex, imex.wanted),  # multi-node NVLink only: IMEX serving before any engine unit exists
-    (ascend, lambda ctx: ctx.vendor == "huawei"),
-    (container_runtime, _docker),
-    (uv_env, lambda ctx: not _docker(ctx)),
-    (model_weights, lambda ctx: not ctx.is_router_only),
-    (sglang_service, _always),
-    (router, _always),
-    (node_exporter, _always),
+def _docker_on_nvidia(ctx: DeploymentContext) -> bool:
+    return _docker(ctx) and _nvidia(ctx)
+
+
+def _uv(ctx: DeploymentContext) -> bool:
+    return not _docker(ctx)
+
+
+def _engine_host(ctx: DeploymentContext) -> bool:
+    return not ctx.is_router_only
+
+
+# The one role registry: the prepare stage's roles in order. The deploy runs them; the audit collects what they put
+# on a host from the same list (ironserve/audit/providers.py).
+PREPARE_ROLES: list[Role] = [
+    Role("preflight", "preflight", _always, preflight.apply),
+    Role("host_tuning", "host_tuning", _always, host_tuning.apply, desired_files=host_tuning.desired_files),
+    Role(
+        "nvidia_driver",
+        "accelerator",
+        _nvidia,
+        nvidia_driver.apply,
+        desired_files=nvidia_driver.desired_files,
+        desired_packages=nvidia_driver.desired_packages,
+        desired_runtime=nvidia_driver.desired_runtime,
+    ),
+    Role("cuda", "accelerator", _nvidia, cuda.apply, desired_packages=cuda.desired_packages),
+    Role("gpu_clocks", "accelerator", _nvidia, gpu_clocks.apply, desired_files=gpu_clocks.desired_files),
+    Role("nccl", "accelerator", _nvidia, nccl.apply, desired_files=nccl.desired_files),
+    # multi-node NVLink only: IMEX serving before any engine unit exists
+    Role(
+        "imex",
+        "accelerator",
+        imex.wanted,
+        imex.apply,
+        desired_files=imex.desired_files,
+        desired_packages=imex.desired_packages,
+        desired_runtime=imex.desired_runtime,
+    ),
+    Role("ascend", "accelerator", _huawei, ascend.apply),
+    Role("docker_engine", "runtime", _docker, docker_engine.apply),
+    Role(
+        "nvidia_container_toolkit",
+        "runtime",
+        _docker_on_nvidia,
+        nvidia_container_toolkit.apply,
+        desired_runtime=nvidia_container_toolkit.desired_runtime,
+    ),
+    Role("recipe_image", "runtime", _docker, recipe_image.apply, desired_runtime=recipe_image.desired_runtime),
+    Role("uv_env", "runtime", _uv, uv_env.apply, desired_runtime=uv_env.desired_runtime),
+    Role("model_weights", "weights", _engine_host, model_weights.apply),
+    Role("sglang_service", "units", _always, sglang_service.apply, desired_files=sglang_service.desired_files),
+    Role("router", "units", _always, router.apply, desired_runtime=router.desired_runtime),
+    Role("node_exporter", "node_exporter", _always, node_exporter.apply, desired_files=node_exporter.desired_files),
 ]
+ROLES = {role.name: role for role in PREPARE_ROLES}
 
 
-def roles_for(ctx: DeploymentContext) -> list[ModuleType]:
+def roles_for(ctx: DeploymentContext) -> list[Role]:
     """The prepare stage's roles that apply to this host, in order."""
-    return [role for role, applies in PREPARE_ROLES if applies(ctx)]
+    return [role for role in PREPARE_ROLES if role.applies(ctx)]
 
 
 def prepare(ctx: DeploymentContext) -> None:
@@ -81,33 +145,36 @@ def prepare(ctx: DeploymentContext) -> None:
     host_state.install(ctx)
     applies, called = roles_for(ctx), []
 
-    def run(role: ModuleType) -> None:
+    def run(name: str) -> None:
+        role = ROLES[name]
         called.append(role)
-        deploy_clock.role_stage(ctx, role.__name__.rsplit(".", 1)[-1])  # its operations' stage: their timing
+        deploy_clock.stage(ctx, role.stage)  # its operations' stage: their timing
         if role in applies:
             role.apply(ctx)
 
     # one call line per role, in the registry's order: pyinfra orders operations by the line numbers of their
     # call stack, so a loop over the registry would order the roles' operations by their lines in each role file
-    run(preflight)
-    run(host_tuning)
-    run(nvidia_driver)
-    run(cuda)
-    run(gpu_clocks)
-    run(nccl)
-    run(imex)
-    run(ascend)
-    run(container_runtime)
-    run(uv_env)
-    run(model_weights)
-    run(sglang_service)
-    run(router)
-    run(node_exporter)
+    run("preflight")
+    run("host_tuning")
+    run("nvidia_driver")
+    run("cuda")
+    run("gpu_clocks")
+    run("nccl")
+    run("imex")
+    run("ascend")
+    run("docker_engine")
+    run("nvidia_container_toolkit")
+    run("recipe_image")
+    run("uv_env")
+    run("model_weights")
+    run("sglang_service")
+    run("router")
+    run("node_exporter")
     host_state.end_planning()
-    if called != [role for role, _ in PREPARE_ROLES]:
+    if called != PREPARE_ROLES:
         raise RuntimeError(
             "roles/deployment.py: prepare() calls the roles "
-            f"{[r.__name__ for r in called]}, the registry lists {[r.__name__ for r, _ in PREPARE_ROLES]}"
+            f"{[r.name for r in called]}, the registry lists {[r.name for r in PREPARE_ROLES]}"
         )
 
 

@@ -15,7 +15,7 @@ script changed or the live offsets (fact ``MemClockOffsets``: the script with ``
 A non-Max-Q profile with an offset set is a configuration error: the deploy fails at once
 (the lint rule reports it too).
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``pip_index_url`` (unset: the host's pip configuration): index for nvidia-ml-py
 - ``nvidia_ml_py_version`` (``13.580.82``): nvidia-ml-py version (13.580.x matches driver 580)
@@ -33,15 +33,13 @@ from pyinfra.operations import apt, files, pip, systemd
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.resources import files_dir
-from ironserve.units import UNIT_DIR, sha256_text, systemd_quote
+from ironserve.units import UNIT_DIR, systemd_quote
 from roles.context import DeploymentContext
-from roles.preflight import plain
+from roles.desired import DesiredFile, text_file
 
 UNIT = "ironserve-gpu-clocks.service"
 SCRIPT_SOURCE = files_dir() / "host" / "ironserve-gpu-clocks.py"
 SCRIPT = "/usr/local/lib/ironserve/ironserve-gpu-clocks.py"
-TOOLS_VENV = DEFAULTS.tools_venv
-NVIDIA_ML_PY_VERSION = DEFAULTS.nvidia_ml_py_version
 
 
 # --------------------------------------------------------------------------- facts
@@ -50,10 +48,11 @@ NVIDIA_ML_PY_VERSION = DEFAULTS.nvidia_ml_py_version
 class MemClockOffsets(FactBase):
     """Live memory clock offset per GPU in MHz: ``{"0": 4000, ...}``; ``None`` before the tools exist."""
 
-    def command(self, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT) -> str:
+    def command(self, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT) -> str:
         # Never fail the fact: before the first deploy neither the venv nor the script exist.
+        read = shlex.join(read_offsets_argv(python, script))
         python, script = shlex.quote(python), shlex.quote(script)
-        return f"if [ -x {python} ] && [ -f {script} ]; then {python} {script} --read 2>/dev/null || true; fi"
+        return f"if [ -x {python} ] && [ -f {script} ]; then {read} 2>/dev/null || true; fi"
 
     def process(self, output):
         offsets = {}
@@ -80,7 +79,7 @@ def clock_offset(max_q: bool, offset: int | None, profile_id: str = "") -> int |
     return offset
 
 
-def unit_text(offset: int, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT) -> str:
+def unit_text(offset: int, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT) -> str:
     return (
         "# Managed by ironserve (roles/gpu_clocks.py); local edits are overwritten on the next deploy.\n"
         "[Unit]\n"
@@ -97,6 +96,11 @@ def unit_text(offset: int, python: str = f"{TOOLS_VENV}/bin/python", script: str
     )
 
 
+def read_offsets_argv(python: str, script: str = SCRIPT) -> list[str]:
+    """What reads the live offsets (``<index> <MHz>`` per GPU): the script, run by the tools venv's python."""
+    return [python, script, "--read"]
+
+
 def index_args(index: str | None) -> str | None:
     """pip's --index-url for pyinfra's pip.packages, which puts it into its shell command as it is: quoted here."""
     return f"--index-url {shlex.quote(index)}" if index else None
@@ -110,7 +114,7 @@ def offsets_drift(live: dict | None, offset: int) -> bool:
 
 
 @operation()
-def clock_unit(offset: int, unit: str = UNIT, python: str = f"{TOOLS_VENV}/bin/python", script: str = SCRIPT):
+def clock_unit(offset: int, unit: str = UNIT, python: str = f"{DEFAULTS.tools_venv}/bin/python", script: str = SCRIPT):
     """Install the script and the unit, enable it, (re)start it when they changed or offsets differ."""
     # Uploaded from memory, not by path: the plan (and its fixtures) must not depend on the checkout's location.
     changed = list(files.put._inner(StringIO(SCRIPT_SOURCE.read_text()), script, mode="755"))
@@ -118,7 +122,7 @@ def clock_unit(offset: int, unit: str = UNIT, python: str = f"{TOOLS_VENV}/bin/p
     yield from changed
     if changed:
         yield "systemctl daemon-reload"
-    drift = offsets_drift(plain(host.get_fact(MemClockOffsets, python=python, script=script)), offset)
+    drift = offsets_drift(host.get_fact(MemClockOffsets, python=python, script=script), offset)
     yield from systemd.service._inner(unit, running=True, restarted=bool(changed or drift), enabled=True)
     if not changed and not drift:
         host.noop(f"memory clock offset {offset} MHz on every GPU")
@@ -149,7 +153,7 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """The boot-time clock unit and its script, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
@@ -158,11 +162,6 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
         return []
     python = f"{ctx.host.tools_venv}/bin/python"
     return [
-        {"path": SCRIPT, "sha256": sha256_text(SCRIPT_SOURCE.read_text()), "mode": 0o755, "gate": "driver"},
-        {
-            "path": f"{UNIT_DIR}/{UNIT}",
-            "sha256": sha256_text(unit_text(offset, python, SCRIPT)),
-            "mode": 0o644,
-            "gate": "driver",
-        },
+        text_file(SCRIPT, SCRIPT_SOURCE.read_text(), 0o755, "driver"),
+        text_file(f"{UNIT_DIR}/{UNIT}", unit_text(offset, python, SCRIPT), gate="driver"),
     ]

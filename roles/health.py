@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import time
 
+from roles.common import uses_sudo
 from roles.context import host_data
 
 
@@ -28,7 +29,7 @@ def await_health(
     group restart passes through inactive)."""
     poll_s = float(poll_s if poll_s is not None else host_data(host).health_poll_s)
     progress_s = host_data(host).health_progress_s
-    sudo = bool(host.data.get("_sudo"))
+    sudo = uses_sudo(host)
     start = last = time.monotonic()
     probe = (
         f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' {shlex.quote(url)}; echo; "

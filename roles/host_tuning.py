@@ -19,7 +19,7 @@ which a reboot undoes. Here every setting is persistent *and* applied now:
 - ``SGLANG_SET_CPU_AFFINITY=1`` (``tuning.cpu_affinity``) is engine env, in the recipes' ``env``:
   the service units carry it, nothing to do on the host.
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``governor_unit`` (``ironserve-cpu-governor.service``)
 - ``sysctl_file`` (``/etc/sysctl.d/90-ironserve.conf``)
@@ -38,14 +38,11 @@ from pyinfra.operations import files, systemd
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.spec import control_problem
-from ironserve.units import UNIT_DIR, sha256_text
-from roles.common import keyed_lines
+from ironserve.units import UNIT_DIR
+from roles.common import keyed_lines, put_text
 from roles.context import DeploymentContext
-from roles.preflight import plain
+from roles.desired import DesiredFile, text_file
 
-GOVERNOR_UNIT = DEFAULTS.governor_unit
-SYSCTL_FILE = DEFAULTS.sysctl_file
-LIMITS_FILE = DEFAULTS.limits_file
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 HEADER = "# Managed by ironserve ({}); local edits are overwritten on the next deploy.\n"
 
@@ -188,14 +185,14 @@ def sysctl_drift(values: dict, live: dict) -> tuple[list[str], list[str]]:
 
 
 @operation()
-def cpu_governor(governor: str, unit: str = GOVERNOR_UNIT):
+def cpu_governor(governor: str, unit: str = DEFAULTS.governor_unit):
     """Install, enable and (re)start the oneshot unit that sets ``governor`` on every CPU."""
     unit_path = f"{UNIT_DIR}/{unit}"
     put = list(files.put._inner(StringIO(governor_unit_text(governor)), unit_path, mode="644"))
     yield from put
     if put:
         yield "systemctl daemon-reload"
-    live = plain(host.get_fact(CpuGovernors)) or {}
+    live = host.get_fact(CpuGovernors) or {}
     if not live:
         # No cpufreq (VM, container): the unit is in place for the day it has one; nothing to run.
         yield from systemd.service._inner(unit, running=None, enabled=True)
@@ -209,14 +206,14 @@ def cpu_governor(governor: str, unit: str = GOVERNOR_UNIT):
 
 
 @operation()
-def sysctl_file(values: dict, path: str = SYSCTL_FILE):
+def sysctl_file(values: dict, path: str = DEFAULTS.sysctl_file):
     """Write ``values`` to a sysctl.d file; ``sysctl -e -p`` it when it changed or a live value differs."""
     if not values:
         host.noop("no sysctls to set")
         return
     put = list(files.put._inner(StringIO(sysctl_text(values)), path, mode="644"))
     yield from put
-    live = plain(host.get_fact(SysctlValues, keys=sorted(values))) or {}
+    live = host.get_fact(SysctlValues, keys=sorted(values)) or {}
     differ, unknown = sysctl_drift(values, live)
     if put or differ:
         # -e: a key this kernel lacks must not stop the others from being applied.
@@ -233,7 +230,7 @@ def sysctl_file(values: dict, path: str = SYSCTL_FILE):
 @operation()
 def shm_size(size: str):
     """Remount ``/dev/shm`` with ``size`` when its live size differs (the fstab line persists it)."""
-    have = plain(host.get_fact(ShmSize))
+    have = host.get_fact(ShmSize)
     want = size_kib(size)
     if have == want:
         host.noop(f"/dev/shm is {size}")
@@ -260,11 +257,10 @@ def apply(ctx: DeploymentContext) -> None:
         sysctl_file(name="sysctls", values=dict(tuning.sysctls), path=ctx.host.sysctl_file)
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
-        files.put(
-            name="Login session limits (memlock, stack, nofile)",
-            src=StringIO(limits_text(limits.memlock, limits.stack, limits.nofile)),
-            dest=ctx.host.limits_file,
-            mode="644",
+        put_text(
+            "Login session limits (memlock, stack, nofile)",
+            limits_text(limits.memlock, limits.stack, limits.nofile),
+            ctx.host.limits_file,
         )
     if tuning.shm_size:
         files.line(
@@ -279,29 +275,15 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """What this role writes, for `ironserve audit` (same text functions as the operations above)."""
     tuning = ctx.tuning
     out = []
     if tuning.governor:
-        out.append(
-            {
-                "path": f"{UNIT_DIR}/{ctx.host.governor_unit}",
-                "sha256": sha256_text(governor_unit_text(tuning.governor)),
-                "mode": 0o644,
-            }
-        )
+        out.append(text_file(f"{UNIT_DIR}/{ctx.host.governor_unit}", governor_unit_text(tuning.governor)))
     if tuning.sysctls:
-        out.append(
-            {"path": ctx.host.sysctl_file, "sha256": sha256_text(sysctl_text(dict(tuning.sysctls))), "mode": 0o644}
-        )
+        out.append(text_file(ctx.host.sysctl_file, sysctl_text(dict(tuning.sysctls))))
     limits = tuning.limits
     if any(v is not None for v in (limits.memlock, limits.stack, limits.nofile)):
-        out.append(
-            {
-                "path": ctx.host.limits_file,
-                "sha256": sha256_text(limits_text(limits.memlock, limits.stack, limits.nofile)),
-                "mode": 0o644,
-            }
-        )
+        out.append(text_file(ctx.host.limits_file, limits_text(limits.memlock, limits.stack, limits.nofile)))
     return out

@@ -23,18 +23,16 @@ Host data: ``nvlink_domain`` [default]: hosts with the same value form one IMEX/
 from __future__ import annotations
 
 import shlex
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.operations import apt, files, systemd
 
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import sha256_text
 from roles import nvidia_driver, preflight
-from roles.common import run_if_changed
+from roles.common import assignments, put_text, run_if_changed
 from roles.context import DeploymentContext
-from roles.preflight import plain
+from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
 
 IMEX_PACKAGE = "nvidia-imex-{branch}"
 IMEX_DIR = "/etc/nvidia-imex"
@@ -44,7 +42,6 @@ CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 CHANNEL0 = f"{CHANNEL_DIR}/channel0"
 SERVICE = "nvidia-imex.service"
 ENGINE_DROPIN = "/etc/systemd/system/{unit}.service.d/ironserve-imex.conf"
-READY_TIMEOUT_S = DEFAULTS.imex_ready_timeout_s
 
 
 # --------------------------------------------------------------------------- facts
@@ -61,9 +58,9 @@ class ImexChannel(FactBase):
         )
 
     def process(self, output):
-        raw = dict(line.partition("=")[::2] for line in output)
-        major = raw.get("major", "").strip()
-        return {"present": raw.get("present", "").strip() == "yes", "major": int(major) if major.isdigit() else None}
+        raw = assignments(output)
+        major = raw.get("major", "")
+        return {"present": raw.get("present") == "yes", "major": int(major) if major.isdigit() else None}
 
 
 class ImexStatus(FactBase):
@@ -83,7 +80,7 @@ class ImexStatus(FactBase):
 
 
 def imex_address(h) -> str:
-    return str(h.data.get("imex_address") or h.address)
+    return h.host_data.imex_address or h.address
 
 
 def nodes_config_text(addresses: list[str]) -> str:
@@ -107,7 +104,7 @@ def channel0_command() -> str:
 @operation()
 def channel0_present():
     """IMEX channel 0 exists (the driver option creates it at every load; mknod for a driver loaded before)."""
-    state = plain(host.get_fact(ImexChannel)) or {}
+    state = host.get_fact(ImexChannel) or {}
     if state.get("present"):
         host.noop(f"{CHANNEL0} present")
         return
@@ -115,9 +112,9 @@ def channel0_present():
 
 
 @operation()
-def imex_ready(timeout_s: int = READY_TIMEOUT_S, restarting: bool = False):
+def imex_ready(timeout_s: int = DEFAULTS.imex_ready_timeout_s, restarting: bool = False):
     """The local IMEX answers READY (``nvidia-imex-ctl -q``), waiting up to ``timeout_s`` after a (re)start."""
-    if plain(host.get_fact(ImexStatus)) == "READY" and not restarting:
+    if host.get_fact(ImexStatus) == "READY" and not restarting:
         host.noop("nvidia-imex READY")
         return
     yield (
@@ -164,11 +161,10 @@ def apply(ctx: DeploymentContext) -> None:
     )
     nvidia_driver.packages_held(name=f"{package} held", packages=[package])
     channel0_present(name=f"IMEX channel 0 ({CHANNEL0})")
-    nodes = files.put(
-        name=f"{NODES_CONFIG}: the NVLink domain's {len(domain_addresses(ctx))} hosts",
-        src=StringIO(nodes_config_text(domain_addresses(ctx))),
-        dest=NODES_CONFIG,
-        mode="644",
+    nodes = put_text(
+        f"{NODES_CONFIG}: the NVLink domain's {len(domain_addresses(ctx))} hosts",
+        nodes_config_text(domain_addresses(ctx)),
+        NODES_CONFIG,
     )
     config = files.line(
         name=f"{CONFIG} reads {NODES_CONFIG}",
@@ -184,12 +180,7 @@ def apply(ctx: DeploymentContext) -> None:
         name="nvidia-imex READY", timeout_s=ctx.host.imex_ready_timeout_s, restarting=restart or bool(service.changed)
     )
     dropins = [
-        files.put(
-            name=f"{p.unit} starts after {SERVICE}",
-            src=StringIO(engine_dropin_text()),
-            dest=ENGINE_DROPIN.format(unit=p.unit),
-            mode="644",
-        )
+        put_text(f"{p.unit} starts after {SERVICE}", engine_dropin_text(), ENGINE_DROPIN.format(unit=p.unit))
         for p in ctx.processes
         if p.role != "router"
     ]
@@ -199,56 +190,28 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     if not wanted(ctx):
         return []
-    out = [
-        {
-            "path": NODES_CONFIG,
-            "sha256": sha256_text(nodes_config_text(domain_addresses(ctx))),
-            "mode": 0o644,
-            "gate": "driver",
-        }
-    ]
-    out += [
-        {
-            "path": ENGINE_DROPIN.format(unit=p.unit),
-            "sha256": sha256_text(engine_dropin_text()),
-            "mode": 0o644,
-            "gate": "service",
-        }
+    dropins = [
+        text_file(ENGINE_DROPIN.format(unit=p.unit), engine_dropin_text(), gate="service")
         for p in ctx.processes
         if p.role != "router"
     ]
-    return out
+    return [text_file(NODES_CONFIG, nodes_config_text(domain_addresses(ctx)), gate="driver"), *dropins]
 
 
-def desired_packages(ctx: DeploymentContext) -> list[dict]:
+def desired_packages(ctx: DeploymentContext) -> list[DesiredPackage]:
     if not wanted(ctx):
         return []
-    return [{"name": imex_package(ctx), "version": ctx.host.nvidia_driver_version, "gate": "driver"}]
+    return [DesiredPackage(imex_package(ctx), ctx.host.nvidia_driver_version)]
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     if not wanted(ctx):
         return []
     return [
-        {
-            "id": "imex:service-enabled",
-            "kind": "command",
-            "expected": "enabled",
-            "params": {"cmd": f"systemctl is-enabled {SERVICE} 2>/dev/null || true"},
-        },
-        {
-            "id": "imex:ready",
-            "kind": "command",
-            "expected": "READY",
-            "params": {"cmd": "nvidia-imex-ctl -q 2>&1 || true"},
-        },
-        {
-            "id": "imex:channel0",
-            "kind": "command",
-            "expected": "present",
-            "params": {"cmd": f"[ -c {shlex.quote(CHANNEL0)} ] && echo present || echo missing"},
-        },
+        RuntimeCheck("imex:service-enabled", "enabled", f"systemctl is-enabled {SERVICE} 2>/dev/null || true"),
+        RuntimeCheck("imex:ready", "READY", "nvidia-imex-ctl -q 2>&1 || true"),
+        present_check("imex:channel0", f"[ -c {shlex.quote(CHANNEL0)} ]"),
     ]

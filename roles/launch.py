@@ -55,20 +55,16 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 from pyinfra.operations import systemd
 
-from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process
 from ironserve.units import ETC_DIR, RANK_FOLLOW_S, UNIT_DIR, deliberate, following_path, rank_guard_unit, staged_path
 from roles import deploy_clock, launch_preflight, live_config, rollback, rolling, undeclared
-from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed
-from roles.container_runtime import container_current
+from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed, uses_sudo
+from roles.container_drift import container_current
 from roles.context import DeploymentContext
 from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
 from roles.live_config import install_command, reload_command
 from roles.sglang_service import live_files, marker_path
 
-HEALTH_POLL_S = DEFAULTS.health_poll_s
-HEALTH_PROGRESS_S = DEFAULTS.health_progress_s
-HEALTH_JOURNAL_LINES = DEFAULTS.health_journal_lines
 # automatic restarts a multi-node group's gate lets pass while the group forms (more: a crash loop, rolled back)
 GROUP_RESTARTS_ALLOWED = 2
 
@@ -224,7 +220,7 @@ def stale_paths(state: dict) -> list[str]:
 
 
 def _stale_now(host, unit: str, paths: list[str]) -> list[str]:
-    _, out = host.run_shell_command(UnitState().command(unit, paths), _sudo=bool(host.data.get("_sudo")))
+    _, out = host.run_shell_command(UnitState().command(unit, paths), _sudo=uses_sudo(host))
     return stale_paths(UnitState().process(out.stdout_lines))
 
 
@@ -236,7 +232,7 @@ def restart_if_stale(state, host, unit: str, paths: list[str], rank0: list | Non
         return True
     if rank0:
         return restart_unless_following(state, host, unit, rank0, paths)
-    status, _ = host.run_shell_command(deliberate("restart", unit), _sudo=bool(host.data.get("_sudo")))
+    status, _ = host.run_shell_command(deliberate("restart", unit), _sudo=uses_sudo(host))
     return bool(status)
 
 
@@ -261,9 +257,9 @@ def restart_unless_following(
     joined (ironserve.units.following_path). Rank 0 was just (re)started: the guard follows within a few polls, so
     this waits up to ``follow_s`` for it before restarting the rank itself (a second restart would break the group
     rank 0 is forming). Identity across hosts, never their clocks compared."""
-    sudo = bool(host.data.get("_sudo"))
+    sudo = uses_sudo(host)
     head = state.inventory.get_host(rank0[0])
-    generation = _show(lambda c: head.run_shell_command(c, _sudo=bool(head.data.get("_sudo"))), rank0[1])
+    generation = _show(lambda c: head.run_shell_command(c, _sudo=uses_sudo(head)), rank0[1])
     generation = generation.get("InvocationID", "")
     run = lambda c: host.run_shell_command(c, _sudo=sudo)  # noqa: E731
     deadline = time.monotonic() + follow_s

@@ -43,19 +43,14 @@ from dataclasses import dataclass, field
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, operation
 
-from ironserve.hostdata import DEFAULTS
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
-from ironserve.units import image_ref, sourcing_script, venv_path
-from roles.common import UnitState, in_run
+from roles.common import UnitState, in_run, refuse, runtime_python_argv
 from roles.context import DeploymentContext
-from roles.preflight import plain
 
 LIB_DIR = "/usr/local/lib/ironserve"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # installed by roles/sglang_service.py
 CONTAINER_RENDEZVOUS = "/ironserve-rendezvous"
-NIC_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
-RENDEZVOUS_TIMEOUT_S = DEFAULTS.rendezvous_timeout_s
 MARK = "IRONSERVE-RENDEZVOUS "
 
 # --------------------------------------------------------------------------- pure helpers
@@ -80,16 +75,12 @@ def rank_groups(rendered: Rendered) -> dict[str, RankGroup]:
     }
 
 
-def nic_env(proc: Process) -> dict[str, str]:
-    return {k: proc.env[k] for k in NIC_ENV if proc.env.get(k)}
-
-
 def nic_problems(
     host_name: str, rank: int, env: dict[str, str], where: tuple[str, int], path: dict | None
 ) -> list[str]:
     """What is wrong with a rank's socket interfaces (``env``: the NIC variables of its env), one line each
     with the fix; [] when all is right. ``path``: the NetworkPath fact towards rank 0's address ``where``."""
-    path = plain(path) or {}
+    path = path or {}
     addrs: dict[str, list[str]] = path.get("addrs") or {}
     target = path.get("target")
     route_dev = path.get("route_dev")
@@ -145,30 +136,9 @@ def rendezvous_argv(recipe: Recipe, proc: Process, group: RankGroup, timeout_s: 
         "--timeout",
         str(timeout_s),
     ]
-    env = nic_env(proc)
-    runtime = recipe.runtime
-    sourced = sourcing_script(runtime.source_env) if runtime.source_env else None
-    if isinstance(runtime, DockerRuntime):
-        run = ["docker", "run", "--rm", "--network", "host", "-v", f"{RENDEZVOUS}:{CONTAINER_RENDEZVOUS}:ro"]
-        for key, value in env.items():
-            run += ["-e", f"{key}={value}"]
-        if sourced:
-            return run + [
-                "--entrypoint",
-                "/bin/bash",
-                image_ref(recipe),
-                "-c",
-                sourced,
-                "rendezvous",
-                "python3",
-                CONTAINER_RENDEZVOUS,
-                *args,
-            ]
-        return run + ["--entrypoint", "python3", image_ref(recipe), CONTAINER_RENDEZVOUS, *args]
-    core = [f"{venv_path(recipe)}/bin/python3", RENDEZVOUS, *args]
-    if sourced:
-        core = ["/bin/bash", "-c", sourced, "rendezvous", *core]
-    return ["env", *(f"{k}={v}" for k, v in env.items()), *core]
+    return runtime_python_argv(
+        recipe, RENDEZVOUS, CONTAINER_RENDEZVOUS, args, "rendezvous", "host", proc.socket_interfaces
+    )
 
 
 def parse_rendezvous(stdout_lines: list[str]) -> dict:
@@ -266,7 +236,7 @@ class IommuGroups(FactBase):
 
 def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
     """Translated DMA groups (DMA, DMA-FQ) break GPU P2P; identity (passthrough) or no IOMMU is fine."""
-    types = (plain(state) or {}).get("types") or {}
+    types = (state or {}).get("types") or {}
     translated = sum(n for t, n in types.items() if t.startswith("DMA"))
     if not translated:
         return None
@@ -285,9 +255,7 @@ def iommu_problem(host_name: str, state: dict | None, arch: str) -> str | None:
 @operation()
 def iommu_passthrough(arch: str = "x86_64"):
     problem = iommu_problem(host.name, host.get_fact(IommuGroups), arch)
-    if problem:
-        raise OperationError(problem)
-    host.noop("IOMMU off or in passthrough: GPU peer-to-peer is direct")
+    refuse([problem] if problem else [], "IOMMU off or in passthrough: GPU peer-to-peer is direct")
     return
     yield  # unreachable: an operation is a generator
 
@@ -295,10 +263,11 @@ def iommu_passthrough(arch: str = "x86_64"):
 @operation()
 def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
     """The rank's socket interfaces (``env``) exist on this host and lead to rank 0 at ``addr``."""
-    problems = nic_problems(host.name, rank, env, (addr, port), host.get_fact(NetworkPath, target=addr))
-    if problems:
-        raise OperationError("the ranks of this group cannot meet:\n  " + "\n  ".join(problems))
-    host.noop(f"rank {rank}: {', '.join(f'{k}={v}' for k, v in env.items())} leads to rank 0 ({addr}:{port})")
+    refuse(
+        nic_problems(host.name, rank, env, (addr, port), host.get_fact(NetworkPath, target=addr)),
+        f"rank {rank}: {', '.join(f'{k}={v}' for k, v in env.items())} leads to rank 0 ({addr}:{port})",
+        "the ranks of this group cannot meet:",
+    )
     return
     yield  # unreachable: an operation is a generator
 
@@ -313,7 +282,7 @@ def group_rendezvous(
     filled while planning and read while executing (every host's plan is complete by then): a rank that is
     running keeps the whole group from a rendezvous on its port."""
     state = host.get_fact(UnitState, unit=unit, paths=[])
-    running = (plain(state) or {}).get("active") in ("active", "activating", "reloading")
+    running = (state or {}).get("active") in ("active", "activating", "reloading")
     ranks_running = {} if ranks_running is None else ranks_running
     ranks_running.setdefault(key, {})[rank] = running
     if running:
@@ -374,9 +343,7 @@ def memlock_unlimited(unit: str, changing=False):
         yield FunctionCommand(_memlock_now, (unit,), {})
         return
     problem = _memlock_problem(host.name, unit, host.get_fact(UnitMemlock, unit=unit))
-    if problem:
-        raise OperationError(problem)
-    host.noop(f"{unit}: LimitMEMLOCK=infinity")
+    refuse([problem] if problem else [], f"{unit}: LimitMEMLOCK=infinity")
 
 
 def _memlock_now(state, host, unit: str) -> bool:
@@ -390,7 +357,7 @@ def _memlock_now(state, host, unit: str) -> bool:
 
 @operation()
 def pcie_acs_disabled():
-    found = plain(host.get_fact(PcieAcs))
+    found = host.get_fact(PcieAcs)
     if found is None:
         host.noop("lspci not installed (pciutils): PCIe ACS not checked")
         return
@@ -421,60 +388,46 @@ def memlock_checks(ctx: DeploymentContext, changing: dict) -> None:
         )
 
 
-@deploy("Launch preflight")
-def apply(ctx: DeploymentContext) -> None:
-    recipe = ctx.recipe
-    engines = [p for p in ctx.processes if p.role != "router"]
-    if not engines:
-        return
-    if not ctx.launch:
-        # the live units (a launch checks its new ones once it made them live: memlock_checks)
-        memlock_checks(ctx, {})
-    if (
+def peer_to_peer_checks(ctx: DeploymentContext, engines: list[Process]) -> None:
+    """NVIDIA GPUs on PCIe that a rank drives several of talk peer to peer: no ACS redirect, no translating IOMMU."""
+    p2p = (
         ctx.vendor == "nvidia"
         and ctx.profile.accelerator.interconnect == "pcie"
-        and ctx.host.pcie_acs_check
         and any(p.devices > 1 for p in engines)
-    ):
+    )
+    if p2p and ctx.host.pcie_acs_check:
         pcie_acs_disabled(name="PCIe ACS off (GPU peer-to-peer)")
-    if (
-        ctx.vendor == "nvidia"
-        and ctx.profile.accelerator.interconnect == "pcie"
-        and ctx.host.iommu_check
-        and any(p.devices > 1 for p in engines)
-    ):
+    if p2p and ctx.host.iommu_check:
         iommu_passthrough(name="IOMMU passthrough or off (GPU peer-to-peer)", arch=ctx.profile.cpu_arch)
-    groups = rank_groups(ctx.rendered)
-    mine = [(groups[p.group_key], p) for p in engines if p.group_key in groups]
-    if not mine:
-        return
+
+
+def rank_group_checks(ctx: DeploymentContext, mine: list[tuple[RankGroup, Process]]) -> None:
+    """Each rank's NIC leads to rank 0 where no rendezvous can run (prepared only; or a member outside this run:
+    --limit, a rebuilt host, whose running engine's dist-init port is not to be disturbed); else the gloo
+    rendezvous of the whole group, which its NIC problems explain when it fails."""
     rendezvous = ctx.launch and ctx.host.rendezvous
+    timeout_s = ctx.host.rendezvous_timeout_s
     for group, proc in mine:
         if not (rendezvous and all(in_run(m.host) for m in group.members)):
-            # prepared only; or a member outside this run (--limit, a rebuilt host): no rendezvous can form
-            # without it, and its running engine's dist-init port is not to be disturbed
             nic_reaches_rank0(
                 name=f"{group.key}: rank {proc.node_rank} NIC leads to rank 0",
                 rank=proc.node_rank,
-                env=nic_env(proc),
+                env=proc.socket_interfaces,
                 addr=group.addr,
                 port=group.port,
             )
-    if not rendezvous:
-        return
-    timeout_s = ctx.host.rendezvous_timeout_s
     for group, proc in mine:
-        if not all(in_run(m.host) for m in group.members):
+        if not (rendezvous and all(in_run(m.host) for m in group.members)):
             continue
         # NIC problems do not stop the rendezvous: it runs anyway (the proof), they explain its failure
         problems = nic_problems(
             host.name,
             proc.node_rank,
-            nic_env(proc),
+            proc.socket_interfaces,
             (group.addr, group.port),
             host.get_fact(NetworkPath, target=group.addr),
         )
-        command = " ".join(shlex.quote(a) for a in rendezvous_argv(recipe, proc, group, timeout_s))
+        command = shlex.join(rendezvous_argv(ctx.recipe, proc, group, timeout_s))
         group_rendezvous(
             name=f"{group.key}: gloo rendezvous of {group.world} ranks at {group.addr}:{group.port}",
             key=group.key,
@@ -485,3 +438,16 @@ def apply(ctx: DeploymentContext) -> None:
             problems=problems,
             ranks_running=ctx.ranks_running,
         )
+
+
+@deploy("Launch preflight")
+def apply(ctx: DeploymentContext) -> None:
+    engines = [p for p in ctx.processes if p.role != "router"]
+    if not engines:
+        return
+    if not ctx.launch:
+        # the live units (a launch checks its new ones once it made them live: memlock_checks)
+        memlock_checks(ctx, {})
+    peer_to_peer_checks(ctx, engines)
+    groups = rank_groups(ctx.rendered)
+    rank_group_checks(ctx, [(groups[p.group_key], p) for p in engines if p.group_key in groups])

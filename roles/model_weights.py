@@ -30,14 +30,12 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import files
 
-from ironserve.hostdata import DEFAULTS
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
 from roles.common import LongCommand
 from roles.context import DeploymentContext
 from roles.secret_file import read_secret, secret_file
 
-MODEL_SOURCE = DEFAULTS.model_source
 HF_TOKEN_PATH = f"{ETC_DIR}/hf_token"
 MANIFEST = "ironserve-manifest.sha256"
 MANIFEST_OK_DIR = "/var/lib/ironserve/manifest-ok"

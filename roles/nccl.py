@@ -30,7 +30,9 @@ from pyinfra.operations import files
 
 from ironserve.catalogue import recipes_dir
 from ironserve.resources import files_dir, project_file
+from roles.common import refuse
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile
 
 ENV_KEY = "NCCL_GRAPH_FILE"
 
@@ -105,10 +107,8 @@ def graph_file(source: str, path: str, sha256: str | None = None, content: str |
 @operation()
 def check_graph_env(path: str | None, envs: dict):
     """Fail unless every engine process's NCCL_GRAPH_FILE is the placed graph (or unset without one)."""
-    problems = graph_env_problems(path, envs)
-    if problems:
-        raise OperationError("\n".join(f"{host.name}: {p}" for p in problems))
-    host.noop(f"{ENV_KEY} consistent for {len(envs)} engine process(es)")
+    problems = [f"{host.name}: {p}" for p in graph_env_problems(path, envs)]
+    refuse(problems, f"{ENV_KEY} consistent for {len(envs)} engine process(es)")
     return
     yield
 
@@ -131,7 +131,7 @@ def apply(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """The graph XML with its checksum (the pinned one, else the repository file's), for `ironserve audit`."""
     graph = ctx.tuning.nccl_graph
     if ctx.vendor != "nvidia" or not graph:
@@ -142,4 +142,4 @@ def desired_files(ctx: DeploymentContext) -> list[dict]:
             sha = hashlib.sha256(graph_source_file(graph.source, ctx.host.recipe).read_text().encode()).hexdigest()
         except OperationError:
             sha = None
-    return [{"path": graph.path, "sha256": sha, "mode": 0o644, "gate": "driver"}] if sha else []
+    return [DesiredFile(graph.path, sha, 0o644, "driver")] if sha else []

@@ -23,10 +23,9 @@ from pyinfra.operations import files, systemd
 
 from ironserve.metrics import TEXTFILE_DIR
 from ironserve.resources import files_dir
-from ironserve.units import sha256_text
 from roles.common import run_if_changed
 from roles.context import DeploymentContext
-from roles.preflight import plain
+from roles.desired import DesiredFile, text_file
 from roles.sglang_service import LIB_DIR
 
 PACKAGE = "prometheus-node-exporter"
@@ -55,7 +54,7 @@ def own_address(ctx: DeploymentContext) -> str:
 @operation()
 def exporter_installed(package: str = PACKAGE):
     """The package is installed (apt lists refreshed first; the configuration written before it is kept)."""
-    if package in (plain(host.get_fact(DebPackages)) or {}):
+    if package in (host.get_fact(DebPackages) or {}):
         host.noop(f"{package} is installed")
         return
     yield (
@@ -101,17 +100,9 @@ def apply(ctx: DeploymentContext) -> None:
     systemd.service(name=f"{SERVICE} running and enabled", service=SERVICE, running=True, enabled=True)
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """For `ironserve audit`: the writer, and the exporter's configuration."""
-    out = [
-        {
-            "path": TEXTFILE,
-            "sha256": sha256_text((files_dir() / "bin" / "ironserve-textfile").read_text()),
-            "mode": 0o755,
-            "gate": "host",
-        }
-    ]
+    out = [text_file(TEXTFILE, (files_dir() / "bin" / "ironserve-textfile").read_text(), 0o755)]
     if ctx.host.node_exporter:
-        text = defaults_text(own_address(ctx), ctx.host.node_exporter_port)
-        out.append({"path": DEFAULTS_FILE, "sha256": sha256_text(text), "mode": 0o644, "gate": "host"})
+        out.append(text_file(DEFAULTS_FILE, defaults_text(own_address(ctx), ctx.host.node_exporter_port)))
     return out

@@ -48,7 +48,7 @@ and Debian 12):
   start on any other), pinned and held with it, ``nvidia-fabricmanager.service`` enabled and running. Without it
   CUDA cannot initialise the GPUs of such a board.
 
-Host data (defaults in the constants below):
+Host data (defaults in ironserve/hostdata.py):
 
 - ``nvidia_apt_mirror``: repository URL (default: NVIDIA's CUDA repository for the host's OS and
   arch, e.g. ``.../ubuntu2404/x86_64/``, ``.../debian12/sbsa/`` on aarch64)
@@ -80,24 +80,19 @@ from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 
 from ironserve.hostdata import DEFAULTS
-from ironserve.units import sha256_text
 from roles import preflight
 from roles.apt_keys import pinned_key
-from roles.common import deb822_source, run_if_changed
+from roles.common import assignments, deb822_source, put_text, run_if_changed
 from roles.context import DeploymentContext
-from roles.preflight import plain
+from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck, present_check, text_file
 
 # The one place NVIDIA's public repository is named; air-gapped clusters set nvidia_apt_mirror.
 NVIDIA_CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}/"
-NVIDIA_APT_KEY_NAME = DEFAULTS.nvidia_apt_key_name
-NVIDIA_APT_KEY_FINGERPRINT = DEFAULTS.nvidia_apt_key_fingerprint
 SOURCE_FILE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 KEYRING = "/usr/share/keyrings/ironserve-nvidia.gpg"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-nvidia-driver.pref"
 DRIVER_PACKAGE = "nvidia-open-{branch}"
-DRIVER_VERSION = DEFAULTS.nvidia_driver_version
 PERSISTENCED = "nvidia-persistenced"
-REBOOT_TIMEOUT = DEFAULTS.reboot_timeout
 REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}  # NVIDIA names its arm64 server repos "sbsa"
 NOUVEAU_CONF = "/etc/modprobe.d/ironserve-blacklist-nouveau.conf"
 NOUVEAU_TEXT = (
@@ -194,10 +189,7 @@ class NvidiaDriverState(FactBase):
         )
 
     def process(self, output):
-        raw = {}
-        for line in output:
-            key, _, value = line.partition("=")
-            raw[key.strip()] = value.strip()
+        raw = assignments(output)
         status, _, version = raw.get("package", "").partition("|")
         smi = raw.get("smi") or None
         if smi and not smi[0].isdigit():
@@ -344,28 +336,28 @@ def reboot_reasons(state: dict | None, want_version: str) -> list[str]:
 @operation()
 def repo_source(mirror: str | None = None, keyring: str = KEYRING, trusted: bool = False, path: str = SOURCE_FILE):
     """The deb822 source for NVIDIA's repository (or the cluster's mirror of it)."""
-    uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
+    uri = mirror or default_repo_url(host.get_fact(LinuxDistribution), host.get_fact(Arch))
     yield from files.put._inner(StringIO(source_text(uri, keyring, trusted)), path, mode="644")
 
 
 @operation()
 def fetched_keyring(
-    key_name: str = NVIDIA_APT_KEY_NAME,
+    key_name: str = DEFAULTS.nvidia_apt_key_name,
     mirror: str | None = None,
     dest: str = KEYRING,
-    fingerprint: str = NVIDIA_APT_KEY_FINGERPRINT,
+    fingerprint: str = DEFAULTS.nvidia_apt_key_fingerprint,
 ):
     """Fetch the repository key on the host, dearmored into ``dest`` only when it is exactly the key
     ``fingerprint`` (roles/apt_keys.py): a key fetched from the mirror it verifies proves nothing by itself."""
-    uri = mirror or default_repo_url(plain(host.get_fact(LinuxDistribution)), plain(host.get_fact(Arch)))
+    uri = mirror or default_repo_url(host.get_fact(LinuxDistribution), host.get_fact(Arch))
     yield from pinned_key._inner(with_slash(uri) + key_name, dest, fingerprint, dearmor=True)
 
 
 @operation()
 def apt_refresh(packages: dict):
     """``apt-get update`` when a pinned ``{package: version}`` is neither installed nor known to apt."""
-    installed = plain(host.get_fact(DebPackages)) or {}
-    known = plain(host.get_fact(AptVersions, packages=sorted(packages))) or {}
+    installed = host.get_fact(DebPackages) or {}
+    known = host.get_fact(AptVersions, packages=sorted(packages)) or {}
     missing = [
         f"{p}={v}"
         for p, v in sorted(packages.items())
@@ -378,9 +370,11 @@ def apt_refresh(packages: dict):
 
 
 @operation()
-def driver_reboot(package: str, version: str, allow_reboot: bool = False, reboot_timeout: int = REBOOT_TIMEOUT):
+def driver_reboot(
+    package: str, version: str, allow_reboot: bool = False, reboot_timeout: int = DEFAULTS.reboot_timeout
+):
     """Reboot (only when allowed) if the installed driver is not the loaded one; else warn."""
-    state = plain(host.get_fact(NvidiaDriverState, package=package)) or {}
+    state = host.get_fact(NvidiaDriverState, package=package) or {}
     reasons = reboot_reasons(state, version)
     if not reasons and not state.get("package"):
         host.noop(f"{package} not installed yet: nothing to reboot for")
@@ -402,7 +396,7 @@ def driver_reboot(package: str, version: str, allow_reboot: bool = False, reboot
 @operation()
 def nouveau_unloaded():
     """nouveau loaded now: unload it, or mark the host for a reboot when it is in use (console)."""
-    kernel = plain(host.get_fact(preflight.KernelState)) or {}
+    kernel = host.get_fact(preflight.KernelState) or {}
     if not kernel.get("nouveau"):
         host.noop("nouveau is not loaded")
         return
@@ -413,7 +407,7 @@ def nouveau_unloaded():
 @operation()
 def packages_held(packages: list[str]):
     """``apt-mark hold`` what is not held yet."""
-    held = set(plain(host.get_fact(AptHolds)) or [])
+    held = set(host.get_fact(AptHolds) or [])
     missing = [p for p in packages if p not in held]
     if not missing:
         host.noop(f"held: {', '.join(packages)}")
@@ -424,7 +418,7 @@ def packages_held(packages: list[str]):
 @operation()
 def persistence_mode_on():
     """Every GPU reports persistence mode Enabled (``nvidia-smi -pm 1`` for those that do not)."""
-    modes = plain(host.get_fact(PersistenceMode))
+    modes = host.get_fact(PersistenceMode)
     if modes is None:
         if host.state.is_executing:
             raise OperationError(
@@ -521,20 +515,14 @@ def repository(ctx: DeploymentContext) -> None:
     repo_source(name="NVIDIA apt repository", mirror=mirror, keyring=keyring or KEYRING, trusted=trusted)
 
 
-def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
-    """nouveau blacklisted, module options, initramfs, module packages of the running kernel, holds."""
-    release = (plain(host.get_fact(KernelVersion)) or "").strip()
-    changes = [files.put(name="nouveau blacklisted", src=StringIO(NOUVEAU_TEXT), dest=NOUVEAU_CONF, mode="644")]
+def kernel_prerequisites(ctx: DeploymentContext) -> list[str]:
+    """nouveau blacklisted (initramfs rebuilt), module options, unattended-upgrades policy; returns the module
+    packages of the running kernel (installed with the driver)."""
+    release = (host.get_fact(KernelVersion) or "").strip()
+    changes = [put_text("nouveau blacklisted", NOUVEAU_TEXT, NOUVEAU_CONF)]
     options = nvidia_module_options(ctx)
     if options:
-        changes.append(
-            files.put(
-                name="nvidia module options (IMEX channel 0)",
-                src=StringIO(options),
-                dest=NVIDIA_OPTIONS_CONF,
-                mode="644",
-            )
-        )
+        changes.append(put_text("nvidia module options (IMEX channel 0)", options, NVIDIA_OPTIONS_CONF))
     # the initramfs carries modprobe.d: without a rebuild nouveau still binds first at boot
     run_if_changed(
         name="initramfs rebuilt (module blacklist and options)",
@@ -543,39 +531,21 @@ def kernel_prerequisites(ctx: DeploymentContext, package: str) -> list[str]:
         "then update-initramfs -u -k all; fi",
     )
     nouveau_unloaded(name="nouveau not loaded")
-    files.put(
-        name="unattended-upgrades leaves kernel and NVIDIA packages alone",
-        src=StringIO(UNATTENDED_TEXT),
-        dest=UNATTENDED_CONF,
-        mode="644",
-    )
-    pkgs = module_packages(module_source(ctx), branch(ctx), release)
-    return pkgs
+    put_text("unattended-upgrades leaves kernel and NVIDIA packages alone", UNATTENDED_TEXT, UNATTENDED_CONF)
+    return module_packages(module_source(ctx), branch(ctx), release)
 
 
-@deploy("ironserve: NVIDIA driver")
-def apply(ctx: DeploymentContext) -> None:
-    package = driver_package(ctx)
+def driver_installed(ctx: DeploymentContext, package: str, modules: list[str], fabric: dict[str, str]) -> None:
+    """The driver pinned at its version (apt preferences), the kernel modules' prerequisites, then the driver with
+    persistenced and Fabric Manager in one transaction; driver, modules and kernel held."""
     version = ctx.host.nvidia_driver_version
-    modules = kernel_prerequisites(ctx, package)
-    repository(ctx)
-    files.put(
-        name=f"Pin {package} {version}",
-        src=StringIO(
-            apt_pin_text(
-                [
-                    (package, version),
-                    (PERSISTENCED, f"{upstream(version)}*"),
-                    # the driver's own libraries and tools follow the same upstream version
-                    ("/nvidia/", f"{upstream(version)}*"),
-                ],
-                "roles/nvidia_driver.py",
-            )
-        ),
-        dest=PREFERENCES_FILE,
-        mode="644",
-    )
-    fabric = fabric_manager_pins(ctx)
+    pins = [
+        (package, version),
+        (PERSISTENCED, f"{upstream(version)}*"),
+        # the driver's own libraries and tools follow the same upstream version
+        ("/nvidia/", f"{upstream(version)}*"),
+    ]
+    put_text(f"Pin {package} {version}", apt_pin_text(pins, "roles/nvidia_driver.py"), PREFERENCES_FILE)
     apt_refresh(name="apt-get update for the NVIDIA driver", packages={package: version, **fabric})
     # before the driver: its postinst builds (DKMS) against the running kernel's headers
     apt.packages(name=f"Kernel modules prerequisites: {', '.join(modules)}", packages=modules, no_recommends=True)
@@ -586,27 +556,17 @@ def apply(ctx: DeploymentContext) -> None:
         no_recommends=True,
         extra_install_args="--allow-change-held-packages",
     )
-    installed = plain(host.get_fact(DebPackages)) or {}
-    release = (plain(host.get_fact(KernelVersion)) or "").strip()
+    installed = host.get_fact(DebPackages) or {}
+    release = (host.get_fact(KernelVersion) or "").strip()
     packages_held(
         name="Driver and kernel held (apt-mark hold)",
         packages=sorted({*hold_list(package, modules, release, installed), *fabric}),
     )
-    driver_reboot(
-        name="Reboot if the installed driver is not loaded",
-        package=package,
-        version=version,
-        allow_reboot=ctx.host.allow_reboot,
-        reboot_timeout=ctx.host.reboot_timeout,
-    )
-    # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
-    preflight.check_devices_of(ctx, defer_if_absent=False)
-    dropin = files.put(
-        name="nvidia-persistenced runs with persistence mode",
-        src=StringIO(PERSISTENCED_TEXT),
-        dest=PERSISTENCED_DROPIN,
-        mode="644",
-    )
+
+
+def persistence(ctx: DeploymentContext) -> None:
+    """nvidia-persistenced with persistence mode (its drop-in), running; every GPU in persistence mode."""
+    dropin = put_text("nvidia-persistenced runs with persistence mode", PERSISTENCED_TEXT, PERSISTENCED_DROPIN)
     run_if_changed(
         name="systemctl daemon-reload (persistenced drop-in)", triggers=[dropin], command="systemctl daemon-reload"
     )
@@ -618,6 +578,10 @@ def apply(ctx: DeploymentContext) -> None:
         restarted=dropin.changed,
     )
     persistence_mode_on(name="Persistence mode on every GPU")
+
+
+def fabric_manager_and_dcgm(ctx: DeploymentContext, fabric: dict[str, str]) -> None:
+    """Fabric Manager running on NVSwitch boards; DCGM where it is wanted."""
     if fabric:
         # not restarted on an upgrade: the running one matches the loaded driver until the reboot it needs
         systemd.service(
@@ -630,94 +594,89 @@ def apply(ctx: DeploymentContext) -> None:
         )
 
 
+@deploy("ironserve: NVIDIA driver")
+def apply(ctx: DeploymentContext) -> None:
+    package = driver_package(ctx)
+    modules = kernel_prerequisites(ctx)
+    repository(ctx)
+    fabric = fabric_manager_pins(ctx)
+    driver_installed(ctx, package, modules, fabric)
+    driver_reboot(
+        name="Reboot if the installed driver is not loaded",
+        package=package,
+        version=ctx.host.nvidia_driver_version,
+        allow_reboot=ctx.host.allow_reboot,
+        reboot_timeout=ctx.host.reboot_timeout,
+    )
+    # On a fresh host preflight could not see the GPUs; now the driver is there, check strictly.
+    preflight.check_devices_of(ctx, defer_if_absent=False)
+    persistence(ctx)
+    fabric_manager_and_dcgm(ctx, fabric)
+
+
 # --------------------------------------------------------------------------- audit
 
 
-def desired_packages(ctx: DeploymentContext) -> list[dict]:
+def desired_packages(ctx: DeploymentContext) -> list[DesiredPackage]:
     """The pinned driver, for `ironserve audit`."""
     if ctx.vendor != "nvidia":
         return []
-    return [
-        {"name": p, "version": v, "gate": "driver"}
-        for p, v in {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}.items()
-    ]
+    pins = {driver_package(ctx): ctx.host.nvidia_driver_version, **fabric_manager_pins(ctx)}
+    return [DesiredPackage(p, v) for p, v in pins.items()]
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """nouveau blacklist, nvidia module options, unattended-upgrades policy, persistenced drop-in."""
     if ctx.vendor != "nvidia":
         return []
     texts = {NOUVEAU_CONF: NOUVEAU_TEXT, UNATTENDED_CONF: UNATTENDED_TEXT, PERSISTENCED_DROPIN: PERSISTENCED_TEXT}
     if nvidia_module_options(ctx):
         texts[NVIDIA_OPTIONS_CONF] = nvidia_module_options(ctx)
-    return [{"path": p, "sha256": sha256_text(t), "mode": 0o644, "gate": "driver"} for p, t in texts.items()]
+    return [text_file(p, t, gate="driver") for p, t in texts.items()]
 
 
-def hold_check(package: str) -> dict:
+def hold_check(package: str) -> RuntimeCheck:
     """The audit check that ``package`` is on hold."""
-    return {
-        "id": f"apt-hold:{package}",
-        "kind": "command",
-        "expected": "held",
-        "params": {"cmd": f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held"},
-    }
+    return RuntimeCheck(
+        f"apt-hold:{package}",
+        "held",
+        f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held",
+    )
 
 
-def fabric_manager_checks(ctx: DeploymentContext) -> list[dict]:
+def active_check(check_id: str, service: str) -> RuntimeCheck:
+    """The audit check that a systemd unit is active."""
+    return RuntimeCheck(check_id, "active", f"systemctl is-active {shlex.quote(service)} 2>/dev/null || true")
+
+
+def fabric_manager_checks(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """Fabric Manager active and held, on NVSwitch boards."""
     checks = []
     for package in fabric_manager_pins(ctx):
-        checks += [
-            {
-                "id": "fabric-manager:active",
-                "kind": "command",
-                "expected": "active",
-                "params": {"cmd": f"systemctl is-active {shlex.quote(FABRIC_MANAGER_SERVICE)} 2>/dev/null || true"},
-            },
-            hold_check(package),
-        ]
+        checks += [active_check("fabric-manager:active", FABRIC_MANAGER_SERVICE), hold_check(package)]
     return checks
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """Module prerequisites of the running kernel, nouveau not loaded, holds, persistence mode."""
     if ctx.vendor != "nvidia":
         return []
-    prereq = (
-        'r=$(uname -r); [ -e "/lib/modules/$r/build" ] && echo present || echo missing'
+    prerequisites = (
+        'r=$(uname -r); [ -e "/lib/modules/$r/build" ]'
         if module_source(ctx) == "dkms"
         else f"dpkg-query -W -f='${{db:Status-Abbrev}}' linux-modules-nvidia-{branch(ctx)}-open-$(uname -r) "
-        '2>/dev/null | grep -q "^ii" && echo present || echo missing'
+        '2>/dev/null | grep -q "^ii"'
     )
-    dcgm = (
-        [
-            {
-                "id": "dcgm:active",
-                "kind": "command",
-                "expected": "active",
-                "params": {"cmd": "systemctl is-active nvidia-dcgm 2>/dev/null || true"},
-            }
-        ]
-        if dcgm_wanted(ctx)
-        else []
-    )
-    return (
-        dcgm
-        + fabric_manager_checks(ctx)
-        + [
-            {"id": "kernel:module-prerequisites", "kind": "command", "expected": "present", "params": {"cmd": prereq}},
-            {
-                "id": "kernel:nouveau-not-loaded",
-                "kind": "command",
-                "expected": "no",
-                "params": {"cmd": "grep -q '^nouveau ' /proc/modules && echo yes || echo no"},
-            },
-            hold_check(driver_package(ctx)),
-            {
-                "id": "gpu:persistence-mode",
-                "kind": "command",
-                "expected": "Enabled",
-                "params": {"cmd": "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u"},
-            },
-        ]
-    )
+    dcgm = [active_check("dcgm:active", "nvidia-dcgm")] if dcgm_wanted(ctx) else []
+    return [
+        *dcgm,
+        *fabric_manager_checks(ctx),
+        present_check("kernel:module-prerequisites", prerequisites),
+        RuntimeCheck("kernel:nouveau-not-loaded", "no", "grep -q '^nouveau ' /proc/modules && echo yes || echo no"),
+        hold_check(driver_package(ctx)),
+        RuntimeCheck(
+            "gpu:persistence-mode",
+            "Enabled",
+            "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u",
+        ),
+    ]

@@ -41,7 +41,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 
 from ironserve import catalogue
 from roles import uv_env
-from roles.common import plain  # noqa: F401  (the roles import it from here)
+from roles.common import assignments, refuse
 from roles.context import DeploymentContext
 
 SUPPORTED_OS = ("debian", "ubuntu")
@@ -131,10 +131,7 @@ class KernelState(FactBase):
         )
 
     def process(self, output):
-        raw = {}
-        for line in output:
-            key, _, value = line.partition("=")
-            raw[key.strip()] = value.strip()
+        raw = assignments(output)
         sb = raw.get("sb", "").lower()
         return {
             "release": raw.get("release") or None,
@@ -249,10 +246,10 @@ def nvlink_domain(ctx: DeploymentContext) -> list:
     mine = ctx.host.nvlink_domain
     out = []
     for h in ctx.hosts:
-        profile = profiles.get(str(h.data.get("hardware")))
+        profile = profiles.get(h.host_data.hardware or "")
         if profile is None or profile.accelerator.interconnect != "nvlink-mnnvl":
             continue
-        if str(h.data.get("nvlink_domain", "default")) == mine:
+        if h.host_data.nvlink_domain == mine:
             out.append(h)
     return out
 
@@ -343,9 +340,7 @@ def check_platform(cpu_arch: str, allow_emulated_arch: bool = False):
     problems = platform_problems(
         host.name, cpu_arch, host.get_fact(Arch), host.get_fact(LinuxDistribution), allow_emulated_arch
     )
-    if problems:
-        raise OperationError("\n".join(problems))
-    host.noop(f"platform matches: {cpu_arch}, Debian/Ubuntu")
+    refuse(problems, f"platform matches: {cpu_arch}, Debian/Ubuntu")
     return
     yield  # a generator that changes nothing
 
@@ -361,7 +356,6 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
         host.noop("no accelerators in this profile")
         return
     devices = host.get_fact(GpuDevices if vendor == "nvidia" else NpuDevices)
-    devices = plain(devices)
     if devices is None or (not devices and defer_if_absent):
         if defer_if_absent:
             host.noop("accelerator driver not installed (or not loaded) yet: devices are checked after the driver role")
@@ -375,10 +369,10 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
             f"{host.name}: accelerators: expected {count} x {device_name}, found no {tool} after the "
             f"driver install. Fix: check the driver packages installed and `{tool}` runs on the host"
         )
-    problems = device_problems(host.name, vendor, device_name, count, needed, devices)
-    if problems:
-        raise OperationError("\n".join(problems))
-    host.noop(f"devices match: {count} x {device_name}")
+    refuse(
+        device_problems(host.name, vendor, device_name, count, needed, devices),
+        f"devices match: {count} x {device_name}",
+    )
     return
     yield
 
@@ -386,13 +380,13 @@ def check_devices(vendor: str, device_name: str, count: int, needed: int = 0, de
 @operation()
 def modules_loadable(module_source: str = "dkms"):
     """Refuse, before any change, a host whose kernel would not load the modules as configured."""
-    kernel = plain(host.get_fact(KernelState)) or {}
-    os_id = str(((plain(host.get_fact(LinuxDistribution)) or {}).get("release_meta") or {}).get("ID", "")).lower()
-    problems = module_problems(host.name, kernel, module_source, os_id)
-    if problems:
-        raise OperationError("\n".join(problems))
+    kernel = host.get_fact(KernelState) or {}
+    os_id = str(((host.get_fact(LinuxDistribution) or {}).get("release_meta") or {}).get("ID", "")).lower()
     sb = {True: "on", False: "off", None: "unknown (no EFI/mokutil)"}[kernel.get("secure_boot")]
-    host.noop(f"kernel {kernel.get('release')}: {module_source} modules, Secure Boot {sb}")
+    refuse(
+        module_problems(host.name, kernel, module_source, os_id),
+        f"kernel {kernel.get('release')}: {module_source} modules, Secure Boot {sb}",
+    )
     return
     yield  # unreachable: an operation is a generator
 
@@ -407,7 +401,7 @@ def same_nvlink_clique(peers: dict, strict: bool = False):
     """
     if host.state.is_executing:
         peers = {name: peer_fabric(name) for name in (peers or {})}
-    fabrics = {**{n: plain(v) for n, v in (peers or {}).items()}, host.name: plain(host.get_fact(FabricInfo))}
+    fabrics = {**(peers or {}), host.name: host.get_fact(FabricInfo)}
     unknown = sorted(n for n, v in fabrics.items() if v is None)
     if unknown and not (strict and host.state.is_executing):
         known = {n: v for n, v in fabrics.items() if v is not None}
@@ -434,7 +428,7 @@ def peer_fabric(name: str):
     """FabricInfo read from another host of this run (None where it does not answer)."""
     peer = host.state.inventory.get_host(name, None)
     try:
-        return plain(peer.get_fact(FabricInfo)) if peer is not None else None
+        return peer.get_fact(FabricInfo) if peer is not None else None
     except Exception:  # a peer outside this run (--limit) or unreachable: unknown, said by the check
         return None
 

@@ -33,6 +33,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, operation
 
 from ironserve.units import KEY_ENV, SECRET_ENV, deliberate
+from roles.common import uses_sudo
 from roles.context import host_data
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
@@ -45,10 +46,9 @@ def snapshot_dir(unit: str) -> str:
 def save_command(unit: str, paths: list[str]) -> str:
     """Copy the files into a fresh snapshot and swap it in (a half-written snapshot is never the last good)."""
     d = shlex.quote(snapshot_dir(unit))
-    quoted = " ".join(shlex.quote(p) for p in paths)
     # files that do not exist (no parse marker with parse_check=false) are simply not part of the snapshot
     return (
-        f'rm -rf {d}.new && mkdir -p {d}.new && for f in {quoted}; do if [ -e "$f" ]; then '
+        f'rm -rf {d}.new && mkdir -p {d}.new && for f in {shlex.join(paths)}; do if [ -e "$f" ]; then '
         f'cp -p "$f" {d}.new/ && sha256sum "$f" >> {d}.new/MANIFEST || exit 1; fi; done '
         f"&& date -u +%Y-%m-%dT%H:%M:%SZ > {d}.new/TAKEN && rm -rf {d} && mv {d}.new {d}"
     )
@@ -100,9 +100,8 @@ class LastGood(FactBase):
 
     def command(self, unit, paths):
         d = shlex.quote(snapshot_dir(unit))
-        quoted = " ".join(shlex.quote(p) for p in paths)
         return (
-            f"sha256sum {quoted} 2>/dev/null | sed 's/^/current /'; "
+            f"sha256sum {shlex.join(paths)} 2>/dev/null | sed 's/^/current /'; "
             f"[ -f {d}/MANIFEST ] && sed 's/^/snapshot /' {d}/MANIFEST; "
             f"[ -f {d}/TAKEN ] && sed 's/^/taken /' {d}/TAKEN; true"
         )
@@ -125,7 +124,7 @@ class LastGood(FactBase):
 
 def differs(state: dict) -> bool:
     """Is there a last good configuration, and is it not what the unit has now?"""
-    state = getattr(state, "data", state) or {}
+    state = state or {}
     return bool(state.get("snapshot")) and state["snapshot"] != state.get("current")
 
 
@@ -158,7 +157,7 @@ def _save_if_gate_passed(
             f"pass in this run"
         )
         return True
-    status, _ = host.run_shell_command(save_command(unit, paths), _sudo=bool(host.data.get("_sudo")))
+    status, _ = host.run_shell_command(save_command(unit, paths), _sudo=uses_sudo(host))
     return bool(status)
 
 
@@ -169,51 +168,18 @@ def roll_back(
     gate again; logs the outcome on the gated host. ``wait``: roles.launch.wait_healthy."""
     if not host_data(gate_host).rollback:
         return
-    hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
-    outside = sorted(
-        name
-        for (name, _, _), (h, _, _) in zip(members, hosts)
-        if h is None or h not in getattr(state, "activated_hosts", {h})
-    )
-    if outside:
-        # e.g. --limit left them out: a group is rolled back whole or not at all
-        gate_host.log_styled(f"{unit}: no rollback: {', '.join(outside)} of its group not in this run", fg="red")
+    hosts = _members_in_run(state, gate_host, unit, members)
+    taken = _last_good_of_every_member(gate_host, unit, hosts) if hosts else None
+    if taken is None:
         return
-    snapshots = []
-    for member_host, member_unit, paths in hosts:
-        found = _last_good(member_host, member_unit, paths)
-        if not differs(found):
-            gate_host.log_styled(
-                f"{unit}: no rollback: {member_host.name} has no last good configuration of "
-                f"{member_unit} that differs from the failed one",
-                fg="red",
-            )
-            return
-        snapshots.append(found)
-    taken = snapshots[0].get("taken") or "an earlier run"
     gate_host.log_styled(
         f"{unit}: rolling back {len(hosts)} unit(s) to the last good configuration from {taken}", fg="yellow"
     )
     where = ", ".join(sorted({h.name for h, _, _ in hosts}))
-    # the key check on every member before anything is restored anywhere: never half a group across a key change
-    steps = (("restore (key check)", key_check_command), ("restore", restore_command), ("restart", _restart_command))
-    for step, command in steps:
-        # each restore and restart checked: a member left on the failed configuration is said, not assumed away
-        failed = []
-        for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order
-            ok, out = member_host.run_shell_command(command(member_unit), _sudo=bool(member_host.data.get("_sudo")))
-            if not ok:
-                failed.append(f"{member_host.name} ({member_unit}): {' '.join(out.stderr_lines)[-300:]}")
-        if failed:
-            gate_host.log_styled(
-                f"ROLLBACK FAILED {unit} on {where}: the {step} of the last good configuration "
-                f"from {taken} failed on {'; '.join(failed)}",
-                fg="red",
-            )
-            return
+    if not _restored(gate_host, unit, hosts, where, taken):
+        return
     start = time.monotonic()
-    healthy = wait(state, gate_host, unit, url, timeout_s)
-    if healthy:
+    if wait(state, gate_host, unit, url, timeout_s):
         gate_host.log_styled(
             f"ROLLED BACK {unit} on {where}: the new configuration failed its health gate ({why}); the last good "
             f"one from {taken} is serving again (healthy after {time.monotonic() - start:.0f}s). The deploy "
@@ -228,10 +194,65 @@ def roll_back(
         )
 
 
+def _members_in_run(state, gate_host, unit: str, members: list[tuple[str, str, list[str]]]) -> list | None:
+    """[(pyinfra host, unit, paths)] of the group's members, or None (said) when one is not in this run: a group is
+    rolled back whole or not at all."""
+    hosts = [(state.inventory.get_host(name), member_unit, paths) for name, member_unit, paths in members]
+    outside = sorted(
+        name
+        for (name, _, _), (h, _, _) in zip(members, hosts)
+        if h is None or h not in getattr(state, "activated_hosts", {h})
+    )
+    if outside:
+        # e.g. --limit left them out
+        gate_host.log_styled(f"{unit}: no rollback: {', '.join(outside)} of its group not in this run", fg="red")
+        return None
+    return hosts
+
+
+def _last_good_of_every_member(gate_host, unit: str, hosts: list) -> str | None:
+    """When the first member's last good configuration was taken, or None (said) when a member has none that
+    differs from the failed one."""
+    snapshots = []
+    for member_host, member_unit, paths in hosts:
+        found = _last_good(member_host, member_unit, paths)
+        if not differs(found):
+            gate_host.log_styled(
+                f"{unit}: no rollback: {member_host.name} has no last good configuration of "
+                f"{member_unit} that differs from the failed one",
+                fg="red",
+            )
+            return None
+        snapshots.append(found)
+    return snapshots[0].get("taken") or "an earlier run"
+
+
+def _restored(gate_host, unit: str, hosts: list, where: str, taken: str) -> bool:
+    """Every member's key check, then restore, then restart, each step on every member before the next one (the
+    key check everywhere before anything is restored anywhere: never half a group across a key change); False
+    (said) when one failed."""
+    steps = (("restore (key check)", key_check_command), ("restore", restore_command), ("restart", _restart_command))
+    for step, command in steps:
+        # each restore and restart checked: a member left on the failed configuration is said, not assumed away
+        failed = []
+        for member_host, member_unit, _ in hosts:  # rank 0 (the gated unit) first: members are in rank order
+            ok, out = member_host.run_shell_command(command(member_unit), _sudo=uses_sudo(member_host))
+            if not ok:
+                failed.append(f"{member_host.name} ({member_unit}): {' '.join(out.stderr_lines)[-300:]}")
+        if failed:
+            gate_host.log_styled(
+                f"ROLLBACK FAILED {unit} on {where}: the {step} of the last good configuration "
+                f"from {taken} failed on {'; '.join(failed)}",
+                fg="red",
+            )
+            return False
+    return True
+
+
 def _restart_command(unit: str) -> str:
     return deliberate("restart", unit)
 
 
 def _last_good(member_host, unit: str, paths: list[str]) -> dict:
-    _, out = member_host.run_shell_command(LastGood().command(unit, paths), _sudo=bool(member_host.data.get("_sudo")))
+    _, out = member_host.run_shell_command(LastGood().command(unit, paths), _sudo=uses_sudo(member_host))
     return LastGood().process(out.stdout_lines)

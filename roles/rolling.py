@@ -42,7 +42,7 @@ from ironserve.render import Process, Rendered
 from ironserve.resources import files_dir
 from ironserve.units import deliberate, env_path, in_container, rank_guard_unit, staged_path
 from roles import rollback, undeclared
-from roles.common import UnitState, in_run
+from roles.common import UnitState, in_run, uses_sudo
 from roles.context import DeploymentContext, host_data
 from roles.health import _sleep, await_health
 from roles.live_config import StagedFiles, install_command, reload_command
@@ -197,7 +197,7 @@ def roll_script(action: str, *args: str) -> str:
 
 
 def run_roll(on_host, action: str, *args: str) -> tuple[bool, dict]:
-    ok, out = on_host.run_shell_command(roll_script(action, *map(str, args)), _sudo=bool(on_host.data.get("_sudo")))
+    ok, out = on_host.run_shell_command(roll_script(action, *map(str, args)), _sudo=uses_sudo(on_host))
     text = "\n".join(out.stdout_lines).strip().splitlines()
     try:
         answer = json.loads(text[-1]) if text else {}
@@ -251,7 +251,7 @@ def _members(state, plan: dict) -> list:
 
 
 def _sh(on_host, command: str) -> tuple[bool, str]:
-    ok, out = on_host.run_shell_command(command, _sudo=bool(on_host.data.get("_sudo")))
+    ok, out = on_host.run_shell_command(command, _sudo=uses_sudo(on_host))
     return ok, "\n".join(out.stdout_lines + out.stderr_lines)
 
 

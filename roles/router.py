@@ -24,6 +24,7 @@ from pyinfra.api import deploy
 
 from roles import uv_env
 from roles.context import DeploymentContext
+from roles.desired import RuntimeCheck
 from roles.sglang_service import install_units, jit_cache_dirs
 
 
@@ -39,6 +40,6 @@ def apply(ctx: DeploymentContext) -> None:
     install_units(ctx, procs)
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """For `ironserve audit`: the router's own venv holds the pinned sglang-router."""
     return uv_env.router_desired_runtime(ctx)

@@ -33,6 +33,8 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FactBase, FunctionCommand, OperationError, operation
 
+from roles.common import uses_sudo, word_lines
+
 SECRET_DIR = "~/.config/ironserve/secrets"
 
 
@@ -64,7 +66,7 @@ class Secret:
 
     def write_secret(self, state, host, path: str, mode: str, user: str, group: str) -> bool:
         """Executed by the operation (FunctionCommand): private upload, then a 0600-born copy renamed into place."""
-        sudo = bool(host.data.get("_sudo"))
+        sudo = uses_sudo(host)
         ok, out = host.run_shell_command("umask 077 && mktemp -d")
         upload_dir = "".join(out.stdout_lines).strip() if ok else ""
         if not upload_dir.startswith("/"):
@@ -104,8 +106,7 @@ class SecretFileState(FactBase):
 
     def process(self, output):
         state = {}
-        for line in output:
-            kind, _, rest = line.strip().partition(" ")
+        for kind, rest in word_lines(output):
             if kind == "stat":
                 state["mode"], state["user"], state["group"] = rest.split(" ", 2)
             elif kind == "sha256":

@@ -46,7 +46,7 @@ from pyinfra import context, host
 from pyinfra.api import FactBase, OperationError, deploy, operation
 from pyinfra.operations import files, server
 
-from ironserve.render import LAUNCH_ROUTER, LAUNCH_SERVER, SERVE, Process
+from ironserve.render import ROUTER_LAUNCHER, Process
 from ironserve.resources import files_dir
 from ironserve.spec import DockerRuntime, Recipe, binds_every_address
 from ironserve.units import (
@@ -71,13 +71,12 @@ from ironserve.units import (
     rank_guard_files,
     router_venv,
     runs_as_user,
-    sha256_text,
-    sourcing_script,
     staged_path,
     unit_files,
-    venv_path,
 )
+from roles.common import runtime_python_argv
 from roles.context import DeploymentContext
+from roles.desired import DesiredFile, text_file
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
 
 BIN_SRC = files_dir() / "bin"
@@ -100,40 +99,24 @@ HELPERS = (
 # --------------------------------------------------------------------------- pure helpers
 
 
+# the parse probe's --kind for each launcher kind (ironserve.render.Process.launcher_kind)
+PROBE_KINDS = {ROUTER_LAUNCHER: "router", "launch_server": "server", "serve": "serve"}
+
+
 def parse_kind(proc: Process) -> str:
     """The probe kind of a process's launcher."""
-    for launcher, kind in ((LAUNCH_ROUTER, "router"), (LAUNCH_SERVER, "server"), (SERVE, "serve")):
-        if proc.launcher == launcher:
-            return kind
-    raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
+    if proc.launcher_kind not in PROBE_KINDS:
+        raise ValueError(f"{proc.unit}: unknown launcher {proc.launcher}")
+    return PROBE_KINDS[proc.launcher_kind]
 
 
 def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
     """The probe invocation: SGLang's own parser, in the runtime the unit will run."""
-    kind, args = parse_kind(proc), proc.engine_args
-    runtime = recipe.runtime
-    sourced = runtime.source_env
+    args = ["--kind", parse_kind(proc), "--", *proc.engine_args]
     if proc.role == "router" and router_venv(recipe):
         # the router's own runtime (the engine's image or venv lacks the pinned sglang-router): probed there
-        return [f"{router_venv(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
-    if isinstance(runtime, DockerRuntime):
-        core = ["python3", CONTAINER_PROBE, "--kind", kind, "--", *args]
-        run = ["docker", "run", "--rm", "--network", "none", "-v", f"{PARSE_CHECK}:{CONTAINER_PROBE}:ro"]
-        if sourced:
-            return run + [
-                "--entrypoint",
-                "/bin/bash",
-                image_ref(recipe),
-                "-c",
-                sourcing_script(sourced),
-                "parse-check",
-                *core,
-            ]
-        return run + ["--entrypoint", "python3", image_ref(recipe), *core[1:]]
-    core = [f"{venv_path(recipe)}/bin/python3", PARSE_CHECK, "--kind", kind, "--", *args]
-    if sourced:
-        return ["/bin/bash", "-c", sourcing_script(sourced), "parse-check", *core]
-    return core
+        return [f"{router_venv(recipe)}/bin/python3", PARSE_CHECK, *args]
+    return runtime_python_argv(recipe, PARSE_CHECK, CONTAINER_PROBE, args, "parse-check", "none")
 
 
 def parse_digest(exec_start: list[str], runtime_identity: str) -> str:
@@ -166,12 +149,10 @@ def process_secrets(ctx: DeploymentContext, proc: Process, read: bool = True) ->
     workers it was started with (requests, health checks) and requires it from clients; keyed workers behind a
     keyless router would answer it 401."""
 
-    def secret(key: str, what: str) -> str:
-        return read_secret(getattr(ctx.host, key), f"{ctx.host_name}: {what}").reveal() if read else "<secret>"
-
     out = {}
     if ctx.host.api_key_file:
-        out[API_KEY_ENV] = secret("api_key_file", "api_key_file")
+        key = read_secret(ctx.host.api_key_file, f"{ctx.host_name}: api_key_file") if read else None
+        out[API_KEY_ENV] = key.reveal() if key else "<secret>"
     else:
         groups = ctx.recipe.topology.groups
         # the router: keyed when any engine group is
@@ -397,26 +378,16 @@ def group_secret(ctx: DeploymentContext, members: list[Process]):
     return generated_secret(rank_group_secret_name(members), ctx.host.secret_dir)
 
 
-def desired_files(ctx: DeploymentContext) -> list[dict]:
+def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
     """The helper scripts and the rank guards' units and configs, for `ironserve audit` (the engine units
     themselves are checked by ironserve.audit.checks, with their env files): live with launch, else staged."""
-    out = [
-        {"path": dest, "sha256": sha256_text((BIN_SRC / name).read_text()), "mode": 0o755, "gate": "service"}
-        for name, dest in HELPERS
-    ]
+    out = [text_file(dest, (BIN_SRC / name).read_text(), 0o755, "service") for name, dest in HELPERS]
     for proc in ctx.processes:
         members = ctx.rendered.rank_group(proc)
         if members:
             gf = rank_guard_files(ctx.recipe, proc, members)
             for path, text in ((gf.config_path, gf.config_text), (f"{UNIT_DIR}/{gf.unit_name}", gf.unit_text)):
-                out.append(
-                    {
-                        "path": path if ctx.launch else staged_path(path),
-                        "sha256": sha256_text(text),
-                        "mode": 0o644,
-                        "gate": "service",
-                    }
-                )
+                out.append(text_file(path if ctx.launch else staged_path(path), text, gate="service"))
     return out
 
 

@@ -11,7 +11,7 @@ PREPARED_MINUTES (its mark, touched by the same locked command): two deploys on 
 
 Host data (defaults in brackets):
 
-- ``uv_version`` [UV_VERSION]: the uv installed at /usr/local/bin/uv
+- ``uv_version`` [the pinned default in ironserve/hostdata.py]: the uv installed at /usr/local/bin/uv
 - ``uv_url`` [none]: a uv release tarball (uv-<arch>-unknown-linux-gnu.tar.gz) on the cluster's file mirror,
   with ``uv_sha256``, its sha256 (required: checked on the host before root unpacks it); without it uv comes from
   the package index: ``python3 -m pip install --target /opt/ironserve/uv/<version>``
@@ -53,7 +53,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FactBase, OperationError, deploy, operation
@@ -67,11 +66,11 @@ from ironserve.hostdata import DEFAULTS
 from ironserve.imagelock import hashed_requirements_text
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
-from roles.common import LongCommand, host_locked, plain, run_if_changed, sha256_checked
+from roles.common import LongCommand, host_locked, put_text, refuse, run_if_changed, sha256_checked, word_lines
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
+from roles.desired import RuntimeCheck
 from roles.rollback import LAST_GOOD_DIR
 
-UV_VERSION = DEFAULTS.uv_version
 # where unit files that may run again live: the live units, the staged ones, the last good configurations
 REFERRING_DIRS = (UNIT_DIR, STAGED_DIR, LAST_GOOD_DIR)
 # a venv this host's deploy built or installed into is "being prepared" for a while (touched by the same locked
@@ -319,12 +318,7 @@ class VenvsInUse(FactBase):
         )
 
     def process(self, output):
-        found = {}
-        for line in output:
-            kind, _, path = line.strip().partition(" ")
-            if kind in ("used", "unused") and path:
-                found[path] = kind == "used"
-        return found
+        return {path: kind == "used" for kind, path in word_lines(output) if kind in ("used", "unused") and path}
 
 
 # --------------------------------------------------------------------------- operations
@@ -338,16 +332,14 @@ def python_available(recipe_id: str, python: str, venv: str, air_gapped: bool, m
         host.noop(f"venv {venv} has Python {have['python']}")
         return
     problems = interpreter_problems(host.name, recipe_id, python, host.get_fact(HostPythons) or [], air_gapped, mirror)
-    if problems:
-        raise OperationError("\n".join(problems))
-    host.noop(f"Python {python} for {recipe_id}: available")
+    refuse(problems, f"Python {python} for {recipe_id}: available")
     return
     yield  # a generator that changes nothing
 
 
 @operation()
 def uv_installed(
-    version: str = UV_VERSION, index_url: str | None = None, url: str | None = None, sha256: str | None = None
+    version: str = DEFAULTS.uv_version, index_url: str | None = None, url: str | None = None, sha256: str | None = None
 ):
     """/usr/local/bin/uv at the pinned version, from a tarball on the mirror (unpacked only when its sha256 is
     ``sha256``) or from the package index."""
@@ -413,7 +405,7 @@ def venv_packages(
     todo = requirements_diff(packages, (have or {}).get("packages"))
     # a venv installed before it had a lock: its files were never checked, so the lock's set goes in again
     unchecked = bool(
-        hashed and have and not hashes_recorded(plain(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}")))
+        hashed and have and not hashes_recorded(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))
     )
     if not todo and not unchecked:
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
@@ -477,7 +469,7 @@ def locked_resolution(ctx: DeploymentContext) -> dict[str, list[str]] | None:
     """The lock's {"name==version": hashes} for this host's machine; None (with the warning, or the error under
     require_locks) when there is none."""
     platforms, why = runtime_lock(ctx)
-    arch = plain(host.get_fact(Arch))
+    arch = host.get_fact(Arch)
     if platforms is not None and arch not in platforms:
         why = f"its lock file resolves {', '.join(sorted(platforms))}, not {arch} (`ironserve lock --arch {arch}`)"
     elif platforms is not None:
@@ -501,16 +493,11 @@ def apply(ctx: DeploymentContext) -> None:
     idx = index_args(runtime, mirror, ctx.host.package_indexes)
     created = venv_present(name=f"venv {path} (Python {runtime.python})", path=path, python=runtime.python, env=env)
     for dest, text in resolution_files(path, runtime).items():
-        files.put(name=f"venv {dest.rsplit('/', 1)[1]}", src=StringIO(text), dest=dest, mode="644")
+        put_text(f"venv {dest.rsplit('/', 1)[1]}", text, dest)
     locked = locked_resolution(ctx)
     if locked:
         hashed = f"{path}/{LOCKED_REQUIREMENTS_NAME}"
-        files.put(
-            name="venv requirements with hashes (lock)",
-            src=StringIO(hashed_requirements_text(locked)),
-            dest=hashed,
-            mode="644",
-        )
+        put_text("venv requirements with hashes (lock)", hashed_requirements_text(locked), hashed)
         installed = venv_packages(
             name=f"venv {path} packages (hash-checked)",
             path=path,
@@ -527,11 +514,8 @@ def apply(ctx: DeploymentContext) -> None:
             args=install_args(runtime, idx) + resolution_args(path, runtime),
             env=env,
         )
-    files.put(
-        name="venv requirements record",
-        src=StringIO(requirements_text(runtime, idx, len(locked or {}))),
-        dest=f"{path}/{REQUIREMENTS_NAME}",
-        mode="644",
+    put_text(
+        "venv requirements record", requirements_text(runtime, idx, len(locked or {})), f"{path}/{REQUIREMENTS_NAME}"
     )
     ctx.changes.record_runtime_change(created, installed)
     ctx.changes.record_runtime_paths(f"{path}/{REQUIREMENTS_NAME}")
@@ -564,7 +548,7 @@ def router_runtime(ctx: DeploymentContext) -> None:
 # --------------------------------------------------------------------------- audit
 
 
-def venv_check(path: str, packages: list[str]) -> dict:
+def venv_check(path: str, packages: list[str]) -> RuntimeCheck:
     """An audit check: every pinned package at its version in the venv at ``path``."""
     wanted = {name: version for name, (_, version) in pins(packages).items()}
     names = json.dumps(sorted(wanted))
@@ -576,10 +560,10 @@ def venv_check(path: str, packages: list[str]) -> dict:
         "print(json.dumps(out))"
     )
     cmd = f"{path}/bin/python -c {shlex.quote(script)}"
-    return {"id": f"venv-packages:{path}", "kind": "json_command", "expected": wanted, "params": {"cmd": cmd}}
+    return RuntimeCheck(f"venv-packages:{path}", wanted, cmd, "json_command")
 
 
-def desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """Every pinned package at its version in the venv, for `ironserve audit`."""
     runtime = ctx.recipe.runtime
     if not isinstance(runtime, UvRuntime):
@@ -587,7 +571,7 @@ def desired_runtime(ctx: DeploymentContext) -> list[dict]:
     return [venv_check(venv_path(ctx.recipe), list(runtime.packages))]
 
 
-def router_desired_runtime(ctx: DeploymentContext) -> list[dict]:
+def router_desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
     path = router_venv(ctx.recipe)
     if not path or not any(p.role == "router" for p in ctx.processes):

@@ -131,8 +131,25 @@ def test_prepare_calls_the_registry_in_order():
 
     tree = ast.parse(Path(deployment.__file__).read_text())
     prepare = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "prepare")
-    called = [c.args[0].id for c in ast.walk(prepare) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "run"]
-    assert called == [role.__name__.rsplit(".", 1)[1] for role, _ in deployment.PREPARE_ROLES]
+    called = [
+        c.args[0].value for c in ast.walk(prepare) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "run"
+    ]
+    assert called == [role.name for role in deployment.PREPARE_ROLES]
+
+
+def test_the_registry_names_each_roles_own_functions():
+    """A role is its module's apply and everything the module says it puts on a host: a desired_files /
+    desired_packages / desired_runtime the registry left out would pass the audit unchecked."""
+    from importlib import import_module
+
+    from roles import deployment
+
+    for role in deployment.PREPARE_ROLES:
+        module = import_module(f"roles.{role.name}")
+        assert role.apply is module.apply, role.name
+        for what in ("desired_files", "desired_packages", "desired_runtime"):
+            declared = getattr(module, what, None)
+            assert getattr(role, what) is (declared or deployment._nothing), f"{role.name}.{what}"
 
 
 def test_production_code_reads_no_lab_flag():

@@ -53,6 +53,12 @@ def test_launch_false_expects_inactive_and_no_health():
     assert not [c for c in checks if c.gate == "workload"]
 
 
+def test_the_clock_offsets_are_read_by_the_inventorys_tools_venv():
+    checks, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py", data={"tools_venv": "/srv/tools"})
+    (offsets,) = [c for c in checks if c.kind == "clock_offsets"]
+    assert offsets.params["cmd"] == "/srv/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --read"
+
+
 def test_only_rank0_is_probed_and_npus_counted():
     checks, _ = plan_checks("inventories/atlas_a3.py", "deploys/glm51.py")
     by_host = {h: ids([c for c in checks if c.host == h]) for h in ("a3-0", "a3-1")}

@@ -119,11 +119,12 @@ def test_npus_counted_from_npu_smi():
 
 
 def test_clock_offsets_all_gpus_at_the_recipes_offset():
-    assert evaluate(_Tools({CLOCKS: (0, "0 1000\n1 1000\n")}), check("clock_offsets", 1000)) == (True, "1000")
-    ok, found = evaluate(_Tools({CLOCKS: (0, "0 1000\n1 0\n")}), check("clock_offsets", 1000))
+    offsets = check("clock_offsets", 1000, cmd=CLOCKS)
+    assert evaluate(_Tools({CLOCKS: (0, "0 1000\n1 1000\n")}), offsets) == (True, "1000")
+    ok, found = evaluate(_Tools({CLOCKS: (0, "0 1000\n1 0\n")}), offsets)
     assert not ok and found == "0,1000"  # one GPU reset to the default
-    assert evaluate(_Tools({CLOCKS: (0, "")}), check("clock_offsets", 1000)) == (False, "no GPUs")
-    assert evaluate(_Tools(), check("clock_offsets", 1000)) == (False, "cannot read offsets")
+    assert evaluate(_Tools({CLOCKS: (0, "")}), offsets) == (False, "no GPUs")
+    assert evaluate(_Tools(), offsets) == (False, "cannot read offsets")
 
 
 def test_listening_port(local):

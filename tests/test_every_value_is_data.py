@@ -404,22 +404,51 @@ def test_schema_and_readme_agree_with_the_model(capsys):
     assert block == markdown_table(), "docs/host-data.md's table is stale: ironserve schema --host-data --markdown"
 
 
+def _code(root: Path) -> list[Path]:
+    return [
+        *root.glob("roles/*.py"),
+        *root.glob("deploys/*.py"),
+        *root.glob("ironserve/*.py"),
+        *root.glob("ironserve/audit/*.py"),
+    ]
+
+
 def test_every_key_the_code_reads_is_in_the_model():
-    """ctx.host.KEY, host_data(h).KEY, DEFAULTS.KEY (and any ctx.get/host.data.get left) across the code."""
+    """ctx.host.KEY, host_data(h).KEY, an inventory host's host_data.KEY and DEFAULTS.KEY across the code."""
     from ironserve.hostdata import HostData
 
     root = Path(__file__).resolve().parents[1]
-    pattern = re.compile(r"(?:ctx\.get|host\.data\.get)\(\s*f?[\"']([a-z_]+)(\{key\})?[\"']")
-    typed = re.compile(r"(?:ctx\.host|host_data\(\w+\)|DEFAULTS)\.([a-z_][a-z0-9_]*)")
+    typed = re.compile(r"(?:ctx\.host|host_data\(\w+\)|\.host_data|DEFAULTS)\.([a-z_][a-z0-9_]*)")
     read = set()
-    for path in [*root.glob("roles/*.py"), *root.glob("deploys/*.py"), *root.glob("ironserve/*.py")]:
-        text = path.read_text()
-        for name, templated in pattern.findall(text):
-            read.add(name + ("num_prompts" if templated else ""))
-        read |= set(typed.findall(text))
-    assert {"nvidia_driver_version", "health_poll_s", "rollback"} <= read  # the scan sees the roles' reads
-    missing = {k for k in read if k not in HostData.model_fields and not k.startswith("_")}
+    for path in _code(root):
+        read |= set(typed.findall(path.read_text()))
+    assert {"nvidia_driver_version", "health_poll_s", "rollback", "nvlink_domain", "model_root"} <= read
+    missing = {k for k in read if k not in HostData.model_fields}
     assert not missing, f"host data read but not in ironserve/hostdata.py: {sorted(missing)}"
+
+
+def test_roles_render_and_audit_read_host_data_typed():
+    """No raw read of one of ironserve's host-data keys (data.get("KEY"), data["KEY"]) in the roles, the deploys,
+    render, the inventory hosts or the audit: they read the validated model (ctx.host, host_data(h), an inventory
+    host's host_data), so a key is typed, defaulted and described in one place."""
+    from ironserve.hostdata import HostData
+
+    root = Path(__file__).resolve().parents[1]
+    raw = re.compile(r"(?:\.get\(|\[)\s*f?[\"']([a-z_][a-z0-9_]*)[\"']")
+    places = [
+        *root.glob("roles/*.py"),
+        *root.glob("deploys/*.py"),
+        *root.glob("ironserve/audit/*.py"),
+        root / "ironserve" / "render.py",
+        root / "ironserve" / "inventory.py",
+    ]
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in places
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "data" in line and any(key in HostData.model_fields for key in raw.findall(line))
+    ]
+    assert found == []
 
 
 # --------------------------------------------------------------------------- sinks

@@ -19,7 +19,7 @@ from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.units import venv_path
-from roles.launch_preflight import nic_env, nic_problems, parse_rendezvous, rank_groups, rendezvous_argv
+from roles.launch_preflight import nic_problems, parse_rendezvous, rank_groups, rendezvous_argv
 
 SCRIPT = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rendezvous"
 
@@ -37,17 +37,26 @@ def test_rank_groups_of_a_multinode_recipe():
     group = groups["server-g0-i0"]
     assert (group.addr, group.port, group.world) == ("10.0.0.1", 29500, 2)
     assert [p.node_rank for p in group.members] == [0, 1]
-    assert nic_env(group.members[1]) == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+    # the rank's socket interfaces, as render pinned them to the host's nic (what the NIC check and the
+    # rendezvous read)
+    assert group.members[1].socket_interfaces == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert {k: group.members[1].env[k] for k in group.members[1].socket_interfaces} == {
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
 
 
 def test_rank_groups_of_pd_disaggregation_are_per_instance():
     recipe = catalogue.get_recipe("glm5.1-w4a8-a3-2p1d-48-128k-prefix90")
     n = sum(g.instances * g.nodes for g in recipe.topology.groups)
     placed = [
-        InventoryHost(f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"})
+        InventoryHost(
+            f"a{i}",
+            {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"}
+            | ({"ironserve_role": "router"} if i == n else {}),
+        )
         for i in range(n + 1)
     ]
-    placed[-1].data["ironserve_role"] = "router"
     groups = rank_groups(render(recipe, placed))
     assert groups, "the 2P1D recipe has multi-node groups"
     for group in groups.values():
@@ -59,8 +68,7 @@ def test_rank_groups_of_pd_disaggregation_are_per_instance():
 
 
 def test_single_node_recipes_have_no_rank_group():
-    placed = hosts(3)
-    placed[0].data["ironserve_role"] = "router"
+    placed = [InventoryHost("r", {"ironserve_role": "router", "hardware": "cpu-lab"}), *hosts(2)]
     assert rank_groups(render(catalogue.get_recipe("tiny-cpu"), placed)) == {}
 
 
@@ -130,10 +138,13 @@ def test_rendezvous_runs_in_the_engine_runtime():
     recipe = catalogue.get_recipe("glm5-nvfp4-gb200-disagg")
     n = sum(gr.instances * gr.nodes for gr in recipe.topology.groups)
     placed = [
-        InventoryHost(f"g{i}", {"ssh_hostname": f"10.2.0.{i + 1}", "nic": "enP6p3s0f0np0", "hardware": "gb200"})
+        InventoryHost(
+            f"g{i}",
+            {"ssh_hostname": f"10.2.0.{i + 1}", "nic": "enP6p3s0f0np0", "hardware": "gb200"}
+            | ({"ironserve_role": "router"} if i == n else {}),
+        )
         for i in range(n + 1)
     ]
-    placed[-1].data["ironserve_role"] = "router"
     r = render(recipe, placed)
     g = next(gr for gr in rank_groups(r).values() if gr.world == 4)
     docker = rendezvous_argv(r.recipe, g.members[-1], g, 60)

@@ -15,6 +15,7 @@ from ironserve.nvidia import docker_gpu_args, gpu_access
 from ironserve.render import render
 from ironserve.units import exec_argv
 from roles.context import build_context
+from roles.desired import DesiredPackage
 from roles.imex import nodes_config_text
 from roles.nvidia_driver import (
     desired_packages,
@@ -164,20 +165,20 @@ def test_precompiled_modules_take_ubuntus_fabric_manager_of_the_branch():
 def test_nvswitch_boards_install_fabric_manager_at_the_driver_version(profile_id):
     ctx = profile_ctx(profile_id, nvidia_driver_version="580.105.08-1")
     assert fabric_manager_pins(ctx) == {"nvidia-fabricmanager": "580.105.08-1"}
-    assert {"name": "nvidia-fabricmanager", "version": "580.105.08-1", "gate": "driver"} in desired_packages(ctx)
-    checks = {c["id"]: c for c in desired_runtime(ctx)}
+    assert DesiredPackage("nvidia-fabricmanager", "580.105.08-1", "driver") in desired_packages(ctx)
+    checks = {c.id: c for c in desired_runtime(ctx)}
     active = checks["fabric-manager:active"]
-    assert active["expected"] == "active"
-    assert active["params"]["cmd"].startswith("systemctl is-active nvidia-fabricmanager.service")
-    assert checks["apt-hold:nvidia-fabricmanager"]["expected"] == "held"
+    assert active.expected == "active"
+    assert active.cmd.startswith("systemctl is-active nvidia-fabricmanager.service")
+    assert checks["apt-hold:nvidia-fabricmanager"].expected == "held"
 
 
 @pytest.mark.parametrize("profile_id", ["rtx6000-pro", "rtx6000-pro-maxq", "gb200", "gb300"])
 def test_pcie_and_mnnvl_profiles_do_not_install_fabric_manager(profile_id):
     ctx = profile_ctx(profile_id)
     assert fabric_manager_pins(ctx) == {}
-    assert [p["name"] for p in desired_packages(ctx)] == [f"nvidia-open-{ctx.profile.driver_branch}"]
-    assert not any("fabric" in c["id"] for c in desired_runtime(ctx))
+    assert [p.name for p in desired_packages(ctx)] == [f"nvidia-open-{ctx.profile.driver_branch}"]
+    assert not any("fabric" in c.id for c in desired_runtime(ctx))
 
 
 def test_audit_of_the_catalogue_inventories_has_no_fabric_manager():

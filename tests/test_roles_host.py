@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationError
 
+from ironserve.hostdata import DEFAULTS
 from ironserve.spec import ServerOptions, devices_per_node
 from roles import ascend, cuda, gpu_clocks, host_tuning, nccl, nvidia_driver, preflight
 from roles.context import build_context
@@ -294,7 +295,7 @@ def test_recipes_source_the_set_env_scripts_ascend_checks():
     hosts = [(f"a{i}", {"hardware": "atlas-800i-a3", "nic": "eth0"}) for i in range(2)]
     ctx = build_context("glm5.1", "a0", hosts)
     sourced = {s for p in ctx.processes for s in p.source_env}
-    assert sourced == {f"{ascend.INSTALL_PATH}/{s}" for s in ascend.SET_ENV}
+    assert sourced == {f"{DEFAULTS.ascend_install_path}/{s}" for s in ascend.SET_ENV}
 
 
 def test_pinned_versions_follow_the_profile():

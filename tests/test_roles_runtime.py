@@ -1,4 +1,4 @@
-"""Pure helpers and host scripts of the runtime roles (container_runtime, uv_env, model_weights, sglang_service,
+"""Pure helpers and host scripts of the runtime roles (recipe_image, container_drift, uv_env, model_weights, sglang_service,
 router, launch): offline, no pyinfra run. Fixture cases of the facts/operations live in tests/facts and
 tests/operations."""
 
@@ -22,8 +22,7 @@ from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.units import KEY_LAUNCHER, container_command, deliberate, exec_argv, sha256_text, unit_files, venv_path
-from roles import container_runtime as cr
-from roles import health, launch
+from roles import container_drift, health, launch, recipe_image
 from roles import model_weights as mw
 from roles import sglang_service as ss
 from roles import uv_env as uv
@@ -38,24 +37,26 @@ def _recipe(rid):
     return catalogue.get_recipe(rid)
 
 
-# --------------------------------------------------------------------------- container runtime
+# --------------------------------------------------------------------------- recipe image, container drift
 
 
 def test_dockerfile_is_pinned_base_plus_patches_verbatim():
     recipe = _recipe("glm5-nvfp4-mtp-rtx6000-tp8")
-    text = cr.dockerfile_text(recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches)
+    text = recipe_image.dockerfile_text(recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches)
     lines = text.splitlines()
     assert lines[1] == f"FROM lmsysorg/sglang@{DIGEST}"
     assert lines[2:] == recipe.runtime.patches
     assert "transformers==5.2.0" in text and "DEEPGEMM_SCALE_UE8M0 = False" in text
-    with_mirror = cr.dockerfile_text(recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches, "http://m/simple")
+    with_mirror = recipe_image.dockerfile_text(
+        recipe.id, recipe.runtime.pinned_ref, recipe.runtime.patches, "http://m/simple"
+    )
     assert "ARG PIP_INDEX_URL" in with_mirror and sha256_text(with_mirror) != sha256_text(text)
 
 
 def test_split_image_keeps_registry_ports():
-    assert cr.split_image("lmsysorg/sglang:dev-cu13") == ("lmsysorg/sglang", "dev-cu13")
-    assert cr.split_image("reg.lab:5000/sglang") == ("reg.lab:5000/sglang", "latest")
-    assert cr.split_image(f"lmsysorg/sglang@{DIGEST}") == ("lmsysorg/sglang", None)
+    assert recipe_image.split_image("lmsysorg/sglang:dev-cu13") == ("lmsysorg/sglang", "dev-cu13")
+    assert recipe_image.split_image("reg.lab:5000/sglang") == ("reg.lab:5000/sglang", "latest")
+    assert recipe_image.split_image(f"lmsysorg/sglang@{DIGEST}") == ("lmsysorg/sglang", None)
 
 
 def test_first_resolution_writes_the_lock_text(tmp_path):
@@ -72,15 +73,17 @@ def test_first_resolution_writes_the_lock_text(tmp_path):
     )
     (fake / "docker").chmod(0o755)
     state = FakeState()
-    host = create_host(state, facts={"container_runtime.ImageLock": {"path=/etc/ironserve/r.lock.json": None}})
+    host = create_host(state, facts={"recipe_image.ImageLock": {"path=/etc/ironserve/r.lock.json": None}})
     with ctx_state.use(state), ctx_host.use(host):
-        commands = list(cr.image_pinned._inner(image="lmsysorg/sglang:dev-cu13", recipe_id="r"))
+        commands = list(recipe_image.image_pinned._inner(image="lmsysorg/sglang:dev-cu13", recipe_id="r"))
     record = str(commands[1]).replace("/etc/ironserve", str(tmp_path / "etc"))
     out = subprocess.run(
         ["sh", "-c", record], capture_output=True, text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     )
     assert out.returncode == 0, out.stderr
-    assert (tmp_path / "etc" / "r.lock.json").read_text() == cr.lock_text("r", "lmsysorg/sglang:dev-cu13", digest)
+    assert (tmp_path / "etc" / "r.lock.json").read_text() == recipe_image.lock_text(
+        "r", "lmsysorg/sglang:dev-cu13", digest
+    )
     assert f"runtime.digest: {digest}" in out.stdout
 
 
@@ -95,11 +98,15 @@ def test_deb822_sources():
 
 def test_drift_reasons():
     have = {"image": "img", "image_id": "a", "want_image_id": "a", "cmd": ["x"], "env_names": ["A", "PATH"]}
-    assert cr.drift(have, "img", ["x"], ["A"]) == []
-    assert cr.drift({**have, "want_image_id": "b"}, "img", ["x"], ["A"]) == [
+    assert container_drift.drift(have, "img", ["x"], ["A"]) == []
+    assert container_drift.drift({**have, "want_image_id": "b"}, "img", ["x"], ["A"]) == [
         "the image was rebuilt or re-pulled since the container started"
     ]
-    assert cr.drift(have, "img2", ["y"], ["A", "B"]) == ["image img != img2", "command line differs", "env lacks B"]
+    assert container_drift.drift(have, "img2", ["y"], ["A", "B"]) == [
+        "image img != img2",
+        "command line differs",
+        "env lacks B",
+    ]
 
 
 # --------------------------------------------------------------------------- uv
@@ -118,8 +125,10 @@ def test_a_new_package_set_is_a_new_venv_beside_the_live_one():
     )
     assert venv_path(recipe).startswith("/opt/ironserve/venvs/runtime-") and venv_path(recipe) == venv_path(recipe)
     assert venv_path(bumped) != venv_path(recipe)  # never an upgrade in place under a running unit
-    hosts = [InventoryHost(n, {"hardware": "cpu-lab"}) for n in ("r0", "n0", "n1")]
-    hosts[0].data["ironserve_role"] = "router"
+    hosts = [
+        InventoryHost(n, {"hardware": "cpu-lab"} | ({"ironserve_role": "router"} if n == "r0" else {}))
+        for n in ("r0", "n0", "n1")
+    ]
     assert exec_argv(bumped, render(bumped, hosts).processes[0])[0].startswith(venv_path(bumped) + "/bin/")
 
 

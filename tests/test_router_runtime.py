@@ -58,5 +58,5 @@ def test_audit_checks_the_router_venv_on_the_router_host_only():
     with_router = [name for name, found in checks.items() if found]
     assert len(with_router) == 1
     (check,) = checks[with_router[0]]
-    assert check["id"] == "venv-packages:/opt/ironserve/venvs/sglang-router-0.3.2"
-    assert check["expected"] == {"sglang-router": "0.3.2"}
+    assert check.id == "venv-packages:/opt/ironserve/venvs/sglang-router-0.3.2"
+    assert check.expected == {"sglang-router": "0.3.2"}

@@ -8,6 +8,7 @@ ironserve.units renders, so a new recipe is audited without new code.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,26 +62,21 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     for key, value in tuning.sysctls.items():
         add(f"sysctl:{key}", "sysctl", str(value), "host", key=key)
     for item in providers.role_files(ctx):
-        add(
-            f"file:{item['path']}",
-            "file",
-            item["sha256"],
-            item.get("gate", "host"),
-            path=item["path"],
-            mode=item.get("mode"),
-            owner=item.get("owner", "root"),
-        )
+        add(f"file:{item.path}", "file", item.sha256, item.gate, path=item.path, mode=item.mode, owner="root")
     for pkg in providers.role_packages(ctx):
-        add(f"package:{pkg['name']}", "package", pkg["version"], pkg.get("gate", "driver"), name=pkg["name"])
+        add(f"package:{pkg.name}", "package", pkg.version, pkg.gate, name=pkg.name)
     if ctx.vendor == "nvidia":
         accel = ctx.profile.accelerator
         add("gpu-devices", "gpus", {"count": accel.count, "name": accel.name}, "driver")
         if accel.max_q and tuning.gpu_memory_clock_offset_mhz:
-            add("gpu-memory-clock-offset", "clock_offsets", tuning.gpu_memory_clock_offset_mhz, "driver")
+            from roles.gpu_clocks import read_offsets_argv
+
+            read = shlex.join(read_offsets_argv(f"{ctx.host.tools_venv}/bin/python"))
+            add("gpu-memory-clock-offset", "clock_offsets", tuning.gpu_memory_clock_offset_mhz, "driver", cmd=read)
     elif ctx.vendor == "huawei":
         add("npu-devices", "npus", {"count": ctx.profile.accelerator.count}, "driver")
     for item in providers.runtime_checks(ctx):
-        add(item["id"], item["kind"], item["expected"], "runtime", **item.get("params", {}))
+        add(item.id, item.kind, item.expected, "runtime", cmd=item.cmd)
 
     from roles.undeclared import declared_units
 

@@ -46,11 +46,13 @@ def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
     """A backend per named host, connected on first use; returns name -> spec (HostSnapshot and status take it)."""
     from pyinfra.api import Config, State
 
+    from roles.common import uses_sudo
+
     State(fleet.pyinfra, Config())  # pyinfra's connectors are made for a state, as in a pyinfra run
+    typed = {h.name: h.host_data for h in fleet.hosts}
     specs = {}
     for name in names:
         host = fleet.pyinfra.get_host(name)
-        data = host.data.dict()
         if not host.connector_cls.__module__.endswith(".ssh"):
             raise SpecError(
                 [
@@ -62,11 +64,11 @@ def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
                     )
                 ]
             )
-        if "ssh_strict_host_key_checking" not in data:
+        # pyinfra's own connector setting: its default (accept-new) is not taken unless the inventory says so
+        if "ssh_strict_host_key_checking" not in host.data.dict():
             host.connector.data["ssh_strict_host_key_checking"] = STRICT_UNLESS_SAID
-        user = data.get("ssh_user") or "root"
         spec = f"{SCHEME}{name}"
-        _BACKENDS[spec] = PyinfraBackend(host, sudo=bool(data.get("_sudo")) or user != "root")
+        _BACKENDS[spec] = PyinfraBackend(host, sudo=uses_sudo(host) or (typed[name].ssh_user or "root") != "root")
         specs[name] = spec
     return specs
 

@@ -126,7 +126,7 @@ def npus(host, check: Check):
 
 
 def clock_offsets(host, check: Check):
-    out = host.run("/opt/ironserve/tools/bin/python /usr/local/lib/ironserve/ironserve-gpu-clocks.py --read")
+    out = host.run(check.params["cmd"])  # the clock script read by the tools venv's python (host data tools_venv)
     if out.rc != 0:
         return False, "cannot read offsets"
     # "<index> <offset MHz>" per GPU

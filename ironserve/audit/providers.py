@@ -1,35 +1,30 @@
 """What the roles put on a host, as data for the audit: files with their content hash, packages, runtime state.
 
-Each role module that manages files or packages exposes a pure `desired_files(ctx)` / `desired_packages(ctx)` /
-`desired_runtime(ctx)` built from the same functions its operations use; this module collects them from the
-roles the deploy runs on the host (roles.deployment's registry), so the audit compares exactly what the deploy
-writes. A role that cannot be imported fails the audit: a silently skipped role would pass as clean.
+Each role of the deploy's registry (roles/deployment.py ``PREPARE_ROLES``) says what it puts on a host
+(``Role.desired_files`` / ``desired_packages`` / ``desired_runtime``, roles/desired.py's types), built from the same
+functions its operations use; this module collects them from the roles the deploy runs on the host, so the audit
+compares exactly what the deploy writes.
 """
 
 from __future__ import annotations
 
+from roles.desired import DesiredFile, DesiredPackage, RuntimeCheck
 
-def _collect(ctx, fn_name: str) -> list[dict]:
+
+def role_files(ctx) -> list[DesiredFile]:
     from roles.deployment import roles_for
 
-    out: list[dict] = []
-    for module in roles_for(ctx):
-        fn = getattr(module, fn_name, None)
-        if fn is not None:
-            out.extend(fn(ctx))
-    return out
+    return [item for role in roles_for(ctx) for item in role.desired_files(ctx)]
 
 
-def role_files(ctx) -> list[dict]:
-    """[{path, sha256, mode, owner, gate}]"""
-    return _collect(ctx, "desired_files")
+def role_packages(ctx) -> list[DesiredPackage]:
+    from roles.deployment import roles_for
+
+    return [item for role in roles_for(ctx) for item in role.desired_packages(ctx)]
 
 
-def role_packages(ctx) -> list[dict]:
-    """[{name, version, gate}]"""
-    return _collect(ctx, "desired_packages")
+def runtime_checks(ctx) -> list[RuntimeCheck]:
+    """Image digests present and used, venv package versions, driver state."""
+    from roles.deployment import roles_for
 
-
-def runtime_checks(ctx) -> list[dict]:
-    """[{id, kind, expected, params}] — image digests present and used, venv package versions."""
-    return _collect(ctx, "desired_runtime")
+    return [item for role in roles_for(ctx) for item in role.desired_runtime(ctx)]

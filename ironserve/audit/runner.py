@@ -53,7 +53,7 @@ def plan_checks(
     for h in limit_hosts(fleet.hosts, limit, inventory):
         ctx = build_context(model, h.name, pairs, inventory)
         checks += derive_checks(ctx, deploy, inventory)
-        connections[h.name] = {**h.data, "address": h.address}
+        connections[h.name] = {"address": h.address}
     return checks, connections
 
 

@@ -17,12 +17,12 @@ import subprocess
 import pytest
 
 from ironserve import catalogue
+from ironserve.hostdata import DEFAULTS
 from ironserve.inventory import InventoryHost
 from ironserve.lab import cluster, gpu_images, images, runtime_image
 from ironserve.lab.system import LabError
 from ironserve.render import model_path_on
 from ironserve.spec import DockerRuntime
-from roles import gpu_clocks, uv_env
 from roles import model_weights as mw
 
 GLM_DIGEST = "sha256:426d1fa4b10722688678b99d817c2caa92a89eed4a8ee2927ab44a848bbe77df"
@@ -79,8 +79,8 @@ def test_the_lab_index_carries_what_the_patches_pip_install():
 
 
 def test_wheelhouse_and_repo_carry_what_the_roles_install():
-    assert cluster.UV_VERSION == uv_env.UV_VERSION
-    assert f"nvidia-ml-py=={gpu_clocks.NVIDIA_ML_PY_VERSION}" in cluster.DEFAULT_WHEELS
+    assert cluster.UV_VERSION == DEFAULTS.uv_version
+    assert f"nvidia-ml-py=={DEFAULTS.nvidia_ml_py_version}" in cluster.DEFAULT_WHEELS
     assert {"python3-venv", "curl", "gpg", "ca-certificates", "python3-pip", "docker.io"} <= set(cluster.DEFAULT_DEBS)
 
 
