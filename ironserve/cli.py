@@ -168,9 +168,7 @@ def lint_recipe_full(
     hosts = _hosts_from(inventory, data)
     rendered = render(recipe, hosts, inventory or "inventory")
     # do the runtime's pins resolve (against the indexes the inventory maps, when one is given)?
-    indexes = next(
-        (dict(h.data.get("package_indexes") or {}) for h in hosts or [] if h.data.get("package_indexes")), {}
-    )
+    indexes = next((dict(h.host_data.package_indexes) for h in hosts or [] if h.host_data.package_indexes), {})
     findings += resolve_findings(recipe, catalogue.hardware_profiles(), offline=offline, package_indexes=indexes)
     if version and not offline:
         argvs = [p.argv for p in rendered.processes]
@@ -504,9 +502,9 @@ def cmd_lock(args) -> int:
 
     mirror, ca_file, index = args.registry, args.registry_ca, args.index
     for host in _hosts_from(args.inventory) or []:
-        mirror = mirror or host.data.get("docker_registry_mirror")
-        ca_file = ca_file or host.data.get("docker_registry_ca")
-        index = index or host.data.get("pip_index_url")
+        mirror = mirror or host.host_data.docker_registry_mirror
+        ca_file = ca_file or host.host_data.docker_registry_ca
+        index = index or host.host_data.pip_index_url
     if args.site:
         return _lock_site(args, mirror, ca_file)
     wrote = 0

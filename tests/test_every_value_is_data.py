@@ -429,7 +429,7 @@ def test_every_key_the_code_reads_is_in_the_model():
 
 def test_roles_render_and_audit_read_host_data_typed():
     """No raw read of one of ironserve's host-data keys (data.get("KEY"), data["KEY"]) in the roles, the deploys,
-    render, the inventory hosts or the audit: they read the validated model (ctx.host, host_data(h), an inventory
+    render, the inventory hosts, the commands (cli, status) or the audit: they read the validated model (ctx.host, host_data(h), an inventory
     host's host_data), so a key is typed, defaulted and described in one place."""
     from ironserve.hostdata import HostData
 
@@ -441,6 +441,8 @@ def test_roles_render_and_audit_read_host_data_typed():
         *root.glob("ironserve/audit/*.py"),
         root / "ironserve" / "render.py",
         root / "ironserve" / "inventory.py",
+        root / "ironserve" / "cli.py",
+        root / "ironserve" / "status.py",
     ]
     found = [
         f"{path.relative_to(root)}:{number}: {line.strip()}"
