@@ -24,3 +24,13 @@ def test_reset_of_an_unknown_host_names_the_lab_hosts(tmp_path, monkeypatch, cap
     assert cli.main(["reset", "lab9"]) == 1
     err = capsys.readouterr().err
     assert "no lab host 'lab9'" in err and "the lab is down" in err
+
+
+def test_up_finds_the_labs_host_assets_and_brings_up_the_hosts_asked_for(monkeypatch):
+    """`lab up` from a checkout gets past its assets check to the bring-up (recorded here, nothing started)."""
+    from ironserve.lab import cluster
+
+    asked = []
+    monkeypatch.setattr(cluster, "up", lambda nodes, hardware: asked.append((nodes, hardware)))
+    assert cli.main(["up", "--nodes", "2", "--hardware", "cpu-lab"]) == 0
+    assert asked == [(2, "cpu-lab")]

@@ -53,13 +53,14 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_lab(args: argparse.Namespace) -> int:
     from . import cluster  # imported late: `--help` needs nothing but argparse
+    from .rootfs import ASSETS
 
     try:
         if args.lab_command == "up":
-            if not cluster.ASSETS.is_dir():
+            if not ASSETS.is_dir():
                 # the product wheel leaves the lab's host assets out (pyproject.toml)
                 raise LabError(
-                    f"the lab's host assets ({cluster.ASSETS}) are not here: the lab runs from a "
+                    f"the lab's host assets ({ASSETS}) are not here: the lab runs from a "
                     "checkout of ironserve (cd into it and run .venv/bin/ironserve lab up)"
                 )
             cluster.up(args.nodes, args.hardware)
