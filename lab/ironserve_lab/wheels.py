@@ -42,7 +42,7 @@ def write_wheel(
     metadata: str,
     top_level: list[str],
     tag: str = "py3-none-any",
-    generator: str = "ironserve.lab.wheels",
+    generator: str = "ironserve_lab.wheels",
 ) -> Path:
     """Write a wheel of ``members`` ({path in the wheel: bytes}) with its dist-info (METADATA text as given, WHEEL,
     top_level.txt, RECORD), byte-stable, atomically (a temporary file renamed into place)."""
@@ -109,7 +109,7 @@ def rebrand_wheel(
     version: str,
     metadata: str,
     tag: str,
-    generator: str = "ironserve.lab.wheels",
+    generator: str = "ironserve_lab.wheels",
 ) -> Path:
     """A wheel with the files of the wheel ``src`` under another distribution's metadata (``name`` ``version``,
     METADATA text as given): a stand-in that runs the code of the nearest build this machine can run. The

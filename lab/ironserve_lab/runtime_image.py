@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import cpu_runtime, oci
+from . import cpu_runtime, oci, state
 from .system import LabError, run, say
 
 REPO = "ironserve-lab/sglang-cpu"
@@ -57,8 +57,7 @@ PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 
 def cache_dir() -> Path:
-    cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
-    return cache / "lab-images"
+    return state.cache_dir() / "lab-images"
 
 
 def _base_identity(base: Path) -> str:
@@ -275,8 +274,8 @@ def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
         [layer0, layer1],
         config,
         [
-            "lab rootfs (Debian bookworm, ironserve/lab/rootfs.py)",
-            f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (ironserve/lab/cpu_runtime.py pins), "
+            "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
+            f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (lab/ironserve_lab/cpu_runtime.py pins), "
             "less triton's GPU toolchain binaries",
         ],
     )

@@ -3,7 +3,7 @@
 Lab only: roles and deploys never know about these; they install the same package names
 from the lab mirror that they would from NVIDIA's / Huawei's repositories on a real cluster,
 and the stand-ins answer the way the real tools do for the profile in /etc/ironlab/hardware
-(written by `lab up --hardware ID`; profile tables in profiles.py).
+(written by `lab up --hardware ID`; the catalogue's profiles as the stand-ins answer them: profiles.py).
 
 Apt repository (deb [signed-by=/usr/share/keyrings/ironlab-archive-keyring.gpg] http://10.213.7.1:8780/apt ./
 (a key made per lab; inventory data apt_signed_by), or [trusted=yes] where gpg is missing):
@@ -67,14 +67,12 @@ import tempfile
 from pathlib import Path
 
 from . import supply
-from .profiles import CUDA_VERSION, DRIVER_VERSION, PROFILES
+from .profiles import ASCEND_DRIVER_VERSION, CANN_VERSION, CUDA_VERSION, DRIVER_VERSION, PROFILES
 from .system import LabError, apt_install, run, say
 
 ASSETS = Path(__file__).parent / "assets"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 NVCC_VERSION = "V13.0.88"
-ASCEND_DRIVER_VERSION = "25.2.0"
-CANN_VERSION = "8.3.RC1"
 ASCEND_FIRMWARE_VERSION = "7.7.0.6.236"
 RUN_FILES = {
     "driver": f"Ascend-hdk-910c-npu-driver_{ASCEND_DRIVER_VERSION}_linux-x86-64.run",
@@ -89,8 +87,9 @@ RUN_FILES = {
 
 def _fingerprint() -> str:
     h = hashlib.sha256()
-    for p in sorted(ASSETS.iterdir()) + [Path(__file__), Path(__file__).with_name("profiles.py")]:
+    for p in sorted(ASSETS.iterdir()) + [Path(__file__)]:
         h.update(p.name.encode() + p.read_bytes())
+    h.update(_profiles_json().encode())  # what the stand-ins answer (the catalogue's profiles, profiles.py)
     h.update(os.uname().release.encode())  # the headers stand-in is for the running kernel
     return h.hexdigest()[:16]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import time
@@ -22,16 +21,18 @@ from . import (
     network,
     npu_runtime,
     oci,
+    pinfiles,
     registry,
     rootfs,
+    runtime,
     runtime_image,
     standins,
     state,
     supply,
     tiny_model,
 )
-from .profiles import PROFILES
-from .state import HARDWARE_IDS, Host, LabState
+from .profiles import HARDWARE_IDS, PROFILES
+from .state import Host, LabState
 from .system import LabError, ensure_tools, require_root, run, say, wait_for
 
 # Real Debian packages published to the lab repo on every `up`: what tests use, and what the roles install
@@ -53,17 +54,12 @@ DEFAULT_DEBS = [
     "docker-registry",
     "prometheus-node-exporter",
 ]
-# Wheel requirement sets published to the lab index on every `up`, each resolved on its own
-# (nvidia-ml-py: what roles/gpu_clocks.py installs for NVML, latest and its pinned 580-branch version;
-# uv: roles/uv_env.py's UV_VERSION, installed with pip from the index when no uv_url is given;
-# sglang-router: the routers' own venv where the engine image lacks it, roles/uv_env.router_runtime).
-UV_VERSION = "0.13.9"
-DEFAULT_WHEELS = [
-    "nvidia-ml-py",
-    "nvidia-ml-py==13.580.82",
-    f"uv=={UV_VERSION}",
-    f"sglang-router=={cpu_runtime.ROUTER_VERSION}",
-]
+# Wheel requirements published to the lab index on every `up`, each resolved on its own (requirements/index.txt:
+# what the roles install beside the runtimes)
+DEFAULT_WHEELS = pinfiles.read("index.txt")
+UV_VERSION = pinfiles.version(DEFAULT_WHEELS, "uv")  # host data uv_version's default (roles/uv_env.py installs it)
+# The lab's runtimes: each published for the hosts of its hardware profiles (runtime.py)
+RUNTIMES: tuple[runtime.LabRuntime, ...] = (cpu_runtime.RUNTIME, npu_runtime.RUNTIME, cuda_runtime.RUNTIME)
 # cpu-lab: the generated model's directory under the lab's model_root (recipes/tiny-cpu.yaml model.path's name)
 TINY_MODEL = "tiny-llama"
 
@@ -160,25 +156,27 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         stamp.write_text(wanted)
     if not (supply.supply_dir(root) / "apt" / supply.ARMORED_KEY_NAME).exists():
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
-    if PROFILES[hardware]["kind"] == "none":
-        publish_cpu_runtime(root)
-    elif PROFILES[hardware]["kind"] == "ascend":
-        publish_npu_runtime(root)
-    # The CUDA wheelhouse (mostly a download) is built beside the runtime images (mostly CPU): a cold `up` of an
-    # RTX or GB200 profile waits for the longer of the two, not their sum. Only the build runs beside: the lab
-    # index is written from this thread alone.
+    with_image = PROFILES[hardware]["kind"] in ("none", "nvidia")
+    wanted = [r for r in RUNTIMES if hardware in r.hardware]
+    # first, here: the wheelhouses the others and the runtime image are built from
+    first = list(dict.fromkeys([d for r in wanted for d in r.requires] + ([cpu_runtime.RUNTIME] if with_image else [])))
+    for needed in first:
+        runtime.ensure(needed)
+    # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
+    # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.
     with ThreadPoolExecutor(max_workers=1) as beside:
-        cuda_built = beside.submit(build_cuda_wheelhouse) if hardware in cuda_runtime.HARDWARE else None
+        built = [beside.submit(runtime.ensure, r) for r in wanted if r not in first]
         lab.python_downloads = publish_interpreters(root)
         supply.start_server(root)
         registry.start_server(root)
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
-        if PROFILES[hardware]["kind"] in ("none", "nvidia"):
+        if with_image:
             publish_runtime_image(root, base)
         lab.image_lock = publish_gpu_images(root, base, hardware) if PROFILES[hardware]["kind"] == "nvidia" else ""
-        if cuda_built:
-            cuda_built.result()
-            publish_cuda_runtime(root)
+        for done in built:
+            done.result()
+    for r in wanted:
+        runtime.publish(root, r)
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     lab.apt_key_fingerprint = supply.key_fingerprint(root)
     lab.ascend_sha256 = supply.file_sums(root, "ascend")
@@ -272,49 +270,11 @@ def reset(name: str) -> LabState:
         return lab
 
 
-def lab_cache_dir() -> Path:
-    """This machine's cache of what the lab supplies (built or downloaded once, kept across labs)."""
-    return Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
-
-
-def cpu_wheelhouse_dir() -> Path:
-    """Where the CPU runtime's wheels are cached on this machine (downloaded once, kept across labs)."""
-    return lab_cache_dir() / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
-
-
-def publish_cpu_runtime(root: Path) -> None:
-    """cpu-lab: SGLang's CPU runtime (cpu_runtime.REQUIREMENTS, the shim wheel included) into the lab index."""
-    cache = cpu_wheelhouse_dir()
-    if not cache.is_dir() or cpu_runtime.check_wheelhouse(cache):
-        say(
-            f"CPU runtime wheelhouse: downloading the {len(cpu_runtime.REQUIREMENTS)} pinned wheels into {cache} "
-            "(once per machine; several minutes)"
-        )
-    t0 = time.monotonic()
-    try:
-        summary = cpu_runtime.build_wheelhouse(cache)
-    except cpu_runtime.WheelhouseError as exc:
-        raise LabError(f"the lab's CPU runtime wheelhouse could not be built: {exc}") from exc
-    wheels = sorted(cache.glob("*.whl"))
-    added = supply.add_wheels(root, wheels)
-    say(
-        f"CPU runtime: {summary['wheels']} wheels ({summary['bytes'] / 2**20:.0f} MiB, sglang {summary['sglang']}, "
-        f"sglang-router {summary['router']}, torch {summary['torch']}) in the lab index"
-        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)"
-    )
-
-
 def publish_runtime_image(root: Path, base: Path) -> str:
     """The CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry: cpu-lab's
     image, and the base of the stand-in GPU images (gpu_images.py)."""
     t0 = time.monotonic()
-    cache = cpu_wheelhouse_dir()
-    if not cache.is_dir() or cpu_runtime.check_wheelhouse(cache):
-        try:
-            cpu_runtime.build_wheelhouse(cache)
-        except cpu_runtime.WheelhouseError as exc:
-            raise LabError(f"the lab's CPU runtime wheelhouse could not be built: {exc}") from exc
-    ref, _ = runtime_image.ensure(base, cache)
+    ref, _ = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))
     client = oci.Registry(registry.address(), registry.ca_file(root))
     digest = oci.push(client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say)
     say(f"registry: {runtime_image.REPO}:{runtime_image.TAG} = {digest} ({time.monotonic() - t0:.1f}s)")
@@ -335,7 +295,7 @@ def publish_gpu_images(root: Path, base: Path, hardware: str) -> str:
         if real:
             supply.publish_wheels(root, real)
         stamp.write_text(" ".join(wanted))
-    ref = runtime_image.ensure(base, cpu_wheelhouse_dir())[0]
+    ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))[0]
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK
     gpu_images.publish(client, registry.address(), registry.ca_file(root), recipes, base, ref, site_lock)
@@ -352,76 +312,10 @@ def patch_requirements(patches: list[str]) -> list[str]:
     return found
 
 
-def npu_wheelhouse_dir() -> Path:
-    """Where the Ascend runtime's wheels (real ones and stand-ins) are cached on this machine."""
-    return lab_cache_dir() / "lab-npu-wheelhouse" / npu_runtime.SGLANG_VERSION
-
-
-def publish_npu_runtime(root: Path) -> None:
-    """atlas-800i-a3: what the Atlas recipes' uv runtime resolves to (npu_runtime: real wheels and stand-ins with
-    the Atlas build's metadata) into the lab index. Built on the CPU runtime's wheelhouse (torch's CPU build)."""
-    cache = npu_wheelhouse_dir()
-    t0 = time.monotonic()
-    if not cache.is_dir() or npu_runtime.check_wheelhouse(cache):
-        say(
-            f"Ascend runtime wheelhouse: {len(npu_runtime.REAL_PINS)} real wheels and {len(npu_runtime.STANDINS)} "
-            f"stand-ins into {cache} (once per machine)"
-        )
-        cpu_cache = cpu_wheelhouse_dir()
-        try:
-            if not cpu_cache.is_dir() or cpu_runtime.check_wheelhouse(cpu_cache):
-                cpu_runtime.build_wheelhouse(cpu_cache)
-            npu_runtime.build_wheelhouse(cache, cpu_cache)
-        except (cpu_runtime.WheelhouseError, npu_runtime.WheelhouseError) as exc:
-            raise LabError(f"the lab's Ascend runtime wheelhouse could not be built: {exc}") from exc
-    added = supply.add_wheels(root, sorted(cache.glob("*.whl")))
-    say(
-        f"Ascend runtime: sglang {npu_runtime.SGLANG_VERSION}, stand-ins {', '.join(npu_runtime.STANDINS)} in the "
-        f"lab index{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)"
-    )
-
-
-def cuda_wheelhouse_dir() -> Path:
-    """Where the CUDA runtimes' wheels (real ones and stand-ins) are cached on this machine."""
-    return lab_cache_dir() / "lab-cuda-wheelhouse" / f"py{cuda_runtime.PYTHON.replace('.', '')}"
-
-
-def build_cuda_wheelhouse() -> None:
-    """The CUDA runtimes' wheelhouse, built when missing or incomplete (once per machine; the cold build's time is
-    printed and recorded in its build.json)."""
-    cache = cuda_wheelhouse_dir()
-    if not cache.is_dir() or cuda_runtime.check_wheelhouse(cache):
-        say(
-            f"CUDA runtime wheelhouse (Python {cuda_runtime.PYTHON}): {', '.join(cuda_runtime.RUNTIMES)} into {cache} "
-            "(once per machine: ~3 GB of wheels)"
-        )
-        try:
-            summary = cuda_runtime.build_wheelhouse(cache)
-        except (cuda_runtime.WheelhouseError, cuda_runtime.cuda_stubs.StubError) as exc:
-            raise LabError(f"the lab's CUDA runtime wheelhouse could not be built: {exc}") from exc
-        (cache / "build.json").write_text(json.dumps(summary, indent=1) + "\n")
-        say(
-            f"CUDA runtime wheelhouse built: {summary['wheels']} wheels, {summary['bytes'] / 2**30:.1f} GiB, "
-            f"{summary['downloaded']} downloaded in {summary['download_s']} s, {summary['total_s']} s in all"
-        )
-
-
-def publish_cuda_runtime(root: Path) -> None:
-    """RTX profiles: what the Python 3.12 CUDA runtimes of the uv recipes resolve to (cuda_runtime: real wheels,
-    torch's CUDA build among them, and stand-ins of the NVIDIA libraries with stub libraries) into the lab index,
-    from the wheelhouse ``build_cuda_wheelhouse`` made."""
-    t0 = time.monotonic()
-    added = supply.add_wheels(root, sorted(cuda_wheelhouse_dir().glob("*.whl")))
-    say(
-        f"CUDA runtimes: {', '.join(cuda_runtime.RUNTIMES)} in the lab index"
-        f"{f', {added} new' if added else ', unchanged'} ({time.monotonic() - t0:.1f}s)"
-    )
-
-
 def publish_interpreters(root: Path) -> str:
     """This machine's CPython builds the hosts' Debian lacks (3.12), as uv's managed Pythons on the lab bridge;
     the URL of uv's download list, or "" when this machine has none (the recipes that need one say so)."""
-    cache = lab_cache_dir() / "lab-python"
+    cache = state.cache_dir() / "lab-python"
     published = interpreters.publish(supply.supply_dir(root) / "python", state.supply_url("python"), cache)
     if not published:
         say(f"no CPython 3.12 build under {interpreters.PYTHONS_DIR}: the lab publishes no managed Python")

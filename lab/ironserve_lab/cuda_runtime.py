@@ -5,7 +5,7 @@ Two seed recipes install SGLang from PyPI into a uv venv of Python 3.12 (interpr
 ``llama3-8b-multinode-tp4`` (sglang 0.5.23: torch 2.14.1, CUDA 13). A lab host installs exactly those pins with the
 production uv role, from the lab index, so the index holds every distribution their resolution reaches
 (:data:`RUNTIMES`, from ``uv pip compile`` of each recipe's packages for Python 3.12 on x86_64-manylinux_2_35,
-PyPI, 2026-11-23):
+PyPI, 2026-11-23: requirements/cuda-*.txt):
 
 - real wheels (``Runtime.real``) for CPython 3.12 on x86_64, downloaded once per machine with exact pins and no
   dependencies: SGLang and everything not bound to a GPU, and the real CUDA builds of torch (the only cp312 torch
@@ -20,9 +20,9 @@ PyPI, 2026-11-23):
   venv. sglang-kernel carries the CPU shim of ``sgl_kernel`` (importable names that raise when called); the rest
   are metadata and an importable placeholder, or metadata only where another wheel owns the package.
 
-    python -m ironserve.lab.cuda_runtime wheelhouse DIR     # build it (prints a summary with the time taken)
+    python -m ironserve_lab.cuda_runtime wheelhouse DIR     # build it (prints a summary with the time taken)
 
-Cost, kept visible: ``lab up`` builds it once per machine into the lab cache (cluster.cuda_wheelhouse_dir), prints
+Cost, kept visible: ``lab up`` builds it once per machine into the lab cache (runtime.ensure: CudaRuntime.cache), prints
 the cold build's time and records its summary in ``build.json`` there. Measured here (2026-11-23, 2 cores, a cold
 ``PIP_NO_CACHE_DIR=1`` build into a scratch DIR): 253 wheels, 2.5 GiB, 113 s (83 s downloading 211 wheels, 30 s
 generating the stub libraries and stand-ins); byte-identical on a rebuild. A host installs one runtime in about a
@@ -31,17 +31,16 @@ minute (3.5 GB venv).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cpu_runtime, cuda_stubs
+from . import cpu_runtime, cuda_stubs, pinfiles
+from .runtime import LabRuntime, WheelhouseError, download, record
 from .wheels import build_wheel, metadata_text, write_wheel
 
 PYTHON = "3.12"
@@ -176,421 +175,24 @@ STANDINS: dict[str, tuple[str | None, list[str], str]] = {
     "sglang-kernel==0.4.10": (">=3.10", ["torch==2.14.1"], "cp310-abi3-manylinux2014_x86_64"),  # 356 MiB
 }
 
-# uv pip compile 'sglang==0.5.10rc0' 'sglang-kernel==0.4.0' --python-version 3.12 --python-platform
-# x86_64-manylinux_2_35
-# (PyPI, 2026-11-23), less STANDINS
-_MINIMAX_REAL = (
-    "aiohappyeyeballs==2.7.1",
-    "aiohttp==3.14.5",
-    "aiosignal==1.4.0",
-    "airportsdata==20261103",
-    "annotated-doc==0.0.7",
-    "annotated-types==0.8.0",
-    "anthropic==2.12.0",
-    "anyio==4.16.0",
-    "apache-tvm-ffi==0.1.15.post2",
-    "asttokens==3.0.2",
-    "attrs==26.1.0",
-    "blobfile==3.0.0",
-    "build==1.6.1",
-    "certifi==2026.10.18",
-    "cffi==2.1.1",
-    "charset-normalizer==3.5.2",
-    "click==8.5.1",
-    "cloudpickle==3.1.2",
-    "compressed-tensors==0.15.0.1",
-    "cryptography==50.0.2",
-    "cuda-bindings==12.9.10",
-    "cuda-pathfinder==1.9.0",
-    "cuda-python==12.9.0",
-    "datasets==5.2.0",
-    "dill==0.4.1",
-    "diskcache==5.6.3",
-    "distro==1.9.0",
-    "docstring-parser==0.18.0",
-    "einops==0.8.2",
-    "executing==2.3.0",
-    "fastapi==0.165.0",
-    "filelock==4.2.12",
-    "flash-attn-4==4.0.0b36",
-    "flashinfer-python==0.6.6",
-    "frozenlist==1.8.0",
-    "fsspec==2026.9.0",
-    "gguf==0.19.0",
-    "grpcio==1.85.1",
-    "grpcio-health-checking==1.85.1",
-    "grpcio-reflection==1.85.1",
-    "h11==0.16.0",
-    "hf-xet==1.8.0",
-    "httpcore==1.0.9",
-    "httpcore2==2.16.2",
-    "httpx==0.28.1",
-    "httpx2==2.16.2",
-    "huggingface-hub==1.33.0",
-    "idna==3.20",
-    "interegular==0.3.3",
-    "ipython==9.18.1",
-    "ipython-pygments-lexers==1.1.1",
-    "jedi==0.20.1",
-    "jinja2==3.1.6",
-    "jiter==0.19.0",
-    "jsonschema==4.26.0",
-    "jsonschema-specifications==2025.9.1",
-    "lark==1.3.1",
-    "llguidance==0.7.30",
-    "loguru==0.7.3",
-    "lxml==6.1.3",
-    "markdown-it-py==4.3.0",
-    "markupsafe==3.0.4",
-    "matplotlib-inline==0.2.2",
-    "mdurl==0.1.2",
-    "mistral-common==1.9.1",
-    "modelscope==1.40.2",
-    "modelscope-hub==0.5.1",
-    "mpmath==1.3.0",
-    "msgspec==0.22.0",
-    "multidict==7.2.1",
-    "multiprocess==0.70.19",
-    "nest-asyncio==1.6.0",
-    "networkx==3.7",
-    "ninja==1.13.2",
-    "numpy==2.5.5",
-    "nvidia-cudnn-frontend==1.32.0",
-    "nvidia-cutlass-dsl==4.8.1",
-    "nvidia-cutlass-dsl-libs-base==4.8.1",
-    "nvidia-cutlass-dsl-libs-core==4.8.1",
-    "nvidia-ml-py==13.615.71",
-    "openai==2.6.1",
-    "openai-harmony==0.0.4",
-    "opentelemetry-api==1.45.2",
-    "orjson==3.13.0",
-    "outlines==0.1.11",
-    "outlines-core==0.1.26",
-    "packaging==26.3",
-    "pandas==3.1.1",
-    "parso==0.8.7",
-    "partial-json-parser==0.2.1.1.post7",
-    "pexpect==4.9.0",
-    "pillow==13.0.0",
-    "prometheus-client==0.26.0",
-    "prompt-toolkit==3.0.53",
-    "propcache==0.5.4",
-    "protobuf==7.36.2",
-    "psutil==7.2.2",
-    "ptyprocess==0.7.0",
-    "pure-eval==0.2.4",
-    "py-spy==0.4.3",
-    "pyarrow==26.0.1",
-    "pybase64==1.5.1",
-    "pycountry==26.2.16",
-    "pycparser==3.12",
-    "pycryptodomex==3.24.2",
-    "pydantic==2.14.3",
-    "pydantic-core==2.50.4",
-    "pydantic-extra-types==2.11.1",
-    "pygments==2.21.0",
-    "pyproject-hooks==1.3.3",
-    "python-dateutil==4.0.0",
-    "python-multipart==0.0.34",
-    "pyyaml==6.0.3",
-    "pyzmq==27.3.0",
-    "quack-kernels==0.6.5",
-    "referencing==0.37.0",
-    "regex==2026.11.15",
-    "requests==2.34.2",
-    "rich==15.0.0",
-    "rpds-py==2026.9.1",
-    "safetensors==0.8.0",
-    "scipy==1.18.1",
-    "sentencepiece==0.2.3",
-    "setproctitle==1.3.8",
-    "setuptools==84.2.1",
-    "sglang==0.5.10rc0",
-    "shellingham==1.5.4",
-    "smg-grpc-proto==0.4.28",
-    "smg-grpc-servicer==0.14.1",
-    "sniffio==1.3.1",
-    "soundfile==0.13.1",
-    "stack-data==0.6.3",
-    "starlette==1.10.0",
-    "sympy==1.14.0",
-    "tabulate==0.10.0",
-    "tiktoken==0.14.0",
-    "timm==1.0.16",
-    "tokenizers==0.22.2",
-    "torch==2.9.1",
-    "torch-c-dlpack-ext==0.1.5",
-    "torch-memory-saver==0.0.9",
-    "torchao==0.9.0",
-    "torchaudio==2.9.1",
-    "torchcodec==0.9.1",
-    "torchvision==0.24.1",
-    "tqdm==4.70.1",
-    "traitlets==5.16.1",
-    "transformers==5.3.0",
-    "triton==3.5.1",
-    "truststore==0.10.5",
-    "typer==0.29.2",
-    "typing-extensions==4.16.0",
-    "typing-inspection==0.4.5",
-    "tzdata==2026.6",
-    "urllib3==2.8.0",
-    "uvicorn==0.54.0",
-    "uvloop==0.23.0",
-    "watchfiles==1.3.0",
-    "wcwidth==0.9.4",
-    "xgrammar==0.1.32",
-    "xxhash==4.1.0",
-    "yarl==1.25.1",
-)
-# uv pip compile 'sglang==0.5.23' --python-version 3.12 --python-platform x86_64-manylinux_2_35 (PyPI, 2026-11-23), less
-# STANDINS
-_LLAMA3_REAL = (
-    "aiohappyeyeballs==2.7.1",
-    "aiohttp==3.14.5",
-    "aiosignal==1.4.0",
-    "airportsdata==20261103",
-    "annotated-doc==0.0.7",
-    "annotated-types==0.8.0",
-    "anthropic==2.12.0",
-    "anyio==4.16.0",
-    "apache-tvm-ffi==0.1.11",
-    "asttokens==3.0.2",
-    "attrs==26.1.0",
-    "blobfile==3.0.0",
-    "build==1.6.1",
-    "certifi==2026.10.18",
-    "cffi==2.1.1",
-    "charset-normalizer==3.5.2",
-    "click==8.5.1",
-    "cloudpickle==3.1.2",
-    "compressed-tensors==0.18.0",
-    "cryptography==50.0.2",
-    "cuda-bindings==13.4.4",
-    "cuda-core==1.2.2",
-    "cuda-pathfinder==1.9.0",
-    "cuda-python==13.4.4",
-    "cuda-tile==1.7.0",
-    "cuda-toolkit==13.0.3.0",
-    "cython==3.3.1",
-    "datasets==5.2.0",
-    "deepseek-recipe==0.2.0",
-    "dill==0.4.1",
-    "diskcache==5.6.3",
-    "distro==1.9.0",
-    "docstring-parser==0.18.0",
-    "easydict==1.14",
-    "einops==0.8.2",
-    "executing==2.3.0",
-    "fastapi==0.165.0",
-    "filelock==4.2.12",
-    "flash-attn-4==4.0.0b36",
-    "flashinfer-python==0.7.2",
-    "frozenlist==1.8.0",
-    "fsspec==2026.9.0",
-    "gguf==0.19.0",
-    "grpcio==1.85.1",
-    "grpcio-health-checking==1.85.1",
-    "grpcio-reflection==1.85.1",
-    "h11==0.16.0",
-    "hf-xet==1.8.0",
-    "httpcore==1.0.9",
-    "httpcore2==2.16.2",
-    "httpx==0.28.1",
-    "httpx2==2.16.2",
-    "huggingface-hub==1.33.0",
-    "humming-kernels==0.1.12",
-    "idna==3.20",
-    "interegular==0.3.3",
-    "ipython==9.18.1",
-    "ipython-pygments-lexers==1.1.1",
-    "jedi==0.20.1",
-    "jinja2==3.1.6",
-    "jiter==0.19.0",
-    "jsonschema==4.26.0",
-    "jsonschema-specifications==2025.9.1",
-    "kernels==0.14.1",
-    "kernels-data==0.16.2",
-    "lark==1.3.1",
-    "llguidance==1.9.1",
-    "llvmlite==0.47.0",
-    "loguru==0.7.3",
-    "lxml==6.1.3",
-    "markdown-it-py==4.3.0",
-    "markupsafe==3.0.4",
-    "matplotlib-inline==0.2.2",
-    "mdurl==0.1.2",
-    "mistral-common==1.13.1",
-    "ml-dtypes==0.6.0",
-    "modelscope==1.40.2",
-    "modelscope-hub==0.5.1",
-    "mpmath==1.3.0",
-    "msgspec==0.22.0",
-    "multidict==7.2.1",
-    "multiprocess==0.70.19",
-    "nccl-extensions==0.1.0",
-    "nccl4py==0.6.0",
-    "nest-asyncio==1.6.0",
-    "networkx==3.7",
-    "ninja==1.13.2",
-    "numba==0.65.1",
-    "numpy==2.3.5",
-    "nvidia-cudnn-frontend==1.32.0",
-    "nvidia-cutlass-dsl==4.8.0",
-    "nvidia-cutlass-dsl-libs-base==4.8.0",
-    "nvidia-cutlass-dsl-libs-core==4.8.0",
-    "nvidia-ml-py==13.615.71",
-    "nvshmem4py-cu13==0.4.1",
-    "openai==2.8.0",
-    "openai-harmony==0.0.4",
-    "opentelemetry-api==1.45.2",
-    "orjson==3.13.0",
-    "outlines==0.1.11",
-    "outlines-core==0.1.26",
-    "packaging==26.3",
-    "pandas==3.1.1",
-    "parso==0.8.7",
-    "partial-json-parser==0.2.1.1.post7",
-    "pexpect==4.9.0",
-    "pillow==13.0.0",
-    "prometheus-client==0.26.0",
-    "prompt-toolkit==3.0.53",
-    "propcache==0.5.4",
-    "protobuf==7.36.2",
-    "psutil==7.2.2",
-    "ptyprocess==0.7.0",
-    "pure-eval==0.2.4",
-    "py-spy==0.4.3",
-    "pyarrow==26.0.1",
-    "pybase64==1.5.1",
-    "pycountry==26.2.16",
-    "pycparser==3.12",
-    "pycryptodomex==3.24.2",
-    "pydantic==2.14.3",
-    "pydantic-core==2.50.4",
-    "pydantic-extra-types==2.11.1",
-    "pygments==2.21.0",
-    "pyproject-hooks==1.3.3",
-    "python-dateutil==2.9.0.post0",
-    "python-multipart==0.0.34",
-    "pyyaml==6.0.3",
-    "pyzmq==27.3.0",
-    "quack-kernels==0.6.5",
-    "referencing==0.37.0",
-    "regex==2026.11.15",
-    "requests==2.34.2",
-    "rich==15.0.0",
-    "rpds-py==2026.9.1",
-    "safetensors==0.8.0",
-    "scipy==1.18.1",
-    "sentencepiece==0.2.1",
-    "setproctitle==1.3.8",
-    "setuptools==84.2.1",
-    "sgl-deep-ep==0.1.2.post1",
-    "sgl-deep-gemm==0.2.3.post2",
-    "sgl-flash-mla==1.0.0",
-    "sglang==0.5.23",
-    "shellingham==1.5.4",
-    "six==1.17.0",
-    "smg-grpc-proto==0.4.28",
-    "smg-grpc-servicer==0.14.1",
-    "sniffio==1.3.1",
-    "soundfile==0.13.1",
-    "stack-data==0.6.3",
-    "starlette==1.10.0",
-    "sympy==1.14.0",
-    "tabulate==0.10.0",
-    "tiktoken==0.14.0",
-    "tilelang==0.1.12",
-    "timm==1.0.25",
-    "tml-renderers==0.1.0",
-    "tokenizers==0.23.2",
-    "tomlkit==0.15.2",
-    "torch==2.14.1",
-    "torch-c-dlpack-ext==0.1.5",
-    "torch-memory-saver==0.0.10",
-    "torchaudio==2.11.0",
-    "torchcodec==0.17.0",
-    "torchvision==0.29.2",
-    "tqdm==4.70.1",
-    "traitlets==5.16.1",
-    "transformers==5.19.0",
-    "triton==3.8.0",
-    "truststore==0.10.5",
-    "typer==0.29.2",
-    "typing-extensions==4.16.0",
-    "typing-inspection==0.4.5",
-    "urllib3==2.8.0",
-    "uvicorn==0.54.0",
-    "uvloop==0.23.0",
-    "watchfiles==1.3.0",
-    "wcwidth==0.9.4",
-    "xgrammar==0.2.7",
-    "xxhash==4.1.0",
-    "yarl==1.25.1",
-    "z3-solver==4.15.4.0",
-    "zstandard==0.25.0",
-)
 
+def _runtime(recipe: str, cuda: str, pins_file: str) -> Runtime:
+    """The runtime of ``recipe`` from its resolution (requirements/``pins_file``): the pins of STANDINS are
+    stand-ins, the others real wheels."""
+    pins = pinfiles.read(pins_file)
+    return Runtime(
+        recipe,
+        pinfiles.version(pins, "torch"),
+        cuda,
+        tuple(p for p in pins if p not in STANDINS),
+        tuple(p for p in pins if p in STANDINS),
+    )
+
+
+# the runtimes' resolutions: `uv pip compile` of each recipe's packages (requirements/cuda-*.txt)
 RUNTIMES = {
-    "sglang-0.5.10rc0": Runtime(
-        "minimax-m2.5-nvfp4-rtx6000-tp2",
-        "2.9.1",
-        "12",
-        _MINIMAX_REAL,
-        (
-            "flashinfer-cubin==0.6.6",
-            "nvidia-cublas-cu12==12.8.4.1",
-            "nvidia-cuda-cupti-cu12==12.8.90",
-            "nvidia-cuda-nvrtc-cu12==12.8.93",
-            "nvidia-cuda-runtime-cu12==12.8.90",
-            "nvidia-cudnn-cu12==9.10.2.21",
-            "nvidia-cufft-cu12==11.3.3.83",
-            "nvidia-cufile-cu12==1.13.1.3",
-            "nvidia-curand-cu12==10.3.9.90",
-            "nvidia-cusolver-cu12==11.7.3.90",
-            "nvidia-cusparse-cu12==12.5.8.93",
-            "nvidia-cusparselt-cu12==0.7.1",
-            "nvidia-cutlass-dsl-libs-cu12==4.8.1",
-            "nvidia-cutlass-dsl-libs-cu13==4.8.1",
-            "nvidia-nccl-cu12==2.27.5",
-            "nvidia-nvjitlink-cu12==12.8.93",
-            "nvidia-nvshmem-cu12==3.3.20",
-            "nvidia-nvtx-cu12==12.8.90",
-            "sglang-kernel==0.4.0",
-        ),
-    ),
-    "sglang-0.5.23": Runtime(
-        "llama3-8b-multinode-tp4",
-        "2.14.1",
-        "13",
-        _LLAMA3_REAL,
-        (
-            "nvidia-cublas==13.1.1.3",
-            "nvidia-cuda-cccl==13.3.5.0.6",
-            "nvidia-cuda-crt==13.5.37",
-            "nvidia-cuda-cupti==13.0.85",
-            "nvidia-cuda-nvcc==13.5.37",
-            "nvidia-cuda-nvrtc==13.0.88",
-            "nvidia-cuda-runtime==13.0.96",
-            "nvidia-cudnn-cu13==9.24.0.43",
-            "nvidia-cufft==12.0.0.61",
-            "nvidia-cufile==1.15.1.6",
-            "nvidia-curand==10.4.0.35",
-            "nvidia-cusolver==12.0.4.66",
-            "nvidia-cusparse==12.6.3.3",
-            "nvidia-cusparselt-cu13==0.8.1",
-            "nvidia-cutlass-dsl-libs-cu12==4.8.0",
-            "nvidia-cutlass-dsl-libs-cu13==4.8.0",
-            "nvidia-mathdx==25.6.0",
-            "nvidia-nccl-cu13==2.30.7",
-            "nvidia-nvjitlink==13.5.37",
-            "nvidia-nvshmem-cu13==3.4.5",
-            "nvidia-nvtx==13.0.85",
-            "nvidia-nvvm==13.5.37",
-            "sglang-kernel==0.4.10",
-        ),
-    ),
+    "sglang-0.5.10rc0": _runtime("minimax-m2.5-nvfp4-rtx6000-tp2", "12", "cuda-sglang-0.5.10rc0.txt"),
+    "sglang-0.5.23": _runtime("llama3-8b-multinode-tp4", "13", "cuda-sglang-0.5.23.txt"),
 }
 
 # SONAME -> (the NVIDIA wheel that ships it, its directory in site-packages), per CUDA major version: where torch's
@@ -633,11 +235,7 @@ LIBRARY_DIRS = {
 SCANNED = ("torch", "torchvision", "torchaudio")
 # stand-ins whose real wheel ships an importable package: name -> its import name (a placeholder)
 PACKAGES = {"flashinfer-cubin": "flashinfer_cubin", "sglang-kernel": "sgl_kernel"}
-GENERATOR = "ironserve.lab.cuda_runtime"
-
-
-class WheelhouseError(RuntimeError):
-    pass
+GENERATOR = "ironserve_lab.cuda_runtime"
 
 
 def _split(pin: str) -> tuple[str, str]:
@@ -744,15 +342,11 @@ def build_wheelhouse(dest: str | os.PathLike, timeout: int = 3600) -> dict:
             continue
         # exact pins, --no-deps, for another Python than this machine's: a pip configuration capping this
         # machine's own torch/torchvision (a constraint file) must not refuse them
-        proc = subprocess.run(
+        download(
             cpu_runtime.download_command(dest, pins, python=PYTHON),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            timeout,
             env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
         )
-        if proc.returncode != 0:
-            raise WheelhouseError(f"pip download failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     downloaded = time.monotonic()
     for runtime in RUNTIMES.values():
         if not [p for p in runtime.standins if not (dest / standin_wheel_name(p)).is_file()]:
@@ -764,14 +358,8 @@ def build_wheelhouse(dest: str | os.PathLike, timeout: int = 3600) -> dict:
     missing = check_wheelhouse(dest)
     if missing:
         raise WheelhouseError("CUDA runtime wheelhouse incomplete: " + ", ".join(missing))
-    wheels = sorted(dest.glob("*.whl"))
-    (dest / "SHA256SUMS").write_text(
-        "".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in wheels)
-    )
     return {
-        "path": str(dest),
-        "wheels": len(wheels),
-        "bytes": sum(w.stat().st_size for w in wheels),
+        **record(dest),
         "runtimes": sorted(RUNTIMES),
         "downloaded": len(todo),
         "download_s": round(downloaded - t0, 1),
@@ -779,12 +367,36 @@ def build_wheelhouse(dest: str | os.PathLike, timeout: int = 3600) -> dict:
     }
 
 
+class CudaRuntime(LabRuntime):
+    """The CUDA uv runtimes of the RTX recipes (Python 3.12): real wheels, torch's CUDA build among them, and stand-ins
+    of the NVIDIA libraries with stub libraries."""
+
+    name = "CUDA runtimes"
+    hardware = HARDWARE
+    cache = f"lab-cuda-wheelhouse/py{PYTHON.replace('.', '')}"
+
+    def contents(self) -> str:
+        return f"{', '.join(RUNTIMES)} (Python {PYTHON}, ~3 GB of wheels)"
+
+    def problems(self, wheelhouse: Path) -> list[str]:
+        return check_wheelhouse(wheelhouse)
+
+    def build(self, wheelhouse: Path) -> dict:
+        try:
+            return build_wheelhouse(wheelhouse)
+        except cuda_stubs.StubError as exc:
+            raise WheelhouseError(f"the stub libraries could not be generated: {exc}") from exc
+
+
+RUNTIME = CudaRuntime()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "wheelhouse":
         print(json.dumps(build_wheelhouse(args[1]), indent=1))
         return 0
-    print("usage: python -m ironserve.lab.cuda_runtime wheelhouse DIR", file=sys.stderr)
+    print("usage: python -m ironserve_lab.cuda_runtime wheelhouse DIR", file=sys.stderr)
     return 2
 
 

@@ -1,9 +1,7 @@
 """`ironserve lab up|status|reset|down` argument parsing and handlers.
 
-Wiring into the main CLI (two lines in ironserve/cli.py):
-    from ironserve.lab.cli import add_lab_parser
-    add_lab_parser(subparsers)        # sets args.func = run_lab; call args.func(args)
-Until then: `python -m ironserve.lab up|status|down`.
+The product's command line (ironserve/cli.py) adds this parser when the lab's package is installed (a checkout's
+environment: it is a dev dependency of the workspace); `python -m ironserve_lab up|status|reset|down` is the same.
 """
 
 from __future__ import annotations
@@ -12,7 +10,8 @@ import argparse
 import json
 import sys
 
-from .state import DEFAULT_HARDWARE, HARDWARE_IDS
+from .profiles import HARDWARE_IDS
+from .state import DEFAULT_HARDWARE
 from .system import LabError
 
 
@@ -53,16 +52,9 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_lab(args: argparse.Namespace) -> int:
     from . import cluster  # imported late: `--help` needs nothing but argparse
-    from .rootfs import ASSETS
 
     try:
         if args.lab_command == "up":
-            if not ASSETS.is_dir():
-                # the product wheel leaves the lab's host assets out (pyproject.toml)
-                raise LabError(
-                    f"the lab's host assets ({ASSETS}) are not here: the lab runs from a "
-                    "checkout of ironserve (cd into it and run .venv/bin/ironserve lab up)"
-                )
             cluster.up(args.nodes, args.hardware)
         elif args.lab_command == "reset":
             cluster.reset(args.host)
@@ -92,6 +84,6 @@ def run_lab(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ironserve.lab", description="ironserve lab")
+    parser = argparse.ArgumentParser(prog="python -m ironserve_lab", description="ironserve lab")
     add_lab_arguments(parser)
     return run_lab(parser.parse_args(argv))

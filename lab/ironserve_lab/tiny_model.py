@@ -16,7 +16,7 @@ Mersenne Twister ``random.Random``, hand-written safetensors and JSON with sorte
 
 The model answers with random bytes (weights are random): it exists to exercise serving, not language.
 
-    python -m ironserve.lab.tiny_model /var/lib/ironserve/models/tiny-llama
+    python -m ironserve_lab.tiny_model /var/lib/ironserve/models/tiny-llama
 """
 
 from __future__ import annotations
@@ -319,7 +319,7 @@ def generate(path: str | os.PathLike, seed: int = SEED) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m ironserve.lab.tiny_model PATH", file=sys.stderr)
+        print("usage: python -m ironserve_lab.tiny_model PATH", file=sys.stderr)
         return 2
     root = generate(args[0])
     print(

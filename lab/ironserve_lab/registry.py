@@ -134,7 +134,7 @@ def ensure_tls(root: Path) -> None:
 def config_text(root: Path) -> str:
     reg = registry_dir(root)
     return (
-        "# ironserve lab registry (ironserve/lab/registry.py)\n"
+        "# ironserve lab registry (lab/ironserve_lab/registry.py)\n"
         "version: 0.1\n"
         "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
         f"storage:\n  filesystem:\n    rootdirectory: {reg / 'data'}\n  delete:\n    enabled: false\n"

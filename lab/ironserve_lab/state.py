@@ -26,12 +26,16 @@ FIRST_HOST_OCTET = 10  # lab1 = .11, lab2 = .12, ...
 MAX_HOSTS = 200
 
 SSH_USER = "ironserve"
-HARDWARE_IDS = ("rtx6000-pro", "rtx6000-pro-maxq", "gb200", "atlas-800i-a3", "cpu-lab")
 DEFAULT_HARDWARE = "cpu-lab"
 
 
 def lab_dir() -> Path:
     return Path(os.environ.get("IRONSERVE_LAB_DIR") or DEFAULT_LAB_DIR)
+
+
+def cache_dir() -> Path:
+    """This machine's cache of what the lab supplies (built or downloaded once, kept across labs)."""
+    return Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
 
 
 def host_name(index: int) -> str:

@@ -1,7 +1,7 @@
 """ironserve lab stand-in GPU image: what the real image's engine build accepts beyond its PyPI parser.
 
-sitecustomize.py of a stand-in image (ironserve/lab/gpu_images.py) of an engine era whose real images accept
-flags no PyPI release ever had (ironserve/lab/images.py IMAGE_EXTRAS: a patched nightly image). Before an SGLang
+sitecustomize.py of a stand-in image (lab/ironserve_lab/gpu_images.py) of an engine era whose real images accept
+flags no PyPI release ever had (lab/ironserve_lab/images.py IMAGE_EXTRAS: a patched nightly image). Before an SGLang
 server parser parses, exactly those flags are registered and those choices added; nothing else changes, so the
 PyPI release's own parser parses everything else with its own messages.
 """
