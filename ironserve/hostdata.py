@@ -149,6 +149,18 @@ class HostData(BaseModel):
     )
     hf_transfer: bool = _field(False, "roles/model_weights.py", "HF_HUB_ENABLE_HF_TRANSFER for the download")
     hf_endpoint: Url | None = _field(None, "roles/model_weights.py", "HF_ENDPOINT: a hub mirror")
+    weights_peers: bool = _field(
+        True,
+        "roles/weights_peers.py",
+        "model_source=hub without model_shared: one host of the run reads the hub, the others fetch from peers "
+        "(false: every host downloads from the hub)",
+    )
+    weights_peer_port: int = _field(
+        8790, "roles/weights_peers.py", "port a host lends its verified weights on while peers fetch", ge=1, le=65535
+    )
+    weights_peer_fanout: int = _field(
+        4, "roles/weights_peers.py", "peers one host lends its weights to at once", ge=1, le=64
+    )
 
     # ---------------------------------------------------------------- service units
     api_key_file: str | None = _field(

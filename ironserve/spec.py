@@ -943,7 +943,9 @@ class ModelSource(Strict):
     revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
     family: str = Field(description="model family: glm5, glm5.1, qwen3.5, kimi-k2.5, minimax-m2.5, llama3, tiny")
-    generate: Literal["tiny-llama"] | None = Field(None, description="weights generated locally (lab), no hub")
+    generate: Literal["tiny-llama"] | None = Field(
+        None, description="weights generated locally (lab); the lab's hub serves them under hub_id"
+    )
 
     @model_validator(mode="after")
     def _some_source(self) -> ModelSource:

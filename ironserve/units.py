@@ -41,6 +41,8 @@ NO_KEY_EXIT = 78
 HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve_rank_guard.py: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
+# files/bin/ironserve_weights_peer.py: the weights from the hub once, to the other hosts from peers, verified
+WEIGHTS_PEER = "/usr/local/lib/ironserve/ironserve-weights-peer"
 # uv-runtime engines and routers run as this dedicated system user (roles/sglang_service.py creates it), never as
 # root; a docker unit runs the docker client, which needs root (the container's user is the image's)
 ENGINE_USER = "ironserve-engine"  # not the operators' login user (the lab's ssh user is named ironserve)
