@@ -291,8 +291,9 @@ def peers_secret(ctx: DeploymentContext) -> str | None:
     heads = engine_addresses(ctx)
     if not ctx.host.weights_peers or ctx.host.model_shared or len(heads) < 2:
         return None
-    path = weights_peers.secret_path(ctx.recipe.id)
-    secret = generated_secret(weights_peers.secret_name(ctx.recipe.id, heads[0]), ctx.host.secret_dir)
+    name = weights_peers.secret_name(ctx.recipe.model.hub_id, heads[0])
+    path = weights_peers.secret_path(name)
+    secret = generated_secret(name, ctx.host.secret_dir)
     secret_file(name="weights peers' secret (0600)", path=path, secret=secret)
     return path
 

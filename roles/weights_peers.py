@@ -55,13 +55,15 @@ def unit_name(path: str) -> str:
     return f"ironserve-weights-peer-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
 
 
-def secret_name(recipe_id: str, head_address: str) -> str:
-    """The controller's name for the deployment's secret: the recipe and its first engine host's address."""
-    return f"weights-peers-{recipe_id}-{hashlib.sha256(head_address.encode()).hexdigest()[:12]}"
+def secret_name(repo: str, head_address: str) -> str:
+    """The deployment's secret, by the model and its first engine host's address: the controller's name for it,
+    and its file's on the hosts (another recipe of the same model on the same hosts keeps it)."""
+    digest = hashlib.sha256(f"{repo} {head_address}".encode()).hexdigest()[:12]
+    return f"weights-peers-{digest}"
 
 
-def secret_path(recipe_id: str) -> str:
-    return f"{ETC_DIR}/weights-peers-{recipe_id}.key"
+def secret_path(name: str) -> str:
+    return f"{ETC_DIR}/{name}.key"
 
 
 def helper_command(mode: str, config: dict) -> str:
