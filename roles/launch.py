@@ -20,6 +20,11 @@ each operation on every host before the next one):
    (``--limit``, e.g. a rebuilt host) is gated on its own /health (it joined its group);
 4. the router's staged files become live, then the router starts, health-gated.
 
+Before the wave, the change plan is printed once per run (roles/rolling.py ``plan_lines``, ``--dry`` too): per
+engine group, whether a change rolls it (its step, the canary) or restarts it in place (an outage), and the units
+of ironserve's naming each host loses. Running groups of a deployment that rolls move after the wave, a step at a
+time (roles/rolling.py).
+
 A unit that passes its gate has its files saved as its last good configuration; one that fails it after this run
 started or restarted it is rolled back to that configuration with its whole group (roles/rollback.py), and the
 deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve_rank_guard.py,

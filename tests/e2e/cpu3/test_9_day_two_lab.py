@@ -5,7 +5,9 @@ tiny-cpu replicas on lab2 and lab3; keyed when the serving module's key tests ra
 completions through the router the whole time of each deploy (bounded in count and time, lab addresses only):
 
 (a) a changed server option of the same recipe rolls: 0 failed requests, both replicas report the new value in
-    SGLang's /get_server_info;
+    SGLang's /get_server_info; the canary is benchmarked before and after its change (canary_bench, bench_serving
+    of the recipe's 8-prompt shape) and judged against its own figures before (bench_min_ratio 0.3 here: the lab's
+    hosts share two cores with the client and the other replica, so only a gross slowdown fails it);
 (b) a configuration SGLang's parser accepts but that cannot start (--tokenizer-path to a missing directory): the
     canary fails, is rolled back and put back into the router, the deploy fails saying CANARY FAILED, 0 failed
     requests, both replicas on the previous configuration, the second replica's engine never restarted;
@@ -107,12 +109,12 @@ def variant(ctx, name: str, recipe_id: str = RECIPE, **server) -> str:
     return str(path.relative_to(ROOT))
 
 
-def deploy_under_load(ctx, recipe: str, check: bool = True):
+def deploy_under_load(ctx, recipe: str, check: bool = True, data: tuple[str, ...] = ()):
     client = Client(ctx["base"], ctx["key"])
     client.start()
     time.sleep(3)  # the client is sending before the deploy starts
     started = time.monotonic()
-    out = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={recipe}", *ctx["data"], check=check, timeout=2400)
+    out = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={recipe}", *ctx["data"], *data, check=check, timeout=2400)
     took = time.monotonic() - started
     time.sleep(3)
     failed, total, samples = client.stop()
@@ -132,22 +134,30 @@ def main_pid(host: dict, unit: str) -> tuple[str, str]:
 
 
 def roll_figures(text: str) -> list[str]:
-    """The roll's own lines: time out of the router, drain times, in-flight requests cut."""
+    """The roll's own lines: the change plan's steps, time out of the router, drain times, in-flight requests
+    cut, the canary's benchmark."""
     keep = re.compile(
-        r"(out of the router; drained .*|back in the router after [0-9.]+s out of it.*|"
+        r"(Change plan of [^\n]*|  step [0-9]+: [^\n]*|out of the router; drained .*|"
+        r"back in the router after [0-9.]+s out of it.*|canary benchmark [^\n]*|"
         r"CANARY FAILED: [^\n]*|ROLLED BACK [^\n]*|NOT ROLLED[^\n]*)"
     )
-    return [m.group(0)[:200] for m in keep.finditer(text)]
+    return [m.group(0)[:400] for m in keep.finditer(text)]
 
 
 def test_a_changed_option_rolls_without_a_failed_request(day_two):
     recipe = variant(day_two, "a", max_running_requests=3)
-    out, text, failed, total, samples, took = deploy_under_load(day_two, recipe)
+    bench = ("--data", "canary_bench=true", "--data", "bench_min_ratio=0.3")
+    out, text, failed, total, samples, took = deploy_under_load(day_two, recipe, data=bench)
     figures = roll_figures(text)
     print(f"\n(a) changed option: {failed} failed of {total} requests through the router; deploy {took:.0f}s")
     print("\n".join(f"    {line}" for line in figures))
     assert failed == 0, samples
     assert sum("back in the router after" in f for f in figures) == 2, text[-6000:]
+    # the plan said it, per group; the canary alone was benchmarked, before and after, and judged
+    assert any("step 1: sglang-tiny-cpu-server-0 on " in f and "the canary, alone" in f for f in figures), figures
+    assert sum(f.startswith("canary benchmark before the change: 8 requests") for f in figures) == 1, figures
+    judged = [f for f in figures if f.startswith("canary benchmark after the change against before")]
+    assert len(judged) == 1 and "total_output_tok_s" in judged[0] and "SLOWER" not in judged[0], figures
     for host in day_two["lab"]["hosts"][1:]:
         assert server_info(day_two, host)["max_running_requests"] == 3, host["name"]
     day_two["recipe"] = recipe
