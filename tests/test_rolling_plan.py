@@ -169,3 +169,48 @@ def test_roll_max_groups_is_a_positive_count(value):
     with pytest.raises(SpecError) as refused:
         build_context("tiny", "h0", hosts)
     assert refused.value.problems[0].field.endswith("roll_max_groups"), refused.value.problems
+
+
+def test_every_host_holding_a_group_plans_every_step_under_one_name(tmp_path, monkeypatch):
+    """pyinfra ties the calls of one line across hosts by their count: the k-th step_rolled of every host is one
+    operation. So each host holding a group's rank 0 plans every step, in order, under the same name, and each
+    group is planned once, in its step, on its own host."""
+    from roles.launch import config_paths
+    from roles.sglang_service import live_files
+
+    data = yaml.safe_load(catalogue.recipe_file("tiny-cpu").read_text())
+    data["topology"]["groups"][0]["instances"] = 4
+    path = tmp_path / "tiny-cpu.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    hosts = [
+        (ROUTER[0], {**ROUTER[1], "recipe": str(path), "roll_max_groups": 2}),
+        *[
+            (
+                f"h{i}",
+                {"ssh_hostname": f"10.0.0.{i + 1}", "hardware": "cpu-lab", "recipe": str(path), "roll_max_groups": 2},
+            )
+            for i in range(4)
+        ],
+    ]
+    calls: dict[str, list] = {}
+    monkeypatch.setattr(rolling, "host", SimpleNamespace(get_fact=lambda fact, **kw: {"active": "active"}))
+    monkeypatch.setattr(rolling, "router_workers", lambda router: None)
+    rolls: dict = {}
+    for name, _ in hosts[1:]:
+        ctx = build_context("tiny", name, hosts)
+        ctx.rolls = rolls  # one record for the run, as roles.context.current shares it
+        monkeypatch.setattr(
+            rolling,
+            "step_rolled",
+            lambda name, step, plans, pending, rolls, workers, host=name: calls.setdefault(host, []).append(
+                (name, step, [p["group"] for p in plans])
+            ),
+        )
+        rolling.apply(ctx, ctx.processes, live_files, config_paths, lambda proc: False)
+    heads = {h: [p.group_key for p in build_context("tiny", h, hosts).processes] for h in calls}
+    assert len({len(c) for c in calls.values()}) == 1 and len({tuple(n for n, _, _ in c) for c in calls.values()}) == 1
+    steps = [[g for c in calls.values() for g in c[i][2]] for i in range(len(next(iter(calls.values()))))]
+    assert [sorted(s) for s in steps] == [["server-g0-i0"], ["server-g0-i1", "server-g0-i2"], ["server-g0-i3"]]
+    for host, planned in calls.items():
+        assert all(g in heads[host] for _, _, groups in planned for g in groups), (host, planned)
+    assert rolls["groups"] and sorted(rolls["groups"]) == sorted(g for s in steps for g in s)
