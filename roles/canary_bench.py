@@ -2,8 +2,8 @@
 
 The previous figures are the canary group's own, measured in the same roll: once the group is out of the router
 and drained (no client request competes with the benchmark), its engine still on the previous configuration, a
-short bench_serving (the recipe's shape and seed, at most ``canary_bench_prompts`` prompts, within
-``canary_bench_timeout_s``) runs against the engine itself; after the change has passed its gate and one real
+short bench_serving (the recipe's shape and seed, at most ``canary_bench_prompts`` prompts after a warm-up batch,
+within ``canary_bench_timeout_s``) runs against the engine itself; after the change has passed its gate and one real
 generation, the same benchmark runs again, still out of the router. Same host, same weights, same client (the
 new runtime's bench_serving both times), same load (none): what differs is the configuration. Stored figures of
 an earlier run (the recipe's ``expected``, or a report kept on the host) were measured on other days, other
@@ -13,7 +13,8 @@ A figure below ``bench_min_ratio`` of the previous one fails the canary (``CANAR
 rolled back like a failed gate and no other group moves. When there are no previous figures (the group was not
 running: a rerun after a killed roll; or that benchmark failed), the new figures are reported, not judged. The
 API key reaches bench_serving from the unit's 0600 env file through its environment (roles/bench.py), never
-argv. The canary is out of the router for both benchmarks: each adds its length to the canary's time out of it.
+argv. The canary is out of the router for both benchmarks: each adds its length to the canary's time out of it
+(bench_serving's own start, an import of SGLang, counts: on the 2-core lab each benchmark of 8 prompts took ~75 s).
 
 Host data: ``canary_bench``, ``canary_bench_prompts``, ``canary_bench_timeout_s``, ``bench_min_ratio``, and the
 benchmark's ``bench_max_concurrency``, ``bench_dataset_name``, ``bench_dataset_path``.
@@ -43,6 +44,9 @@ def bench_plan(ctx: DeploymentContext, head: Process) -> dict | None:
         "max_concurrency": concurrency,
         "dataset_name": ctx.host.bench_dataset_name,
         "dataset_path": ctx.host.bench_dataset_path,
+        # a batch at the measured concurrency first: the engine after the change has just started, the one before
+        # has served for a while; one warm-up request alone leaves the first batch's cold start in the figures
+        "warmup_requests": concurrency,
     }
     files = f"{bench.BENCH_DIR}/canary-{head.unit}"
     return {

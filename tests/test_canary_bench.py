@@ -49,6 +49,7 @@ def test_the_canary_benchmark_is_short_and_runs_against_the_engine_with_the_key_
     assert f"{venv_path(ctx.recipe)}/bin/python3 -m sglang.bench_serving" in cmd
     assert "--base-url http://127.0.0.1:30000" in cmd  # the engine itself, out of the router
     assert "--num-prompts 8" in cmd and "--max-concurrency 2" in cmd and "--dataset-name random-ids" in cmd
+    assert "--warmup-requests 2" in cmd  # a warm-up batch at the measured concurrency: the new engine just started
     assert f"{bench.BENCH_DIR}/canary-sglang-tiny-cpu-server-0.jsonl" in words  # not the bench deploy's files
     assert "/etc/ironserve/sglang-tiny-cpu-server-0.env" in cmd and "OPENAI_API_KEY" in cmd
     assert "--api-key" not in cmd and ". /etc/ironserve" not in cmd
