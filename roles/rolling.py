@@ -272,8 +272,10 @@ class RouterWorkers(FactBase):
         return roll_script("workers", base, env) + "; true"
 
     def process(self, output):
+        if not output:  # no line at all (python3 missing, the host killed it) is no list: nothing is "left out"
+            return {"error": "ironserve-roll printed nothing"}
         try:
-            answer = json.loads(output[-1]) if output else {}
+            answer = json.loads(output[-1])
         except ValueError:
             return {"error": output[-1][:300]}
         if "error" in answer:

@@ -214,3 +214,18 @@ def test_every_host_holding_a_group_plans_every_step_under_one_name(tmp_path, mo
     for host, planned in calls.items():
         assert all(g in heads[host] for _, _, groups in planned for g in groups), (host, planned)
     assert rolls["groups"] and sorted(rolls["groups"]) == sorted(g for s in steps for g in s)
+
+
+@pytest.mark.parametrize(
+    "output, fact",
+    [
+        (['{"workers": [{"url": "http://10.0.0.2:30000"}]}'], {"urls": ["http://10.0.0.2:30000"]}),
+        (['{"workers": []}'], {"urls": []}),
+        (['{"error": "ConnectionRefusedError: refused"}'], {"error": "ConnectionRefusedError: refused"}),
+        (["Traceback ..."], {"error": "Traceback ..."}),
+        ([], {"error": "ironserve-roll printed nothing"}),
+    ],
+)
+def test_the_router_workers_fact_lists_only_what_the_router_answered(output, fact):
+    # an empty list would mark every group "left out of the router" and roll a first deploy
+    assert rolling.RouterWorkers().process(output) == fact

@@ -54,7 +54,7 @@ from ironserve.catalogue import get_recipe
 from ironserve.units import RANK_GUARD_PORT_OFFSET, deliberate, jit_dir
 
 from .cpu3.fleet import changes, chat
-from .labcli import BIN, ROOT, ironserve, lab_down, pyinfra, ssh
+from .labcli import BIN, ROOT, ironserve, lab_down, lab_up, pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -103,7 +103,7 @@ def lab():
         pytest.skip("the lab needs root")
     KEY_DIR.mkdir(mode=0o700, exist_ok=True)
     KEY_FILE.write_text(KEY + "\n")
-    ironserve("lab", "up", "--nodes", "2", "--hardware", "cpu-lab", timeout=3600)
+    lab_up(2, "cpu-lab")
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
     try:
         yield {"hosts": status["hosts"]}

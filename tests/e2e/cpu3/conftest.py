@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ..labcli import ROOT, ironserve, lab_down, pyinfra
+from ..labcli import ROOT, ironserve, lab_down, lab_up, pyinfra
 
 
 @pytest.fixture(scope="package")
@@ -22,7 +22,7 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     started = time.monotonic()
-    ironserve("lab", "up", "--nodes", "3", "--hardware", "cpu-lab", timeout=3600)
+    lab_up(3, "cpu-lab")
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
     try:
         yield {"hosts": status["hosts"], "up_s": time.monotonic() - started}
