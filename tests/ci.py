@@ -16,6 +16,7 @@ def in_ci() -> bool:
 
 def _failed_in_ci(report) -> None:
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    reason = reason.removeprefix("Skipped: ")
     report.outcome = "failed"
     report.longrepr = f"skipped in CI: {reason} (CI=true: a skip that could hide a failure fails instead)"
 
