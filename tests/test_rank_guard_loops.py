@@ -571,3 +571,149 @@ def test_http_status_reads_the_status_and_says_the_guards_own_faults(monkeypatch
     monkeypatch.setattr(guard.socket, "socket", failing)
     with pytest.raises(guard.GuardFault, match=r"cannot open a socket \(Too many open files in system\)"):
         guard.http_status("http://127.0.0.1:1/health")
+
+
+# --------------------------------------------------------------------------- the guard's small rules
+
+
+def test_a_members_name_stands_for_its_addresses():
+    guard = guard_module()
+    assert "127.0.0.1" in guard.addresses("localhost") and "localhost" not in guard.addresses("localhost")
+    assert guard.addresses("10.0.0.5") == {"10.0.0.5"}
+    assert guard.addresses("no-such-host.invalid") == {"no-such-host.invalid"}  # the leader refuses what it cannot
+
+
+def test_the_kernels_tables_are_read_whole_past_their_header_and_a_missing_one(tmp_path):
+    guard = guard_module()
+    header = "  sl  local_address rem_address   st tx_queue rx_queue\n"
+    tcp = tmp_path / "tcp"
+    tcp.write_text(
+        header
+        + "   0: 0100007F:1F90 0200007F:A000 01 00000000:00000000\n"  # established, the first row
+        + "   1: 0100007F:0016 00000000:0000 0A 00000000:00000000\n"  # listening
+        + "   2: 0100007F:0050 0300007F:A001 01\n"  # established, nothing after its state
+        + "   3: 0100007F:0051\n"  # cut short
+    )
+    tcp6 = tmp_path / "tcp6"
+    tcp6.write_text(header + "   0: 00000000000000000000000001000000:0016 00000000000000000000000001000000:B000 01\n")
+    assert guard.established((str(tmp_path / "missing"), str(tcp), str(tcp6))) == [
+        (("127.0.0.1", 8080), ("127.0.0.2", 40960)),
+        (("127.0.0.1", 80), ("127.0.0.3", 40961)),
+        (("::1", 22), ("::1", 45056)),
+    ]
+
+
+def test_a_rank_that_never_reported_is_silent_once_the_window_passed_and_the_window_is_inclusive(monkeypatch):
+    guard = guard_module()
+    reports = guard.Reports(SECRET.encode(), [RANK0, RANK1, RANK2], 3)
+    monkeypatch.setattr(guard, "time", SimpleNamespace(monotonic=lambda: 1030.0))
+    reports.latest = {2: (1010.0, True)}  # rank 2: exactly the window ago; rank 1: never
+    assert guard.follower_verdicts(reports, 3, 1000.0, 20.0) == {1: "silent", 2: "healthy"}
+    assert guard.follower_verdicts(reports, 3, 1015.0, 20.0) == {1: "healthy", 2: "healthy"}
+
+
+def test_the_health_probe_asks_the_urls_host_port_and_path(monkeypatch):
+    guard = guard_module()
+    for host, url_host, family in (("127.0.0.2", "127.0.0.2", socket.AF_INET), ("::1", "[::1]", socket.AF_INET6)):
+        with socket.socket(family) as listener:
+            listener.bind((host, 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            seen: list[bytes] = []
+
+            def answer(listener=listener, seen=seen):
+                conn, _ = listener.accept()
+                seen.append(conn.recv(4096))
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+                conn.close()
+
+            for path, asked in (("/health", b"GET /health HTTP/1.1\r\n"), ("", b"GET / HTTP/1.1\r\n")):
+                server = threading.Thread(target=answer)
+                server.start()
+                assert guard.http_status(f"http://{url_host}:{port}{path}") == 200
+                server.join()
+                assert seen[-1].startswith(asked) and f"Host: {url_host}:{port}\r\n".encode() in seen[-1]
+
+    class Unreachable:
+        def __init__(self, *args):
+            pass
+
+        def settimeout(self, timeout):
+            pass
+
+        def connect(self, address):
+            raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(guard.socket, "socket", Unreachable)
+    url = "http://10.0.0.1:30000/health"
+    with pytest.raises(guard.GuardFault) as fault:
+        guard.http_status(url)
+    assert str(fault.value) == f"cannot probe {url} (Cannot assign requested address)"
+
+
+def test_rank0s_rendezvous_address_in_any_form():
+    guard = guard_module()
+    assert guard.rendezvous_endpoint("127.0.0.1:29500") == ({"127.0.0.1"}, 29500)
+    assert guard.rendezvous_endpoint("[::1]:29500") == ({"::1"}, 29500)
+    assert guard.rendezvous_endpoint("[fe80::1%lo]:29501") == ({"fe80::1"}, 29501)  # the tables carry no scope
+    assert guard.rendezvous_endpoint("no-such-host.invalid:1") == (set(), 1)
+
+
+def test_the_backoffs_record_without_restarts_and_a_restart_exactly_a_window_ago(tmp_path, monkeypatch):
+    guard = guard_module()
+    monkeypatch.setattr(guard, "time", SimpleNamespace(time=lambda: 5000.0))
+    backoff = guard.Backoff("u", 15, 600, 1800, str(tmp_path))
+    assert backoff.path == str(tmp_path / "u.json")
+    (tmp_path / "u.json").write_text("{}")
+    assert backoff.delay() == 0
+    (tmp_path / "u.json").write_text(json.dumps({"restarts": [5000.0 - 1800, 5000.0 - 1799]}))
+    assert backoff.delay() == 15 and backoff.record() == 2
+
+
+def test_refusals_say_each_peer_and_reason_once_a_minute(monkeypatch):
+    guard = guard_module()
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(guard, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    said: list[str] = []
+    monkeypatch.setattr(guard, "log", said.append)
+    reports = guard.Reports(SECRET.encode(), [RANK0, RANK1, RANK2], 3)
+    reports.refuse(RANK1, "bad MAC")  # the first, at once
+    clock.now = 59.9
+    reports.refuse(RANK1, "bad MAC")  # within the minute: not again
+    reports.refuse(RANK2, "bad MAC")  # another peer, the same reason
+    reports.refuse(RANK1, "malformed report")  # the same peer, another reason
+    clock.now = 60.0
+    reports.refuse(RANK1, "bad MAC")  # a minute later: again
+    assert said == [
+        f"refused a report from {RANK1}: bad MAC",
+        f"refused a report from {RANK2}: bad MAC",
+        f"refused a report from {RANK1}: malformed report",
+        f"refused a report from {RANK1}: bad MAC",
+    ]
+    # a full table forgets what is a minute old before it says "many peers"
+    refusals = guard.Refusals()
+    clock.now = 1000.0
+    for i in range(guard.MAX_REFUSED):
+        refusals.say(f"10.1.0.{i}", f"refused {i}", "stranger")
+    clock.now = 1060.0
+    refusals.say("10.2.0.1", "refused the next", "stranger")
+    assert said[-1] == "refused the next" and len(refusals.seen) == 1
+
+
+def test_a_first_report_gets_a_fresh_challenge_without_a_refusal(monkeypatch):
+    guard = guard_module()
+    said: list[str] = []
+    monkeypatch.setattr(guard, "log", said.append)
+    reports = guard.Reports(SECRET.encode(), [RANK0, RANK1], 2)
+    state = {"formed_in": "i", "invocation": "i"}
+    payload, signature = signed(guard, report_body(True))
+    status, data, _ = reports.handle(RANK1, payload, signature, state)
+    first = json.loads(data)["challenge"]
+    payload, signature = signed(guard, report_body(True, first))
+    status, data, _ = reports.handle(RANK1, payload, signature, state)
+    reply = json.loads(data)
+    assert status == 200 and reply["accepted"] and not said
+    assert len(first) == len(reply["challenge"]) == 32 and first != reply["challenge"]
