@@ -338,3 +338,36 @@ def test_venv_jit_and_router_venv_paths():
 )
 def test_homes_are_hidden_unless_the_weights_live_in_one(model_path, protect):
     assert units.protect_home(SimpleNamespace(model_path=model_path)) == protect
+
+
+def test_the_systemd_bundle_names_each_hosts_files_in_order():
+    recipe = catalogue.get_recipe("tiny-cpu-tp2")
+    rendered = render(recipe)
+    bundle = units.systemd_bundle(rendered, HostTuning())
+    heads = [line for line in bundle.splitlines() if line.startswith("# ===== host ")]
+    unit, env = "sglang-tiny-cpu-tp2-server", "/etc/ironserve/sglang-tiny-cpu-tp2-server"
+    assert heads == [
+        line
+        for host in ("node0", "node1")
+        for line in (
+            f"# ===== host {host}: /etc/systemd/system/{unit}.service",
+            f"# ===== host {host}: {env}.env (mode 0600)",
+            f"# ===== host {host}: /etc/systemd/system/{unit}-rank-guard.service",
+            f"# ===== host {host}: {env}.rank-group.json",
+        )
+    ]
+    proc = rendered.processes[1]
+    files = units.unit_files(recipe, proc, HostTuning())
+    guard = units.rank_guard_files(recipe, proc, rendered.rank_group(proc))
+    assert bundle.endswith(
+        "\n".join(
+            [
+                f"# ===== host node1: /etc/systemd/system/{unit}.service\n{files.unit_text}",
+                f"# ===== host node1: {env}.env (mode 0600)\n{files.env_text}",
+                f"# ===== host node1: /etc/systemd/system/{unit}-rank-guard.service\n{guard.unit_text}",
+                f"# ===== host node1: {env}.rank-group.json\n{guard.config_text}",
+            ]
+        )
+    )
+    single = catalogue.get_recipe("tiny-cpu")
+    assert "rank-guard" not in units.systemd_bundle(render(single), HostTuning())
