@@ -15,7 +15,7 @@ from jinja2 import UndefinedError
 
 from ironserve import catalogue, units
 from ironserve.render import render
-from ironserve.spec import HostTuning, Limits
+from ironserve.spec import HostTuning, Limits, UvRuntime
 
 KEY = "/usr/local/lib/ironserve/ironserve-exec"
 WEIGHTS = "/var/lib/ironserve/models/tiny-llama"
@@ -111,6 +111,33 @@ def test_the_weights_are_mounted_unless_a_volume_shows_them_at_the_same_path(vol
     own = ["-v", f"{WEIGHTS}:{WEIGHTS}:ro"]
     volume_words = [w for v in volumes for w in ("-v", v)]
     assert units.exec_argv(recipe, proc) == HEAD + volume_words + ([] if mounted else own) + [IMAGE, *proc.argv]
+
+
+@pytest.mark.parametrize(
+    "model_path, mount",
+    [
+        ("/srv/modelX/", ["-v", "/srv/modelX:/srv/modelX:ro"]),  # one path, whatever its last letter
+        ("meta-llama/Llama-3.1-8B-Instruct", []),  # a hub id: downloaded inside the container, nothing to mount
+        (None, []),
+    ],
+)
+def test_only_weights_on_the_host_are_mounted_once_at_their_path(model_path, mount):
+    recipe = docker_recipe(ipc_host=False, network_host=False, gpus=None, shm_size=None, ulimits={})
+    proc = dataclasses.replace(render(recipe).processes[0], model_path=model_path)
+    assert units.exec_argv(recipe, proc) == HEAD + mount + [IMAGE, *proc.argv]
+    dataX = docker_recipe(
+        ipc_host=False, network_host=False, gpus=None, shm_size=None, ulimits={}, volumes=["/dataX:/dataX"]
+    )
+    proc = dataclasses.replace(proc, model_path="/dataX/m")
+    assert units.exec_argv(dataX, proc) == HEAD + ["-v", "/dataX:/dataX", IMAGE, *proc.argv]
+
+
+def test_a_runtimes_digest_names_its_venv_alike_in_every_release():
+    """The venv's name (and a uv lock's runtime) comes from this digest: a new serialization would rename every
+    venv and refuse every uv lock at the next deploy after an upgrade."""
+    runtime = UvRuntime(kind="uv", python="3.11", packages=["sglang==0.5.9", "torch==2.8.0"])
+    # a field added to the runtime section changes it as well: update this value knowingly
+    assert units.runtime_digest(runtime) == "d299292e8cd4823304c31cb490ab25e447b794c0670ca239f5ec7f4d6077f5a2"
 
 
 def test_a_docker_entrypoint_replaces_the_argvs_first_words():
