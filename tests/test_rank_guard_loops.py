@@ -409,12 +409,30 @@ def leader_server():
     guard.log = lines.append
     reports = guard.Reports(SECRET.encode(), [RANK0, RANK1, RANK2], 3)
     state = {"formed_in": "inv-a", "invocation": "inv-a"}
+    before = set(threading.enumerate())
     server = guard.GuardServer((RANK0, 0), reports, state)
+    pending = server.pending
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield guard, server, server.server_address[1], lines
     server.shutdown()
     server.server_close()
+    # its workers end too: a thread left running breaks gevent's patching when pyinfra's CLI is imported later
+    server.finish_request = stop_worker
+    server.shutdown_request = lambda request: None
+    hook, threading.excepthook = threading.excepthook, threading.__excepthook__  # a thread's SystemExit: silent
+    try:
+        for _ in range(guard.WORKERS):
+            pending.put((None, None))
+        for left in set(threading.enumerate()) - before:
+            left.join(5)
+            assert not left.is_alive(), left
+    finally:
+        threading.excepthook = hook
+
+
+def stop_worker(request, client_address):
+    raise SystemExit()  # out of the worker's loop, which catches Exception only
 
 
 def exchange(port: int, source: str, request: bytes) -> bytes:
