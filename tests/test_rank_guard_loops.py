@@ -129,22 +129,23 @@ def leader_host(monkeypatch):
     return guard, servers
 
 
-def run_leader(guard, cfg) -> str:
-    """Runs the leader until it restarts its engine ("restarted") or the polls run out ("stopped")."""
+def run_guard(loop, cfg) -> str:
+    """Runs the guard's loop (leader or follower) until it restarts its engine ("restarted") or the polls run out
+    ("stopped")."""
     try:
-        guard.leader(cfg)
+        loop(cfg)
     except Restarted:
         return "restarted"
     except Stopped:
         return "stopped"
-    raise AssertionError("the leader returned")
+    raise AssertionError(f"{loop.__name__} returned")
 
 
 def test_a_leader_forms_serves_and_leaves_a_healthy_group_alone(tmp_path, leader_host, monkeypatch):
     guard, servers = leader_host
     host = Host(guard, monkeypatch, health=[None, None, 503, 200], polls=12)
     host.on_poll = lambda: servers[0].reports.latest.update({1: (host.now, True)})
-    assert run_leader(guard, config(tmp_path)) == "stopped"
+    assert run_guard(guard.leader, config(tmp_path)) == "stopped"
     (server,) = servers
     assert server.address == (RANK0, 1) and server.reports.allowed == {1: {RANK1}} and server.reports.world == 2
     assert server.state == {"formed_in": "inv-a", "invocation": "inv-a", "rendezvous": None}
@@ -160,7 +161,7 @@ def test_a_leader_forms_serves_and_leaves_a_healthy_group_alone(tmp_path, leader
 def test_a_group_that_never_forms_is_restarted_after_the_formation_timeout(tmp_path, leader_host, monkeypatch):
     guard, servers = leader_host
     host = Host(guard, monkeypatch, health=[None])
-    assert run_leader(guard, config(tmp_path)) == "restarted"
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
     assert host.now == 1011.0  # the first poll past the timeout
     assert host.lines[-1] == "restarting the group (1 within 1800s): the group did not form within 10s"
     assert host.systemctl() == RESTART and servers[0].state["formed_in"] is None
@@ -180,7 +181,7 @@ def test_a_group_restarted_again_within_the_window_waits_its_backoff_first(tmp_p
     state = tmp_path / "state"
     state.mkdir()
     (state / "u.json").write_text(json.dumps({"restarts": [1.7e9 - 100, 1.7e9 - 50, 1.7e9 - 5000]}))
-    assert run_leader(guard, config(tmp_path)) == "restarted"
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
     assert host.sleeps[-2:] == [30.0, 3600]  # two restarts within the window: 15 * 2
     assert host.lines[-2:] == [
         "group restart: waiting 30s first (backoff: restarts within the last 1800s)",
@@ -192,7 +193,7 @@ def test_a_group_that_formed_but_never_serves_is_restarted_after_the_timeout(tmp
     guard, servers = leader_host
     host = Host(guard, monkeypatch, health=[503])
     host.on_poll = lambda: servers[0].reports.latest.update({1: (host.now, True)})
-    assert run_leader(guard, config(tmp_path)) == "restarted"
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
     assert host.lines[1] == "group formed after 1s: all 2 ranks joined (rank 0's server is up)"
     assert host.lines[-1] == "restarting the group (1 within 1800s): the group formed but did not serve within 10s"
     assert host.systemctl() == RESTART
@@ -202,7 +203,7 @@ def test_a_follower_failing_after_forming_restarts_the_group_before_rank0_served
     guard, servers = leader_host
     host = Host(guard, monkeypatch, health=[None, 503])
     host.on_poll = lambda: servers[0].reports.latest.update({1: (host.now, False)})
-    assert run_leader(guard, config(tmp_path)) == "restarted"
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
     assert host.lines[-4:] == [
         "rank 1 not answering /health: 1 of 3",
         "rank 1 not answering /health: 2 of 3",
@@ -220,7 +221,7 @@ def test_a_serving_group_restarts_when_rank0_fails_three_polls_in_a_row(tmp_path
     fault = guard.GuardFault("cannot probe (Too many open files)")
     host = Host(guard, monkeypatch, health=[200, 200, 503, 200, 503, fault, 503, 503])
     host.on_poll = lambda: servers[0].reports.latest.update({1: (host.now, True)})
-    assert run_leader(guard, config(tmp_path)) == "restarted"
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
     assert host.lines[3:] == [
         "rank 0 not answering /health: 1 of 3",
         "rank 0 not answering /health: 1 of 3",
@@ -243,7 +244,7 @@ def test_a_serving_group_restarts_when_a_follower_falls_silent(tmp_path, leader_
             servers[0].reports.latest[1] = (host.now, True)
 
     host.on_poll = follower_reports
-    assert run_leader(guard, config(tmp_path)) == "restarted"
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
     # silent for longer than (threshold + 1) polls, then counted: one, two, three
     assert host.lines[-1] == (
         "restarting the group (1 within 1800s): rank 1 silent for 7s for 3 polls in a row; a rank cannot rejoin "
@@ -273,16 +274,6 @@ def follower_host(tmp_path, monkeypatch):
     return guard, answers, bodies
 
 
-def run_follower(guard, cfg) -> str:
-    try:
-        guard.follower(cfg)
-    except Restarted:
-        return "restarted"
-    except Stopped:
-        return "stopped"
-    raise AssertionError("the follower returned")
-
-
 def accepted(invocation: str, formed=False, challenge="c-next", **more) -> dict:
     return {"accepted": True, "challenge": challenge, "invocation": invocation, "formed": formed, **more}
 
@@ -297,7 +288,7 @@ def test_a_follower_follows_rank0_and_restarts_to_join_its_new_group(tmp_path, f
         accepted("inv-a", challenge="c-4"),
         accepted("inv-b", challenge="c-5"),
     ]
-    assert run_follower(guard, config(tmp_path, rank=1)) == "restarted"
+    assert run_guard(guard.follower, config(tmp_path, rank=1)) == "restarted"
     assert [(b["rank"], b["healthy"], b["challenge"], b["rendezvous"]) for b in bodies] == [
         (1, True, "", []),
         (1, True, "c-1", []),
@@ -328,7 +319,7 @@ def test_a_follower_keeps_its_engine_in_rank0s_new_group_when_it_formed_or_holds
         accepted("inv-b", formed=True),
         accepted("inv-c", rendezvous=[f"{RANK1}:41000"]),
     ]
-    assert run_follower(guard, config(tmp_path, rank=1, rendezvous=f"{RANK0}:29500")) == "stopped"
+    assert run_guard(guard.follower, config(tmp_path, rank=1, rendezvous=f"{RANK0}:29500")) == "stopped"
     assert [b["rendezvous"] for b in bodies] == [[f"{RANK1}:41000"]] * 3
     assert host.lines[2:] == [
         "rank 0 restarted (invocation inv-a -> inv-b) and its new group formed with this rank's engine: following it",
@@ -345,7 +336,7 @@ def test_a_follower_whose_probe_fails_reports_its_last_answer_and_a_silent_leade
     fault = guard.GuardFault("cannot open a socket (Too many open files)")
     host = Host(guard, monkeypatch, health=[200, fault, 503, fault], polls=3)
     answers += [accepted("inv-a"), None, None, None]
-    assert run_follower(guard, config(tmp_path, rank=1)) == "stopped"
+    assert run_guard(guard.follower, config(tmp_path, rank=1)) == "stopped"
     assert [b["healthy"] for b in bodies] == [True, True, False, False]
     assert (
         host.lines.count(
