@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,15 +63,21 @@ class Host:
         self.on_poll()
 
     def run(self, argv, **kwargs):
+        """systemctl as the guard runs it (InvocationID of its own unit: the next of ``invocations``, the last one
+        kept; "" is systemd not answering) and the metrics writer, fed its lines as text, bounded."""
         self.calls.append(list(argv))
         if kwargs.get("input") is not None:
+            assert kwargs == {"input": kwargs["input"], "text": True, "capture_output": True, "timeout": 10}
             self.inputs.append(kwargs["input"])
-        out = self.invocations.pop(0) if "InvocationID" in argv and len(self.invocations) > 1 else ""
-        if "InvocationID" in argv and not out:
-            out = self.invocations[0]
+        if "InvocationID" not in argv:
+            return SimpleNamespace(stdout="", returncode=0)
+        assert argv == ["systemctl", "show", "-p", "InvocationID", "--value", "u.service"], argv
+        assert kwargs == {"capture_output": True, "text": True, "timeout": 30}, kwargs
+        out = self.invocations.pop(0) if len(self.invocations) > 1 else self.invocations[0]
         return SimpleNamespace(stdout=out + "\n", returncode=0)
 
     def probe(self, url: str, timeout: float = 5.0):
+        assert url == "http://127.0.0.1:1/health", url
         value = self.health.pop(0) if len(self.health) > 1 else self.health[0]
         if isinstance(value, Exception):
             raise value
@@ -123,7 +130,7 @@ def leader_host(monkeypatch):
             servers.append(self)
 
         def serve_forever(self):
-            pass
+            self.served_by_daemon = threading.current_thread().daemon
 
     monkeypatch.setattr(guard, "GuardServer", Server)
     return guard, servers
@@ -143,12 +150,14 @@ def run_guard(loop, cfg) -> str:
 
 def test_a_leader_forms_serves_and_leaves_a_healthy_group_alone(tmp_path, leader_host, monkeypatch):
     guard, servers = leader_host
-    host = Host(guard, monkeypatch, health=[None, None, 503, 200], polls=12)
+    # systemd once not answering (""): the invocation known is kept; rank 0 restarted before the group formed
+    host = Host(guard, monkeypatch, health=[None, None, 503, 200], polls=12, invocations=["inv-a", "", "inv-b"])
     host.on_poll = lambda: servers[0].reports.latest.update({1: (host.now, True)})
-    assert run_guard(guard.leader, config(tmp_path)) == "stopped"
+    assert run_guard(guard.leader, config(tmp_path, rendezvous=f"{RANK0}:29500")) == "stopped"
     (server,) = servers
     assert server.address == (RANK0, 1) and server.reports.allowed == {1: {RANK1}} and server.reports.world == 2
-    assert server.state == {"formed_in": "inv-a", "invocation": "inv-a", "rendezvous": None}
+    assert server.reports.secret == SECRET.encode() and server.served_by_daemon is True
+    assert server.state == {"formed_in": "inv-b", "invocation": "inv-b", "rendezvous": f"{RANK0}:29500"}
     assert host.lines[:3] == [
         f"rank 0 guard of u: taking the group's signed reports on {RANK0}:1, engine invocation inv-a; waiting for "
         "the group to form (up to 10s)",
@@ -160,13 +169,19 @@ def test_a_leader_forms_serves_and_leaves_a_healthy_group_alone(tmp_path, leader
 
 def test_a_group_that_never_forms_is_restarted_after_the_formation_timeout(tmp_path, leader_host, monkeypatch):
     guard, servers = leader_host
-    host = Host(guard, monkeypatch, health=[None])
-    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
+    # the guard's own probe fault while forming: said, and no sign of a formed group
+    fault = guard.GuardFault("cannot open a socket (Too many open files)")
+    host = Host(guard, monkeypatch, health=[fault, None])
+    monkeypatch.setattr(guard, "STATE_DIR", str(tmp_path / "run"))  # the config names none, as on hosts
+    cfg = config(tmp_path)
+    del cfg["state_dir"]
+    assert run_guard(guard.leader, cfg) == "restarted"
     assert host.now == 1011.0  # the first poll past the timeout
+    assert host.lines[1] == "rank 0's health probe did not run: cannot open a socket (Too many open files)"
     assert host.lines[-1] == "restarting the group (1 within 1800s): the group did not form within 10s"
     assert host.systemctl() == RESTART and servers[0].state["formed_in"] is None
     # the restart is counted where the next guard reads it, and published through the metrics writer
-    assert json.loads((tmp_path / "state" / "u.json").read_text()) == {"restarts": [1.7e9 + 11]}
+    assert json.loads((tmp_path / "run" / "u.json").read_text()) == {"restarts": [1.7e9 + 11]}
     writer = str(Path(guard.__file__).with_name("ironserve-textfile"))
     assert [sys.executable, writer, "ironserve_rank_guard_u"] in host.calls
     assert host.inputs == [
@@ -212,6 +227,35 @@ def test_a_follower_failing_after_forming_restarts_the_group_before_rank0_served
         "rejoin its group alone (the group formed, rank 0 had not served yet)",
     ]
     assert host.now == 1004.0 and host.systemctl() == RESTART
+
+
+def test_a_follower_falling_silent_after_forming_restarts_the_group_before_rank0_served(
+    tmp_path, leader_host, monkeypatch
+):
+    guard, servers = leader_host
+    host = Host(guard, monkeypatch, health=[503])
+    host.on_poll = lambda: host.now <= 1002 and servers[0].reports.latest.update({1: (host.now, True)})
+    assert run_guard(guard.leader, config(tmp_path)) == "restarted"
+    # silent once longer than (threshold + 1) polls: 4 s here
+    assert host.lines[-4:] == [
+        "rank 1 silent for 5s: 1 of 3",
+        "rank 1 silent for 6s: 2 of 3",
+        "rank 1 silent for 7s: 3 of 3",
+        "restarting the group (1 within 1800s): rank 1 silent for 7s for 3 polls in a row; a rank cannot rejoin "
+        "its group alone (the group formed, rank 0 had not served yet)",
+    ]
+
+
+def test_failures_are_counted_for_every_rank_past_one_the_guard_could_not_judge():
+    guard = guard_module()
+    guard.log = lambda line: None
+    failures: dict[int, int] = {}
+    for _ in range(2):
+        assert guard.count_failures(failures, {0: None, 1: "not answering /health"}, 3) is None
+    assert guard.count_failures(failures, {0: None, 1: "not answering /health"}, 3) == (
+        "rank 1 not answering /health for 3 polls in a row; a rank cannot rejoin its group alone"
+    )
+    assert guard.count_failures(failures, {0: "healthy", 1: "healthy"}, 3) is None and failures == {0: 0, 1: 0}
 
 
 def test_a_serving_group_restarts_when_rank0_fails_three_polls_in_a_row(tmp_path, leader_host, monkeypatch):
@@ -313,7 +357,12 @@ def test_a_follower_keeps_its_engine_in_rank0s_new_group_when_it_formed_or_holds
 ):
     guard, answers, bodies = follower_host
     host = Host(guard, monkeypatch, health=[200], polls=2, invocations=["e-1"])
-    monkeypatch.setattr(guard, "rendezvous_connections", lambda rendezvous: [f"{RANK1}:41000"])
+
+    def connections(rendezvous):
+        assert rendezvous == f"{RANK0}:29500"
+        return [f"{RANK1}:41000"]
+
+    monkeypatch.setattr(guard, "rendezvous_connections", connections)
     answers += [
         accepted("inv-a"),
         accepted("inv-b", formed=True),
@@ -334,10 +383,12 @@ def test_a_follower_whose_probe_fails_reports_its_last_answer_and_a_silent_leade
 ):
     guard, answers, bodies = follower_host
     fault = guard.GuardFault("cannot open a socket (Too many open files)")
-    host = Host(guard, monkeypatch, health=[200, fault, 503, fault], polls=3)
+    host = Host(guard, monkeypatch, health=[fault, 200, fault, 503], polls=3)
     answers += [accepted("inv-a"), None, None, None]
     assert run_guard(guard.follower, config(tmp_path, rank=1)) == "stopped"
-    assert [b["healthy"] for b in bodies] == [True, True, False, False]
+    # before any answer it knew, the rank reports itself unhealthy; a silent leader's challenge is forgotten
+    assert [b["healthy"] for b in bodies] == [False, True, True, False]
+    assert [b["challenge"] for b in bodies] == ["", "c-next", "", ""]
     assert (
         host.lines.count(
             "this rank's health probe did not run: cannot open a socket (Too many open files); reporting the last answer"
@@ -345,6 +396,14 @@ def test_a_follower_whose_probe_fails_reports_its_last_answer_and_a_silent_leade
         == 2
     )
     assert not host.systemctl()
+
+
+def test_a_follower_sends_at_most_two_reports_a_poll(tmp_path, follower_host, monkeypatch):
+    guard, answers, bodies = follower_host
+    Host(guard, monkeypatch, health=[200], polls=0)  # one poll
+    answers += [{"accepted": False, "challenge": f"c-{i}"} for i in (1, 2, 3)]
+    assert run_guard(guard.follower, config(tmp_path, rank=1)) == "stopped"
+    assert [b["challenge"] for b in bodies] == ["", "c-1"]
 
 
 # --------------------------------------------------------------------------- restart_engine and invocation
@@ -392,34 +451,44 @@ def test_the_main_runs_the_leader_for_rank0_and_the_follower_for_the_others(tmp_
 
 
 @pytest.fixture
-def leader_server():
-    """A real leader's server (GuardServer, its handler and workers) in this process on 127.0.0.1, rank 1 at
-    127.0.0.2 and rank 2 at 127.0.0.4: (guard, server, port, journal)."""
+def guard_servers():
+    """start(members, bind): a real leader's server (GuardServer, its handler and workers) in this process, the
+    group's reports signed with SECRET: (guard, server, port, journal). All stopped with the test, workers too."""
     guard = guard_module()
     lines: list[str] = []
     guard.log = lines.append
-    reports = guard.Reports(SECRET.encode(), [RANK0, RANK1, RANK2], 3)
-    state = {"formed_in": "inv-a", "invocation": "inv-a"}
     before = set(threading.enumerate())
-    server = guard.GuardServer((RANK0, 0), reports, state)
-    pending = server.pending
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield guard, server, server.server_address[1], lines
-    server.shutdown()
-    server.server_close()
-    # its workers end too: a thread left running breaks gevent's patching when pyinfra's CLI is imported later
-    server.finish_request = stop_worker
-    server.shutdown_request = lambda request: None
+    started = []
+
+    def start(members: list[str], bind: str = RANK0):
+        reports = guard.Reports(SECRET.encode(), members, len(members))
+        server = guard.GuardServer((bind, 0), reports, {"formed_in": "inv-a", "invocation": "inv-a"})
+        started.append((server, server.pending))
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return guard, server, server.server_address[1], lines
+
+    yield start
     hook, threading.excepthook = threading.excepthook, threading.__excepthook__  # a thread's SystemExit: silent
     try:
-        for _ in range(guard.WORKERS):
-            pending.put((None, None))
+        for server, pending in started:
+            server.shutdown()
+            server.server_close()
+            # its workers end too: a thread left running breaks gevent's patching when pyinfra's CLI is imported
+            server.finish_request = stop_worker
+            server.shutdown_request = lambda request: None
+            for _ in range(guard.WORKERS):
+                pending.put((None, None))
         for left in set(threading.enumerate()) - before:
             left.join(5)
             assert not left.is_alive(), left
     finally:
         threading.excepthook = hook
+
+
+@pytest.fixture
+def leader_server(guard_servers):
+    """The leader on 127.0.0.1, rank 1 at 127.0.0.2 and rank 2 at 127.0.0.4."""
+    return guard_servers([RANK0, RANK1, RANK2])
 
 
 def stop_worker(request, client_address):
@@ -458,7 +527,31 @@ def test_a_follower_report_goes_signed_from_its_own_address_and_the_reply_is_ver
         "cannot send from this rank's address 192.0.2.10 (Cannot assign requested address); sending from the "
         "default route"
     ) in lines
-    assert guard.report({**cfg, "guard_port": free_port()}, SECRET.encode(), report_body(True)) is None
+    # nothing listening: no answer, and the rank's own address kept (it is this host's)
+    refused = {**cfg, "guard_port": free_port()}
+    said = len(lines)
+    assert guard.report(refused, SECRET.encode(), report_body(True)) is None
+    assert refused["source"] == RANK1 and len(lines) == said
+    # no source address configured: sent from the default route (127.0.0.1: rank 0's, refused as it connects)
+    assert guard.report({"leader": RANK0, "guard_port": port}, SECRET.encode(), report_body(True)) is None
+
+
+def test_a_rank_whose_address_is_not_its_hosts_reports_from_the_default_route(guard_servers):
+    """A group whose rank 1 is this host's 127.0.0.1 (a NAT'ed or misnamed address in the inventory): the report
+    leaves from there, to the leader's guard port, and is answered."""
+    guard, server, port, lines = guard_servers([RANK1, RANK0], bind=RANK1)
+    cfg = {"leader": RANK1, "guard_port": port, "source": "192.0.2.10"}
+    reply = guard.report(cfg, SECRET.encode(), report_body(True), timeout=5)
+    assert reply is not None and reply["accepted"] is False and cfg["source"] is None
+
+
+def test_a_reply_longer_than_a_report_may_be_is_cut_and_not_believed(leader_server, monkeypatch):
+    guard, server, port, lines = leader_server
+    body = report_body(True)
+    long = json.dumps({"accepted": True, "pad": "x" * guard.MAX_BODY}).encode()
+    signature = guard.mac(SECRET.encode(), b"reply", body["nonce"].encode(), long)
+    monkeypatch.setattr(server.reports, "handle", lambda *args: (200, long, signature))
+    assert guard.report({"leader": RANK0, "guard_port": port, "source": RANK1}, SECRET.encode(), body) is None
 
 
 def test_a_reply_without_the_groups_mac_or_json_is_not_believed(leader_server, monkeypatch):
@@ -496,27 +589,63 @@ def test_the_leaders_server_answers_members_only_and_nothing_else(leader_server)
         (RANK1, b"POST /report HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"HTTP/1.0 400 Bad Request"),
         (RANK1, b"POST /report HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"HTTP/1.0 400 Bad Request"),
         (RANK2, b"POST /report HTTP/1.1\r\nContent-Length: 4097\r\n\r\n", b"HTTP/1.0 400 Bad Request"),
+        (RANK2, b"PUT /report HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"HTTP/1.0 501 Not Implemented"),
+        # from one byte to MAX_BODY a body is read, and judged (unsigned: refused)
+        (RANK1, b"POST /report HTTP/1.1\r\nContent-Length: 1\r\n\r\nx", b"HTTP/1.0 403 Forbidden"),
+        (RANK1, b"POST /report HTTP/1.1\r\nContent-Length: 4096\r\n\r\n" + b"x" * 4096, b"HTTP/1.0 403 Forbidden"),
     ]:
         got = exchange(port, source, request)
         assert got.split(b"\r\n")[0] == answer, (request, got)
-        assert got.endswith(b"Content-Length: 0\r\n\r\n"), got
+        assert got.endswith(b"Content-Length: 0\r\n\r\n") and b"X-Ironserve-Mac" not in got, got
     # a stranger is closed as it is accepted, read nothing, said once a minute
     assert exchange(port, STRANGER, b"POST /report HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}") == b""
     assert exchange(port, STRANGER, b"GET / HTTP/1.1\r\n\r\n") == b""
-    stranger = f"refused a connection from {STRANGER}: not the address of a rank of this group"
-    assert lines.count(stranger) == 1
+    assert exchange(port, "127.0.0.6", b"GET / HTTP/1.1\r\n\r\n") == b""
+    for peer in (STRANGER, "127.0.0.6"):  # each peer said once a minute
+        assert lines.count(f"refused a connection from {peer}: not the address of a rank of this group") == 1
 
 
 def test_the_leaders_server_drops_connections_beyond_its_queue_and_says_a_failed_request(leader_server, monkeypatch):
     guard, server, port, lines = leader_server
+    assert server.pending.maxsize == guard.QUEUE
+    workers = [t for t in threading.enumerate() if t.name.endswith("(_work)")]
+    assert len(workers) >= guard.WORKERS and all(t.daemon for t in workers)  # never keep the guard from exiting
+    # a request that fails in the leader's hands: one line naming the error, the connection closed
+    payload, signature = signed(guard, report_body(True))
+    request = f"POST /report HTTP/1.1\r\nX-Ironserve-Mac: {signature}\r\nContent-Length: {len(payload)}\r\n\r\n"
+
+    def fails(*args):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(server.reports, "handle", fails)
+    assert exchange(port, RANK2, request.encode() + payload) == b""
+    assert wait_until(lambda: f"a request from {RANK2} failed: ValueError" in lines), lines
     monkeypatch.setattr(server, "pending", queue.Queue(maxsize=1))
     server.pending.put_nowait("a connection waiting")  # the queue full: the workers all busy
     assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
+    assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
     assert lines[-1] == f"dropped a connection from {RANK1}: {guard.QUEUE} already waiting"
-    server.handle_error(None, (RANK2, 5), ValueError("x"))
-    assert lines[-1] == f"a request from {RANK2} failed: ValueError"
+    assert lines.count(lines[-1]) == 1  # said once a minute per peer, whatever port it came from
+    server.handle_error(None, (RANK1, 5), KeyError("x"))
+    assert lines[-1] == f"a request from {RANK1} failed: KeyError"
     server.handle_error(None, (STRANGER, 5))
     assert lines[-1] == f"a request from {STRANGER} failed: error"
+
+
+def test_a_leader_on_an_ipv6_address_takes_reports(guard_servers):
+    guard, server, port, lines = guard_servers(["::1", "::1"], bind="::1")
+    assert server.address_family == socket.AF_INET6
+    reply = guard.report({"leader": "::1", "guard_port": port, "source": "::1"}, SECRET.encode(), report_body(True))
+    assert reply is not None and reply["accepted"] is False
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_the_leaders_server_backs_off_when_it_runs_out_of_descriptors(leader_server, monkeypatch):
@@ -602,6 +731,7 @@ def test_the_kernels_tables_are_read_whole_past_their_header_and_a_missing_one(t
         + "   1: 0100007F:0016 00000000:0000 0A 00000000:00000000\n"  # listening
         + "   2: 0100007F:0050 0300007F:A001 01\n"  # established, nothing after its state
         + "   3: 0100007F:0051\n"  # cut short
+        + "   4: 0100007F:0052 0300007F:A002\n"  # cut before its state
     )
     tcp6 = tmp_path / "tcp6"
     tcp6.write_text(header + "   0: 00000000000000000000000001000000:0016 00000000000000000000000001000000:B000 01\n")
@@ -669,6 +799,8 @@ def test_rank0s_rendezvous_address_in_any_form():
     assert guard.rendezvous_endpoint("[::1]:29500") == ({"::1"}, 29500)
     assert guard.rendezvous_endpoint("[fe80::1%lo]:29501") == ({"fe80::1"}, 29501)  # the tables carry no scope
     assert guard.rendezvous_endpoint("no-such-host.invalid:1") == (set(), 1)
+    # a scope the resolver cannot take is left off as well
+    assert guard.rendezvous_endpoint("[fe80::1%nosuchif0]:1") == ({"fe80::1"}, 1)
 
 
 def test_the_backoffs_record_without_restarts_and_a_restart_exactly_a_window_ago(tmp_path, monkeypatch):
@@ -710,6 +842,15 @@ def test_refusals_say_each_peer_and_reason_once_a_minute(monkeypatch):
     clock.now = 1060.0
     refusals.say("10.2.0.1", "refused the next", "stranger")
     assert said[-1] == "refused the next" and len(refusals.seen) == 1
+    # more peers than the table holds within a minute: one line a minute for all of them, from the start
+    clock.now, refusals, said[:] = 5.0, guard.Refusals(), []
+    for i in range(guard.MAX_REFUSED + 2):
+        refusals.say(f"10.3.{i // 250}.{i % 250}", f"refused {i}", "stranger")
+    many = f"refusing connections from more than {guard.MAX_REFUSED} peers a minute (latest 10.3.1.6)"
+    assert said[guard.MAX_REFUSED :] == [many]
+    clock.now = 65.0  # a minute later every entry is forgotten, "many peers" too: a peer is said by its own line
+    refusals.say("10.4.0.1", "refused 1", "stranger")
+    assert said[-1] == "refused 1"
 
 
 def test_a_first_report_gets_a_fresh_challenge_without_a_refusal(monkeypatch):
