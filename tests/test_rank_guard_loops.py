@@ -620,8 +620,11 @@ def test_the_leaders_server_drops_connections_beyond_its_queue_and_says_a_failed
     monkeypatch.setattr(server.reports, "handle", fails)
     assert exchange(port, RANK2, request.encode() + payload) == b""
     assert wait_until(lambda: f"a request from {RANK2} failed: ValueError" in lines), lines
-    monkeypatch.setattr(server, "pending", queue.Queue(maxsize=1))
-    server.pending.put_nowait("a connection waiting")  # the queue full: the workers all busy
+
+    def full(item):  # the queue full: the workers all busy
+        raise queue.Full()
+
+    monkeypatch.setattr(server.pending, "put_nowait", full)
     assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
     assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
     assert lines[-1] == f"dropped a connection from {RANK1}: {guard.QUEUE} already waiting"
