@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import json
-import queue
 import socket
 import subprocess
 import sys
@@ -460,23 +459,27 @@ def guard_servers():
     before = set(threading.enumerate())
     started = []
 
-    def start(members: list[str], bind: str = RANK0):
+    def start(members: list[str], bind: str = RANK0, workers: int | None = None):
         reports = guard.Reports(SECRET.encode(), members, len(members))
-        server = guard.GuardServer((bind, 0), reports, {"formed_in": "inv-a", "invocation": "inv-a"})
-        started.append((server, server.pending))
+        kept, guard.WORKERS = guard.WORKERS, guard.WORKERS if workers is None else workers
+        try:
+            server = guard.GuardServer((bind, 0), reports, {"formed_in": "inv-a", "invocation": "inv-a"})
+        finally:
+            started.append((server, server.pending, guard.WORKERS))
+            guard.WORKERS = kept
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return guard, server, server.server_address[1], lines
 
     yield start
     hook, threading.excepthook = threading.excepthook, threading.__excepthook__  # a thread's SystemExit: silent
     try:
-        for server, pending in started:
+        for server, pending, workers in started:
             server.shutdown()
             server.server_close()
             # its workers end too: a thread left running breaks gevent's patching when pyinfra's CLI is imported
             server.finish_request = stop_worker
             server.shutdown_request = lambda request: None
-            for _ in range(guard.WORKERS):
+            for _ in range(workers):
                 pending.put((None, None))
         for left in set(threading.enumerate()) - before:
             left.join(5)
@@ -605,7 +608,7 @@ def test_the_leaders_server_answers_members_only_and_nothing_else(leader_server)
         assert lines.count(f"refused a connection from {peer}: not the address of a rank of this group") == 1
 
 
-def test_the_leaders_server_drops_connections_beyond_its_queue_and_says_a_failed_request(leader_server, monkeypatch):
+def test_a_request_that_fails_in_the_leaders_hands_is_named_and_closed(leader_server, monkeypatch):
     guard, server, port, lines = leader_server
     assert server.pending.maxsize == guard.QUEUE
     workers = [t for t in threading.enumerate() if t.name.endswith("(_work)")]
@@ -621,18 +624,27 @@ def test_the_leaders_server_drops_connections_beyond_its_queue_and_says_a_failed
     assert exchange(port, RANK2, request.encode() + payload) == b""
     assert wait_until(lambda: f"a request from {RANK2} failed: ValueError" in lines), lines
 
-    def full(item):  # the queue full: the workers all busy
-        raise queue.Full()
-
-    monkeypatch.setattr(server.pending, "put_nowait", full)
-    assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
-    assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
-    assert lines[-1] == f"dropped a connection from {RANK1}: {guard.QUEUE} already waiting"
-    assert lines.count(lines[-1]) == 1  # said once a minute per peer, whatever port it came from
     server.handle_error(None, (RANK1, 5), KeyError("x"))
     assert lines[-1] == f"a request from {RANK1} failed: KeyError"
     server.handle_error(None, (STRANGER, 5))
     assert lines[-1] == f"a request from {STRANGER} failed: error"
+
+
+def test_the_leaders_server_drops_connections_beyond_its_queue(guard_servers):
+    """No worker free (none here) and the queue full: a member's next connection is closed at once, said once a
+    minute for that member whatever port it comes from."""
+    guard, server, port, lines = guard_servers([RANK0, RANK1, RANK2], workers=0)
+    waiting = []
+    for _ in range(guard.QUEUE):  # accepted and queued, never answered
+        waiting.append(socket.create_connection((RANK0, port), timeout=5, source_address=(RANK2, 0)))
+    assert wait_until(lambda: server.pending.full())
+    assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
+    assert exchange(port, RANK1, b"GET / HTTP/1.1\r\n\r\n") == b""
+    assert lines == [f"dropped a connection from {RANK1}: {guard.QUEUE} already waiting"]
+    while not server.pending.empty():
+        server.pending.get_nowait()[0].close()
+    for conn in waiting:
+        conn.close()
 
 
 def test_a_leader_on_an_ipv6_address_takes_reports(guard_servers):
