@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 def lab(*args: str) -> float:
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "ironserve.lab", *args],
+        [sys.executable, "-m", "ironserve_lab", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -73,7 +73,7 @@ def main() -> None:
         sys.exit("the lab needs root")
     state = Path(os.environ.get("IRONSERVE_LAB_DIR") or "/var/lib/ironserve-lab") / "state.json"
     if state.exists():
-        sys.exit(f"a lab is already up ({state}); run `python -m ironserve.lab down` first")
+        sys.exit(f"a lab is already up ({state}); run `python -m ironserve_lab down` first")
     print("warming caches (base rootfs, supply): one 1-host up/down, not timed", file=sys.stderr)
     lab("up", "--nodes", "1")
     lab("down")

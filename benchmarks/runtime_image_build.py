@@ -1,4 +1,4 @@
-"""Where the cold build of the lab's CPU runtime image spends its time (ironserve/lab/runtime_image.py).
+"""Where the cold build of the lab's CPU runtime image spends its time (lab/ironserve_lab/runtime_image.py).
 
     sudo python benchmarks/runtime_image_build.py [--keep]
 
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "lab")]  # this checkout's product and lab
 
 
 def tar_only(src: Path, excludes: tuple[str, ...]) -> tuple[float, int]:
@@ -48,9 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keep", action="store_true", help="keep the scratch cache (its path is printed)")
     args = parser.parse_args()
-    from ironserve.lab import cluster, oci, runtime_image, state
+    from ironserve_lab import cpu_runtime, oci, runtime_image, state
 
-    wheelhouse = cluster.cpu_wheelhouse_dir()
+    wheelhouse = cpu_runtime.RUNTIME.wheelhouse()
     base = state.lab_dir() / "base"
     if not (wheelhouse / "SHA256SUMS").is_file() or not (base / "etc/ironlab-base-version").is_file():
         sys.exit("run `ironserve lab up --hardware cpu-lab` once first (wheelhouse and base rootfs)")

@@ -2,12 +2,12 @@
 
 What the lab's cpu-lab hosts do, minus the hosts (everything on 127.0.0.1, nothing else on the network):
 
-1. the wheelhouse of ``ironserve.lab.cpu_runtime`` (downloaded once into
+1. the wheelhouse of ``ironserve_lab.cpu_runtime`` (downloaded once into
    ``${IRONSERVE_CACHE:-~/.cache/ironserve}/lab-cpu-wheelhouse/<sglang>/``; torch from /opt/wheels);
 2. a venv installed from it OFFLINE with a plain ``uv pip install --no-index --find-links`` of the
    recipe's pins, with the lab hosts' ``/etc/uv/uv.toml`` (``cpu_runtime.uv_config()``) found through
    ``XDG_CONFIG_DIRS`` -- the install the uv role does on a host, resolution included;
-3. the tiny model (``ironserve.lab.tiny_model``);
+3. the tiny model (``ironserve_lab.tiny_model``);
 4. the recipe ``tiny-cpu`` rendered by ironserve: its two server argvs and its router argv, with the
    host/port/model path/worker URLs moved to 127.0.0.1 and the recipe's env (SGLANG_USE_CPU_ENGINE=1);
 5. a chat completion through the router (200, a non-empty choice), a few more for tokens/s;
@@ -37,10 +37,11 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "lab")]  # this checkout's product and lab
+
+from ironserve_lab import cpu_runtime, tiny_model  # noqa: E402
 
 from ironserve import catalogue  # noqa: E402
-from ironserve.lab import cpu_runtime, tiny_model  # noqa: E402
 from ironserve.render import render  # noqa: E402
 
 RECIPE = "tiny-cpu"
@@ -252,8 +253,7 @@ def run(work: Path, port_base: int, health_timeout: float, wheelhouse: Path | No
         "checks": {},
     }
     checks = result["checks"]
-    cache = Path(os.environ.get("IRONSERVE_CACHE") or Path.home() / ".cache" / "ironserve")
-    wheelhouse = wheelhouse or cache / "lab-cpu-wheelhouse" / cpu_runtime.SGLANG_VERSION
+    wheelhouse = wheelhouse or cpu_runtime.RUNTIME.wheelhouse()
     t0 = time.monotonic()
     log(f"wheelhouse {wheelhouse}")
     summary = cpu_runtime.build_wheelhouse(wheelhouse)

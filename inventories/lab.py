@@ -7,7 +7,7 @@
 Hosts are systemd-nspawn machines with real systemd and sshd on a private bridge, air-gapped: their only
 package sources are the lab's mirrors (an apt repository, a PEP 503 index and a file store on the bridge),
 passed below as ordinary mirror data, exactly as for a cluster with internal mirrors. Stand-in GPU/NPU
-packages in the lab repository answer for the hardware profile (see ironserve/lab/standins.py).
+packages in the lab repository answer for the hardware profile (see lab/ironserve_lab/standins.py).
 The state directory is /var/lib/ironserve-lab unless IRONSERVE_LAB_DIR says otherwise. Reads JSON only,
 so it works without ironserve importable.
 """
@@ -64,7 +64,7 @@ _launch = {"cpu-lab": True}
 
 # Every profile: the real Docker engine from Debian (docker.io brings containerd, runc, iptables), pulling Docker
 # Hub names through the lab's registry as their mirror, verified with the lab registry's CA (an internal
-# registry's setup). NVIDIA profiles pull stand-in images there (ironserve/lab/gpu_images.py), whose digests the
+# registry's setup). NVIDIA profiles pull stand-in images there (lab/ironserve_lab/gpu_images.py), whose digests the
 # lab's site lock names in place of the recipes' upstream ones, as a site that rebuilds its images would.
 _docker = {
     "docker_packages": ["docker.io"],

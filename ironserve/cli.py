@@ -729,10 +729,16 @@ def _add_catalogue_parsers(sub) -> None:
 # Only the module of the command that runs is imported (audit and status import pyinfra and the recipe models); the
 # others get a placeholder carrying their help line, so that `ironserve --help` lists them at no cost.
 _OPTIONAL = (
-    ("lab", "ironserve.lab.cli", "add_lab_parser", "local multi-host lab (systemd-nspawn hosts, air-gapped supply)"),
+    ("lab", "ironserve_lab.cli", "add_lab_parser", "local multi-host lab (systemd-nspawn hosts, air-gapped supply)"),
     ("audit", "ironserve.audit", "add_audit_parser", "drift: compare hosts with the deploy's declaration (testinfra)"),
     ("status", "ironserve.status", "add_status_parser", "endpoint, served model and unit state per host"),
 )
+# What a command whose package is not installed says instead (exit 2): the lab is a checkout's package of its own
+_NOT_INSTALLED = {
+    "lab": "the lab runs from a checkout of ironserve: it is the package ironserve_lab (lab/ in the repository), "
+    "which an installed ironserve does not carry; in a checkout, `uv sync` (scripts/env.sh) installs it into .venv: "
+    "run .venv/bin/ironserve lab there",
+}
 
 
 def _add_optional(sub, command: str | None) -> None:
@@ -740,14 +746,30 @@ def _add_optional(sub, command: str | None) -> None:
 
     for name, module, fn, summary in _OPTIONAL:
         try:
-            if find_spec(module) is None:  # not installed (a wheel carries no lab)
+            # the top-level package: found without importing any of it (`--help` imports nothing of the lab)
+            if find_spec(module.partition(".")[0]) is None:
+                if name == command and name in _NOT_INSTALLED:
+                    _add_not_installed(sub, name, summary)
                 continue
             if name == command:
                 getattr(__import__(module, fromlist=[fn]), fn)(sub)
             else:
                 sub.add_parser(name, help=summary, add_help=False)
-        except ImportError:  # its package, or a dependency of its module, is missing: no such command here
+        except ImportError:  # a dependency of its module is missing: no such command here
             continue
+
+
+def _add_not_installed(sub, name: str, summary: str) -> None:
+    """`ironserve NAME ...` for a command whose package is not here: every word after NAME taken (no option of its
+    own, not even -h), the reason said, exit 2."""
+    parser = sub.add_parser(name, help=summary, add_help=False, prefix_chars="\0")
+    parser.add_argument("words", nargs="*")
+
+    def explain(_args) -> int:
+        print(f"error: ironserve {name}: {_NOT_INSTALLED[name]}", file=sys.stderr)
+        return 2
+
+    parser.set_defaults(func=explain)
 
 
 def _subcommand(argv: list[str]) -> str | None:

@@ -2,8 +2,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# this checkout's packages first: the product (the root) and the lab (lab/: ironserve_lab), whatever the venv has
+for path in (ROOT / "lab", ROOT):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 # in CI a skip fails; cpu_serving tests are deselected unless -m names them (tests/ci.py)
 from tests.ci import (  # noqa: E402, F401

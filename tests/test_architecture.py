@@ -2,8 +2,10 @@
 
 - No import loops among ironserve/ and roles/, counting imports inside functions (which hide loops from Python
   until the function runs).
-- The core (ironserve/ minus the commands that drive hosts: cli, status, audit, lab) imports neither roles nor
+- The core (ironserve/ minus the commands that drive hosts: cli, status, audit, fleet) imports neither roles nor
   pyinfra.
+- The lab (lab/, the package ironserve_lab) depends on the product, never the other way: nothing of ironserve/ or
+  roles/ imports it.
 - One role registry: the deploy's prepare stage calls exactly the registry's roles, in its order.
 """
 
@@ -15,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ironserve", "roles")
 # the commands on top of the core: they may drive hosts (pyinfra, the roles); fleet reads inventories with pyinfra
-NOT_CORE = ("ironserve.cli", "ironserve.status", "ironserve.audit", "ironserve.lab", "ironserve.fleet")
+NOT_CORE = ("ironserve.cli", "ironserve.status", "ironserve.audit", "ironserve.fleet")
+LAB = "ironserve_lab"
 
 
 def _modules() -> dict[str, Path]:
@@ -157,9 +160,30 @@ def test_production_code_reads_no_lab_flag():
     import re
 
     pattern = re.compile(r"""(get\(|\[)\s*["']lab["']""")
-    found = [
-        f"{name}"
-        for name, path in _modules().items()
-        if not name.startswith("ironserve.lab") and pattern.search(path.read_text())
-    ]
+    found = [name for name, path in _modules().items() if pattern.search(path.read_text())]
     assert found == []
+
+
+def _lab_imports(source: str) -> list[str]:
+    """The imports of the lab's package in ``source``, at module level or inside functions."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.split(".")[0] == LAB]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == LAB:
+            found.append(node.module)
+    return found
+
+
+def test_the_product_never_imports_the_lab():
+    """ironserve/ and roles/ import nothing of the lab; only the command line names it, to offer `ironserve lab`
+    where its package is installed (a checkout's environment) and to say where it runs where it is not."""
+    imports = {name: _lab_imports(path.read_text()) for name, path in _modules().items()}
+    assert {name: found for name, found in imports.items() if found} == {}
+    assert [name for name, path in _modules().items() if LAB in path.read_text()] == ["ironserve.cli"]
+
+
+def test_a_lab_import_is_found_inside_a_function():
+    source = "import os\ndef f():\n    from ironserve_lab.cli import main\n    import ironserve_lab.state as s\n"
+    assert _lab_imports(source) == ["ironserve_lab.cli", "ironserve_lab.state"]
+    assert _lab_imports("from ironserve import lab_tools\nimport ironserve_labs\n") == []

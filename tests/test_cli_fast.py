@@ -17,16 +17,20 @@ from ironserve import catalogue, catalogue_index
 from ironserve.cli import _subcommand, main
 
 HEAVY = ("pydantic", "pyinfra", "jinja2", "yaml")
-# runs the command line in a fresh interpreter, then says which heavy modules it imported (on stderr, last line)
+# runs the command line in a fresh interpreter, then says which of the modules named in IRONSERVE_PROBE (default
+# HEAVY) it imported (on stderr, last line); IRONSERVE_PROBE_ABSENT names a package to hide (as if not installed)
 PROBE = f"""
-import json, sys
+import json, os, sys
+for name in filter(None, os.environ.get("IRONSERVE_PROBE_ABSENT", "").split(",")):
+    sys.modules[name] = None
 from ironserve import cli
 cli.build_parser()
 try:
     code = cli.main(sys.argv[1:])
 except SystemExit as done:
     code = done.code
-print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr)
+names = os.environ.get("IRONSERVE_PROBE", ",".join({HEAVY!r})).split(",")
+print(json.dumps([m for m in names if m in sys.modules]), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -60,6 +64,25 @@ def test_the_parser_and_help_import_nothing_heavy(argv):
     proc, heavy = _probe(*argv)
     assert proc.returncode == 0 and proc.stdout.startswith(("usage: ironserve", "ironserve ")), proc.stderr
     assert heavy == [], f"{argv} imported {heavy}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["render", "--help"]])
+def test_help_imports_nothing_of_the_lab_nor_package_metadata(argv):
+    proc, imported = _probe(*argv, env={"IRONSERVE_PROBE": "ironserve_lab,importlib.metadata"})
+    assert proc.returncode == 0 and imported == [], f"{argv} imported {imported}"
+
+
+def test_the_lab_is_offered_where_installed_and_explained_where_not():
+    """A checkout's environment has the lab's package (ironserve_lab); an installed ironserve has not: there
+    `ironserve lab ...` says where the lab runs, exit 2, whatever follows it."""
+    listed, _ = _probe("--help")
+    assert "local multi-host lab" in listed.stdout
+    for argv in (["lab", "up", "--nodes", "2", "--hardware", "cpu-lab"], ["lab", "--help"], ["lab"]):
+        proc, _ = _probe(*argv, env={"IRONSERVE_PROBE_ABSENT": "ironserve_lab"})
+        assert proc.returncode == 2 and "the lab runs from a checkout" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and "lab/ in the repository" in proc.stderr
+    hidden, _ = _probe("--help", env={"IRONSERVE_PROBE_ABSENT": "ironserve_lab"})
+    assert hidden.returncode == 0 and "local multi-host lab" not in hidden.stdout
 
 
 def test_help_lists_the_optional_commands_and_each_still_parses(capsys):

@@ -511,7 +511,7 @@ def test_shard_names_from_a_checkpoint_are_inert(tmp_path):
 def _ensure_tool(tool: str, package: str) -> str:
     """The sinks' real readers; installed like the lab installs its tools (apt, as root) when missing."""
     if not shutil.which(tool):
-        from ironserve.lab.system import apt_install
+        from ironserve_lab.system import apt_install
 
         apt_install([package], f"{tool}: tests/test_every_value_is_data.py reads rendered files with it")
     return shutil.which(tool)

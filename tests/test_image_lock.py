@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from ironserve_lab import oci
 
 from ironserve import catalogue, cli, imagelock
-from ironserve.lab import oci
 from ironserve.problems import SpecError
 from ironserve.registry import Registry, repository_path
 from roles.context import build_context, require_pinned_image

@@ -1,4 +1,4 @@
-"""The lab's CUDA runtime supply (ironserve/lab/cuda_runtime.py, cuda_stubs.py): it covers the Python 3.12 recipes'
+"""The lab's CUDA runtime supply (lab/ironserve_lab/cuda_runtime.py, cuda_stubs.py): it covers the Python 3.12 recipes'
 pins with one version of each name, its stand-ins carry the published metadata and put their stub libraries where
 torch's RPATH looks, and a stub library answers torch's imports (version nodes included) with "no device"."""
 
@@ -10,9 +10,9 @@ import subprocess
 import zipfile
 
 import pytest
+from ironserve_lab import cuda_runtime, cuda_stubs
 
 from ironserve import catalogue
-from ironserve.lab import cuda_runtime, cuda_stubs
 from ironserve.spec import UvRuntime
 
 

@@ -1,4 +1,4 @@
-"""The lab's managed Pythons (ironserve/lab/interpreters.py): uv's install_only layout, a relocated interpreter,
+"""The lab's managed Pythons (lab/ironserve_lab/interpreters.py): uv's install_only layout, a relocated interpreter,
 and a download list in uv's format whose hash is the archive's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 import json
 import tarfile
 
-from ironserve.lab import interpreters
+from ironserve_lab import interpreters
 
 
 def fake_build(root, version="3.12.7"):

@@ -1,4 +1,4 @@
-"""The lab's Ascend runtime supply (ironserve/lab/npu_runtime.py): it covers the Atlas recipes' pins, its stand-ins
+"""The lab's Ascend runtime supply (lab/ironserve_lab/npu_runtime.py): it covers the Atlas recipes' pins, its stand-ins
 carry the Atlas build's metadata, and a rebranded wheel installs as the distribution it stands in for."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 import zipfile
 
 import pytest
+from ironserve_lab import npu_runtime
+from ironserve_lab.wheels import rebrand_wheel, write_wheel
 
 from ironserve import catalogue
-from ironserve.lab import npu_runtime
-from ironserve.lab.wheels import rebrand_wheel, write_wheel
 from ironserve.spec import UvRuntime
 
 

@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from ironserve_lab import cli
 
-from ironserve.lab import cli
 
-
-def test_reset_is_a_lab_subcommand():
-    out = subprocess.run([sys.executable, "-m", "ironserve.lab", "reset", "--help"], capture_output=True, text=True)
+@pytest.mark.parametrize("command", [["ironserve_lab"], ["ironserve", "lab"]])
+def test_reset_is_a_lab_subcommand(command):
+    """The lab's own module and the product's command line (which adds the lab's parser where it is installed)."""
+    out = subprocess.run([sys.executable, "-m", *command, "reset", "--help"], capture_output=True, text=True)
     text = " ".join(out.stdout.split())
     assert out.returncode == 0 and "a host rebuilt from scratch" in text and "--limit HOST" in text
 
@@ -27,8 +28,9 @@ def test_reset_of_an_unknown_host_names_the_lab_hosts(tmp_path, monkeypatch, cap
 
 
 def test_up_finds_the_labs_host_assets_and_brings_up_the_hosts_asked_for(monkeypatch):
-    """`lab up` from a checkout gets past its assets check to the bring-up (recorded here, nothing started)."""
-    from ironserve.lab import cluster
+    """`lab up` reaches the bring-up with the hosts asked for (the package carries its host assets; recorded here,
+    nothing started)."""
+    from ironserve_lab import cluster
 
     asked = []
     monkeypatch.setattr(cluster, "up", lambda nodes, hardware: asked.append((nodes, hardware)))

@@ -1,5 +1,5 @@
 """Lint resolves each uv runtime's pins with uv (ironserve/pins.py), offline here: against a local index of
-stand-in wheels that carry the published metadata of the packages involved (ironserve/lab/wheels.py).
+stand-in wheels that carry the published metadata of the packages involved (lab/ironserve_lab/wheels.py).
 
 Issue 19's first failure: the Atlas recipes pinned sglang==0.5.23 with torch==2.8.0, which never resolves
 (sglang 0.5.23 requires torch==2.14.1); the deploy found out on the hosts. Now lint says so first, and the
@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 
 import pytest
+from ironserve_lab import supply
+from ironserve_lab.wheels import build_wheel
 
 from ironserve import catalogue
 from ironserve.findings import Severity
-from ironserve.lab import supply
-from ironserve.lab.wheels import build_wheel
 from ironserve.pins import resolve_findings, uv_binary
 
 pytestmark = pytest.mark.skipif(not uv_binary(), reason="uv is not installed (scripts/env.sh installs it)")

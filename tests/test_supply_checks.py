@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ironserve_lab import supply
 
 from ironserve.hostdata import NVIDIA_CUDA_KEY_FINGERPRINT, validate_host_data
-from ironserve.lab import supply
 from ironserve.problems import SpecError
 from roles.apt_keys import KeyFingerprints, fetch_verified_command
 from roles.common import sha256_checked

@@ -17,11 +17,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from ironserve_lab import cpu_runtime, pinfiles, tiny_model
+from ironserve_lab.wheels import _record_hash
 
 from ironserve import catalogue
 from ironserve import engine_parser as ep
-from ironserve.lab import cpu_runtime, tiny_model
-from ironserve.lab.wheels import _record_hash
 
 from .ci import need_parser_prerequisites
 
@@ -92,7 +92,7 @@ def test_tiny_model_bf16_rounding():
 
 def test_tiny_model_cli(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "ironserve.lab.tiny_model", str(tmp_path / "m")],
+        [sys.executable, "-m", "ironserve_lab.tiny_model", str(tmp_path / "m")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -125,9 +125,11 @@ def test_tiny_tokenizer_loads_in_the_tokenizers_library(tmp_path):
 # --------------------------------------------------------------------------- pins, recipe, uv config
 
 
-def test_recipe_pins_are_the_cpu_runtime():
-    r = catalogue.catalogue()["tiny-cpu"]
-    assert r.runtime.packages == cpu_runtime.REQUIREMENTS
+@pytest.mark.parametrize("recipe", ["tiny-cpu", "tiny-cpu-tp2"])
+def test_recipe_pins_are_the_cpu_runtime(recipe):
+    """The CPU runtime's pins (requirements/cpu.txt, read at run time) are the cpu-lab recipes' packages."""
+    r = catalogue.catalogue()[recipe]
+    assert r.runtime.packages == cpu_runtime.REQUIREMENTS == pinfiles.read("cpu.txt")
     assert r.runtime.python == cpu_runtime.PYTHON == "3.11"
     assert r.engine.sglang == cpu_runtime.SGLANG_VERSION and r.engine.router == cpu_runtime.ROUTER_VERSION
     assert all(r.env.get(k) == v for k, v in cpu_runtime.SERVER_ENV.items())

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ironserve_lab import supply
+from ironserve_lab.wheels import build_wheel
 
 from ironserve import catalogue, cli, imagelock, pins
-from ironserve.lab import supply
-from ironserve.lab.wheels import build_wheel
 from ironserve.problems import SpecError
 from roles.context import build_context, require_locked_runtime, runtime_lock
 

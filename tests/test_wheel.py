@@ -63,9 +63,12 @@ def test_the_wheel_carries_the_catalogue_and_no_lab(wheel):
         "ironserve/_deploys/glm5.py",
         "ironserve/project_template/group_data/all.py",
     } <= set(names)
-    assert not [n for n in names if n.startswith(("ironserve/lab/", "files/", "recipes/", "deploys/"))]
+    assert not [n for n in names if n.startswith(("files/", "recipes/", "deploys/"))]
+    # the lab is a package of its own (lab/, ironserve_lab): no module of it, under either name, nor a need of it
+    assert not [n for n in names if n.startswith(("lab/", "ironserve/lab/")) or "ironserve_lab" in n]
     meta = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in meta and "Requires-Dist: uv" in meta
+    assert not [line for line in meta.splitlines() if line.startswith("Requires-Dist: ironserve")]
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
 
@@ -157,6 +160,10 @@ def test_a_tool_install_runs_from_an_empty_home(tmp_path, wheel, pins):
 
     version = _check(ironserve("--version"))
     assert version.stdout.startswith("ironserve 0.1.0"), version.stdout
+    # the lab runs from a checkout: said plainly (exit 2), whatever follows `lab`
+    for argv in (["lab", "up", "--nodes", "2", "--hardware", "cpu-lab"], ["lab", "--help"]):
+        lab = ironserve(*argv)
+        assert lab.returncode == 2 and "runs from a checkout" in lab.stderr and "Traceback" not in lab.stderr, lab
     listed = _check(ironserve("render", "--list")).stdout
     assert "glm5-nvfp4-mtp-rtx6000-tp8" in listed and "tiny-cpu" in listed, listed
     _check(ironserve("init", "cluster"))

@@ -1,10 +1,10 @@
 """End to end on the lab: GLM-5 disaggregated on five stand-in GB200 hosts (one NVLink domain).
 
 `pyinfra -y inventories/lab.py deploys/glm5.py` takes fresh hosts through the real-host NVIDIA steps against
-stand-ins that fail like the real packages (ironserve/lab/standins.py): the driver's DKMS build needs the running
+stand-ins that fail like the real packages (lab/ironserve_lab/standins.py): the driver's DKMS build needs the running
 kernel's headers, the driver refuses while nouveau holds the GPUs, persistenced's packaged unit runs without
 persistence mode, nvidia-imex reads its nodes config, nvidia-ctk writes the CDI spec. The real Docker engine
-(Debian's docker.io) pulls the stand-in image of the Dynamo runtime (ironserve/lab/gpu_images.py) from the lab
+(Debian's docker.io) pulls the stand-in image of the Dynamo runtime (lab/ironserve_lab/gpu_images.py) from the lab
 registry by the site lock's digest, under the lab registry's name for it (Docker mirrors Docker Hub names only).
 Then a host reporting another NVLink clique is refused before any change.
 About 8 minutes cold on 2 cores (lab up of 5 hosts, two deploys, a dry run, one refused plan, one audit).

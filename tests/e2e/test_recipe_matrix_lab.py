@@ -9,7 +9,7 @@ recipe with the fewest hosts: the others differ in flags, env, tuning values, ho
 offline render, lint and fixture tests check flag for flag) that no other lab module deploys, and plans each other
 one with `--dry` (the plan must succeed and change what the recipe's own units need); IRONSERVE_MATRIX=full deploys
 every one (and forms llama3's gloo group from its CUDA venvs).
-The Python 3.12 recipes (uv runtimes of CUDA builds, ironserve/lab/cuda_runtime.py) get their interpreter from the
+The Python 3.12 recipes (uv runtimes of CUDA builds, lab/ironserve_lab/cuda_runtime.py) get their interpreter from the
 lab's download list (host data uv_python_downloads_json_url); a multi-node uv recipe's ranks then form a
 torch.distributed gloo group from their venvs (the launch preflight's rendezvous, which a prepare-only deploy does
 not reach). The GB200 recipe is deployed by tests/e2e/test_deploy_glm5_gb200_lab.py (5 hosts, with its own checks),
@@ -27,9 +27,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from ironserve_lab import cuda_runtime
 
 from ironserve import catalogue
-from ironserve.lab import cuda_runtime
 from ironserve.render import render
 from ironserve.spec import UvRuntime
 from ironserve.units import venv_path

@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
 
 def lab_cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, "-m", "ironserve.lab", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "ironserve_lab", *args], capture_output=True, text=True, timeout=timeout
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

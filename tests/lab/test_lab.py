@@ -296,6 +296,6 @@ def test_down_leaves_nothing(lab):
         if "systemd-nspawn" in cmd or ("httpd.py" in cmd and str(state_dir) in cmd):
             live.append(cmd)
     assert live == []
-    from ironserve.lab.cluster import leftovers
+    from ironserve_lab.cluster import leftovers
 
     assert leftovers(state_dir) == []

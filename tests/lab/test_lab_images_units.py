@@ -15,12 +15,12 @@ import runpy
 import subprocess
 
 import pytest
+from ironserve_lab import cluster, gpu_images, images, runtime_image
+from ironserve_lab.system import LabError
 
 from ironserve import catalogue
 from ironserve.hostdata import DEFAULTS
 from ironserve.inventory import InventoryHost
-from ironserve.lab import cluster, gpu_images, images, runtime_image
-from ironserve.lab.system import LabError
 from ironserve.render import model_path_on
 from ironserve.spec import DockerRuntime
 from roles import model_weights as mw

@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ironserve.lab import cli, rootfs, standins, state, supply
-from ironserve.lab.profiles import PROFILES
+from ironserve_lab import cli, rootfs, standins, state, supply
+from ironserve_lab.profiles import PROFILES
 
 
 def test_debian_mirror_from_deb822_and_list(tmp_path):
@@ -122,8 +121,8 @@ def test_lab_inventory_dedicates_the_first_cpu_lab_host_to_the_router(tmp_path, 
 
 
 def test_cpu_lab_hosts_get_the_uv_config(tmp_path, monkeypatch):
-    from ironserve.lab import cpu_runtime
-    from ironserve.lab import hosts as lab_hosts
+    from ironserve_lab import cpu_runtime
+    from ironserve_lab import hosts as lab_hosts
 
     written = {}
     real_write = lab_hosts._write
@@ -286,7 +285,7 @@ def test_cli_wiring():
 
 
 def test_refuses_without_root(monkeypatch):
-    from ironserve.lab import cluster, system
+    from ironserve_lab import cluster, system
 
     monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
     for action in (lambda: cluster.up(2), cluster.down):
@@ -295,7 +294,7 @@ def test_refuses_without_root(monkeypatch):
 
 
 def test_refuses_without_nspawn(monkeypatch):
-    from ironserve.lab import system
+    from ironserve_lab import system
 
     monkeypatch.setattr(system.os, "geteuid", lambda: 0)
     monkeypatch.setattr(
@@ -311,7 +310,7 @@ def test_refuses_without_nspawn(monkeypatch):
 
 
 def test_cli_reports_errors_without_traceback(monkeypatch, capsys):
-    from ironserve.lab import system
+    from ironserve_lab import system
 
     monkeypatch.setattr(system.os, "geteuid", lambda: 1000)
     assert cli.main(["down"]) == 1

@@ -1,0 +1,89 @@
+"""`ironserve lab up|status|reset|down` argument parsing and handlers.
+
+The product's command line (ironserve/cli.py) adds this parser when the lab's package is installed (a checkout's
+environment: it is a dev dependency of the workspace); `python -m ironserve_lab up|status|reset|down` is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .profiles import HARDWARE_IDS
+from .state import DEFAULT_HARDWARE
+from .system import LabError
+
+
+def add_lab_parser(subparsers) -> argparse.ArgumentParser:
+    lab = subparsers.add_parser(
+        "lab",
+        help="local multi-host lab (systemd-nspawn hosts, air-gapped supply)",
+        description="Boot several local hosts with real systemd and sshd on a private "
+        "bridge, to test deploys for real. Needs root.",
+    )
+    add_lab_arguments(lab)
+    lab.set_defaults(func=run_lab)
+    return lab
+
+
+def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="lab_command", required=True)
+    up = sub.add_parser("up", help="bring the lab up (idempotent; builds the base rootfs on first use)")
+    up.add_argument("--nodes", type=int, default=2, help="number of hosts (default 2)")
+    up.add_argument(
+        "--hardware",
+        choices=HARDWARE_IDS,
+        default=None,
+        help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})",
+    )
+    st = sub.add_parser("status", help="show lab hosts")
+    st.add_argument("--format", choices=("text", "json"), default="text")
+    reset = sub.add_parser(
+        "reset",
+        help="replace one host with a fresh OS (same name and address), keep the others",
+        description="Stop HOST, discard everything written on it and boot it again from the "
+        "base image: a host rebuilt from scratch. Rebuild it with the production "
+        "deploy: pyinfra inventories/lab.py DEPLOY --limit HOST.",
+    )
+    reset.add_argument("host", help="lab host name (see `ironserve lab status`)")
+    sub.add_parser("down", help="stop every host and remove every trace (keeps the rootfs cache)")
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    from . import cluster  # imported late: `--help` needs nothing but argparse
+
+    try:
+        if args.lab_command == "up":
+            cluster.up(args.nodes, args.hardware)
+        elif args.lab_command == "reset":
+            cluster.reset(args.host)
+        elif args.lab_command == "down":
+            cluster.down()
+        elif args.lab_command == "status":
+            data = cluster.status()
+            if args.format == "json":
+                print(json.dumps(data, indent=2))
+            elif not data["hosts"]:
+                print("lab is down")
+            else:
+                for h in data["hosts"]:
+                    state = "running" if h.get("running") else "stopped"
+                    print(f"{h['name']:8} {h['address']:15} {h['hardware']:18} {state}")
+                print(
+                    f"ssh: ssh -i {data['hosts'][0]['ssh_key']} -o UserKnownHostsFile={data['known_hosts']} "
+                    f"{data['hosts'][0]['ssh_user']}@ADDRESS"
+                )
+                print(f"apt mirror: {data['apt_mirror']}  pip index: {data['pip_index']}")
+        return 0
+    except LabError as exc:
+        print(f"[lab] error: {exc}", file=sys.stderr)
+        if args.lab_command == "up" and "needs root" not in str(exc):
+            print("[lab] hosts already started keep running; `ironserve lab down` removes everything", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ironserve_lab", description="ironserve lab")
+    add_lab_arguments(parser)
+    return run_lab(parser.parse_args(argv))

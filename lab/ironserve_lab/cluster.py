@@ -1,0 +1,426 @@
+"""up / status / down: the lab's lifecycle, tying rootfs, network, hosts and supply together."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import (
+    cgroups,
+    cpu_runtime,
+    cuda_runtime,
+    gpu_images,
+    hosts,
+    images,
+    interpreters,
+    network,
+    npu_runtime,
+    oci,
+    pinfiles,
+    registry,
+    rootfs,
+    runtime,
+    runtime_image,
+    standins,
+    state,
+    supply,
+    tiny_model,
+)
+from .profiles import HARDWARE_IDS, PROFILES
+from .state import Host, LabState
+from .system import LabError, ensure_tools, require_root, run, say, wait_for
+
+# Real Debian packages published to the lab repo on every `up`: what tests use, and what the roles install
+# (python3-venv: gpu_clocks; ca-certificates, curl, gpg: nvidia_driver's key fetch; python3-pip: uv_env runs
+# `python3 -m pip`). Packages the base rootfs already has add nothing; the rest come with their dependencies.
+# Debian's Docker engine (docker.io with containerd, runc, iptables as dependencies) for the docker recipes, and
+# docker-registry, which the lab's registry runs (registry.py); prometheus-node-exporter, which every deploy
+# installs (roles/node_exporter.py).
+DEFAULT_DEBS = [
+    "jq",
+    "numactl",
+    "pciutils",
+    "python3-venv",
+    "ca-certificates",
+    "curl",
+    "gpg",
+    "python3-pip",
+    "docker.io",
+    "docker-registry",
+    "prometheus-node-exporter",
+]
+# Wheel requirements published to the lab index on every `up`, each resolved on its own (requirements/index.txt:
+# what the roles install beside the runtimes)
+DEFAULT_WHEELS = pinfiles.read("index.txt")
+UV_VERSION = pinfiles.version(DEFAULT_WHEELS, "uv")  # host data uv_version's default (roles/uv_env.py installs it)
+# The lab's runtimes: each published for the hosts of its hardware profiles (runtime.py)
+RUNTIMES: tuple[runtime.LabRuntime, ...] = (cpu_runtime.RUNTIME, npu_runtime.RUNTIME, cuda_runtime.RUNTIME)
+# cpu-lab: the generated model's directory under the lab's model_root (recipes/tiny-cpu.yaml model.path's name)
+TINY_MODEL = "tiny-llama"
+
+
+def ssh_keypair(root: Path) -> Path:
+    key = root / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(key.parent, 0o700)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ironserve-lab", "-f", str(key)])
+    key.chmod(0o600)
+    return key
+
+
+def write_known_hosts(root: Path, lab: LabState) -> Path:
+    path = root / "ssh" / "known_hosts"
+    lines = []
+    for h in lab.hosts:
+        pub = (root / "ssh" / "hostkeys" / f"{h.name}.pub").read_text().split()
+        lines.append(f"{h.name},{h.address} {pub[0]} {pub[1]}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _ssh_ok(lab: LabState, host: Host) -> bool:
+    proc = run(["ssh", *ssh_options(lab), f"{lab.ssh_user}@{host.address}", "true"], check=False, timeout=15)
+    return proc.returncode == 0
+
+
+def ssh_options(lab: LabState) -> list[str]:
+    return [
+        "-i",
+        lab.ssh_key,
+        "-o",
+        f"UserKnownHostsFile={lab.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+
+
+@contextmanager
+def _locked(root: Path):
+    """One lab command at a time per state directory (a second `up` waits for the first)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "lab.lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("another lab command is running; waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def up(nodes: int, hardware: str | None = None) -> LabState:
+    require_root()
+    with _locked(state.lab_dir()):
+        return _up(nodes, hardware)
+
+
+def _up(nodes: int, hardware: str | None = None) -> LabState:
+    if nodes < 1:
+        raise LabError("--nodes must be at least 1")
+    ensure_tools()
+    root = state.lab_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    lab = state.load(root) or LabState()
+    hardware = hardware or lab.hardware
+    if hardware not in HARDWARE_IDS:
+        raise LabError(f"unknown hardware {hardware!r}; one of {', '.join(HARDWARE_IDS)}")
+    base = rootfs.ensure_base(root)
+    key = ssh_keypair(root)
+    lab.hardware, lab.ssh_key = hardware, str(key)
+
+    # Supply first: hosts should find their mirrors the moment they boot.
+    say("preparing lab supply (apt repo, wheelhouse, stand-ins)")
+    network.ensure_bridge()
+    supply.ensure_dirs(root)
+    standins.publish(root)
+    stamp = supply.supply_dir(root) / ".defaults"
+    wanted = " ".join(DEFAULT_DEBS + ["|"] + DEFAULT_WHEELS)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        say(f"publishing Debian packages to the lab repo: {' '.join(DEFAULT_DEBS)}")
+        supply.publish_debs(root, DEFAULT_DEBS)
+        say(f"publishing wheels to the lab index: {' '.join(DEFAULT_WHEELS)}")
+        for requirement in DEFAULT_WHEELS:
+            supply.publish_wheels(root, [requirement])
+        stamp.write_text(wanted)
+    if not (supply.supply_dir(root) / "apt" / supply.ARMORED_KEY_NAME).exists():
+        supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
+    with_image = PROFILES[hardware]["kind"] in ("none", "nvidia")
+    wanted = [r for r in RUNTIMES if hardware in r.hardware]
+    # first, here: the wheelhouses the others and the runtime image are built from
+    first = list(dict.fromkeys([d for r in wanted for d in r.requires] + ([cpu_runtime.RUNTIME] if with_image else [])))
+    for needed in first:
+        runtime.ensure(needed)
+    # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
+    # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        built = [beside.submit(runtime.ensure, r) for r in wanted if r not in first]
+        lab.python_downloads = publish_interpreters(root)
+        supply.start_server(root)
+        registry.start_server(root)
+        lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
+        if with_image:
+            publish_runtime_image(root, base)
+        lab.image_lock = publish_gpu_images(root, base, hardware) if PROFILES[hardware]["kind"] == "nvidia" else ""
+        for done in built:
+            done.result()
+    for r in wanted:
+        runtime.publish(root, r)
+    lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
+    lab.apt_key_fingerprint = supply.key_fingerprint(root)
+    lab.ascend_sha256 = supply.file_sums(root, "ascend")
+    binds = _images(root, lab, hardware)
+
+    # Shrink: stop hosts beyond N (highest index first).
+    for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
+        say(f"stopping {h.name} (lab now has {nodes} hosts)")
+        hosts.stop(root, h.name)
+    existing = {h.node_index: h for h in lab.hosts if h.node_index <= nodes}
+    lab.hosts = [
+        existing.get(i) or Host(state.host_name(i), state.host_address(i), i, hardware) for i in range(1, nodes + 1)
+    ]
+    for h in lab.hosts:
+        h.hardware = hardware
+        hosts.ensure_host_key(root, h.name)
+    lab.known_hosts = str(write_known_hosts(root, lab))
+    state.save(lab, root)
+
+    pubkey = key.with_suffix(".pub").read_text()
+    to_boot = [h for h in lab.hosts if not hosts.pid_of(root, h.name)]
+    kept = len(lab.hosts) - len(to_boot)
+    say(
+        f"{'booting ' + str(len(to_boot)) if to_boot else 'no new'} host(s)"
+        f"{f', keeping {kept} running' if kept else ''}"
+    )
+    for h in lab.hosts:  # running hosts get the new /etc/hosts and hardware too
+        network.ensure_netns(h.name, h.address)
+        hosts.prepare(root, base, lab, h, pubkey)
+        booted = hosts.booted_binds(root, h.name) if h not in to_boot else binds
+        if booted != binds:
+            say(
+                f"warning: {h.name} keeps running with the mounts it booted with (parser venvs, checkpoints); "
+                "`ironserve lab down` and `up` to give it the current ones"
+            )
+    t_boot = time.monotonic()
+    for h in to_boot:
+        hosts.spawn(root, h, binds)
+
+    def ready(h: Host) -> None:
+        hosts.wait_running(root, h.name)
+        wait_for(lambda: _ssh_ok(lab, h), 60, interval=0.5, what=f"ssh on {h.name}")
+
+    with ThreadPoolExecutor(max_workers=max(1, len(lab.hosts))) as pool:
+        for fut in [pool.submit(ready, h) for h in lab.hosts]:
+            fut.result()
+    say(
+        f"{len(lab.hosts)} host(s) up: systemd running, ssh ok "
+        f"(boot {time.monotonic() - t_boot:.1f}s, total {time.monotonic() - t0:.1f}s)"
+    )
+    for h in lab.hosts:
+        say(f"  {h.name}  {h.address}  ssh -i {lab.ssh_key} {lab.ssh_user}@{h.address}")
+    return lab
+
+
+def reset(name: str) -> LabState:
+    """Replace one host with a fresh OS: same name, address, host key and hardware, nothing of ironserve on it
+    (its overlay's upper layer is thrown away), the other hosts and the supply left running. Rebuilding it is
+    the production deploy with --limit HOST."""
+    require_root()
+    with _locked(state.lab_dir()):
+        root = state.lab_dir()
+        lab = state.load(root)
+        host = next((h for h in (lab.hosts if lab else []) if h.name == name), None)
+        if host is None:
+            known = ", ".join(h.name for h in lab.hosts) if lab and lab.hosts else "none: the lab is down"
+            raise LabError(f"no lab host {name!r} (hosts: {known})")
+        t0 = time.monotonic()
+        # the mounts it booted with (parser venvs, checkpoints) are what the others run with too
+        binds = hosts.booted_binds(root, name)
+        if binds is None:
+            binds = _images(root, lab, host.hardware)
+        say(f"resetting {name}: stopping it and discarding everything written on it")
+        for attempt in range(4):
+            try:  # engine processes still exiting can keep its overlay busy for a few seconds (as in down)
+                hosts.stop(root, name)
+                break
+            except LabError:
+                if attempt == 3:
+                    raise
+                time.sleep(5)
+        network.ensure_netns(host.name, host.address)
+        hosts.prepare(root, rootfs.ensure_base(root), lab, host, ssh_keypair(root).with_suffix(".pub").read_text())
+        hosts.spawn(root, host, binds)
+        hosts.wait_running(root, name)
+        wait_for(lambda: _ssh_ok(lab, host), 60, interval=0.5, what=f"ssh on {name}")
+        say(
+            f"{name} is a fresh host again ({host.address}, {host.hardware}) after {time.monotonic() - t0:.1f}s; "
+            f"rebuild it with: pyinfra inventories/lab.py DEPLOY --limit {name}"
+        )
+        return lab
+
+
+def publish_runtime_image(root: Path, base: Path) -> str:
+    """The CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry: cpu-lab's
+    image, and the base of the stand-in GPU images (gpu_images.py)."""
+    t0 = time.monotonic()
+    ref, _ = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))
+    client = oci.Registry(registry.address(), registry.ca_file(root))
+    digest = oci.push(client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say)
+    say(f"registry: {runtime_image.REPO}:{runtime_image.TAG} = {digest} ({time.monotonic() - t0:.1f}s)")
+    return digest
+
+
+def publish_gpu_images(root: Path, base: Path, hardware: str) -> str:
+    """NVIDIA profiles: a stand-in image for every image the profile's docker recipes name (gpu_images.py) into the
+    lab registry, the site lock naming their digests (the inventory's docker_image_lock), and the wheels their
+    derived-image patches pip-install into the lab index; the site lock's path."""
+    recipes = [r for r in images.docker_recipes() if hardware in r.hardware]
+    wanted = sorted({req for r in recipes for req in patch_requirements(r.runtime.patches)})
+    stamp = supply.supply_dir(root) / ".patch-wheels"
+    if wanted and (not stamp.exists() or stamp.read_text() != " ".join(wanted)):
+        say(f"publishing the wheels the recipes' image patches install to the lab index: {' '.join(wanted)}")
+        standins, real = gpu_images.patch_wheels(wanted, root / "build" / "patch-wheels")
+        supply.add_wheels(root, standins)
+        if real:
+            supply.publish_wheels(root, real)
+        stamp.write_text(" ".join(wanted))
+    ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))[0]
+    client = oci.Registry(registry.address(), registry.ca_file(root))
+    site_lock = root / "images" / gpu_images.SITE_LOCK
+    gpu_images.publish(client, registry.address(), registry.ca_file(root), recipes, base, ref, site_lock)
+    return str(site_lock)
+
+
+def patch_requirements(patches: list[str]) -> list[str]:
+    """The pinned requirements (name==version) of a recipe's ``RUN pip install`` patch lines."""
+    found = []
+    for line in patches:
+        words = line.split()
+        if words[:3] == ["RUN", "pip", "install"]:
+            found += [w for w in words[3:] if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*==[A-Za-z0-9_.+!\-]+", w)]
+    return found
+
+
+def publish_interpreters(root: Path) -> str:
+    """This machine's CPython builds the hosts' Debian lacks (3.12), as uv's managed Pythons on the lab bridge;
+    the URL of uv's download list, or "" when this machine has none (the recipes that need one say so)."""
+    cache = state.cache_dir() / "lab-python"
+    published = interpreters.publish(supply.supply_dir(root) / "python", state.supply_url("python"), cache)
+    if not published:
+        say(f"no CPython 3.12 build under {interpreters.PYTHONS_DIR}: the lab publishes no managed Python")
+        return ""
+    say(f"managed Pythons on the lab bridge: {', '.join(published.values())}")
+    return state.supply_url(f"python/{interpreters.LIST_NAME}")
+
+
+def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
+    """Stand-in checkpoints (and cpu-lab's generated model); the hosts' read-only binds."""
+    try:
+        lab.models = images.publish_models(root)
+    except Exception as exc:  # noqa: BLE001
+        say(f"warning: no stand-in checkpoints: {exc}")
+        lab.models = {}
+    if PROFILES[hardware]["kind"] == "none":
+        # the CPU recipes' generated model (real weights, stdlib-generated, same bytes every time), shared
+        # read-only with every host under model_root like the stand-in checkpoints
+        target = images.models_dir(root) / TINY_MODEL
+        say(f"tiny model: {target} (hosts: {images.MODEL_ROOT}/{TINY_MODEL})")
+        tiny_model.generate(target)
+        lab.models[TINY_MODEL] = {"path": f"{images.MODEL_ROOT}/{TINY_MODEL}", "recipes": ["tiny-cpu"]}
+    lab.model_root = images.MODEL_ROOT
+    return [(str(images.models_dir(root)), images.MODEL_ROOT)]
+
+
+def status() -> dict:
+    root = state.lab_dir()
+    lab = state.load(root)
+    if not lab:
+        return {"hosts": []}
+    data = lab.status()
+    for entry in data["hosts"]:
+        entry["running"] = bool(hosts.pid_of(root, entry["name"]))
+    data["supply_running"] = bool(supply.server_pid(root))
+    return data
+
+
+def down() -> None:
+    require_root()
+    with _locked(state.lab_dir()):
+        _down()
+
+
+def _down() -> None:
+    root = state.lab_dir()
+    lab = state.load(root)
+    names = {h.name for h in lab.hosts} if lab else set()
+    hosts_dir = root / "hosts"
+    if hosts_dir.exists():
+        names |= {p.name for p in hosts_dir.iterdir() if p.is_dir()} | {p.stem for p in hosts_dir.glob("*.ext4")}
+    names |= {ns.removeprefix("ironlab-") for ns in network.lab_netns()}
+    if names:
+        say(f"stopping {len(names)} host(s): {' '.join(sorted(names))}")
+    pending = sorted(names)
+    for attempt in range(4):
+        # A host whose engine processes are still exiting can keep its overlay busy for a few seconds:
+        # retry those before giving up, so a down never stops half way and leaves state behind.
+        with ThreadPoolExecutor(max_workers=max(1, len(pending))) as pool:
+            futures = {n: pool.submit(hosts.stop, root, n) for n in pending}
+        failed = {n: f.exception() for n, f in futures.items() if f.exception() is not None}
+        if not failed:
+            break
+        if attempt == 3:
+            raise LabError("lab down could not stop: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+        say(f"retrying {len(failed)} host(s) still busy: {' '.join(sorted(failed))}")
+        time.sleep(5)
+        pending = sorted(failed)
+    say("stopping supply server and registry, removing bridge")
+    supply.stop_server(root)
+    registry.stop_server(root)
+    network.remove_bridge()
+    left = cgroups.remove()
+    state.remove(root)
+    problems = leftovers(root)
+    if left or problems:
+        raise LabError("lab down left traces behind:\n" + "\n".join(left + problems))
+    say("lab is down (base rootfs and supply cache kept in " + str(root) + ")")
+
+
+def leftovers(root: Path | None = None) -> list[str]:
+    """Everything `down` promises to remove: returns a line per trace still present."""
+    root = root or state.lab_dir()
+    found = [f"netns {n}" for n in network.lab_netns()]
+    found += [f"link {n}" for n in network.lab_links()]
+    found += [f"cgroup {c}" for c in cgroups.leftovers()]
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mnt = line.split()[1]
+        if mnt.startswith(str(root) + "/") or mnt.startswith("/run/netns/ironlab-"):
+            found.append(f"mount {mnt}")
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if (
+            ("systemd-nspawn" in cmd and "--machine=lab" in cmd)
+            or ("httpd.py" in cmd and str(root) in cmd)
+            or ("docker-registry" in cmd and str(root) in cmd)
+        ):
+            found.append(f"process {pid_dir.name}: {cmd.strip()}")
+    if Path("/run/systemd/nspawn/propagate").exists():
+        found += [
+            f"nspawn dir {p}" for p in Path("/run/systemd/nspawn/propagate").iterdir() if p.name.startswith("lab")
+        ]
+    return found

@@ -1,0 +1,181 @@
+"""The lab's container registry: Debian's docker-registry (the distribution registry 2.8) on the lab bridge.
+
+Runs on this machine, bound to the bridge address only (https://GATEWAY:REGISTRY_PORT), serving what the lab
+pushes into <lab dir>/registry/data (kept across `lab down`, like the supply). The binary is the Debian package
+the lab's apt repository carries, unpacked under <lab dir>/registry/pkg (nothing is installed on this machine).
+
+TLS with a CA made for this lab (<lab dir>/registry/tls): hosts trust it only where the inventory says so
+(``docker_registry_ca``, which roles/container_runtime.py installs in /etc/docker/certs.d/), the way an internal
+registry with an internal CA is trusted; Docker then pulls through it as a mirror (``docker_registry_mirror``)
+without any insecure-registries exception. ``ironserve lock`` checks the same certificate.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from . import supply
+from .state import GATEWAY, REGISTRY_PORT
+from .system import LabError, daemon_pid, listening, run, say, stop_daemon, wait_for
+
+PACKAGE = "docker-registry"
+
+
+def registry_dir(root: Path) -> Path:
+    return root / "registry"
+
+
+def address() -> str:
+    return f"{GATEWAY}:{REGISTRY_PORT}"
+
+
+def ca_file(root: Path) -> Path:
+    return registry_dir(root) / "tls" / "ca.crt"
+
+
+def binary(root: Path) -> Path:
+    return registry_dir(root) / "pkg" / "usr" / "bin" / "docker-registry"
+
+
+def ensure_binary(root: Path) -> Path:
+    """Debian's docker-registry from the lab's apt repository, unpacked (downloaded there first if missing)."""
+    exe = binary(root)
+    if exe.is_file():
+        return exe
+    debs = sorted((supply.supply_dir(root) / "apt").glob(f"{PACKAGE}_*.deb"))
+    if not debs:
+        supply.publish_debs(root, [PACKAGE])
+        debs = sorted((supply.supply_dir(root) / "apt").glob(f"{PACKAGE}_*.deb"))
+    if not debs:
+        raise LabError(f"{PACKAGE} is not in the lab's apt repository after publishing it")
+    (registry_dir(root) / "pkg").mkdir(parents=True, exist_ok=True)
+    run(["dpkg-deb", "-x", str(debs[-1]), str(registry_dir(root) / "pkg")])
+    return exe
+
+
+def ensure_tls(root: Path) -> None:
+    """A CA of this lab and a server certificate for the bridge address (made once, kept across down/up)."""
+    tls = registry_dir(root) / "tls"
+    if (tls / "server.crt").exists() and (tls / "ca.crt").exists():
+        return
+    tls.mkdir(parents=True, exist_ok=True)
+    os.chmod(tls, 0o700)
+    ossl = ["openssl"]
+    run(
+        [
+            *ossl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(tls / "ca.key"),
+            "-out",
+            str(tls / "ca.crt"),
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=ironserve lab registry CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]
+    )
+    run(
+        [
+            *ossl,
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(tls / "server.key"),
+            "-out",
+            str(tls / "server.csr"),
+            "-subj",
+            f"/CN={GATEWAY}",
+        ]
+    )
+    ext = tls / "server.ext"
+    ext.write_text(f"subjectAltName=IP:{GATEWAY}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
+    run(
+        [
+            *ossl,
+            "x509",
+            "-req",
+            "-in",
+            str(tls / "server.csr"),
+            "-CA",
+            str(tls / "ca.crt"),
+            "-CAkey",
+            str(tls / "ca.key"),
+            "-CAcreateserial",
+            "-out",
+            str(tls / "server.crt"),
+            "-days",
+            "3650",
+            "-extfile",
+            str(ext),
+        ]
+    )
+    for key in ("ca.key", "server.key"):
+        os.chmod(tls / key, 0o600)
+    os.chmod(tls / "ca.crt", 0o644)
+
+
+def config_text(root: Path) -> str:
+    reg = registry_dir(root)
+    return (
+        "# ironserve lab registry (lab/ironserve_lab/registry.py)\n"
+        "version: 0.1\n"
+        "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {reg / 'data'}\n  delete:\n    enabled: false\n"
+        f"http:\n  addr: {address()}\n  tls:\n    certificate: {reg / 'tls/server.crt'}\n"
+        f"    key: {reg / 'tls/server.key'}\n  headers:\n    X-Content-Type-Options: [nosniff]\n"
+    )
+
+
+def _pidfile(root: Path) -> Path:
+    return registry_dir(root) / "registry.pid"
+
+
+def server_pid(root: Path) -> int | None:
+    return daemon_pid(_pidfile(root), "docker-registry", str(registry_dir(root)))
+
+
+def start_server(root: Path) -> None:
+    exe = ensure_binary(root)
+    ensure_tls(root)
+    reg = registry_dir(root)
+    (reg / "data").mkdir(parents=True, exist_ok=True)
+    cfg = reg / "config.yml"
+    text = config_text(root)
+    if not cfg.exists() or cfg.read_text() != text:
+        cfg.write_text(text)
+        stop_server(root)
+    if server_pid(root):
+        return
+    with open(reg / "registry.log", "ab") as log:
+        proc = subprocess.Popen(
+            [str(exe), "serve", str(cfg)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _pidfile(root).write_text(f"{proc.pid}\n")
+    wait_for(lambda: server_pid(root) and listening(GATEWAY, REGISTRY_PORT), 15, what="the lab registry")
+    say(f"registry: https://{address()} (Debian {PACKAGE}; CA {ca_file(root)})")
+
+
+def stop_server(root: Path) -> None:
+    stop_daemon(_pidfile(root), "docker-registry", str(registry_dir(root)), what="registry")

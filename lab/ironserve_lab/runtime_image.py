@@ -1,0 +1,286 @@
+"""The lab's CPU SGLang runtime image: the tiny-cpu uv runtime's exact pins in a container image.
+
+``ironserve-lab/sglang-cpu:<sglang version>`` (recipes/tiny-cpu-docker.yaml) is built once per machine, without a
+Docker engine, and cached in ~/.cache/ironserve/lab-images (IRONSERVE_CACHE) like the CPU wheelhouse:
+
+- layer 1, the Debian base: the lab's own bookworm rootfs (rootfs.py), minus /dev, /proc, /sys, /run, /tmp and
+  apt's caches (a Debian image as `debootstrap | docker import` makes it);
+- layer 2, the runtime: an overlay over that rootfs, in which the rootfs's own Python 3.11 gets a venv at
+  /opt/sglang filled by ``uv pip install --no-index`` from the CPU wheelhouse (cpu_runtime.REQUIREMENTS with the
+  wheelhouse's uv.toml: the same pins, exclusions and torch override as the uv runtime of recipes/tiny-cpu.yaml);
+  the layer is the overlay's upper directory, checked to hold no whiteouts, with mtimes clamped. Triton's GPU
+  toolchain binaries (GPU_TOOLCHAIN, half a GB that compiles only GPU kernels) are left out of it.
+
+The image puts /opt/sglang/bin first on PATH, so the units' ``python3 -m sglang.launch_server`` is the venv's.
+``lab up`` pushes it to the lab registry (registry.py); the base layer's digest depends on this machine's
+rootfs, so the image digest is per machine (`ironserve lock` resolves it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from . import cpu_runtime, oci, state
+from .system import LabError, run, say
+
+REPO = "ironserve-lab/sglang-cpu"
+TAG = cpu_runtime.SGLANG_VERSION
+VENV = "/opt/sglang"
+BUILD_VERSION = "3"  # bump when the build below changes: the cached image is rebuilt
+# The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
+# 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
+# stand-ins built FROM it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
+GPU_TOOLCHAIN = (
+    "triton/backends/nvidia/bin",
+    "triton/backends/nvidia/lib/cupti",
+    "triton/backends/nvidia/lib/cupti-blackwell",
+    "triton/backends/amd/lib/libtriton_amd_codegen.so",
+    "triton/instrumentation/libGPUInstrumentationTestLib.so",
+)
+BASE_EXCLUDES = (
+    "./dev/*",
+    "./proc/*",
+    "./sys/*",
+    "./run/*",
+    "./tmp/*",
+    "./var/cache/apt/*",
+    "./var/lib/apt/lists/*",
+    "./etc/ssh/ssh_host_*",
+)
+PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def cache_dir() -> Path:
+    return state.cache_dir() / "lab-images"
+
+
+def _base_identity(base: Path) -> str:
+    """What makes this machine's rootfs this one: its version marker and its dpkg status (size, mtime)."""
+    status = (base / "var/lib/dpkg/status").stat()
+    return f"{(base / 'etc/ironlab-base-version').read_text().strip()}:{status.st_size}:{status.st_mtime_ns}"
+
+
+def build_key(base: Path, wheelhouse: Path) -> str:
+    text = json.dumps(
+        {
+            "build": BUILD_VERSION,
+            "base": _base_identity(base),
+            "wheels": (wheelhouse / "SHA256SUMS").read_text(),
+            "requirements": cpu_runtime.REQUIREMENTS,
+        }
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def ref_file(base: Path, wheelhouse: Path) -> Path:
+    return cache_dir() / "images" / f"sglang-cpu-{TAG}-{build_key(base, wheelhouse)}.json"
+
+
+def base_layer(base: Path) -> dict:
+    """The Debian base layer of this machine's rootfs (cached by the rootfs's identity)."""
+    key = hashlib.sha256(_base_identity(base).encode()).hexdigest()[:16]
+    record = cache_dir() / "images" / f"base-{key}.json"
+    try:
+        layer = json.loads(record.read_text())
+        if oci.blob_path(cache_dir(), layer["digest"]).is_file():
+            return layer
+    except (OSError, ValueError, KeyError):
+        pass
+    say("runtime image: Debian base layer from the lab rootfs")
+    layer = oci.layer_from_dir(cache_dir(), base, BASE_EXCLUDES, progress=say)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(layer) + "\n")
+    return layer
+
+
+def _umount(path: Path) -> None:
+    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _whiteouts(upper: Path) -> list[str]:
+    found = []
+    for dirpath, dirs, files in os.walk(upper):
+        for name in dirs + files:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if (st.st_mode & 0o170000) == 0o020000 and st.st_rdev == 0:
+                found.append(str(path.relative_to(upper)))
+        try:
+            if os.getxattr(dirpath, "trusted.overlay.opaque") == b"y":
+                found.append(str(Path(dirpath).relative_to(upper)) + " (opaque)")
+        except OSError:
+            pass
+    return found
+
+
+def site_packages(root: Path) -> Path:
+    """The image venv's site-packages under ``root`` (a rootfs, an overlay, a layer's staging directory)."""
+    return root / VENV.lstrip("/") / "lib/python3.11/site-packages"
+
+
+def _drop_gpu_toolchain(merged: Path) -> None:
+    site = site_packages(merged)
+    missing = [rel for rel in GPU_TOOLCHAIN if not (site / rel).exists()]
+    if missing:  # a triton release that moved them: the image would silently grow by half a GB again
+        raise LabError(
+            f"runtime image: triton's GPU toolchain is not where the build expects it: {missing} "
+            "(update runtime_image.GPU_TOOLCHAIN)"
+        )
+    for rel in GPU_TOOLCHAIN:
+        path = site / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _check_bytecode(merged: Path) -> None:
+    """The venv's bytecode is hash-checked (flags word of the pyc header, PEP 552), so it survives the clamped mtimes."""
+    pyc = site_packages(merged) / "sglang/__pycache__/__init__.cpython-311.pyc"
+    try:
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+    except OSError as exc:
+        raise LabError(f"runtime image: no bytecode compiled for sglang ({exc})") from exc
+    if not flags & 1:
+        raise LabError(
+            f"runtime image: {pyc.name} is timestamp-checked: in the layer (mtimes clamped to 0) every "
+            "pyc would be stale; the install needs SOURCE_DATE_EPOCH"
+        )
+
+
+def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
+    """Overlay over the rootfs, venv + pinned install inside it (chroot); returns the upper directory."""
+    upper, ovl, merged = work / "upper", work / "ovl", work / "merged"
+    for d in (upper, ovl, merged):
+        d.mkdir(parents=True)
+    uv = shutil.which("uv")
+    if not uv:
+        raise LabError("uv is needed on this machine to build the lab's runtime image (scripts/env.sh installs it)")
+    run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={base},upperdir={upper},workdir={ovl}", str(merged)])
+    mounts = [merged]
+    try:
+        wheels = merged / "tmp/ironlab-wheels"
+        wheels.mkdir(parents=True)
+        for src, dst, opts in (
+            (wheelhouse, wheels, ["--bind", "-o", "ro"]),
+            ("/proc", merged / "proc", ["--bind"]),
+            ("/dev", merged / "dev", ["--bind"]),
+        ):
+            run(["mount", *opts, str(src), str(dst)])
+            mounts.append(dst)
+        shutil.copy2(uv, merged / "tmp/ironlab-uv")
+        # SOURCE_DATE_EPOCH: the bytecode is compiled hash-checked (PEP 552), not against source mtimes, which the
+        # layer clamps to 0: timestamp pycs would all be stale, and every container start would recompile
+        env = {
+            "HOME": "/tmp/ironlab-home",
+            "UV_NO_CACHE": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml",
+            "PATH": PATH,
+            "SOURCE_DATE_EPOCH": "0",
+        }
+        chroot = ["chroot", str(merged), "env", "-i", *(f"{k}={v}" for k, v in env.items())]
+        run([*chroot, "/tmp/ironlab-uv", "venv", "--python", "/usr/bin/python3.11", VENV])
+        run(
+            [
+                *chroot,
+                "/tmp/ironlab-uv",
+                "pip",
+                "install",
+                "--python",
+                f"{VENV}/bin/python",
+                "--no-index",
+                "--find-links",
+                "/tmp/ironlab-wheels",
+                "--link-mode",
+                "copy",
+                "--compile-bytecode",
+                "-r",
+                "/tmp/ironlab-wheels/requirements.txt",
+            ],
+            timeout=3600,
+        )
+        _check_bytecode(merged)
+        _drop_gpu_toolchain(merged)
+        check = run(
+            [
+                *chroot,
+                f"{VENV}/bin/python",
+                "-c",
+                "import sglang, torch, triton; print(sglang.__version__, torch.__version__)",
+            ],
+            timeout=600,
+        )
+        say(f"runtime image: the venv imports sglang/torch {check.stdout.strip()}")
+    finally:
+        for m in reversed(mounts):
+            _umount(m)
+    for leftover in ("tmp/ironlab-wheels", "tmp/ironlab-uv", "tmp/ironlab-home", "root/.cache"):
+        path = upper / leftover
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    found = _whiteouts(upper)
+    if found:
+        raise LabError(f"runtime image: the install removed files of the base, a layer cannot say that: {found[:5]}")
+    return upper
+
+
+def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
+    """The cached image (built first when missing): (its ref file, {manifest_digest, config_digest})."""
+    ref = ref_file(base, wheelhouse)
+    found = oci.read_image(cache_dir(), ref)
+    if found:
+        return ref, found
+    say(
+        f"runtime image {REPO}:{TAG}: building it once for this machine (Debian base from the lab rootfs + the "
+        f"CPU wheelhouse's {len(cpu_runtime.REQUIREMENTS)} pins, a few minutes) -> {cache_dir()}"
+    )
+    t0 = time.monotonic()
+    layer0 = base_layer(base)
+    work = cache_dir() / "build"
+    if work.exists():
+        for line in reversed(Path("/proc/mounts").read_text().splitlines()):
+            if line.split()[1].startswith(str(work) + "/"):
+                _umount(Path(line.split()[1]))
+        shutil.rmtree(work)
+    try:
+        upper = _install_venv(base, wheelhouse, work)
+        say(f"runtime image: venv installed after {time.monotonic() - t0:.0f}s; writing its layer")
+        layer1 = oci.layer_from_dir(cache_dir(), upper, ("./tmp/*",), normalize_mtime=True, progress=say)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    config = {
+        "Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"],
+        "Cmd": ["python3"],
+        "WorkingDir": "/",
+        "Labels": {
+            "org.opencontainers.image.title": "ironserve lab: SGLang CPU runtime",
+            "ironserve.lab.sglang": cpu_runtime.SGLANG_VERSION,
+            "ironserve.lab.requirements.sha256": hashlib.sha256(cpu_runtime.requirements_text().encode()).hexdigest(),
+        },
+    }
+    found = oci.write_image(
+        cache_dir(),
+        ref,
+        [layer0, layer1],
+        config,
+        [
+            "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
+            f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (lab/ironserve_lab/cpu_runtime.py pins), "
+            "less triton's GPU toolchain binaries",
+        ],
+    )
+    say(
+        f"runtime image {REPO}:{TAG} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
+        f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB compressed)"
+    )
+    return ref, found
