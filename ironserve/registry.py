@@ -36,8 +36,11 @@ def repository_path(repo: str) -> str:
 class Registry:
     """A Docker Registry HTTP API v2 client for one registry (``host:port``, https, a CA file to trust)."""
 
-    def __init__(self, address: str, ca_file: str | os.PathLike | None = None, scheme: str = "https"):
+    def __init__(
+        self, address: str, ca_file: str | os.PathLike | None = None, scheme: str = "https", timeout: float = 600
+    ):
         self.base = f"{scheme}://{address}"
+        self.timeout = timeout
         self.context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
         self.token: str | None = None
 
@@ -50,7 +53,7 @@ class Registry:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            return urllib.request.urlopen(req, context=self.context, timeout=600)
+            return urllib.request.urlopen(req, context=self.context, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             challenge = exc.headers.get("WWW-Authenticate", "")
             if exc.status == 401 and challenge.startswith("Bearer ") and not self.token and self._login(challenge):
@@ -63,7 +66,9 @@ class Registry:
         if not params.get("realm", "").startswith("https://"):
             return False
         query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
-        with urllib.request.urlopen(f"{params['realm']}?{query}", context=self.context, timeout=60) as resp:
+        with urllib.request.urlopen(
+            f"{params['realm']}?{query}", context=self.context, timeout=min(60, self.timeout)
+        ) as resp:
             body = json.loads(resp.read())
         self.token = body.get("token") or body.get("access_token")
         return bool(self.token)

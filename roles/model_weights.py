@@ -32,7 +32,7 @@ from pyinfra.operations import files
 
 from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, venv_path
-from roles.common import LongCommand
+from roles.common import LongCommand, with_pushed_images
 from roles.context import DeploymentContext
 from roles.secret_file import read_secret, secret_file
 
@@ -177,6 +177,7 @@ class ModelCheckpoint(FactBase):
 
 
 @operation()
+@with_pushed_images
 def weights_downloaded(path: str, command: str):
     """Run the (resumable) download when the checkpoint at ``path`` is not complete."""
     problems = checkpoint_problems(host.get_fact(ModelCheckpoint, path=path))
