@@ -19,9 +19,9 @@ import os
 import time
 
 import pytest
+from ironserve_lab import registry as lab_registry
+from ironserve_lab.state import lab_dir
 
-from ironserve.lab import registry as lab_registry
-from ironserve.lab.state import lab_dir
 from ironserve.registry import Registry
 
 from .cpu3.fleet import changes, chat
