@@ -16,8 +16,12 @@ replace with the pushed digest when they execute (roles/common.py ``with_pushed_
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import re
 import ssl
+import stat
 import urllib.error
 import urllib.parse
 from dataclasses import dataclass, replace
@@ -77,6 +81,7 @@ class DerivedImage:
     dockerfile: str
     pip_index_url: str | None = None  # the build's index (build arguments, not in the Dockerfile)
     ca_file: str | None = None  # the registry's CA on the controller (docker_registry_ca)
+    auth_file: str | None = None  # USER:PASSWORD, 0600 on the controller (docker_derived_registry_auth_file)
     digest: str | None = None  # the manifest digest the registry gives the tag; None until pushed
 
     @property
@@ -93,7 +98,11 @@ class DerivedImage:
 
 
 def derived_image(
-    recipe: Recipe, registry: str, pip_index_url: str | None = None, ca_file: str | None = None
+    recipe: Recipe,
+    registry: str,
+    pip_index_url: str | None = None,
+    ca_file: str | None = None,
+    auth_file: str | None = None,
 ) -> DerivedImage:
     """The derived image of a docker recipe with patches and a pinned base, in ``registry`` (HOST[:PORT][/PREFIX],
     validated by ironserve.hostdata); its digest unknown. ValueError when the recipe id cannot name a repository."""
@@ -109,16 +118,44 @@ def derived_image(
         dockerfile=text,
         pip_index_url=pip_index_url,
         ca_file=ca_file,
+        auth_file=auth_file,
     )
 
 
-def registry_digest(repository: str, tag: str, ca_file: str | None) -> str | None:
+def registry_credentials(path: str) -> tuple[str, str]:
+    """(user, password) from a controller file of one line USER:PASSWORD, readable by its owner only (0600 or
+    stricter: a password others can read is refused, not used); ValueError saying what is wrong, never the value."""
+    file = os.path.expanduser(path)
+    try:
+        mode = os.stat(file).st_mode
+        text = open(file).read().strip() if stat.S_ISREG(mode) else ""
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    if stat.S_IMODE(mode) & 0o077:
+        raise ValueError(f"{path}: mode {stat.S_IMODE(mode):04o} lets others read the password (chmod 600 it)")
+    user, _, password = text.partition(":")
+    if not user or not password or "\n" in text:
+        raise ValueError(f"{path}: not one line USER:PASSWORD")
+    return user, password
+
+
+def docker_config_text(registry: str, credentials: tuple[str, str]) -> str:
+    """A Docker client configuration (``docker --config DIR``'s config.json) holding the registry's credentials."""
+    auth = base64.b64encode(":".join(credentials).encode()).decode()
+    return json.dumps({"auths": {registry: {"auth": auth}}}, indent=1, sort_keys=True) + "\n"
+
+
+def registry_digest(repository: str, tag: str, ca_file: str | None, auth_file: str | None = None) -> str | None:
     """The manifest digest the registry of ``repository`` (HOST[:PORT]/PATH) gives ``tag`` (None: not there); a
-    RegistryError that says why the registry could not be asked (unreachable, TLS not verified with the CA, an
-    unexpected answer)."""
+    RegistryError that says why the registry could not be asked (unreachable, TLS not verified with the CA, the
+    credentials refused or unreadable, an unexpected answer)."""
     registry, _, path = repository.partition("/")
     try:
-        return Registry(registry, ca_file, timeout=LOOKUP_TIMEOUT_S).digest(path, tag)
+        credentials = registry_credentials(auth_file) if auth_file else None
+    except ValueError as exc:
+        raise RegistryError(f"docker_derived_registry_auth_file {exc}") from None
+    try:
+        return Registry(registry, ca_file, timeout=LOOKUP_TIMEOUT_S, credentials=credentials).digest(path, tag)
     except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
         raise RegistryError(f"https://{registry}/v2/ unreachable: {getattr(exc, 'reason', exc)}") from None
 
@@ -132,14 +169,15 @@ def pushed_digest(image: DerivedImage, where: str = "inventory") -> str | None:
     key = (image.repository, image.tag, image.ca_file)
     if key not in _LOOKED_UP:
         try:
-            _LOOKED_UP[key] = registry_digest(image.repository, image.tag, image.ca_file)
+            _LOOKED_UP[key] = registry_digest(image.repository, image.tag, image.ca_file, image.auth_file)
         except RegistryError as exc:
             raise SpecError.one(
                 where,
                 KEY,
                 f"cannot read {image.tagged} from the registry: {exc}",
                 "make the registry reachable over https from this machine, its certificate verified by "
-                "docker_registry_ca, or unset docker_derived_registry (each host then builds on its own)",
+                "docker_registry_ca (and its credentials in docker_derived_registry_auth_file, 0600), or unset "
+                "docker_derived_registry (each host then builds on its own)",
             ) from None
     return _LOOKED_UP[key]
 

@@ -291,7 +291,8 @@ class HostData(BaseModel):
     docker_registry_ca: str | None = _field(
         None,
         "roles/docker_engine.py",
-        "CA certificate of that registry, a file on the controller (installed in /etc/docker/certs.d/)",
+        "CA certificate of that registry and of docker_derived_registry, a file on the controller (installed in "
+        "/etc/docker/certs.d/, and verified by the controller)",
     )
     docker_derived_registry: DerivedRegistry | None = _field(
         None,
@@ -299,6 +300,12 @@ class HostData(BaseModel):
         "HOST[:PORT][/PREFIX] of an https registry (its CA docker_registry_ca) that a recipe's derived image "
         "(runtime.patches) is pushed to: built once per deployment, pulled and run by digest on every host; "
         "unset: each host builds its own",
+    )
+    docker_derived_registry_auth_file: str | None = _field(
+        None,
+        "roles/recipe_image.py",
+        "file on the controller, mode 0600, of one line USER:PASSWORD for docker_derived_registry: the builder "
+        "pushes and every host pulls with it (a 0600 Docker config on the host, never in argv or logs)",
     )
     docker_image_lock: str | None = _field(
         None,

@@ -136,7 +136,14 @@ def _registry_image(recipe: Recipe, typed: dict[str, HostData], hosts: list[str]
         )
     try:
         images = {
-            h: derived_image(recipe, named[h], typed[h].pip_index_url, typed[h].docker_registry_ca) for h in hosts
+            h: derived_image(
+                recipe,
+                named[h],
+                typed[h].pip_index_url,
+                typed[h].docker_registry_ca,
+                typed[h].docker_derived_registry_auth_file,
+            )
+            for h in hosts
         }
     except ValueError as exc:
         raise SpecError.one(f"recipe {recipe.id}", "id", str(exc), "name the recipe with a lowercase id") from None

@@ -23,7 +23,11 @@ to the build as PIP_INDEX_URL (air-gapped builds):
   host before the next one, so the push is done before any host pulls. The registry is asked for the tag while
   the deploy plans: a tag it holds is neither built nor pushed again (a rerun plans no change); a push that fails
   or a digest that differs stops every host before its units change. The base image is not pulled on the other
-  hosts (the derived image's layers include it);
+  hosts (the derived image's layers include it). ``docker_derived_registry_auth_file`` [none], a 0600 file on the
+  controller of one line USER:PASSWORD, gives the registry's credentials: the controller's lookups send them
+  only when the registry asks, over https; the hosts get them as a 0600 Docker client configuration
+  (/etc/ironserve/registry-auth/config.json, ``docker --config``) for the push and the pulls, never on a command
+  line;
 - without it: each host builds ``ironserve/<recipe>:derived`` on its own (N builds, and their image IDs differ);
   the deploy warns, naming the key.
 
@@ -47,12 +51,15 @@ from io import StringIO
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, OperationError, deploy, operation
 from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
 
 from ironserve.derived_image import (
     PENDING,
     build_args,
+    docker_config_text,
     dockerfile_text,
     placeholder,
+    registry_credentials,
     registry_digest,
 )
 from ironserve.registry import RegistryError
@@ -61,8 +68,11 @@ from ironserve.units import ETC_DIR, image_ref, in_container, local_derived_ref,
 from roles.common import PUSHED_IMAGES, LongCommand, in_run, json_output, uses_sudo, with_pushed_images
 from roles.context import DeploymentContext
 from roles.desired import RuntimeCheck, present_check
+from roles.secret_file import Secret, secret_file
 
 IMAGES_DIR = f"{ETC_DIR}/images"
+# the Docker client configuration holding the credentials of the registry of derived images (0700 dir, 0600 file)
+REGISTRY_AUTH_DIR = f"{ETC_DIR}/registry-auth"
 DOCKERFILE_LABEL = "ironserve.dockerfile.sha256"
 
 
@@ -260,6 +270,8 @@ def derived_pushed(
     digest: str | None = None,
     pip_index_url: str | None = None,
     ca_file: str | None = None,
+    auth_file: str | None = None,
+    docker_config: str | None = None,
 ):
     """The deployment's derived image is in the site's registry as ``repository:tag`` (tag: the Dockerfile's
     sha256): ``digest`` is what the registry gave the tag while the run planned; without it the ``builder`` (this
@@ -279,11 +291,16 @@ def derived_pushed(
         host.noop(f"{builder} builds and pushes {tagged}")
         return
     yield from _built(recipe_id, dockerfile, tagged, pip_index_url)
-    yield LongCommand(f"docker push {shlex.quote(tagged)}", f"pushing {tagged}")
-    yield FunctionCommand(_record_push, (repository, tag, ca_file), {})
+    yield LongCommand(f"{docker_client(docker_config)} push {shlex.quote(tagged)}", f"pushing {tagged}")
+    yield FunctionCommand(_record_push, (repository, tag, ca_file, auth_file), {})
 
 
-def _record_push(state, host, repository: str, tag: str, ca_file: str | None) -> bool:
+def docker_client(config: str | None) -> str:
+    """The docker command, with the client configuration holding the registry's credentials when there is one."""
+    return f"docker --config {shlex.quote(config)}" if config else "docker"
+
+
+def _record_push(state, host, repository: str, tag: str, ca_file: str | None, auth_file: str | None = None) -> bool:
     """After the builder's push: the digest the registry gives the tag must be one the pushed image has (another
     push of the tag in between, or a registry that rewrote the manifest, stops here); it becomes what every host
     pulls and runs."""
@@ -294,7 +311,7 @@ def _record_push(state, host, repository: str, tag: str, ca_file: str | None) ->
     )
     local = [line.partition("@")[2] for line in output.stdout_lines if line.startswith(f"{repository}@")]
     try:
-        remote = registry_digest(repository, tag, ca_file)
+        remote = registry_digest(repository, tag, ca_file, auth_file)
     except RegistryError as exc:
         remote, local = None, [str(exc)]
     if not status or not remote or remote not in local:
@@ -311,17 +328,15 @@ def _record_push(state, host, repository: str, tag: str, ca_file: str | None) ->
 
 @operation()
 @with_pushed_images
-def derived_pulled(ref: str):
+def derived_pulled(ref: str, docker_config: str | None = None):
     """The deployment's derived image, by digest from the site's registry, on this host (the builder has it from
     its push). ``ref`` names an image this run pushes by a placeholder until the push (ironserve/derived_image.py):
     planned as a pull, resolved when it executes."""
-    if PENDING in ref:
-        yield LongCommand(f"docker pull {shlex.quote(ref)}", f"pulling {ref}")
-        return
-    if ref in (host.get_fact(DockerImageDigests, ref=ref) or []):
+    pull = LongCommand(f"{docker_client(docker_config)} pull {shlex.quote(ref)}", f"pulling {ref}")
+    if PENDING not in ref and ref in (host.get_fact(DockerImageDigests, ref=ref) or []):
         host.noop(f"image {ref} is present")
         return
-    yield LongCommand(f"docker pull {shlex.quote(ref)}", f"pulling {ref}")
+    yield pull
 
 
 # --------------------------------------------------------------------------- role
@@ -335,6 +350,7 @@ def registry_image(ctx: DeploymentContext) -> list:
     image = ctx.derived
     assert image is not None
     who = builder(ctx)
+    config = registry_login(image.registry, image.auth_file)
     pushed = derived_pushed(
         name=f"Derived image {image.tagged} in the registry (built and pushed by {who or 'no host of this run'})",
         recipe_id=ctx.recipe.id,
@@ -346,9 +362,33 @@ def registry_image(ctx: DeploymentContext) -> list:
         digest=image.digest,
         pip_index_url=image.pip_index_url,
         ca_file=image.ca_file,
+        auth_file=image.auth_file,
+        docker_config=config,
     )
-    pulled = derived_pulled(name=f"Derived image {image.repository} pulled by digest", ref=image.ref)
+    pulled = derived_pulled(
+        name=f"Derived image {image.repository} pulled by digest", ref=image.ref, docker_config=config
+    )
     return [pushed, pulled]
+
+
+def registry_login(registry: str, auth_file: str | None) -> str | None:
+    """The registry's credentials (a 0600 file on the controller) as a 0600 Docker client configuration on the
+    host, for the push and the pulls (never on a command line); its directory, or None without credentials."""
+    if not auth_file:
+        return None
+    try:
+        credentials = registry_credentials(auth_file)
+    except ValueError as exc:
+        raise OperationError(f"docker_derived_registry_auth_file {exc}") from None
+    files.directory(
+        name="registry credentials directory", path=REGISTRY_AUTH_DIR, mode="700", user="root", group="root"
+    )
+    secret_file(
+        name=f"credentials of {registry} (0600)",
+        path=f"{REGISTRY_AUTH_DIR}/config.json",
+        secret=Secret(docker_config_text(registry, credentials)),
+    )
+    return REGISTRY_AUTH_DIR
 
 
 def local_image(ctx: DeploymentContext) -> list:

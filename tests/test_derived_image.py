@@ -6,7 +6,13 @@ digest when operations execute, the push's digest check, the builder's choice, a
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.server
+import json
+import ssl
+import subprocess
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -189,8 +195,8 @@ class _Builder:
 def test_the_push_is_checked_against_the_registry_before_any_host_pulls(monkeypatch, registry_says, recorded):
     tag = "dockerfile-" + "cd" * 32
 
-    def registry_digest(repository, tag_, ca_file):
-        assert (repository, tag_, ca_file) == (REPO, tag, "/ca.crt")
+    def registry_digest(repository, tag_, ca_file, auth_file):
+        assert (repository, tag_, ca_file, auth_file) == (REPO, tag, "/ca.crt", None)
         if isinstance(registry_says, Exception):
             raise registry_says
         return registry_says
@@ -248,3 +254,105 @@ def test_docker_trusts_the_derived_registry_with_the_inventorys_ca(recipe_file, 
     assert [(p["src"], p["dest"]) for p in puts] == [
         ("/site/ca.crt", "/etc/docker/certs.d/registry.example.internal:5000/ca.crt")
     ]
+
+
+def _auth_file(tmp_path, mode=0o600, text="ci-pusher:s3cret-t0ken\n"):
+    path = tmp_path / "registry-auth"
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_credentials_come_only_from_a_file_its_owner_alone_reads(tmp_path):
+    assert derived_image.registry_credentials(_auth_file(tmp_path)) == ("ci-pusher", "s3cret-t0ken")
+    for mode, text, why in [
+        (0o644, "ci-pusher:s3cret-t0ken\n", "chmod 600"),
+        (0o640, "ci-pusher:s3cret-t0ken\n", "chmod 600"),
+        (0o600, "no-colon\n", "USER:PASSWORD"),
+        (0o600, "ci-pusher:s3cret\nsecond:line\n", "USER:PASSWORD"),
+    ]:
+        with pytest.raises(ValueError, match=why) as err:
+            derived_image.registry_credentials(_auth_file(tmp_path, mode, text))
+        assert "s3cret" not in str(err.value)
+    with pytest.raises(ValueError, match="cannot read"):
+        derived_image.registry_credentials(str(tmp_path / "absent"))
+    config = json.loads(derived_image.docker_config_text("r.example:5000", ("ci-pusher", "s3cret-t0ken")))
+    assert base64.b64decode(config["auths"]["r.example:5000"]["auth"]) == b"ci-pusher:s3cret-t0ken"
+
+
+def test_a_readable_password_stops_the_deploy_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(derived_image, "_LOOKED_UP", {})
+    image = derived_image.DerivedImage(
+        "127.0.0.1:9",
+        "127.0.0.1:9/ironserve/r",
+        "dockerfile-" + "0" * 64,
+        "FROM x\n",
+        auth_file=_auth_file(tmp_path, 0o644),
+    )
+    with pytest.raises(SpecError) as err:
+        derived_image.pushed_digest(image)
+    assert "docker_derived_registry_auth_file" in err.value.problems[0].message and "s3cret" not in str(err.value)
+
+
+def test_the_hosts_get_the_credentials_as_a_0600_docker_config_never_in_a_command(tmp_path, monkeypatch):
+    done = []
+    monkeypatch.setattr(recipe_image, "files", SimpleNamespace(directory=lambda **kw: done.append(kw)))
+    monkeypatch.setattr(recipe_image, "secret_file", lambda **kw: done.append(kw))
+    assert recipe_image.registry_login("r.example:5000", None) is None and not done
+    assert recipe_image.registry_login("r.example:5000", _auth_file(tmp_path)) == "/etc/ironserve/registry-auth"
+    directory, secret = done
+    assert directory["mode"] == "700" and secret["path"] == "/etc/ironserve/registry-auth/config.json"
+    assert "s3cret" not in repr(done)
+    assert base64.b64encode(b"ci-pusher:s3cret-t0ken").decode() in secret["secret"].reveal()
+    with pytest.raises(OperationError, match="chmod 600"):
+        recipe_image.registry_login("r.example:5000", _auth_file(tmp_path, 0o644))
+
+
+@pytest.fixture
+def tls_registry(tmp_path):
+    """A registry's manifest endpoint over https on 127.0.0.1 (a self-signed certificate as its CA) that answers
+    HEAD /v2/ironserve/r/manifests/TAG only with Basic auth ci-pusher:s3cret-t0ken."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        + ["-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            seen.append(self.headers.get("Authorization"))
+            expected = "Basic " + base64.b64encode(b"ci-pusher:s3cret-t0ken").decode()
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="registry"')
+            else:
+                self.send_response(200)
+                self.send_header("Docker-Content-Digest", PUSHED)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}", str(cert), seen
+    server.shutdown()
+
+
+def test_the_controller_reads_the_digest_with_basic_auth_only_when_asked(tls_registry, tmp_path):
+    address, ca, seen = tls_registry
+    repo = f"{address}/ironserve/r"
+    assert derived_image.registry_digest(repo, "t", ca, _auth_file(tmp_path)) == PUSHED
+    assert seen[0] is None and seen[1].startswith("Basic ")  # anonymous first, the password only on a challenge
+    with pytest.raises(RegistryError, match="HTTP 401"):
+        derived_image.registry_digest(repo, "t", ca)
+    with pytest.raises(RegistryError, match="unreachable"):
+        derived_image.registry_digest(repo, "t", None, _auth_file(tmp_path))  # TLS verified: not without its CA
