@@ -36,6 +36,7 @@ LOCK = ROOT / "recipes" / f"{RECIPE}.lock.json"
 DEPLOY = ("deploys/tiny.py", "--data", f"recipe={RECIPE}")
 DERIVED = f"lab-derived/{RECIPE}"  # the repository under the inventory's docker_derived_registry
 DOCKERFILE = f"/etc/ironserve/images/{RECIPE}/Dockerfile"
+WAITS = ("building", "pushing", "pulling")  # what the deploy times (roles/common.py LongCommand)
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +60,22 @@ def deployed(lab):
     # the lab registry keeps what was pushed across `lab down`: this deploy must build and push it itself
     lab_registry.forget_repository(lab_dir(), DERIVED)
     started = time.monotonic()
+    lab["first_plan"] = json.loads(pyinfra(*DEPLOY, "--dry", "--json", timeout=600).stdout)["plan"]
+    lab["plan_s"] = time.monotonic() - started
+    started = time.monotonic()
     first = pyinfra("-y", *DEPLOY, timeout=2400)
     lab["deploy_s"] = time.monotonic() - started
     lab["deploy_output"] = first.stdout + first.stderr
     built = [line for line in lab["up_output"].splitlines() if "runtime image" in line and "built in" in line]
+    steps = [
+        line.strip()
+        for line in lab["deploy_output"].splitlines()
+        if any(f"{what} 10.213." in line or f"{what} {lab['status']['registry']}" in line for what in WAITS)
+        and line.rstrip().endswith("s")
+    ]
     print(
         f"\n{out.stdout.strip()}\nlab up {lab['up_s']:.0f}s{' (' + built[0].strip() + ')' if built else ''}, "
-        f"first deploy {lab['deploy_s']:.0f}s"
+        f"first plan (--dry) {lab['plan_s']:.0f}s, first deploy {lab['deploy_s']:.0f}s\n" + "\n".join(steps)
     )
     return lab
 
@@ -139,6 +149,19 @@ def test_one_build_one_image_pulled_by_digest(deployed):
     }
     assert layers[ref][: len(layers[base])] == layers[base], layers
     print(f"\n{ref}: image {image_ids[0][:19]} on both hosts, built on {builder['name']} only")
+
+
+def test_the_first_plan_says_one_host_builds_and_every_host_pulls(deployed):
+    """The plan of the first deploy (--dry) is the run's: the builder builds and pushes, both hosts pull the image
+    this run pushes (named by its placeholder until then), both units change."""
+    builder, other = (h["name"] for h in deployed["hosts"])
+    planned = {op["name"]: op["hosts_with_change"] for op in deployed["first_plan"]}
+    pushed = [
+        name for name in planned if name.startswith(f"Recipe image | Derived image {deployed['status']['registry']}")
+    ]
+    assert [planned[name] for name in pushed if "built and pushed by" in name] == [[builder]], pushed
+    assert sorted(next(planned[n] for n in pushed if n.endswith("pulled by digest"))) == [builder, other]
+    assert not [name for name in planned if "(built on this host)" in name]
 
 
 def test_the_audit_checks_the_digest_on_each_host(deployed):
