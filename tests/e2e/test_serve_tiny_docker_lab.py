@@ -156,9 +156,7 @@ def test_the_first_plan_says_one_host_builds_and_every_host_pulls(deployed):
     this run pushes (named by its placeholder until then), both units change."""
     builder, other = (h["name"] for h in deployed["hosts"])
     planned = {op["name"]: op["hosts_with_change"] for op in deployed["first_plan"]}
-    pushed = [
-        name for name in planned if name.startswith(f"Recipe image | Derived image {deployed['status']['registry']}")
-    ]
+    pushed = [name for name in planned if f"Derived image {deployed['status']['registry']}/" in name]
     assert [planned[name] for name in pushed if "built and pushed by" in name] == [[builder]], pushed
     assert sorted(next(planned[n] for n in pushed if n.endswith("pulled by digest"))) == [builder, other]
     assert not [name for name in planned if "(built on this host)" in name]
