@@ -149,15 +149,15 @@ def _pidfile(root: Path) -> Path:
     return registry_dir(root) / "registry.pid"
 
 
-def forget_repository(root: Path, path: str) -> bool:
-    """Drop a repository's tags and manifests from the lab registry (its layers stay: other repositories share them),
-    so the next deploy pushes it again; True when the registry had it."""
+def forget_tags(root: Path, path: str) -> bool:
+    """Drop a repository's tags from the lab registry (its layers and manifests stay linked, as after any push), so
+    the next deploy builds and pushes it again, uploading only what the repository lacks; True when it had tags."""
     if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", path):
         raise LabError(f"not a repository path: {path!r}")
-    repo = registry_dir(root) / "data" / "docker" / "registry" / "v2" / "repositories" / path
-    if not repo.is_dir():
+    tags = registry_dir(root) / "data" / "docker" / "registry" / "v2" / "repositories" / path / "_manifests" / "tags"
+    if not tags.is_dir():
         return False
-    shutil.rmtree(repo)
+    shutil.rmtree(tags)
     return True
 
 

@@ -57,8 +57,9 @@ def lab():
 def deployed(lab):
     out = ironserve("lock", RECIPE, "--inventory", "inventories/lab.py", timeout=300)
     lab["lock"] = json.loads(LOCK.read_text())
-    # the lab registry keeps what was pushed across `lab down`: this deploy must build and push it itself
-    lab_registry.forget_repository(lab_dir(), DERIVED)
+    # the lab registry keeps what was pushed across `lab down`: this deploy must build and push it itself (the
+    # repository's layers stay: only a first push ever uploads the base's)
+    lab_registry.forget_tags(lab_dir(), DERIVED)
     started = time.monotonic()
     lab["first_plan"] = json.loads(pyinfra(*DEPLOY, "--dry", "--json", timeout=600).stdout)["plan"]
     lab["plan_s"] = time.monotonic() - started
