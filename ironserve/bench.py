@@ -6,6 +6,8 @@ Pure: the bench_serving command line from the recipe's ``benchmark`` block, and 
 Ratios are always "higher is better": measured/expected for throughputs, expected/measured for latencies, so a
 ratio below ``min_ratio`` (default 0.8) means slower than the seed, whichever the metric. A range in the recipe
 (``output_tok_s: [42, 85]``) is judged against its low end (the seed's worst figure) and shown whole.
+``compare_runs`` judges one run against another of the same shape instead (a rolling change's canary after its
+change against itself before it, roles/canary_bench.py).
 """
 
 from __future__ import annotations
@@ -110,14 +112,26 @@ def public_result(result: dict) -> dict:
     }
 
 
-def report(recipe: Recipe, result: dict, min_ratio: float = MIN_RATIO) -> tuple[str, bool]:
-    """(text, passed): a table of measured vs expected with ratios; passed = no ratio below min_ratio."""
-    rows = compare(recipe.expected, result)
-    lines = [
-        f"bench_serving against {recipe.id}: {result.get('completed', '?')} requests completed in "
-        f"{result.get('duration', 0):.1f}s",
-        f"{'metric':<20} {'measured':>12} {'expected':>12} {'ratio':>7}  verdict",
-    ]
+def compare_runs(previous: dict, current: dict) -> list[Row]:
+    """The figures of one configuration's run against another's of the same shape on the same group (a canary's
+    benchmark after its change against the one before it): higher is better, as ``compare``."""
+    rows = []
+    for metric, key, higher_is_better in (
+        ("total_output_tok_s", "output_throughput", True),
+        ("tpot_ms", "mean_tpot_ms", False),
+        ("ttft_ms", "mean_ttft_ms", False),
+    ):
+        before, now = previous.get(key), current.get(key)
+        ratio = None
+        if before and now:
+            ratio = now / before if higher_is_better else before / now
+        rows.append(Row(metric, now, f"{before:g}" if before else "-", ratio))
+    return rows
+
+
+def table(rows: list[Row], min_ratio: float, against: str = "expected") -> tuple[list[str], bool]:
+    """(lines, passed): measured vs ``against`` with ratios and verdicts; passed = no ratio below min_ratio."""
+    lines = [f"{'metric':<20} {'measured':>12} {against:>12} {'ratio':>7}  verdict"]
     passed = True
     for row in rows:
         if row.ratio is None:
@@ -130,6 +144,18 @@ def report(recipe: Recipe, result: dict, min_ratio: float = MIN_RATIO) -> tuple[
         measured = f"{row.measured:.2f}" if row.measured is not None else "-"
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
         lines.append(f"{row.metric:<20} {measured:>12} {row.expected:>12} {ratio:>7}  {verdict}")
+    return lines, passed
+
+
+def report(recipe: Recipe, result: dict, min_ratio: float = MIN_RATIO) -> tuple[str, bool]:
+    """(text, passed): a table of measured vs expected with ratios; passed = no ratio below min_ratio."""
+    rows = compare(recipe.expected, result)
+    lines, passed = table(rows, min_ratio)
+    lines.insert(
+        0,
+        f"bench_serving against {recipe.id}: {result.get('completed', '?')} requests completed in "
+        f"{result.get('duration', 0):.1f}s",
+    )
     if all(r.ratio is None for r in rows):
         lines.append(f"(the recipe has no expected figures: {recipe.expected.note or 'none given'})")
     elif not passed:

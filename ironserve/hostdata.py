@@ -189,9 +189,9 @@ class HostData(BaseModel):
     roll_max_groups: int = _field(
         1,
         "roles/rolling.py",
-        "engine groups a rolling change moves out of the router at once (only 1 is implemented)",
+        "engine groups a rolling change moves out of the router at once after the canary, which moves alone (the "
+        "smallest value among the deployment's hosts; at most all but one group of each role: the router keeps one)",
         ge=1,
-        le=1,
     )
     drain_timeout_s: float = _field(
         120,
@@ -200,6 +200,17 @@ class HostData(BaseModel):
         "in-flight requests before it stops (the rest are cut, and said)",
         gt=0,
     )
+    canary_bench: bool = _field(
+        False,
+        "roles/canary_bench.py",
+        "a rolling change benchmarks its canary group before and after its change (bench_serving, the recipe's "
+        "shape, out of the router) and fails it below bench_min_ratio of the figures before (on when any host of "
+        "the deployment asks)",
+    )
+    canary_bench_prompts: int = _field(
+        16, "roles/canary_bench.py", "prompts of each canary benchmark (at most; fewer when the recipe's are)", ge=1
+    )
+    canary_bench_timeout_s: int = _field(300, "roles/canary_bench.py", "seconds each canary benchmark may run", ge=1)
     health_progress_s: float = _field(
         60, "roles/launch.py", "seconds between progress lines while waiting (0: every probe)", ge=0
     )
@@ -413,7 +424,10 @@ class HostData(BaseModel):
     bench_dataset_path: AbsPath | None = _field(None, "roles/bench.py", "--dataset-path on the bench host")
     bench_timeout_s: int = _field(3600, "roles/bench.py", "seconds the benchmark may run", ge=1)
     bench_min_ratio: float = _field(
-        MIN_RATIO, "roles/bench.py", "fail when a figure is below this ratio of the expected", ge=0
+        MIN_RATIO,
+        "roles/bench.py",
+        "fail when a figure is below this ratio of the expected (the canary's benchmark: of its previous configuration's)",
+        ge=0,
     )
     bench_report: str | None = _field(None, "roles/bench.py", "write the report as JSON to this controller path")
 

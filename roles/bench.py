@@ -25,7 +25,7 @@ from pyinfra.api import OperationError, deploy
 from pyinfra.operations import python
 
 from ironserve import bench
-from ironserve.spec import DockerRuntime
+from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import API_KEY_ENV, API_KEY_FILE_ENV, env_path, image_ref, sourcing_script, venv_path
 from roles.context import DeploymentContext
 
@@ -50,8 +50,6 @@ print(key)
 
 def command(ctx: DeploymentContext) -> str:
     """The shell command on the bench host: runtime wrapper, the key from the env file, bench_serving."""
-    recipe = ctx.recipe
-    endpoint = ctx.rendered.endpoint
     engine = next(p for p in ctx.rendered.processes if p.host == ctx.host_name and p.role != "router")
     overrides = {
         "num_prompts": ctx.host.bench_num_prompts,
@@ -59,12 +57,28 @@ def command(ctx: DeploymentContext) -> str:
         "dataset_name": ctx.host.bench_dataset_name,
         "dataset_path": ctx.host.bench_dataset_path,
     }
-    argv = bench.bench_argv(recipe, endpoint, ctx.model_path, overrides)
+    return bench_command(ctx.recipe, ctx.rendered.endpoint, ctx.model_path, env_path(engine), overrides)
+
+
+def bench_command(
+    recipe: Recipe,
+    base_url: str,
+    model_path: str,
+    env_file: str,
+    overrides: dict,
+    result_file: str = bench.RESULT_FILE,
+    log_file: str = bench.LOG_FILE,
+) -> str:
+    """bench_serving against ``base_url`` in the recipe's runtime (the venv's python, or its image with the host's
+    network), the API key read from ``env_file`` into OPENAI_API_KEY (never argv); its result line and the log's
+    tail on stdout (parse_result)."""
+    argv = bench.bench_argv(recipe, base_url, model_path, overrides, result_file)
     runtime = recipe.runtime
     if isinstance(runtime, DockerRuntime):
         # the container sees the weights and a dataset file read-only, and only the bench's own directory
         # writable (its result file): never the host's /tmp
-        mounts = [ctx.model_path] + ([ctx.host.bench_dataset_path] if ctx.host.bench_dataset_path else [])
+        dataset = overrides.get("dataset_path")
+        mounts = [model_path] + ([dataset] if dataset else [])
         wrapper = [
             "docker",
             "run",
@@ -86,10 +100,10 @@ def command(ctx: DeploymentContext) -> str:
     if runtime.source_env:
         wrapper = ["/bin/bash", "-c", sourcing_script(runtime.source_env), "bench", *wrapper]
     # the key from the engine's env file, read as data by python (never `.`/`source`: that would run $(...))
-    key_env = f'export OPENAI_API_KEY="$(python3 -c {shlex.quote(READ_KEY)} {shlex.quote(env_path(engine))})"; '
+    key_env = f'export OPENAI_API_KEY="$(python3 -c {shlex.quote(READ_KEY)} {shlex.quote(env_file)})"; '
 
     run = shlex.join(wrapper)
-    where, result, log = (shlex.quote(p) for p in (bench.BENCH_DIR, bench.RESULT_FILE, bench.LOG_FILE))
+    where, result, log = (shlex.quote(p) for p in (bench.BENCH_DIR, result_file, log_file))
     # the bench's directory: root's, 0700 (install -d sets owner and mode on an existing one too)
     return (
         f"install -d -m 0700 -o root -g root {where} || exit 1; rm -f {result}; ( {key_env}{run} ) > {log} 2>&1; "
@@ -98,11 +112,10 @@ def command(ctx: DeploymentContext) -> str:
     )
 
 
-def _run(ctx: DeploymentContext, cmd: str) -> None:
-    """Runs inside python.call: a failure raises (pyinfra reports the operation failed with the message)."""
-    timeout = ctx.host.bench_timeout_s
-    host.log(f"bench_serving against {ctx.rendered.endpoint} (up to {timeout}s)")
-    _, out = host.run_shell_command(f"timeout {timeout} sh -c {shlex.quote(cmd)}", _sudo=True)
+def run_bench(on_host, cmd: str, timeout_s: int, sudo: bool = True) -> dict:
+    """Run a bench_command on the host within ``timeout_s``: bench_serving's result without anything secret, or
+    RuntimeError with the log's last lines."""
+    _, out = on_host.run_shell_command(f"timeout {timeout_s} sh -c {shlex.quote(cmd)}", _sudo=sudo)
     lines = out.stdout_lines
     marker = lines.index("ironserve-bench-result") if "ironserve-bench-result" in lines else len(lines)
     log, tail = lines[:marker], lines[marker + 1 :]
@@ -114,7 +127,14 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
             continue
     if not result:
         raise RuntimeError("bench_serving gave no result:\n" + "\n".join(log[-40:]))
-    result = bench.public_result(result)
+    return bench.public_result(result)
+
+
+def _run(ctx: DeploymentContext, cmd: str) -> None:
+    """Runs inside python.call: a failure raises (pyinfra reports the operation failed with the message)."""
+    timeout = ctx.host.bench_timeout_s
+    host.log(f"bench_serving against {ctx.rendered.endpoint} (up to {timeout}s)")
+    result = run_bench(host, cmd, timeout)
     text, passed = bench.report(ctx.recipe, result, ctx.host.bench_min_ratio)
     print(text, flush=True)
     host.log_styled(text, fg="green" if passed else "red")

@@ -20,6 +20,11 @@ each operation on every host before the next one):
    (``--limit``, e.g. a rebuilt host) is gated on its own /health (it joined its group);
 4. the router's staged files become live, then the router starts, health-gated.
 
+Before the wave, the change plan is printed once per run (roles/rolling.py ``plan_lines``, ``--dry`` too): per
+engine group, whether a change rolls it (its step, the canary) or restarts it in place (an outage), and the units
+of ironserve's naming each host loses. Running groups of a deployment that rolls move after the wave, a step at a
+time (roles/rolling.py).
+
 A unit that passes its gate has its files saved as its last good configuration; one that fails it after this run
 started or restarted it is rolled back to that configuration with its whole group (roles/rollback.py), and the
 deploy fails saying so. Ranks of multi-node groups get a rank guard unit (files/bin/ironserve_rank_guard.py,
@@ -440,6 +445,19 @@ def apply(ctx: DeploymentContext) -> None:
         launch_preflight.apply(ctx)
         not_launched(name="Launch", reason="prepared and validated; staged, not live, not started: launch=false")
         return
+    _gate_and_preflight(ctx)
+    # a running engine of a deployment with several groups behind its router rolls (roles/rolling.py); the rest
+    # (first starts, a single group: in place, an outage) start in the wave below
+    rolls = rolling.rolling_procs(ctx, lambda proc: _unit_paths(ctx, proc))
+    rolling.say_plan(ctx)
+    _engine_wave(ctx, rolls)
+    wave_barrier(name="Launch: the rolling change, one step at a time behind the router (the wave is healthy)")
+    rolling.apply(ctx, rolls, live_files, config_paths, lambda proc: ctx.changes.unit_change_flag(proc.unit))
+    _routers(ctx)
+
+
+def _gate_and_preflight(ctx: DeploymentContext) -> None:
+    """Every host converged; the containers match their units; the launch preflight."""
     # the deployment = every host the render placed a process on (inventory names)
     deployment = sorted({p.host for p in ctx.rendered.processes})
     launch_gate(name="Launch gate: every host converged", hosts=deployment)
@@ -449,10 +467,12 @@ def apply(ctx: DeploymentContext) -> None:
         )
     # /dev/shm, ACS; the NIC of every rank and a gloo rendezvous of each multi-node group
     launch_preflight.apply(ctx)
-    # a running engine of a deployment with several groups behind its router rolls (roles/rolling.py); the rest
-    # (first starts, a single group: in place, an outage) start in the wave below
-    rolls = rolling.rolling_procs(ctx, lambda proc: _unit_paths(ctx, proc))
-    ranks0, others, routers = start_order([p for p in ctx.processes if p not in rolls])
+
+
+def _engine_wave(ctx: DeploymentContext, rolls: list[Process]) -> None:
+    """The engines that do not roll: undeclared units leave, every rank made live in one wave, rank 0 of each
+    group started and gated, then the other ranks, then each multi-node group's gate; last good saved."""
+    ranks0, others, _ = start_order([p for p in ctx.processes if p not in rolls])
     # pyinfra orders operations per host and ties across hosts by call site; a host with fewer operations
     # before a wave (a router host: no preflight) would reach the next wave early. Barriers, called on every
     # host from one line each, are operations every host shares: no host passes one before all reached it.
@@ -490,8 +510,11 @@ def apply(ctx: DeploymentContext) -> None:
             )
     # every rank of a healthy group: its files are the group's last good configuration
     _save_last_good(ctx, [p for p in ranks0 + others if p.nnodes > 1], live)
-    wave_barrier(name="Launch: the rolling change, one group at a time behind the router (the wave is healthy)")
-    rolling.apply(ctx, rolls, live_files, config_paths, lambda proc: ctx.changes.unit_change_flag(proc.unit))
+
+
+def _routers(ctx: DeploymentContext) -> None:
+    """The routers last, every engine group healthy; an old recipe's router leaves right before."""
+    routers = start_order(ctx.processes)[2]
     deploy_clock.stage(ctx, "router_start")
     wave_barrier(name="Launch: the routers (every engine group healthy)")
     # an old recipe's router leaves right before the new one starts on its port (the switch's only gap)

@@ -7,6 +7,13 @@ for path in (ROOT / "lab", ROOT):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+# in CI a skip fails; cpu_serving tests are deselected unless -m names them (tests/ci.py)
+from tests.ci import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
+
 
 def _facts_as_pyinfra_hands_them() -> None:
     """pyinfra-testing hands an operation a fact asked without arguments wrapped (``FakeFact``, the value in its

@@ -136,11 +136,20 @@ def test_listening_port(local):
     assert evaluate(local, check("listening", True, port=port)) == (False, "not listening")
 
 
+def test_a_listening_port_is_matched_whole():
+    """Port 80 is not listening because 8080 or 180 is, on any address form the socket list uses."""
+    sockets = ["tcp://0.0.0.0:8080", "tcp://:::180", "unix:///run/x.sock"]
+    host = SimpleNamespace(socket=SimpleNamespace(get_listening_sockets=lambda: sockets))
+    assert evaluate(host, check("listening", True, port=80)) == (False, "not listening")
+    assert evaluate(host, check("listening", True, port=8080)) == (True, "listening")
+    assert evaluate(host, check("listening", True, port=180)) == (True, "listening")
+
+
 @pytest.fixture()
 def http_server():
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 503)
+            self.send_response({"/health": 200, "/empty": 204}.get(self.path, 503))
             self.end_headers()
 
         def log_message(self, *args):
@@ -157,6 +166,8 @@ def http_server():
 def test_http_status(local, http_server):
     assert evaluate(local, check("http_ok", 200, url=f"{http_server}/health")) == (True, "200")
     assert evaluate(local, check("http_ok", 200, url=f"{http_server}/starting")) == (False, "503")
+    # the status the check names, not any success
+    assert evaluate(local, check("http_ok", 200, url=f"{http_server}/empty")) == (False, "204")
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         nobody = unused.getsockname()[1]
@@ -267,4 +278,42 @@ def test_env_file_missing_group_readable_and_many_keys(tmp_path, local):
     assert evaluate(local, check("env_file", want, path=str(path), mode=0o600)) == (
         False,
         "missing: K0, K1, K2, K3, K4, K5; not declared: A",
+    )
+
+
+def test_env_file_with_seven_differing_keys_names_six_and_counts_one(tmp_path, local):
+    path = tmp_path / "x.env"
+    path.write_text("")
+    path.chmod(0o600)
+    want = "".join(f"K{i}={i}\n" for i in range(7))
+    assert evaluate(local, check("env_file", want, path=str(path), mode=0o600)) == (
+        False,
+        "missing: K0, K1, K2, K3, K4, K5 (+1)",
+    )
+
+
+GOVERNORS = "cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor 2>/dev/null"
+
+
+@pytest.mark.parametrize(
+    "printed, result",
+    [
+        ("performance\nperformance\n", (True, "performance")),
+        ("performance\npowersave\nperformance\n", (False, "performance,powersave")),
+        ("powersave\n", (False, "powersave")),
+        ("", (False, "no cpufreq")),
+    ],
+)
+def test_governor_of_every_cpu(printed, result):
+    assert evaluate(_Tools({GOVERNORS: (0, printed)}), check("governor", "performance")) == result
+
+
+def test_file_sha256_is_the_file_check(tmp_path, local):
+    path = tmp_path / "weights.safetensors"
+    path.write_bytes(b"weights")
+    want = digest("weights")
+    assert evaluate(local, check("file_sha256", want, path=str(path))) == (True, want[:12])
+    assert evaluate(local, check("file_sha256", "0" * 64, path=str(path))) == (
+        False,
+        f"content {want[:12]} != 000000000000",
     )

@@ -641,3 +641,55 @@ def test_an_ignored_entry_is_named_in_the_warning_cut_at_120_characters(local, t
         local["facts"]()
     (message,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert f"entry {json.dumps(entry)[:120]} ignored" in message
+
+
+def test_a_failed_read_whose_output_parses_is_still_not_believed(local):
+    host = local["host"]
+    facts = local["facts"]()
+    req = Request(Hostname, {})
+    facts.asked[req.key] = req
+    facts.kept.add(req.key)
+    req.shell()  # the fact built, as for every question read in a batch
+    req.shell = lambda: "echo not-this-host; exit 1"  # noqa: E731 - a value, and a failed status
+    real = subprocess.run(["uname", "-n"], capture_output=True, text=True).stdout.strip()
+    assert host.get_fact(Hostname) == real and facts.counts == {"batch": 1, "single": 1}
+
+
+def test_plain_json_counts_an_objects_depth_like_a_lists():
+    deep = lambda n: 1 if n == 0 else [deep(n - 1)]  # noqa: E731 - n nested lists
+    assert host_state.json_plain({"a": deep(7)}) and host_state.json_plain([deep(7)])
+    assert not host_state.json_plain({"a": {"b": deep(7)}})
+
+
+def test_commands_and_uploads_reach_the_host_with_all_their_arguments(local):
+    host = local["host"]
+    for name in ("get_fact", "run_shell_command", "put_file"):
+        host.__dict__.pop(name, None)
+    given = []
+    host.run_shell_command = lambda *args, **kwargs: given.append(("run", args, kwargs)) or (True, None)
+    host.put_file = lambda *args, **kwargs: given.append(("put", args, kwargs)) or True
+    facts = HostFacts(host, None)
+    assert facts.run_shell_command("true", _sudo=True, print_output=True) == (True, None)
+    assert facts.put_file("src", "/dest", remote_temp_filename="/tmp/x", _sudo=True) is True
+    assert given == [
+        ("run", ("true",), {"_sudo": True, "print_output": True}),
+        ("put", ("src", "/dest"), {"remote_temp_filename": "/tmp/x", "_sudo": True}),
+    ]
+
+
+def test_the_deploys_end_of_planning_reaches_the_hosts_installed_facts(local):
+    host = local["host"]
+    host_state.end_planning()  # nothing installed on this host: nothing to do
+    facts = local["facts"]()
+    host.ironserve_host_facts = facts
+    try:
+        host.get_fact(Arch)
+        host_state.end_planning()
+        assert facts.planning is False and "Arch" in json_text(facts.cache_file)
+    finally:
+        del host.ironserve_host_facts
+
+
+def test_a_hosts_name_keeps_its_letters_in_the_questions_file(tmp_path):
+    path = host_state.cache_file(str(tmp_path), "glm5", "Node-A.rack_2", "10.0.0.1")
+    assert path.name.startswith("Node-A.rack_2-")

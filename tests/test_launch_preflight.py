@@ -12,6 +12,7 @@ import shlex
 import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,8 @@ from ironserve import catalogue
 from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.units import venv_path
+from roles import launch_preflight as lp
+from roles.context import build_context
 from roles.launch_preflight import nic_problems, parse_rendezvous, rank_groups, rendezvous_argv
 
 SCRIPT = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-rendezvous"
@@ -253,3 +256,25 @@ def test_shell_quoting_of_the_rendezvous_command():
     assert shlex.split(command) == argv and argv[-2:] == ["--timeout", "30"]
     # plain text for the operation's arguments: strings only, each one word for the shell
     assert all(isinstance(a, str) for a in argv) and json.loads(json.dumps(argv)) == argv
+
+
+def test_the_deploy_hands_the_rendezvous_its_argv_as_shell_words(monkeypatch):
+    """What the deploy gives group_rendezvous is the rendezvous argv quoted for the shell, word for word: Ascend
+    ranks source their env scripts in a `bash -c` script with spaces, which an unquoted join would split."""
+    placed = [
+        (f"a{i}", {"ssh_hostname": f"10.1.0.{i + 1}", "nic": "enp1", "hardware": "atlas-800i-a3"}) for i in range(2)
+    ]
+    placed = [(name, {**data, "recipe": "glm5.1-w4a8-a3-pd-mixed-16"}) for name, data in placed]
+    ctx = build_context("glm51", "a1", placed)
+    given = []
+    monkeypatch.setattr(lp, "group_rendezvous", lambda **kw: given.append(kw))
+    for op in ("nic_reaches_rank0", "memlock_unlimited", "iommu_passthrough", "pcie_acs_disabled"):
+        monkeypatch.setattr(lp, op, lambda **kw: None)
+    monkeypatch.setattr(lp, "in_run", lambda name: True)
+    monkeypatch.setattr(lp, "host", SimpleNamespace(name="a1", get_fact=lambda *a, **kw: None))
+    lp.apply._inner(ctx)
+    group = rank_groups(ctx.rendered)["server-g0-i0"]
+    (rank1,) = [p for p in group.members if p.host == "a1"]
+    argv = rendezvous_argv(ctx.recipe, rank1, group, ctx.host.rendezvous_timeout_s)
+    assert len(given) == 1 and any(" " in word for word in argv), (given, argv)
+    assert shlex.split(given[0]["command"]) == argv

@@ -49,7 +49,9 @@ def test_replicas_roll_in_instance_order_and_the_first_is_the_canary():
     # the URL the router was started with (--worker-urls) is the one the roll removes and adds back
     router = next(p for p in rendered.processes if p.role == "router")
     assert [rolling.worker_url(g[0]) for g in groups] == router.argv[router.argv.index("--worker-urls") + 1 :][:2]
-    assert rolling.plan_line(rendered)[0].endswith(": the canary") and "canary" not in rolling.plan_line(rendered)[1]
+    lines = rolling.plan_lines(rendered, 1, False)
+    assert "step 1: sglang-tiny-cpu-server-0 on h0: rolls; the canary, alone" in lines[1], lines
+    assert lines[2] == "  step 2: sglang-tiny-cpu-server-1 on h1: rolls", lines
 
 
 def test_pd_groups_move_whole_prefill_before_decode():
@@ -66,7 +68,8 @@ def test_a_single_group_does_not_roll_and_the_plan_says_outage(recipe_id, nodes)
     recipe = catalogue.get_recipe(recipe_id)
     rendered = render(recipe, _hosts(recipe, nodes))
     assert rolling.roll_groups(rendered) == []
-    assert "outage" in rolling.plan_line(rendered)[0]
+    (line,) = rolling.plan_lines(rendered, 4, True)
+    assert "restarts in place: an OUTAGE" in line and "sglang-" in line, line
 
 
 class _Fleet:
@@ -232,10 +235,11 @@ def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_pa
     assert "unreachable: gone" in capsys.readouterr().err
 
 
-def _turns(monkeypatch, outcomes: dict[str, bool]) -> tuple[list, dict, list]:
-    """Two groups' rolls executing at once (as pyinfra runs one operation on every host: gevent greenlets), each
-    host's roll given by ``outcomes``; returns (the groups whose engines were touched, in order, the record, the
-    canary flags)."""
+def _turns(monkeypatch, outcomes: dict[str, bool | None], steps: list[list[str]]) -> tuple[list, dict, list]:
+    """The groups' rolls as pyinfra executes them: one operation a step, every group of a step at once (gevent
+    greenlets, as pyinfra runs one operation on every host), the next step once all are done. ``outcomes``: each
+    roll's result (None: the group has nothing to do, its operation a no-op). Returns (the groups whose engines
+    were touched, in order, the record, the canary flags)."""
     import gevent
 
     touched, canaries = [], []
@@ -249,31 +253,72 @@ def _turns(monkeypatch, outcomes: dict[str, bool]) -> tuple[list, dict, list]:
     monkeypatch.setattr(rolling, "_roll", fake_roll)
     monkeypatch.setattr(rolling, "_changed_now", lambda state, plan: True)
     monkeypatch.setattr(rolling, "_sleep", lambda s: gevent.sleep(0.01))
-    order = ["server-g0-i0", "server-g0-i1"]
-    rolls = {"groups": list(order), "host:server-g0-i0": "h2", "host:server-g0-i1": "h3"}
+    order = [g for step in steps for g in step]
+    rolls = {"groups": list(order), **{f"host:{g}": f"h{i + 2}" for i, g in enumerate(order)}}
     state = SimpleNamespace(failed_hosts=set())
     hosts = {g: SimpleNamespace(name=f"h{i + 2}", log_styled=lambda *a, **k: None) for i, g in enumerate(order)}
     plans = {
-        g: {"group": g, "order": order, "unit": f"u-{i}", "timeout_s": 5, "drain_timeout_s": 1}
+        g: {"group": g, "steps": steps, "unit": f"u-{i}", "timeout_s": 5, "drain_timeout_s": 1, "bench": None}
         for i, g in enumerate(order)
     }
-    # the second group's greenlet starts first: the turn, not the start order, decides
-    jobs = [gevent.spawn(rolling.roll_group, state, hosts[g], plans[g], rolls, True) for g in reversed(order)]
-    gevent.joinall(jobs, timeout=10)
+    for step in steps:
+        jobs = []
+        # the later groups' greenlets start first: the turn, not the start order, decides
+        for g in reversed(step):
+            if outcomes[g] is None:
+                rolls[g] = "unchanged"  # what the no-op records when the step's operation runs
+            else:
+                jobs.append(gevent.spawn(rolling.roll_group, state, hosts[g], plans[g], rolls, True))
+        gevent.joinall(jobs, timeout=10)
     return touched, rolls, canaries
 
 
+TWO = [["server-g0-i0"], ["server-g0-i1"]]
+
+
 def test_a_failed_canary_leaves_every_later_group_untouched(monkeypatch):
-    touched, rolls, canaries = _turns(monkeypatch, {"server-g0-i0": False, "server-g0-i1": True})
+    touched, rolls, canaries = _turns(monkeypatch, {"server-g0-i0": False, "server-g0-i1": True}, TWO)
     assert touched == ["server-g0-i0"] and canaries == [("server-g0-i0", True)]
     assert rolls["server-g0-i0"] == rolls["server-g0-i1"] == "failed"
 
 
 def test_groups_roll_one_after_the_other_in_order(monkeypatch):
-    touched, rolls, canaries = _turns(monkeypatch, {"server-g0-i0": True, "server-g0-i1": True})
+    touched, rolls, canaries = _turns(monkeypatch, {"server-g0-i0": True, "server-g0-i1": True}, TWO)
     assert touched == ["server-g0-i0", "server-g0-i1"]
     assert canaries == [("server-g0-i0", True), ("server-g0-i1", False)]
     assert rolls["server-g0-i0"] == rolls["server-g0-i1"] == "rolled"
+
+
+THREE = [["g0"], ["g1", "g2", "g3"]]
+
+
+def test_a_step_moves_its_groups_at_once_after_the_canary(monkeypatch):
+    touched, rolls, canaries = _turns(monkeypatch, {"g0": True, "g1": True, "g2": True, "g3": True}, THREE)
+    assert touched[0] == "g0" and sorted(touched[1:]) == ["g1", "g2", "g3"]
+    assert [g for g, canary in canaries if canary] == ["g0"]
+    # the step's groups started together (the greenlets started last-first, none waited for another)
+    assert touched[1:] == ["g3", "g2", "g1"]
+
+
+def test_an_unchanged_first_group_makes_the_next_changed_one_the_canary_alone(monkeypatch):
+    """The first group that restarts is the canary, even inside a step: the others of its step wait for it."""
+    touched, rolls, canaries = _turns(monkeypatch, {"g0": None, "g1": True, "g2": True, "g3": True}, THREE)
+    assert touched[0] == "g1" and [g for g, canary in canaries if canary] == ["g1"]
+    touched, rolls, canaries = _turns(monkeypatch, {"g0": None, "g1": False, "g2": True, "g3": True}, THREE)
+    assert touched == ["g1"] and rolls["g2"] == rolls["g3"] == "failed"
+
+
+def test_a_group_of_an_earlier_step_without_an_outcome_stops_the_roll(monkeypatch):
+    """Its host failed before the roll had an outcome (the operation never ran there): the next steps stay."""
+    import gevent
+
+    monkeypatch.setattr(rolling, "_roll", lambda *a, **k: pytest.fail("touched"))
+    rolls = {"groups": ["g0", "g1"]}
+    host = SimpleNamespace(name="h3", log_styled=lambda *a, **k: None)
+    plan = {"group": "g1", "steps": [["g0"], ["g1"]], "unit": "u-1", "timeout_s": 5, "drain_timeout_s": 1}
+    job = gevent.spawn(rolling.roll_group, SimpleNamespace(failed_hosts=set()), host, plan, rolls, True)
+    job.join(timeout=5)
+    assert job.value is False and rolls["g1"] == "failed"
 
 
 def test_audit_compares_the_engines_effective_arguments():
@@ -345,3 +390,91 @@ def test_a_switch_sets_the_old_unit_aside_and_restores_it_whole(tmp_path):
     assert {p: (tmp_path / p.lstrip("/")).read_text() for p in files} == files
     assert not (tmp_path / "var/lib/ironserve/retired" / unit).exists()
     assert (tmp_path / "systemctl.log").read_text().splitlines()[-1] == f"systemctl start {unit}.service"
+
+
+def _script() -> dict:
+    """The shipped roll script's functions (it runs its main only as a program)."""
+    namespace = {"__name__": "ironserve_roll"}
+    exec(compile(rolling.ROLL_SCRIPT, "ironserve-roll", "exec"), namespace)
+    return namespace
+
+
+CONTAINER_ID = "4f1c" + "0" * 60
+CONTAINER = {
+    "Id": CONTAINER_ID,
+    "State": {"Running": True, "Pid": 4242},
+    "NetworkSettings": {"Networks": {"bridge": {"IPAddress": "172.17.0.2"}}, "Ports": {}},
+}
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        f"0::/system.slice/docker-{CONTAINER_ID}.scope\n",  # docker's systemd cgroup driver (cgroup v2)
+        f"12:pids:/docker/{CONTAINER_ID}\n0::/docker/{CONTAINER_ID}\n",  # the cgroupfs driver
+    ],
+)
+def test_a_containers_listener_is_the_unit_its_container_started(cgroup):
+    """A docker unit runs `docker run --name UNIT`: its engine is in the container's cgroup, not the unit's (the
+    unit's own process is the docker client), so the gate asks docker for that container and checks the listener
+    is in it (the host's network) or is the docker-proxy of a port it publishes to the container's address."""
+    foreign = _script()["foreign"]
+    unit = "sglang-x-server-0"
+    engine = {"101": (cgroup, ["python3", "-m", "sglang.launch_server"])}
+    assert foreign(engine, unit, CONTAINER) == []
+    # the unit check without the container: the engine is not in the unit's cgroup
+    assert foreign(engine, unit) == ["101"]
+    proxy = ["/usr/bin/docker-proxy", "-proto", "tcp", "-host-port", "30000", "-container-ip", "172.17.0.2"]
+    assert foreign({"7": ("0::/system.slice/docker.service\n", proxy)}, unit, CONTAINER) == []
+    other = [*proxy[:-1], "172.17.0.9"]  # the proxy of another container's published port
+    assert foreign({"7": ("0::/system.slice/docker.service\n", other)}, unit, CONTAINER) == ["7"]
+    old = {"55": ("0::/system.slice/sglang-old-server-0.service\n", ["python3"])}  # whatever held the port before
+    assert foreign(old, unit, CONTAINER) == ["55"]
+
+
+def _fake_docker(tmp_path, answer: str, rc: int = 0) -> dict:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "docker").write_text(f"#!/bin/sh\necho '{answer}'\nexit {rc}\n")
+    (fake / "docker").chmod(0o755)
+    import os
+
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def test_the_container_listener_check_names_what_it_finds(tmp_path):
+    """owns-port PORT UNIT container, run as the roles run it, against a stand-in `docker inspect`: a listener
+    outside the container is named; a stopped or missing container is said."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+
+    def check(env):
+        argv = ["python3", "-c", rolling.ROLL_SCRIPT, "owns-port", str(port), "sglang-x-server-0", "container"]
+        out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, env=env, timeout=60)
+        return out.returncode, json.loads(out.stdout.strip().splitlines()[-1])
+
+    try:
+        rc, answer = check(_fake_docker(tmp_path, json.dumps([CONTAINER])))
+        assert rc == 1 and answer["error"].endswith("not in the container sglang-x-server-0"), answer
+        assert str(__import__("os").getpid()) in answer["error"]
+        stopped = {**CONTAINER, "State": {"Running": False, "Status": "exited", "Pid": 0}}
+        rc, answer = check(_fake_docker(tmp_path, json.dumps([stopped])))
+        assert rc == 1 and answer["error"].endswith("the container sglang-x-server-0 is not running (exited)"), answer
+        rc, answer = check(_fake_docker(tmp_path, "[]", rc=1))
+        assert rc == 1 and "no container sglang-x-server-0" in answer["error"], answer
+    finally:
+        sock.close()
+
+
+def test_a_published_port_without_a_proxy_is_the_containers_when_it_listens_inside():
+    """docker run -p with the userland proxy off: nothing listens on the host's port, docker's NAT sends it to
+    the container; the check reads the container's own network namespace (/proc/PID/net) for the listener."""
+    script = _script()
+    info = {
+        **CONTAINER,
+        "NetworkSettings": {**CONTAINER["NetworkSettings"], "Ports": {"8000/tcp": [{"HostPort": "30000"}]}},
+    }
+    assert script["published"](info, 30000) == 8000 and script["published"](info, 30001) is None
+    assert script["published"](CONTAINER, 30000) is None

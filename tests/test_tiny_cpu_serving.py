@@ -8,7 +8,6 @@ SGLang servers and the real sglang-router on 127.0.0.1 and kills one worker (5-1
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +21,9 @@ from ironserve_lab import cpu_runtime, pinfiles, tiny_model
 from ironserve_lab.wheels import _record_hash
 
 from ironserve import catalogue
+from ironserve import engine_parser as ep
+
+from .ci import need_parser_prerequisites
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -103,13 +105,21 @@ def test_tiny_model_cli(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None, reason="needs the tokenizers library")
-def test_tiny_tokenizer_loads_in_the_tokenizers_library(tmp_path):  # pragma: no cover - not in the project venv
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tiny_model.generate(tmp_path) / "tokenizer.json"))
-    text = "Hello, how are you? ünïcode"
-    assert tok.decode(tok.encode(text).ids) == text
+@pytest.mark.parser
+def test_tiny_tokenizer_loads_in_the_tokenizers_library(tmp_path):
+    """The real tokenizers library (not in the project venv): the one a cached SGLang parser venv carries."""
+    need_parser_prerequisites()
+    python = ep.parser_env("0.5.9") / "bin" / "python"
+    load = (
+        "import sys\nfrom tokenizers import Tokenizer\n"
+        "tok = Tokenizer.from_file(sys.argv[1])\ntext = sys.argv[2]\n"
+        "assert tok.decode(tok.encode(text).ids) == text, tok.decode(tok.encode(text).ids)\n"
+    )
+    tokenizer = tiny_model.generate(tmp_path) / "tokenizer.json"
+    proc = subprocess.run(
+        [str(python), "-c", load, str(tokenizer), "Hello, how are you? ünïcode"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 # --------------------------------------------------------------------------- pins, recipe, uv config
@@ -211,9 +221,8 @@ def test_torchvision_shim_is_inert():
 
 
 @pytest.mark.cpu_serving
-def test_real_sglang_on_cpu_behind_the_router(request, tmp_path):
-    if "cpu_serving" not in (request.config.getoption("markexpr") or "").replace("not cpu_serving", ""):
-        pytest.skip("real SGLang serving (minutes, downloads ~850 MiB once): run with -m cpu_serving")
+def test_real_sglang_on_cpu_behind_the_router(tmp_path):
+    # real SGLang serving (minutes, downloads ~850 MiB once): deselected unless -m cpu_serving (tests/ci.py)
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import tiny_cpu_serving as bench

@@ -61,6 +61,20 @@ def lab_down() -> None:
         ironserve("lab", "down")
 
 
+def lab_up(nodes: int, hardware: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+    """`lab up` on a clean slate: `up` keeps a lab that is up (its hosts, their deploys), so one a killed run left
+    behind is taken down first (said on stderr), never deployed over (a first deploy would find it converged)."""
+    status = ironserve("lab", "status", "--format", "json", check=False)
+    try:
+        left = json.loads(status.stdout).get("hosts") if status.returncode == 0 else None
+    except ValueError:  # "lab is down"
+        left = None
+    if left:
+        print(f"[lab] a lab was left up ({len(left)} hosts): taken down before this module's", file=sys.stderr)
+        lab_down()
+    return ironserve("lab", "up", "--nodes", str(nodes), "--hardware", hardware, timeout=timeout)
+
+
 def up_with_api_key(tmp_path_factory, nodes: int, hardware: str, timeout: int = 1800) -> tuple[list[dict], str]:
     """`lab up` for a deploy test: (the hosts of `lab status`, an API key file on the controller)."""
     import pytest
@@ -69,5 +83,5 @@ def up_with_api_key(tmp_path_factory, nodes: int, hardware: str, timeout: int = 
         pytest.skip("the lab needs root")
     secrets = tmp_path_factory.mktemp("secrets")
     (secrets / "api_key").write_text(f"lab-api-key-{hardware}-s3cret\n")
-    ironserve("lab", "up", "--nodes", str(nodes), "--hardware", hardware, timeout=timeout)
+    lab_up(nodes, hardware, timeout)
     return json.loads(ironserve("lab", "status", "--format", "json").stdout)["hosts"], str(secrets / "api_key")

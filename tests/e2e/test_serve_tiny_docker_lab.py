@@ -25,7 +25,7 @@ from ironserve_lab.state import lab_dir
 from ironserve.registry import Registry
 
 from .cpu3.fleet import changes, chat
-from .labcli import ROOT, ironserve, lab_down, pyinfra, ssh
+from .labcli import ROOT, ironserve, lab_down, lab_up, pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -44,7 +44,7 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     started = time.monotonic()
-    up = ironserve("lab", "up", "--nodes", "2", "--hardware", "cpu-lab", timeout=3600)
+    up = lab_up(2, "cpu-lab")
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
     try:
         yield {"hosts": status["hosts"], "status": status, "up_s": time.monotonic() - started, "up_output": up.stderr}

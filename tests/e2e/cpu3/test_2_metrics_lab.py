@@ -14,40 +14,23 @@ Requests go only to loopback and lab addresses, every wait bounded.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from ...prometheus_tools import prometheus_tool
 from ..labcli import ROOT, ironserve, pyinfra, ssh
 from .fleet import chat, router_base
 
 pytestmark = pytest.mark.lab
 
 LAB_KEY = "lab-s3cret-key"  # the key the serving module deploys (test_1_serve_tiny_lab.py)
-CACHE = Path.home() / ".cache" / "ironserve" / "prometheus"
 DASHBOARD = ROOT / "docs" / "grafana" / "ironserve.json"
 STAGES = {"preflight", "runtime", "units", "node_exporter", "launch_preflight", "engine_start", "router_start"}
-
-
-def prometheus_binary() -> str:
-    """The distribution's prometheus: installed, or unpacked from `apt-get download prometheus` (no service)."""
-    found = shutil.which("prometheus") or (
-        str(CACHE / "usr/bin/prometheus") if (CACHE / "usr/bin/prometheus").exists() else None
-    )
-    if found:
-        return found
-    CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["apt-get", "download", "prometheus"], cwd=CACHE, check=True, capture_output=True, timeout=600)
-    deb = next(CACHE.glob("prometheus_*.deb"))
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(CACHE)], check=True, timeout=300)
-    deb.unlink()
-    return str(CACHE / "usr/bin/prometheus")
 
 
 def free_port() -> int:
@@ -94,7 +77,7 @@ def prom(deployed, tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [
-            prometheus_binary(),
+            prometheus_tool("prometheus"),
             f"--config.file={tmp / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",

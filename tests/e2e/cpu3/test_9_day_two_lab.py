@@ -1,11 +1,13 @@
 """Day two on the lab: change what serves without an outage (roles/rolling.py, roles/undeclared.py, the audit).
 
 Runs last in the cpu3 package, on the deployment the modules before it leave serving (router on lab1, the two
-tiny-cpu replicas on lab2 and lab3; keyed when the serving module's key tests ran). A client thread sends chat
+tiny-cpu replicas on lab2 and lab3; keyed when the serving module's key tests ran). A client process sends chat
 completions through the router the whole time of each deploy (bounded in count and time, lab addresses only):
 
 (a) a changed server option of the same recipe rolls: 0 failed requests, both replicas report the new value in
-    SGLang's /get_server_info;
+    SGLang's /get_server_info; the canary is benchmarked before and after its change (canary_bench, bench_serving
+    of the recipe's 8-prompt shape) and judged against its own figures before (bench_min_ratio 0.3 here: the lab's
+    hosts share two cores with the client and the other replica, so only a gross slowdown fails it);
 (b) a configuration SGLang's parser accepts but that cannot start (--tokenizer-path to a missing directory): the
     canary fails, is rolled back and put back into the router, the deploy fails saying CANARY FAILED, 0 failed
     requests, both replicas on the previous configuration, the second replica's engine never restarted;
@@ -17,57 +19,57 @@ completions through the router the whole time of each deploy (bounded in count a
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
-import threading
 import time
-import traceback
+from pathlib import Path
 
 import pytest
 import yaml
 
 from ..labcli import ROOT, ironserve, pyinfra, ssh
 from .fleet import RECIPE, ROUTER_UNIT, SERVER_UNIT, chat, router_base
+from .load_client import CHAT_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
 
 LAB_KEY = "lab-s3cret-key"  # the key the serving module deploys (test_1_serve_tiny_lab.LAB_KEY)
-MAX_REQUESTS = 5000  # the client's bounds, per deploy
-MAX_CLIENT_S = 1500
-CHAT_TIMEOUT_S = 30  # a chat of 8 tokens through the router answers in well under a second; 30s is an outage
 NEW_ID = f"{RECIPE}-b"
 
 
-class Client(threading.Thread):
-    """Chat completions through the router, one after the other, until stopped (bounded)."""
+class Client:
+    """The load client (load_client.py) in a process of its own, sending through the router until stopped."""
 
-    def __init__(self, base: str, key: str | None):
-        super().__init__(daemon=True)
-        self.base, self.key, self.results, self.halt = base, key, [], threading.Event()
-        self.sent_at: float | None = None  # when the request in flight was sent
-
-    def run(self) -> None:
-        started = time.monotonic()
-        while not self.halt.is_set() and len(self.results) < MAX_REQUESTS and time.monotonic() - started < MAX_CLIENT_S:
-            self.sent_at = time.monotonic()
-            code, text = chat(self.base, timeout=CHAT_TIMEOUT_S, key=self.key)
-            self.results.append((time.monotonic(), code, text[:200]))
-            self.sent_at = None
-            if code != 200:
-                time.sleep(0.2)  # bounded pace after a failure
+    def __init__(self, base: str, key: str | None, results: Path):
+        self.results_path = results
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text("")
+        env = {**os.environ, "LOAD_CLIENT_KEY": key or ""}
+        argv = [sys.executable, "-m", "tests.e2e.cpu3.load_client", base, str(results)]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def stop(self) -> tuple[int, int, list]:
         """(failed, total, first failures). The request in flight when the deploy ended is waited for (bounded);
         one that never answers counts as failed, with where the client waits for it."""
-        self.halt.set()
-        self.join(2 * CHAT_TIMEOUT_S + 5)  # urllib's timeout bounds each read: a connect and two reads at most
-        failed = [r for r in self.results if r[1] != 200]
-        if self.is_alive():
-            open_s = time.monotonic() - (self.sent_at or time.monotonic())
-            stack = "".join(traceback.format_stack(sys._current_frames()[self.ident])[-4:])
-            failed.append((time.monotonic(), 0, f"no answer after {open_s:.0f}s, waiting in:\n{stack}"))
-        return len(failed), len(self.results) + self.is_alive(), failed[:5]
+        self.proc.send_signal(signal.SIGTERM)
+        stuck = ""
+        try:
+            # urllib's timeout bounds each read: a connect and two reads at most
+            self.proc.wait(2 * CHAT_TIMEOUT_S + 5)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # the client writes its stack to stderr
+            time.sleep(1)
+            self.proc.kill()
+            stuck = self.proc.communicate(timeout=30)[1].decode(errors="replace")[-1500:]
+        results = [json.loads(line) for line in self.results_path.read_text().splitlines() if line.strip()]
+        failed = [r for r in results if r[1] != 200]
+        if stuck:
+            failed.append((time.monotonic(), 0, f"no answer when stopped, waiting in:\n{stuck}"))
+        return len(failed), len(results) + bool(stuck), failed[:5]
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +109,11 @@ def variant(ctx, name: str, recipe_id: str = RECIPE, **server) -> str:
     return str(path.relative_to(ROOT))
 
 
-def deploy_under_load(ctx, recipe: str, check: bool = True):
-    client = Client(ctx["base"], ctx["key"])
-    client.start()
+def deploy_under_load(ctx, recipe: str, check: bool = True, data: tuple[str, ...] = ()):
+    client = Client(ctx["base"], ctx["key"], ctx["recipes"].parent / "day-two-client.jsonl")
     time.sleep(3)  # the client is sending before the deploy starts
     started = time.monotonic()
-    out = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={recipe}", *ctx["data"], check=check, timeout=2400)
+    out = pyinfra("-y", "deploys/tiny.py", "--data", f"recipe={recipe}", *ctx["data"], *data, check=check, timeout=2400)
     took = time.monotonic() - started
     time.sleep(3)
     failed, total, samples = client.stop()
@@ -132,22 +133,30 @@ def main_pid(host: dict, unit: str) -> tuple[str, str]:
 
 
 def roll_figures(text: str) -> list[str]:
-    """The roll's own lines: time out of the router, drain times, in-flight requests cut."""
+    """The roll's own lines: the change plan's steps, time out of the router, drain times, in-flight requests
+    cut, the canary's benchmark."""
     keep = re.compile(
-        r"(out of the router; drained .*|back in the router after [0-9.]+s out of it.*|"
+        r"(Change plan of [^\n]*|  step [0-9]+: [^\n]*|out of the router; drained .*|"
+        r"back in the router after [0-9.]+s out of it.*|canary benchmark [^\n]*|"
         r"CANARY FAILED: [^\n]*|ROLLED BACK [^\n]*|NOT ROLLED[^\n]*)"
     )
-    return [m.group(0)[:200] for m in keep.finditer(text)]
+    return [m.group(0)[:400] for m in keep.finditer(text)]
 
 
 def test_a_changed_option_rolls_without_a_failed_request(day_two):
     recipe = variant(day_two, "a", max_running_requests=3)
-    out, text, failed, total, samples, took = deploy_under_load(day_two, recipe)
+    bench = ("--data", "canary_bench=true", "--data", "bench_min_ratio=0.3")
+    out, text, failed, total, samples, took = deploy_under_load(day_two, recipe, data=bench)
     figures = roll_figures(text)
     print(f"\n(a) changed option: {failed} failed of {total} requests through the router; deploy {took:.0f}s")
     print("\n".join(f"    {line}" for line in figures))
     assert failed == 0, samples
     assert sum("back in the router after" in f for f in figures) == 2, text[-6000:]
+    # the plan said it, per group; the canary alone was benchmarked, before and after, and judged
+    assert any("step 1: sglang-tiny-cpu-server-0 on " in f and "the canary, alone" in f for f in figures), figures
+    assert sum(f.startswith("canary benchmark before the change: 8 requests") for f in figures) == 1, figures
+    judged = [f for f in figures if f.startswith("canary benchmark after the change against before")]
+    assert len(judged) == 1 and "total_output_tok_s" in judged[0] and "SLOWER" not in judged[0], figures
     for host in day_two["lab"]["hosts"][1:]:
         assert server_info(day_two, host)["max_running_requests"] == 3, host["name"]
     day_two["recipe"] = recipe
