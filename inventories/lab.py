@@ -89,6 +89,10 @@ _docker = {
     ),
     **({"docker_image_lock": _state["image_lock"]} if _state.get("image_lock") else {}),
 }
+# cpu-lab hosts build a recipe's derived image once per deployment, push it to the lab registry and run it by digest
+# (verified with the same CA); the stand-in NVIDIA profiles keep building it on each host: both paths stay proven
+# (tests/e2e/test_serve_tiny_docker_lab.py, test_deploy_glm5_lab.py)
+_derived = {"docker_derived_registry": f"{_state['registry']}/lab-derived"} if _state.get("registry") else {}
 
 
 def _role(h: dict) -> dict:
@@ -108,6 +112,7 @@ lab_hosts = [
             "hardware": h["hardware"],
             "launch": _launch.get(h["hardware"], False),
             **_docker,
+            **(_derived if h["hardware"] == "cpu-lab" else {}),
             **_role(h),
         },
     )

@@ -129,12 +129,18 @@ def in_container(recipe: Recipe, proc: Process) -> bool:
 
 
 def image_ref(recipe: Recipe) -> str:
-    """The image the unit runs: the derived image when the recipe patches the pinned one."""
+    """The image the unit runs: the derived image when the recipe patches the pinned one (pulled by digest from the
+    site's registry, or built on the host: ironserve/derived_image.py)."""
     runtime = recipe.runtime
     assert isinstance(runtime, DockerRuntime)
     if runtime.patches:
-        return f"ironserve/{recipe.id}:derived"
+        return runtime.derived_ref or local_derived_ref(recipe.id)
     return runtime.pinned_ref
+
+
+def local_derived_ref(recipe_id: str) -> str:
+    """The derived image a host builds for itself (no registry named for derived images)."""
+    return f"ironserve/{recipe_id}:derived"
 
 
 def jit_dir(recipe: Recipe) -> str:

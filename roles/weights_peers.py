@@ -43,7 +43,7 @@ import gevent
 from gevent.lock import Semaphore
 
 from ironserve.units import ETC_DIR, WEIGHTS_PEER
-from roles.common import uses_sudo
+from roles.common import pushed, uses_sudo
 
 WAIT_SAY_S = 30  # a host waiting for a source says so this often
 LEND_MAX_S = 24 * 3600  # the lending unit's RuntimeMaxSec=: a killed deploy leaves no listener for long
@@ -255,7 +255,8 @@ class HostRunner:
         return bool(ok)
 
     def download(self, member: Member) -> bool:
-        return self._run(member, helper_command("download", member.download))
+        # a docker runtime's `hf download` runs in the recipe's image: the derived image this run pushed, by digest
+        return self._run(member, helper_command("download", pushed(member.download)))
 
     def fetch(self, member: Member, source: Member) -> bool:
         return self._run(member, helper_command("fetch", {**member.fetch, "peer": source.address}))
