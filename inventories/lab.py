@@ -10,6 +10,12 @@ passed below as ordinary mirror data, exactly as for a cluster with internal mir
 packages in the lab repository answer for the hardware profile (see lab/ironserve_lab/standins.py).
 The state directory is /var/lib/ironserve-lab unless IRONSERVE_LAB_DIR says otherwise. Reads JSON only,
 so it works without ironserve importable.
+
+Weights: by default every host finds the lab's checkpoints on the read-only /srv/models mount (model_root, like
+shared storage). The lab's Hugging Face-compatible hub on the bridge (`lab status`: hub.url) is every host's
+hf_endpoint; with IRONSERVE_LAB_MODEL_SOURCE=hub in the environment the hosts get their weights from it instead
+(model_source=hub, at the recipe's own model path on each host's disk): one host reads the hub, the others fetch
+from it (roles/weights_peers.py).
 """
 
 import json
@@ -20,6 +26,9 @@ _state_file = Path(os.environ.get("IRONSERVE_LAB_DIR") or "/var/lib/ironserve-la
 if not _state_file.exists():
     raise SystemExit(f"no lab is up ({_state_file} missing): run `ironserve lab up --nodes N` first (as root)")
 _state = json.loads(_state_file.read_text())
+_hub_weights = os.environ.get("IRONSERVE_LAB_MODEL_SOURCE") == "hub"
+if _hub_weights and not _state.get("hub_url"):
+    raise SystemExit("IRONSERVE_LAB_MODEL_SOURCE=hub, but this lab serves no model on its hub (cpu-lab profiles do)")
 
 _common = {
     "ssh_user": _state["ssh_user"],
@@ -45,9 +54,14 @@ _common = {
     "ascend_package_sha256": _state.get("ascend_sha256") or {},
     "docker_apt_mirror": _state["apt_mirror"],
     "docker_apt_suite": "/",
-    # weights: the lab publishes small checkpoints on every host (no hub in an air-gapped lab)
-    "model_source": "path",
-    **({"model_root": _state["model_root"]} if _state.get("model_root") else {}),
+    # weights: the lab publishes small checkpoints on every host (read-only, like shared storage), or, with
+    # IRONSERVE_LAB_MODEL_SOURCE=hub, the hosts download them from the lab's hub, the site mirror of an air-gapped lab
+    **(
+        {"model_source": "hub"}
+        if _hub_weights
+        else {"model_source": "path", **({"model_root": _state["model_root"]} if _state.get("model_root") else {})}
+    ),
+    **({"hf_endpoint": _state["hub_url"]} if _state.get("hub_url") else {}),
     # The lab signs its repository with a key of its own: already on every host for signed-by, and published
     # next to the index for roles that fetch the mirror's key. Unsigned (no gpg on the lab machine): trusted.
     **(
@@ -75,6 +89,10 @@ _docker = {
     ),
     **({"docker_image_lock": _state["image_lock"]} if _state.get("image_lock") else {}),
 }
+# cpu-lab hosts build a recipe's derived image once per deployment, push it to the lab registry and run it by digest
+# (verified with the same CA); the stand-in NVIDIA profiles keep building it on each host: both paths stay proven
+# (tests/e2e/test_serve_tiny_docker_lab.py, test_deploy_glm5_lab.py)
+_derived = {"docker_derived_registry": f"{_state['registry']}/lab-derived"} if _state.get("registry") else {}
 
 
 def _role(h: dict) -> dict:
@@ -94,6 +112,7 @@ lab_hosts = [
             "hardware": h["hardware"],
             "launch": _launch.get(h["hardware"], False),
             **_docker,
+            **(_derived if h["hardware"] == "cpu-lab" else {}),
             **_role(h),
         },
     )

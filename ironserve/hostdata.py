@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from .bench import MIN_RATIO
 from .nvidia import NVIDIA_CONTAINER_TOOLKIT_VERSION
 from .problems import Problem, SpecError, message_and_fix
-from .spec import AbsPath, Address, Interface, Url, Version, _grammar, _walk_strings, check_url
+from .spec import IMAGE_COMPONENT, AbsPath, Address, Interface, Url, Version, _grammar, _walk_strings, check_url
 
 # pyinfra's connector and operation arguments: read by pyinfra, not by ironserve (beyond the typed ssh_* below)
 PASSTHROUGH_PREFIXES = (
@@ -68,6 +68,23 @@ Fingerprint = Annotated[
 NVIDIA_CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"  # 3bf863cc.pub, cudatools@nvidia.com
 DOCKER_KEY_FINGERPRINT = "9DC858229FC7DD38854AE2D88D81803C0EBFCD88"  # download.docker.com/linux/*/gpg
 NVIDIA_CONTAINER_KEY_FINGERPRINT = "C95B321B61E88C1809C4F759DDCAE044F796ECB0"  # libnvidia-container gpgkey
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
+# HOST[:PORT][/PREFIX]: Docker reads a first component with a dot or a port (or localhost) as a registry; a bare
+# name would push to a Docker Hub account instead
+DerivedRegistry = Annotated[
+    str,
+    AfterValidator(
+        _grammar(
+            rf"(?:(?:localhost|{_LABEL}(?:\.{_LABEL})+)(?::[0-9]{{1,5}})?|{_LABEL}:[0-9]{{1,5}})"
+            rf"(?:/{IMAGE_COMPONENT})*",
+            "a registry for derived images, HOST[:PORT][/PREFIX] (a host with a dot or a port, lowercase "
+            "repository path, no scheme)",
+            "registry.example.internal:5000/ironserve",
+        )
+    ),
+]
 
 
 def _field(default: Any, role: str, description: str, **kw) -> Any:
@@ -149,6 +166,18 @@ class HostData(BaseModel):
     )
     hf_transfer: bool = _field(False, "roles/model_weights.py", "HF_HUB_ENABLE_HF_TRANSFER for the download")
     hf_endpoint: Url | None = _field(None, "roles/model_weights.py", "HF_ENDPOINT: a hub mirror")
+    weights_peers: bool = _field(
+        True,
+        "roles/weights_peers.py",
+        "model_source=hub without model_shared: one host of the run reads the hub, the others fetch from peers "
+        "(false: every host downloads from the hub)",
+    )
+    weights_peer_port: int = _field(
+        8790, "roles/weights_peers.py", "port a host lends its verified weights on while peers fetch", ge=1, le=65535
+    )
+    weights_peer_fanout: int = _field(
+        4, "roles/weights_peers.py", "peers one host lends its weights to at once", ge=1, le=64
+    )
 
     # ---------------------------------------------------------------- service units
     api_key_file: str | None = _field(
@@ -285,7 +314,21 @@ class HostData(BaseModel):
     docker_registry_ca: str | None = _field(
         None,
         "roles/docker_engine.py",
-        "CA certificate of that registry, a file on the controller (installed in /etc/docker/certs.d/)",
+        "CA certificate of that registry and of docker_derived_registry, a file on the controller (installed in "
+        "/etc/docker/certs.d/, and verified by the controller)",
+    )
+    docker_derived_registry: DerivedRegistry | None = _field(
+        None,
+        "roles/recipe_image.py",
+        "HOST[:PORT][/PREFIX] of an https registry (its CA docker_registry_ca) that a recipe's derived image "
+        "(runtime.patches) is pushed to: built once per deployment, pulled and run by digest on every host; "
+        "unset: each host builds its own",
+    )
+    docker_derived_registry_auth_file: str | None = _field(
+        None,
+        "roles/recipe_image.py",
+        "file on the controller, mode 0600, of one line USER:PASSWORD for docker_derived_registry: the builder "
+        "pushes and every host pulls with it (a 0600 Docker config on the host, never in argv or logs)",
     )
     docker_image_lock: str | None = _field(
         None,

@@ -2,11 +2,13 @@
 (``ironserve lock``), check and upload blobs and manifests (the lab's image publishing).
 
 A registry is ``host[:port]`` over https, trusting the system's CAs plus an optional CA file (an internal
-registry's own CA). Anonymous access only: an internal mirror that needs credentials is out of scope here.
+registry's own CA). Anonymous, or with a user and password (``credentials``): sent as HTTP Basic auth only to a
+registry (or its token service, over https) that asks for it, never logged.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -36,10 +38,20 @@ def repository_path(repo: str) -> str:
 class Registry:
     """A Docker Registry HTTP API v2 client for one registry (``host:port``, https, a CA file to trust)."""
 
-    def __init__(self, address: str, ca_file: str | os.PathLike | None = None, scheme: str = "https"):
+    def __init__(
+        self,
+        address: str,
+        ca_file: str | os.PathLike | None = None,
+        scheme: str = "https",
+        timeout: float = 600,
+        credentials: tuple[str, str] | None = None,
+    ):
         self.base = f"{scheme}://{address}"
+        self.timeout = timeout
         self.context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
         self.token: str | None = None
+        self.basic = "Basic " + base64.b64encode(":".join(credentials).encode()).decode() if credentials else None
+        self.use_basic = False  # set once the registry asked for Basic auth
 
     def _request(self, method: str, url: str, *, data=None, headers: dict | None = None, length: int | None = None):
         req = urllib.request.Request(
@@ -49,21 +61,35 @@ class Registry:
             req.add_header("Content-Length", str(length))
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        elif self.use_basic:
+            req.add_header("Authorization", self.basic)
         try:
-            return urllib.request.urlopen(req, context=self.context, timeout=600)
+            return urllib.request.urlopen(req, context=self.context, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             challenge = exc.headers.get("WWW-Authenticate", "")
-            if exc.status == 401 and challenge.startswith("Bearer ") and not self.token and self._login(challenge):
+            if exc.status == 401 and self._answer(challenge):
                 return self._request(method, url, data=data, headers=headers, length=length)
             return exc
 
+    def _answer(self, challenge: str) -> bool:
+        """Meet a registry's 401 once: a Bearer token (anonymous, or for the credentials), or Basic auth with them."""
+        if challenge.startswith("Bearer ") and not self.token:
+            return self._login(challenge)
+        if challenge.startswith("Basic ") and self.basic and not self.use_basic:
+            self.use_basic = self.base.startswith("https://")  # never a password in clear text
+            return self.use_basic
+        return False
+
     def _login(self, challenge: str) -> bool:
-        """Anonymous pull token for a registry that asks for one (Docker Hub: auth.docker.io)."""
+        """A token for a registry that asks for one (Docker Hub: auth.docker.io): anonymous, or for the credentials."""
         params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
         if not params.get("realm", "").startswith("https://"):
             return False
         query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
-        with urllib.request.urlopen(f"{params['realm']}?{query}", context=self.context, timeout=60) as resp:
+        req = urllib.request.Request(
+            f"{params['realm']}?{query}", headers={"Authorization": self.basic} if self.basic else {}
+        )
+        with urllib.request.urlopen(req, context=self.context, timeout=min(60, self.timeout)) as resp:
             body = json.loads(resp.read())
         self.token = body.get("token") or body.get("access_token")
         return bool(self.token)

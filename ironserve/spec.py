@@ -12,7 +12,16 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 # --------------------------------------------------------------------------- strings at the edge
 # Every string of a recipe, a hardware profile or host data ends up in a unit file, an env file, a sysctl file or
@@ -73,13 +82,13 @@ Version = Annotated[
     str, AfterValidator(_grammar(r"[A-Za-z0-9][A-Za-z0-9.+~_:\-]{0,127}", "a version", "0.5.9 or 580.95.05-1"))
 ]
 # docker's reference grammar (distribution/reference): [domain[:port]/]path[:tag]
-_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 ImageRef = Annotated[
     str,
     AfterValidator(
         _grammar(
             rf"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
-            rf"{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,127}})?",
+            rf"{IMAGE_COMPONENT}(?:/{IMAGE_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.\-]{{0,127}})?",
             "an image reference",
             "lmsysorg/sglang:v0.5.9",
         )
@@ -492,10 +501,26 @@ class DockerRuntime(Strict):
     run: DockerRun = Field(default_factory=DockerRun)
     source_env: list[AbsPath] = Field(default_factory=list, description="scripts sourced before the engine starts")
 
+    # the derived image in the site's registry (REPOSITORY@sha256:..., or the placeholder of one this run pushes):
+    # set by the deploy and the audit from host data docker_derived_registry (ironserve/derived_image.py), never
+    # by a recipe (a private attribute: no recipe key, no schema)
+    _derived: str | None = PrivateAttr(None)
+
     @property
     def pinned_ref(self) -> str:
         repo = self.image.rsplit(":", 1)[0] if ":" in self.image.split("/")[-1] else self.image
         return f"{repo}@{self.digest}" if self.digest else self.image
+
+    @property
+    def derived_ref(self) -> str | None:
+        """The derived image every host pulls from the site's registry (None: each host builds its own)."""
+        return self._derived
+
+    def with_derived(self, ref: str | None) -> DockerRuntime:
+        """A copy naming ``ref`` as its derived image (None: the image each host builds)."""
+        copy = self.model_copy()
+        copy._derived = ref
+        return copy
 
 
 class UvRuntime(Strict):
@@ -943,7 +968,9 @@ class ModelSource(Strict):
     revision: Version | None = None
     has_mtp_weights: bool | None = Field(None, description="checkpoint ships MTP/NEXTN layers")
     family: str = Field(description="model family: glm5, glm5.1, qwen3.5, kimi-k2.5, minimax-m2.5, llama3, tiny")
-    generate: Literal["tiny-llama"] | None = Field(None, description="weights generated locally (lab), no hub")
+    generate: Literal["tiny-llama"] | None = Field(
+        None, description="weights generated locally (lab); the lab's hub serves them under hub_id"
+    )
 
     @model_validator(mode="after")
     def _some_source(self) -> ModelSource:

@@ -41,6 +41,8 @@ NO_KEY_EXIT = 78
 HF_TOKEN_ENV = "HF_TOKEN"
 # files/bin/ironserve_rank_guard.py: restarts a multi-node group as a whole (see its docstring)
 RANK_GUARD = "/usr/local/lib/ironserve/ironserve-rank-guard"
+# files/bin/ironserve_weights_peer.py: the weights from the hub once, to the other hosts from peers, verified
+WEIGHTS_PEER = "/usr/local/lib/ironserve/ironserve-weights-peer"
 # uv-runtime engines and routers run as this dedicated system user (roles/sglang_service.py creates it), never as
 # root; a docker unit runs the docker client, which needs root (the container's user is the image's)
 ENGINE_USER = "ironserve-engine"  # not the operators' login user (the lab's ssh user is named ironserve)
@@ -127,12 +129,18 @@ def in_container(recipe: Recipe, proc: Process) -> bool:
 
 
 def image_ref(recipe: Recipe) -> str:
-    """The image the unit runs: the derived image when the recipe patches the pinned one."""
+    """The image the unit runs: the derived image when the recipe patches the pinned one (pulled by digest from the
+    site's registry, or built on the host: ironserve/derived_image.py)."""
     runtime = recipe.runtime
     assert isinstance(runtime, DockerRuntime)
     if runtime.patches:
-        return f"ironserve/{recipe.id}:derived"
+        return runtime.derived_ref or local_derived_ref(recipe.id)
     return runtime.pinned_ref
+
+
+def local_derived_ref(recipe_id: str) -> str:
+    """The derived image a host builds for itself (no registry named for derived images)."""
+    return f"ironserve/{recipe_id}:derived"
 
 
 def jit_dir(recipe: Recipe) -> str:

@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import OperationError, deploy
 from pyinfra.operations import python
 
 from ironserve import bench
@@ -162,6 +162,10 @@ def _run(ctx: DeploymentContext, cmd: str) -> None:
 def apply(ctx: DeploymentContext) -> None:
     if ctx.host_name != bench_host(ctx):
         return
+    if ctx.derived and not ctx.derived.digest:
+        raise OperationError(
+            f"{ctx.derived.tagged} is not in the registry yet: deploy the recipe before benchmarking it"
+        )
     python.call(
         name=f"bench_serving ({ctx.recipe.id}) against {ctx.rendered.endpoint}",
         function=_run,

@@ -12,6 +12,7 @@ restart exactly the units whose configuration changed.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import time
@@ -24,10 +25,44 @@ from pyinfra.api import FactBase, OperationError, StringCommand, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files
 
+from ironserve.derived_image import PENDING as PENDING_MARK
+from ironserve.derived_image import pending_images, substitute
 from ironserve.spec import DockerRuntime, Recipe
 from ironserve.units import image_ref, sourcing_script, venv_path
 
 PROGRESS_EVERY_S = 30  # how often a long wait (pull, build, download, install) says it is still running
+
+# --------------------------------------------------------------------------- images this run pushes
+# While the run plans, the deployment's derived image is named by a placeholder when the site's registry does not
+# hold it yet (ironserve/derived_image.py); its builder's push records the digest here while the run executes. One
+# record for every host of the run: pyinfra runs the push on the builder before any host runs the next operation.
+PUSHED_IMAGES: dict[str, str] = {}  # placeholder -> REPOSITORY@sha256:...
+
+
+def pushed(value):
+    """``value`` (a string, or lists/dicts of them) with the images this run pushed named by their digests. While
+    executing, an image still unpushed (its builder failed, or is outside the run) is an OperationError: nothing
+    ever runs, writes or pulls a placeholder."""
+    value = substitute(value, PUSHED_IMAGES)
+    missing = pending_images(value) if getattr(context.state, "is_executing", False) else []
+    if missing:
+        raise OperationError(
+            f"{host.name}: {missing[0].split(PENDING_MARK)[0]} was not pushed by this run (its builder failed "
+            "before the push: see its error above); nothing here uses it"
+        )
+    return value
+
+
+def with_pushed_images(op):
+    """An operation's function whose arguments may name an image this run pushes: they are resolved (``pushed``)
+    each time its commands are generated, so when it executes they name the pushed digest."""
+
+    @functools.wraps(op)
+    def resolved(*args, **kwargs):
+        return op(*pushed(list(args)), **pushed(kwargs))
+
+    return resolved
+
 
 # --------------------------------------------------------------------------- the per-host deploy lock
 # Two deploys on one host (two operators, two recipes) must not interleave the commands that build or remove what

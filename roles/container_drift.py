@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from ironserve.units import deliberate
-from roles.common import assignments
+from roles.common import assignments, with_pushed_images
 
 CONTAINER_FORMAT = "\n".join(
     [
@@ -59,6 +59,7 @@ class ContainerConfig(FactBase):
 
 
 @operation()
+@with_pushed_images
 def container_current(unit: str, image: str, cmd: list[str], env_names: list[str]):
     """Restart a unit whose running container differs from the rendered one (image, command, env names).
 

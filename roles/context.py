@@ -9,13 +9,15 @@ the whole inventory when the first context is built, and read by the roles as ``
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyinfra import host, inventory
 
 from ironserve import catalogue, imagelock
 from ironserve.catalogue import Problem, SpecError
+from ironserve.derived_image import DerivedImage, derived_image, pushed_digest
 from ironserve.hostdata import HostData, validate_host_data, validate_inventory_data
 from ironserve.inventory import InventoryHost
 from ironserve.render import Process, Rendered, model_path_on, render, require_set
@@ -34,6 +36,9 @@ class DeploymentContext:
     processes: list[Process]
     launch: bool
     host: HostData = field(default_factory=HostData)  # this host's data, typed (ironserve/hostdata.py)
+    # the deployment's derived image in the site's registry (docker_derived_registry), the same for every host;
+    # None: no patches, or each host builds its own (ironserve/derived_image.py)
+    derived: DerivedImage | None = None
     hosts: list[InventoryHost] = field(default_factory=list)  # the whole inventory, in order (NVLink domains)
     # what this run's operations on this host change (filled by the roles while planning, read by the launch)
     changes: ChangeRecords = field(default_factory=ChangeRecords)
@@ -109,23 +114,85 @@ def _recipe_for(model: str, profile: HardwareProfile, data: HostData, host_name:
     return recipe
 
 
+def _registry_image(recipe: Recipe, typed: dict[str, HostData], hosts: list[str], where: str) -> DerivedImage | None:
+    """The deployment's derived image in the registry its hosts name (``docker_derived_registry``), one for all of
+    them; None without patches or without a registry. A SpecError when the hosts disagree, or the base is a tag."""
+    runtime = recipe.runtime
+    named = {h: typed[h].docker_derived_registry for h in hosts}
+    if not isinstance(runtime, DockerRuntime) or not runtime.patches or not any(named.values()):
+        return None
+    first = hosts[0]
+    fix = "give every host of the deployment the same docker_derived_registry (group_data/all.py)"
+    for h in hosts[1:]:
+        if named[h] != named[first]:
+            raise SpecError.one(where, f"{h}.docker_derived_registry", f"{named[h]} != {first}'s {named[first]}", fix)
+    if not runtime.digest:
+        raise SpecError.one(
+            f"recipe {recipe.id}",
+            "runtime.digest",
+            f"{runtime.image} is a tag without a digest and no lock file pins it: the derived image built once for "
+            "every host (docker_derived_registry) is built FROM a digest",
+            f"run `ironserve lock {recipe.id} --inventory INVENTORY`, or set runtime.digest",
+        )
+    try:
+        images = {
+            h: derived_image(
+                recipe,
+                named[h],
+                typed[h].pip_index_url,
+                typed[h].docker_registry_ca,
+                typed[h].docker_derived_registry_auth_file,
+            )
+            for h in hosts
+        }
+    except ValueError as exc:
+        raise SpecError.one(f"recipe {recipe.id}", "id", str(exc), "name the recipe with a lowercase id") from None
+    for h in hosts[1:]:
+        if images[h].dockerfile != images[first].dockerfile:
+            raise SpecError.one(
+                where,
+                f"{h}.pip_index_url",
+                f"gives the derived image another Dockerfile than {first}'s (one image is built for all hosts)",
+                "give every host of the deployment the same pip_index_url",
+            )
+    return images[first]
+
+
+def with_registry_image(
+    recipe: Recipe, image: DerivedImage | None, lookup: Callable[[DerivedImage, str], str | None] | None, where: str
+) -> tuple[Recipe, DerivedImage | None]:
+    """The recipe naming the registry's image (by the digest ``lookup`` finds for its tag, else the placeholder of
+    the image this run pushes), and that image; unchanged without one."""
+    if image is None:
+        return recipe, None
+    digest = lookup(image, where) if lookup else None
+    image = image.pushed(digest) if digest else image
+    return recipe.model_copy(update={"runtime": recipe.runtime.with_derived(image.ref)}), image
+
+
 def build_context(
     model: str,
     host_name: str,
     hosts: list[tuple[str, dict]],
     where: str = "inventory",
     gate_results: dict | None = None,
+    lookup: Callable[[DerivedImage, str], str | None] | None = None,
 ) -> DeploymentContext:
     """Pure: from (name, data) pairs of the whole inventory, in order, to this host's context.
 
     Every host's data is validated first (types, grammars, unknown keys): a typo or a wrong type anywhere in the
-    inventory or in --data stops the deploy before any operation."""
+    inventory or in --data stops the deploy before any operation. ``lookup`` (the deploy's and the audit's:
+    ironserve.derived_image.pushed_digest) asks the registry for the digest of the deployment's derived image;
+    without it an image in the registry is named by its placeholder."""
     typed = validate_inventory_data(hosts, where)
     profile = _hardware_profile(typed[host_name], host_name, where)
     recipe = _recipe_for(model, profile, typed[host_name], host_name, where)
     inventory_hosts = [InventoryHost(n, dict(d), host_data=typed[n]) for n, d in hosts]
     rendered = render(recipe, inventory_hosts, where)
     require_set(rendered)  # a value import left unset (<PORT>) stops the deploy before any host is touched
+    deployment = [n for n, _ in hosts if any(p.host == n for p in rendered.processes)]
+    recipe, image = with_registry_image(recipe, _registry_image(recipe, typed, deployment, where), lookup, where)
+    rendered = replace(rendered, recipe=recipe)
     return DeploymentContext(
         model=model,
         recipe=recipe,
@@ -138,6 +205,7 @@ def build_context(
         host=typed[host_name],
         hosts=inventory_hosts,
         gate_results=gate_results if gate_results is not None else {},
+        derived=image,
     )
 
 
@@ -217,7 +285,9 @@ def current(model: str) -> DeploymentContext:
         # the hosts of one run share its gate results and its record of running ranks
         peer = next((c for (m, _), c in _CACHE.items() if m == model), None)
         with bad_input_stops_the_deploy():
-            ctx = build_context(model, host.name, hosts, gate_results=peer.gate_results if peer else None)
+            ctx = build_context(
+                model, host.name, hosts, gate_results=peer.gate_results if peer else None, lookup=pushed_digest
+            )
             require_pinned_image(ctx)
             require_locked_runtime(ctx)
         if peer:

@@ -127,7 +127,7 @@ PREPARE_ROLES: list[Role] = [
     ),
     Role("recipe_image", "runtime", _docker, recipe_image.apply, desired_runtime=recipe_image.desired_runtime),
     Role("uv_env", "runtime", _uv, uv_env.apply, desired_runtime=uv_env.desired_runtime),
-    Role("model_weights", "weights", _engine_host, model_weights.apply),
+    Role("model_weights", "weights", _engine_host, model_weights.apply, desired_files=model_weights.desired_files),
     Role("sglang_service", "units", _always, sglang_service.apply, desired_files=sglang_service.desired_files),
     Role("router", "units", _always, router.apply, desired_runtime=router.desired_runtime),
     Role("node_exporter", "node_exporter", _always, node_exporter.apply, desired_files=node_exporter.desired_files),

@@ -13,7 +13,8 @@ Host data (defaults in brackets):
 - ``docker_registry_mirror`` [none]: host[:port] of an https registry that mirrors Docker Hub (an air-gapped
   cluster's): written to /etc/docker/daemon.json as ``registry-mirrors`` (other keys kept; Docker restarted when
   it changed); ``docker_registry_ca`` [none], a CA file on the controller, goes to
-  /etc/docker/certs.d/<mirror>/ca.crt so Docker verifies the mirror (no insecure-registries exception)
+  /etc/docker/certs.d/<mirror>/ca.crt so Docker verifies the mirror (no insecure-registries exception), and to
+  /etc/docker/certs.d/<registry>/ca.crt of ``docker_derived_registry`` (roles/recipe_image.py) too
 
 The NVIDIA container toolkit (roles/nvidia_container_toolkit.py) and the recipe's image (roles/recipe_image.py) come
 after it, in their own roles.
@@ -89,17 +90,21 @@ def distro_of_host() -> tuple[str, str]:
 
 
 def registry_mirror(ctx: DeploymentContext) -> list:
-    """The inventory's Docker Hub mirror in daemon.json and its CA in certs.d; the daemon.json change (or [])."""
+    """The inventory's Docker Hub mirror in daemon.json, and the CA in certs.d of each registry Docker reaches (the
+    mirror, the registry of derived images); the daemon.json change (or [])."""
     mirror = ctx.host.docker_registry_mirror
-    if not mirror:
-        return []
-    if ctx.host.docker_registry_ca:
+    registries = [mirror] if mirror else []
+    if ctx.derived and ctx.derived.registry not in registries:
+        registries.append(ctx.derived.registry)
+    for registry in registries if ctx.host.docker_registry_ca else []:
         files.put(
-            name=f"CA of the registry mirror {mirror}",
+            name=f"CA of the registry {registry}",
             src=ctx.host.docker_registry_ca,
-            dest=f"{CERTS_DIR}/{mirror}/ca.crt",
+            dest=f"{CERTS_DIR}/{registry}/ca.crt",
             mode="644",
         )
+    if not mirror:
+        return []
     return [
         daemon_settings(
             name=f"Docker pulls through the mirror {mirror}", settings={"registry-mirrors": [f"https://{mirror}"]}

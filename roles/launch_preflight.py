@@ -45,7 +45,7 @@ from pyinfra.api import FactBase, FunctionCommand, OperationError, deploy, opera
 
 from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
-from roles.common import UnitState, in_run, refuse, runtime_python_argv
+from roles.common import UnitState, in_run, refuse, runtime_python_argv, with_pushed_images
 from roles.context import DeploymentContext
 
 LIB_DIR = "/usr/local/lib/ironserve"
@@ -273,6 +273,7 @@ def nic_reaches_rank0(rank: int, env: dict[str, str], addr: str, port: int):
 
 
 @operation()
+@with_pushed_images
 def group_rendezvous(
     key: str, rank: int, unit: str, command: str, timeout_s: int, problems: list[str], ranks_running: dict | None = None
 ):

@@ -9,10 +9,27 @@ the recipe); later runs keep the local tag on the recorded digest, so a tag that
 deployed host. ``docker_image_lock`` [none], a site lock on the controller, names the digests the site's registry
 holds in place of the recipes' own (applied by roles/context.build_context, see ironserve/imagelock.py).
 
-``runtime.patches`` build ``ironserve/<recipe>:derived`` from /etc/ironserve/images/<recipe>/Dockerfile (FROM
-repo@digest + the patch lines), only when the Dockerfile changed or the image is missing: the image carries the
-Dockerfile's sha256 in the label ``ironserve.dockerfile.sha256``. ``pip_index_url`` [none] is passed to the build
-as PIP_INDEX_URL (air-gapped builds).
+``runtime.patches`` make a derived image from /etc/ironserve/images/<recipe>/Dockerfile (FROM repo@digest + the
+patch lines; ironserve/derived_image.py), built only when the Dockerfile changed or the image is missing (the image
+carries the Dockerfile's sha256 in the label ``ironserve.dockerfile.sha256``); ``pip_index_url`` [none] is passed
+to the build as PIP_INDEX_URL (air-gapped builds):
+
+- with ``docker_derived_registry`` [none] (HOST[:PORT][/PREFIX], an https registry verified with
+  ``docker_registry_ca``): built ONCE per deployment, by its builder (the first host of the deployment, in
+  inventory order, that this run includes), tagged ``REGISTRY/PREFIX/<recipe>:dockerfile-<sha256>`` and pushed
+  (``derived_pushed``); the digest the registry then gives the tag, checked against the pushed image's own, is what
+  every host pulls and runs (``derived_pulled``: the builder included), so every container of the deployment runs
+  one image ID, and the units and the audit name ``REPOSITORY@sha256:...``. pyinfra runs an operation on every
+  host before the next one, so the push is done before any host pulls. The registry is asked for the tag while
+  the deploy plans: a tag it holds is neither built nor pushed again (a rerun plans no change); a push that fails
+  or a digest that differs stops every host before its units change. The base image is not pulled on the other
+  hosts (the derived image's layers include it). ``docker_derived_registry_auth_file`` [none], a 0600 file on the
+  controller of one line USER:PASSWORD, gives the registry's credentials: the controller's lookups send them
+  only when the registry asks, over https; the hosts get them as a 0600 Docker client configuration
+  (/etc/ironserve/registry-auth/config.json, ``docker --config``) for the push and the pulls, never on a command
+  line;
+- without it: each host builds ``ironserve/<recipe>:derived`` on its own (N builds, and their image IDs differ);
+  the deploy warns, naming the key.
 
 Patch lines are not hash-checked. A ``RUN pip install name==version`` patch runs pip inside the base image, which
 installs whatever of that pin's dependencies the image does not already satisfy; pip's hash-checking mode needs
@@ -29,20 +46,33 @@ from __future__ import annotations
 
 import json
 import shlex
-import urllib.parse
 from io import StringIO
 
-from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, deploy, operation
+from pyinfra import host, logger
+from pyinfra.api import FactBase, FileUploadCommand, FunctionCommand, OperationError, deploy, operation
 from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
 
+from ironserve.derived_image import (
+    PENDING,
+    build_args,
+    docker_config_text,
+    dockerfile_text,
+    placeholder,
+    registry_credentials,
+    registry_digest,
+)
+from ironserve.registry import RegistryError
 from ironserve.spec import DockerRuntime
-from ironserve.units import ETC_DIR, image_ref, sha256_text
-from roles.common import LongCommand, json_output
+from ironserve.units import ETC_DIR, image_ref, in_container, local_derived_ref, sha256_text
+from roles.common import PUSHED_IMAGES, LongCommand, in_run, json_output, uses_sudo, with_pushed_images
 from roles.context import DeploymentContext
 from roles.desired import RuntimeCheck, present_check
+from roles.secret_file import Secret, secret_file
 
 IMAGES_DIR = f"{ETC_DIR}/images"
+# the Docker client configuration holding the credentials of the registry of derived images (0700 dir, 0600 file)
+REGISTRY_AUTH_DIR = f"{ETC_DIR}/registry-auth"
 DOCKERFILE_LABEL = "ironserve.dockerfile.sha256"
 
 
@@ -72,24 +102,25 @@ def dockerfile_path(recipe_id: str) -> str:
     return f"{IMAGES_DIR}/{recipe_id}/Dockerfile"
 
 
-def http_index_host(url: str) -> str | None:
-    """The host of a plain-http index (allow_http_index), which pip needs named as trusted; None for https."""
-    return urllib.parse.urlsplit(url).hostname if url.startswith("http://") else None
+def builder(ctx: DeploymentContext) -> str | None:
+    """The host that builds and pushes the deployment's derived image: the first host of the deployment (inventory
+    order) that runs it in a container and is in this run (--limit); None when none is."""
+    running = {p.host for p in ctx.rendered.processes if in_container(ctx.recipe, p)}
+    return next((h.name for h in ctx.hosts if h.name in running and in_run(h.name)), None)
 
 
-def dockerfile_text(recipe_id: str, base: str, patches: list[str], pip_index_url: str | None = None) -> str:
-    """FROM the pinned base + the recipe's patch lines, verbatim and in order."""
-    lines = [
-        f"# managed by ironserve: recipe {recipe_id} (derived image; rebuilt when this file changes)",
-        f"FROM {base}",
-    ]
-    if pip_index_url:
-        # the build runs on the host: an air-gapped host reaches only the mirror (ARG is visible to RUN only)
-        lines += ["ARG PIP_INDEX_URL", "ARG UV_INDEX_URL"]
-        if http_index_host(pip_index_url):
-            lines.append("ARG PIP_TRUSTED_HOST")  # pip ignores a plain-http index it is not told to trust
-    lines += list(patches)
-    return "\n".join(lines) + "\n"
+def unshared_build_warning(ctx: DeploymentContext) -> str | None:
+    """What the deploy says when each host builds its own derived image (no docker_derived_registry)."""
+    if not isinstance(ctx.recipe.runtime, DockerRuntime) or not ctx.recipe.runtime.patches or ctx.derived:
+        return None
+    hosts = sorted({p.host for p in ctx.rendered.processes})
+    return (
+        f"recipe {ctx.recipe.id}: docker_derived_registry is not set: each host builds "
+        f"{local_derived_ref(ctx.recipe.id)} on its own ({len(hosts)} build(s): {', '.join(hosts)}), and images "
+        "built apart differ (one image ID per host, no digest the audit can check). Fix: set "
+        "docker_derived_registry=HOST[:PORT]/PREFIX (an https registry the hosts reach, verified with "
+        "docker_registry_ca) to build it once and run it by digest on every host"
+    )
 
 
 # --------------------------------------------------------------------------- facts
@@ -193,10 +224,29 @@ def _print_lock(state, host, path):
     return status
 
 
+def _built(recipe_id: str, text: str, ref: str, pip_index_url: str | None):
+    """The commands that make ``ref`` the image built from the Dockerfile ``text`` (its label holds the text's sha256):
+    the Dockerfile written where it changed, the build where the image is missing or was built from another one.
+    Returns whether there was anything to do."""
+    want = sha256_text(text)
+    path = dockerfile_path(recipe_id)
+    changed = host.get_fact(Sha256File, path=path) != want
+    if changed:
+        yield f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}"
+        yield FileUploadCommand(StringIO(text), path)
+        yield f"chmod 644 {shlex.quote(path)}"
+    if host.get_fact(DockerImageLabel, ref=ref, label=DOCKERFILE_LABEL) == want and not changed:
+        return False
+    build = ["docker", "build", "--network", "host", "--label", f"{DOCKERFILE_LABEL}={want}", "-t", ref, "-f", path]
+    build += build_args(pip_index_url)
+    yield LongCommand(" ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]]), f"building {ref}")
+    return True
+
+
 @operation()
 def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[str], pip_index_url: str | None = None):
-    """Build ironserve/<recipe>:derived from the pinned base + patches when the Dockerfile changed or the
-    image is missing (the image's label holds the sha256 of the Dockerfile it was built from)."""
+    """Build ironserve/<recipe>:derived on this host from the pinned base + patches when the Dockerfile changed or
+    the image is missing (no registry for derived images: each host builds its own)."""
     repo, _ = split_image(image)
     if not digest:
         # tag-only recipe: the base is whatever this host locked (read at execution, after image_pinned)
@@ -204,43 +254,159 @@ def derived_image(recipe_id: str, image: str, digest: str | None, patches: list[
         digest = lock.get("digest") if lock.get("image") == image else None
     base = f"{repo}@{digest}" if digest else image
     text = dockerfile_text(recipe_id, base, patches, pip_index_url)
-    want = sha256_text(text)
-    path = dockerfile_path(recipe_id)
-    tag = f"ironserve/{recipe_id}:derived"
-    changed = False
-    if host.get_fact(Sha256File, path=path) != want:
-        yield f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}"
-        yield FileUploadCommand(StringIO(text), path)
-        yield f"chmod 644 {shlex.quote(path)}"
-        changed = True
-    if host.get_fact(DockerImageLabel, ref=tag, label=DOCKERFILE_LABEL) == want and not changed:
-        host.noop(f"image {tag} is built from the current Dockerfile ({want[:12]})")
+    ref = local_derived_ref(recipe_id)
+    if not (yield from _built(recipe_id, text, ref, pip_index_url)):
+        host.noop(f"image {ref} is built from the current Dockerfile ({sha256_text(text)[:12]})")
+
+
+@operation()
+def derived_pushed(
+    recipe_id: str,
+    repository: str,
+    tag: str,
+    dockerfile: str,
+    builder: str | None,
+    build_here: bool = False,
+    digest: str | None = None,
+    pip_index_url: str | None = None,
+    ca_file: str | None = None,
+    auth_file: str | None = None,
+    docker_config: str | None = None,
+):
+    """The deployment's derived image is in the site's registry as ``repository:tag`` (tag: the Dockerfile's
+    sha256): ``digest`` is what the registry gave the tag while the run planned; without it the ``builder`` (this
+    host when ``build_here``) builds the image (where its label shows another Dockerfile or none), pushes it and
+    records the digest the registry then gives the tag, checked against the pushed image's own
+    (``_record_push``), for every host's pull."""
+    tagged = f"{repository}:{tag}"
+    if digest:
+        host.noop(f"{tagged} is in the registry as {digest}: nothing to build")
         return
-    build = ["docker", "build", "--network", "host", "--label", f"{DOCKERFILE_LABEL}={want}", "-t", tag, "-f", path]
-    if pip_index_url:
-        build += ["--build-arg", f"PIP_INDEX_URL={pip_index_url}", "--build-arg", f"UV_INDEX_URL={pip_index_url}"]
-        trusted = http_index_host(pip_index_url)
-        if trusted:
-            build += ["--build-arg", f"PIP_TRUSTED_HOST={trusted}"]
-    yield LongCommand(" ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]]), f"building {tag}")
+    if builder is None:
+        raise OperationError(
+            f"{tagged} is not in the registry and no host of this run can build it: include the deployment's "
+            "first engine host (--limit)"
+        )
+    if not build_here:
+        host.noop(f"{builder} builds and pushes {tagged}")
+        return
+    yield from _built(recipe_id, dockerfile, tagged, pip_index_url)
+    yield LongCommand(f"{docker_client(docker_config)} push {shlex.quote(tagged)}", f"pushing {tagged}")
+    yield FunctionCommand(_record_push, (repository, tag, ca_file, auth_file), {})
+
+
+def docker_client(config: str | None) -> str:
+    """The docker command, with the client configuration holding the registry's credentials when there is one."""
+    return f"docker --config {shlex.quote(config)}" if config else "docker"
+
+
+def _record_push(state, host, repository: str, tag: str, ca_file: str | None, auth_file: str | None = None) -> bool:
+    """After the builder's push: the digest the registry gives the tag must be one the pushed image has (another
+    push of the tag in between, or a registry that rewrote the manifest, stops here); it becomes what every host
+    pulls and runs."""
+    tagged = f"{repository}:{tag}"
+    fmt = "{{range .RepoDigests}}{{println .}}{{end}}"
+    status, output = host.run_shell_command(
+        f"docker image inspect --format {shlex.quote(fmt)} {shlex.quote(tagged)}", _sudo=uses_sudo(host)
+    )
+    local = [line.partition("@")[2] for line in output.stdout_lines if line.startswith(f"{repository}@")]
+    try:
+        remote = registry_digest(repository, tag, ca_file, auth_file)
+    except RegistryError as exc:
+        remote, local = None, [str(exc)]
+    if not status or not remote or remote not in local:
+        host.log_styled(
+            f"{tagged}: the registry gives {remote or 'no digest'}, the image pushed from here has "
+            f"{', '.join(local) or 'none'}: digest mismatch, no host pulls it (rerun the deploy)",
+            fg="red",
+        )
+        return False
+    PUSHED_IMAGES[placeholder(repository, tag)] = f"{repository}@{remote}"
+    host.log_styled(f"{tagged} pushed: every host runs {repository}@{remote}", fg="green")
+    return True
+
+
+@operation()
+@with_pushed_images
+def derived_pulled(ref: str, docker_config: str | None = None):
+    """The deployment's derived image, by digest from the site's registry, on this host (the builder has it from
+    its push). ``ref`` names an image this run pushes by a placeholder until the push (ironserve/derived_image.py):
+    planned as a pull, resolved when it executes."""
+    pull = LongCommand(f"{docker_client(docker_config)} pull {shlex.quote(ref)}", f"pulling {ref}")
+    if PENDING not in ref and ref in (host.get_fact(DockerImageDigests, ref=ref) or []):
+        host.noop(f"image {ref} is present")
+        return
+    yield pull
 
 
 # --------------------------------------------------------------------------- role
 
 
-@deploy("Recipe image")
-def apply(ctx: DeploymentContext) -> None:
+_WARNED: set[str] = set()
+
+
+def registry_image(ctx: DeploymentContext) -> list:
+    """The deployment's derived image built once and pushed, then pulled by digest on every host: the changes."""
+    image = ctx.derived
+    assert image is not None
+    who = builder(ctx)
+    config = registry_login(image.registry, image.auth_file)
+    pushed = derived_pushed(
+        name=f"Derived image {image.tagged} in the registry (built and pushed by {who or 'no host of this run'})",
+        recipe_id=ctx.recipe.id,
+        repository=image.repository,
+        tag=image.tag,
+        dockerfile=image.dockerfile,
+        builder=who,
+        build_here=who == ctx.host_name,
+        digest=image.digest,
+        pip_index_url=image.pip_index_url,
+        ca_file=image.ca_file,
+        auth_file=image.auth_file,
+        docker_config=config,
+    )
+    pulled = derived_pulled(
+        name=f"Derived image {image.repository} pulled by digest", ref=image.ref, docker_config=config
+    )
+    return [pushed, pulled]
+
+
+def registry_login(registry: str, auth_file: str | None) -> str | None:
+    """The registry's credentials (a 0600 file on the controller) as a 0600 Docker client configuration on the
+    host, for the push and the pulls (never on a command line); its directory, or None without credentials."""
+    if not auth_file:
+        return None
+    try:
+        credentials = registry_credentials(auth_file)
+    except ValueError as exc:
+        raise OperationError(f"docker_derived_registry_auth_file {exc}") from None
+    files.directory(
+        name="registry credentials directory", path=REGISTRY_AUTH_DIR, mode="700", user="root", group="root"
+    )
+    secret_file(
+        name=f"credentials of {registry} (0600)",
+        path=f"{REGISTRY_AUTH_DIR}/config.json",
+        secret=Secret(docker_config_text(registry, credentials)),
+    )
+    return REGISTRY_AUTH_DIR
+
+
+def local_image(ctx: DeploymentContext) -> list:
+    """The pinned base pulled and (with patches) the derived image built on this host: the changes."""
     runtime = ctx.recipe.runtime
-    assert isinstance(runtime, DockerRuntime)
     changes = [
         image_pinned(
             name=f"Image {runtime.image} (pinned)", image=runtime.image, digest=runtime.digest, recipe_id=ctx.recipe.id
         )
     ]
+    warning = unshared_build_warning(ctx)
+    if warning and ctx.recipe.id not in _WARNED:
+        _WARNED.add(ctx.recipe.id)
+        logger.warning(f"warning: {warning}")
     if runtime.patches:
         changes.append(
             derived_image(
-                name=f"Derived image ironserve/{ctx.recipe.id}:derived",
+                name=f"Derived image {local_derived_ref(ctx.recipe.id)} (built on this host)",
                 recipe_id=ctx.recipe.id,
                 image=runtime.image,
                 digest=runtime.digest,
@@ -248,36 +414,72 @@ def apply(ctx: DeploymentContext) -> None:
                 pip_index_url=ctx.host.pip_index_url,
             )
         )
-    ctx.changes.record_runtime_change(*changes)
     # a unit started before these files last changed runs an older image (see roles/launch.py)
     ctx.changes.record_runtime_paths(
         *([dockerfile_path(ctx.recipe.id)] if runtime.patches else []),
         *([] if runtime.digest else [lock_path(ctx.recipe.id)]),
     )
+    return changes
+
+
+@deploy("Recipe image")
+def apply(ctx: DeploymentContext) -> None:
+    assert isinstance(ctx.recipe.runtime, DockerRuntime)
+    ctx.changes.record_runtime_change(*(registry_image(ctx) if ctx.derived else local_image(ctx)))
     ctx.changes.image = image_ref(ctx.recipe)
 
 
 # --------------------------------------------------------------------------- audit
 
 
+def digest_present(check_id: str, ref: str) -> RuntimeCheck:
+    """The image ``REPO@DIGEST`` is on the host, pulled by that digest (its RepoDigests name it)."""
+    digest = ref.rpartition("@")[2]
+    cmd = (
+        f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
+        f"{shlex.quote(ref)} 2>/dev/null | grep -cF {shlex.quote('@' + digest)} || true"
+    )
+    return RuntimeCheck(f"{check_id}:{ref.rpartition('@')[0]}@{digest[:19]}", "1", cmd)
+
+
+def container_runs(unit: str, ref: str) -> RuntimeCheck:
+    """The running container of ``unit`` runs the image ``ref`` names (the same image ID)."""
+    unit_q, ref_q = shlex.quote(unit), shlex.quote(ref)
+    cmd = (
+        f"a=$(docker container inspect --format '{{{{.Image}}}}' {unit_q} 2>/dev/null); "
+        f"b=$(docker image inspect --format '{{{{.Id}}}}' {ref_q} 2>/dev/null); "
+        'if [ -n "$b" ] && [ "$a" = "$b" ]; then echo same; else echo "${a:-no container} is not ${b:-absent}"; fi'
+    )
+    return RuntimeCheck(f"container-image:{unit}", "same", cmd)
+
+
 def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
-    """The image the units run is present (pinned digest, or the derived image), for `ironserve audit`."""
+    """The image the units run is on the host (pinned digest, or the derived image) and, from the site's registry,
+    is what each running container runs, for `ironserve audit`."""
     runtime = ctx.recipe.runtime
     if not isinstance(runtime, DockerRuntime):
         return []
+    if ctx.derived:
+        return registry_checks(ctx)
     out = []
     if runtime.digest:
-        repo, _ = split_image(runtime.image)
-        cmd = (
-            f"docker image inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
-            f"{shlex.quote(f'{repo}@{runtime.digest}')} 2>/dev/null | grep -cF {shlex.quote('@' + runtime.digest)}"
-            " || true"
-        )
-        out.append(RuntimeCheck(f"image:{repo}@{runtime.digest[:19]}", "1", cmd))
+        out.append(digest_present("image", runtime.pinned_ref))
     else:
         out.append(present_check(f"image-lock:{ctx.recipe.id}", f"test -s {shlex.quote(lock_path(ctx.recipe.id))}"))
     if runtime.patches:
-        ref = f"ironserve/{ctx.recipe.id}:derived"
+        ref = local_derived_ref(ctx.recipe.id)
         cmd = f"docker image inspect --format '{{{{index .Config.Labels \"{DOCKERFILE_LABEL}\"}}}}' {shlex.quote(ref)}"
         out.append(present_check(f"derived-image:{ref}", f"{cmd} >/dev/null 2>&1"))
+    return out
+
+
+def registry_checks(ctx: DeploymentContext) -> list[RuntimeCheck]:
+    """The deployment's derived image pulled by its digest, and every container of this host running it."""
+    image = ctx.derived
+    assert image is not None
+    if not image.digest:
+        return [RuntimeCheck(f"derived-image:{image.tagged}", "pushed", "echo not in the registry")]
+    out = [digest_present("derived-image", image.ref)]
+    if ctx.launch:
+        out += [container_runs(p.unit, image.ref) for p in ctx.processes if in_container(ctx.recipe, p)]
     return out

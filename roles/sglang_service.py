@@ -74,7 +74,7 @@ from ironserve.units import (
     staged_path,
     unit_files,
 )
-from roles.common import runtime_python_argv
+from roles.common import runtime_python_argv, with_pushed_images
 from roles.context import DeploymentContext
 from roles.desired import DesiredFile, text_file
 from roles.secret_file import Secret, generated_secret, read_secret, secret_file
@@ -122,6 +122,16 @@ def parse_check_argv(recipe: Recipe, proc: Process) -> list[str]:
 def parse_digest(exec_start: list[str], runtime_identity: str) -> str:
     """What a parse-ok marker vouches for: this ExecStart in this runtime."""
     return hashlib.sha256(json.dumps([exec_start, runtime_identity]).encode()).hexdigest()
+
+
+def built_here(recipe: Recipe) -> Recipe:
+    """The recipe naming its derived image as a host builds it: the parse marker's ExecStart. The runtime identity
+    already holds what the image is made of (base digest, patches), and a marker written while the run pushes the
+    image (named by a placeholder while planning) must match the next run's, which names it by its digest."""
+    runtime = recipe.runtime
+    if not isinstance(runtime, DockerRuntime) or not runtime.derived_ref:
+        return recipe
+    return recipe.model_copy(update={"runtime": runtime.with_derived(None)})
 
 
 def runtime_identity(recipe: Recipe, pip_index_url: str | None = None) -> str:
@@ -261,6 +271,15 @@ def weights_readable(user: str, path: str):
 
 
 @operation()
+@with_pushed_images
+def staged_text(text: str, dest: str, mode: str):
+    """A rendered file (unit, guard config) at its staged path, root-owned: files.put from memory. A unit naming an
+    image this run pushes names it by its digest when this executes (roles/common.py ``with_pushed_images``)."""
+    yield from files.put._inner(src=StringIO(text), dest=dest, mode=mode, user="root", group="root")
+
+
+@operation()
+@with_pushed_images
 def argv_parses(unit: str, probe: list[str], digest: str):
     """The unit's argv is accepted by the SGLang parser of its runtime (checked once per argv + runtime).
 
@@ -329,14 +348,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
                 # a secret (the env file with the API key, the group's secret): never shown, never readable
                 op = secret_file(name=f"{live} (staged, 0600)", path=staged_path(live), secret=Secret(text))
             else:
-                op = files.put(
-                    name=f"{live} (staged)",
-                    src=StringIO(text),
-                    dest=staged_path(live),
-                    mode=mode,
-                    user="root",
-                    group="root",
-                )
+                op = staged_text(name=f"{live} (staged)", text=text, dest=staged_path(live), mode=mode)
             ctx.changes.record_unit_change(proc.unit, op)
         if in_container(recipe, proc):
             api_key = any(k in secrets for k in KEY_ENV)
@@ -347,7 +359,7 @@ def install_units(ctx: DeploymentContext, procs: list[Process]) -> None:
         identity = runtime_identity(recipe, ctx.host.pip_index_url)
         for proc, _unit_files, secrets in built:
             api_key = any(k in secrets for k in KEY_ENV)
-            digest = parse_digest(exec_argv(recipe, proc, api_key=api_key), identity)
+            digest = parse_digest(exec_argv(built_here(recipe), proc, api_key=api_key), identity)
             argv_parses(
                 name=f"{proc.unit}: argv parsed by the installed SGLang",
                 unit=proc.unit,

@@ -1,10 +1,10 @@
 """Secrets never in ``--dry``/``--diff``/``-v`` output, offline: the unit stage of a deploy is planned for a keyed
-3-host tiny deployment (roles/sglang_service.install_units, the real function, with pyinfra's files operations
-and ``secret_file`` recorded instead of queued), then what pyinfra would print for it is read: every operation's
-name, a files.put's content (what --diff shows), and the commands a secret_file operation yields when the host
-holds another secret (what --dry -v shows). The key must be in none of it, and must reach the host (through
-secret_file) all the same. A file holding a secret written with files.put, or a secret in an operation's name
-or arguments, fails here."""
+3-host tiny deployment (roles/sglang_service.install_units, the real function, with pyinfra's files operations,
+``staged_text`` and ``secret_file`` recorded instead of queued), then what pyinfra would print for it is read:
+every operation's name, a staged file's content (what --diff shows), and the commands a secret_file operation
+yields when the host holds another secret (what --dry -v shows). The key must be in none of it, and must reach the
+host (through secret_file) all the same. A file holding a secret written as a plain staged file, or a secret in an
+operation's name or arguments, fails here."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ class Planned:
     def put(self, name, src, dest, **kwargs):
         content = src.getvalue() if isinstance(src, StringIO) else str(src)
         self.printed += [name, dest, content, repr(kwargs)]
+        return SimpleNamespace(changed=True)
+
+    def text(self, name, text, dest, **kwargs):
+        self.printed += [name, dest, text, repr(kwargs)]
         return SimpleNamespace(changed=True)
 
     def directory(self, name, path, **kwargs):
@@ -66,6 +70,7 @@ def planned(tmp_path, monkeypatch):
     ]
     plan = Planned()
     monkeypatch.setattr(sglang_service, "files", SimpleNamespace(put=plan.put, directory=plan.directory))
+    monkeypatch.setattr(sglang_service, "staged_text", plan.text)
     monkeypatch.setattr(sglang_service, "secret_file", plan.secret_file)
     monkeypatch.setattr(sglang_service, "argv_parses", plan.other)  # parse_check=false: asked for nothing
     for host in ("n0", "r0"):

@@ -1,6 +1,6 @@
 """No function of the product is longer than 60 lines: a longer one does several things, and each deserves a name.
 
-The product is ironserve/, roles/ and the rank guard that runs on the hosts (the local test cluster is a package
+The product is ironserve/, roles/ and the Python helpers that run on the hosts (the rank guard, the weights peer) (the local test cluster is a package
 of its own, lab/). A function's length is what ast gives it: from its `def` line to its last line, decorators left out.
 """
 
@@ -16,7 +16,7 @@ MAX_LINES = 60
 def product_files() -> list[Path]:
     files = sorted((ROOT / "ironserve").rglob("*.py"))
     files += sorted((ROOT / "roles").rglob("*.py"))
-    return files + [ROOT / "files" / "bin" / "ironserve_rank_guard.py"]
+    return files + [ROOT / "files" / "bin" / n for n in ("ironserve_rank_guard.py", "ironserve_weights_peer.py")]
 
 
 def long_functions(path: Path, root: Path = ROOT, limit: int = MAX_LINES) -> list[str]:

@@ -192,11 +192,13 @@ def test_checkpoint_problems_name_what_is_missing():
 
 
 def test_download_keeps_the_token_off_argv():
-    cmd = mw.download_command("festr2/GLM-5-NVFP4-MTP", "/mnt/m", venv="/opt/ironserve/venvs/r", token=True)
-    assert "HF_TOKEN_PATH=/etc/ironserve/hf_token" in cmd and "HF_HUB_ENABLE_HF_TRANSFER=0" in cmd
-    assert "--local-dir /mnt/m" in cmd
-    docker = mw.download_command("x/y", "/mnt/m", image="img@sha256:1", token=True, revision="main")
-    assert "-v /etc/ironserve/hf_token:/run/ironserve/hf_token:ro" in docker and "--revision main" in docker
+    argv, env = mw.hf_download("festr2/GLM-5-NVFP4-MTP", "/mnt/m", venv="/opt/ironserve/venvs/r", token=True)
+    assert env["HF_TOKEN_PATH"] == "/etc/ironserve/hf_token" and env["HF_HUB_ENABLE_HF_TRANSFER"] == "0"
+    assert argv[-3:] == ["festr2/GLM-5-NVFP4-MTP", "--local-dir", "/mnt/m"]  # the helper adds --revision COMMIT
+    assert not any("token" in a.lower() and "path" not in a.lower() for a in argv)
+    docker, denv = mw.hf_download("x/y", "/mnt/m", image="img@sha256:1", token=True)
+    assert "/etc/ironserve/hf_token:/run/ironserve/hf_token:ro" in docker and denv == {}
+    assert "HF_TOKEN_PATH=/run/ironserve/hf_token" in docker and "--revision" not in docker
 
 
 def test_missing_shard_error_names_host_path_and_shard():
@@ -214,6 +216,8 @@ def test_missing_shard_error_names_host_path_and_shard():
                     "empty": [],
                     "manifest_stamp": None,
                     "verified_stamp": None,
+                    "hub_stamp": None,
+                    "hub_verified": None,
                 }
             }
         },

@@ -5,13 +5,15 @@ tests/operations/*/hostile_* show the same for the operations' rendered commands
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from roles import ascend, gpu_clocks, host_tuning, model_weights, nvidia_driver
+from ironserve.units import WEIGHTS_PEER
+from roles import ascend, gpu_clocks, host_tuning, model_weights, nvidia_driver, weights_peers
 
 # each spelling would create a file named pwned* in the working directory if a shell read it as syntax
 HOSTILE = [
@@ -48,14 +50,33 @@ def test_manifest_check_failure_message_runs_nothing(tmp_path, bad):
 
 
 @pytest.mark.parametrize("bad", HOSTILE)
-def test_download_command_quotes_path_and_venv(tmp_path, bad):
-    command = model_weights.download_command(
+def test_the_hub_download_quotes_path_and_venv(tmp_path, bad):
+    """The helper runs `hf download` from its argv (no shell but the venv's own `sh -c`, the venv quoted in it)."""
+    argv, env = model_weights.hf_download(
         "org/model", f"{tmp_path}/m{bad}", venv=f"{tmp_path}/v{bad}", endpoint=f"https://hub.example/{bad}"
     )
-    out = _bash(command, tmp_path)
+    out = subprocess.run(
+        [*argv, "--revision", "0" * 40],
+        cwd=tmp_path,
+        env={**env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode != 0  # no hub client in the venv: the download fails, running nothing else
-    assert (tmp_path / f"m{bad}").is_dir()
     _nothing_ran(tmp_path)
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+def test_the_weights_helper_gets_paths_and_addresses_as_words(bad):
+    config = {"root": f"/m{bad}", "repo": "org/model", "peer": f"10.0.0.2{bad}"}
+    assert shlex.split(weights_peers.helper_command("fetch", config)) == [
+        WEIGHTS_PEER,
+        "fetch",
+        json.dumps(config, sort_keys=True),
+    ]
+    words = shlex.split(weights_peers.lend_command(f"/m{bad}", "10.0.0.1", 8790, "/etc/k", ["10.0.0.2"], 2))
+    assert f"/m{bad}" in words and "10.0.0.1" in words
 
 
 @pytest.mark.parametrize("bad", HOSTILE)

@@ -43,6 +43,7 @@ def plan_checks(
 ) -> tuple[list[Check], dict[str, dict]]:
     """The checks of the --limit'ed hosts, each derived with the whole inventory (ranks, addresses) as the deploy
     derives it: pyinfra's loader, group_data/ and --data included."""
+    from ironserve.derived_image import pushed_digest
     from roles.context import build_context
 
     model = deploy_model(deploy)
@@ -51,7 +52,8 @@ def plan_checks(
     checks: list[Check] = []
     connections: dict[str, dict] = {}
     for h in limit_hosts(fleet.hosts, limit, inventory):
-        ctx = build_context(model, h.name, pairs, inventory)
+        # the digest of the deployment's derived image, asked of its registry once: the units and containers name it
+        ctx = build_context(model, h.name, pairs, inventory, lookup=pushed_digest)
         checks += derive_checks(ctx, deploy, inventory)
         connections[h.name] = {"address": h.address}
     return checks, connections

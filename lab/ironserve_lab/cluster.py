@@ -16,6 +16,7 @@ from . import (
     cuda_runtime,
     gpu_images,
     hosts,
+    hub,
     images,
     interpreters,
     network,
@@ -181,6 +182,10 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     lab.apt_key_fingerprint = supply.key_fingerprint(root)
     lab.ascend_sha256 = supply.file_sums(root, "ascend")
     binds = _images(root, lab, hardware)
+    repos = hub.served_repos(images.models_dir(root), list(lab.models))
+    lab.hub_url = hub.start_server(root, repos) if repos else ""
+    if not repos:
+        hub.stop_server(root)
 
     # Shrink: stop hosts beyond N (highest index first).
     for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
@@ -351,6 +356,7 @@ def status() -> dict:
     for entry in data["hosts"]:
         entry["running"] = bool(hosts.pid_of(root, entry["name"]))
     data["supply_running"] = bool(supply.server_pid(root))
+    data["hub"] = hub.status(root, lab.hub_url)
     return data
 
 
@@ -384,9 +390,10 @@ def _down() -> None:
         say(f"retrying {len(failed)} host(s) still busy: {' '.join(sorted(failed))}")
         time.sleep(5)
         pending = sorted(failed)
-    say("stopping supply server and registry, removing bridge")
+    say("stopping supply server, registry and hub, removing bridge")
     supply.stop_server(root)
     registry.stop_server(root)
+    hub.stop_server(root)
     network.remove_bridge()
     left = cgroups.remove()
     state.remove(root)
@@ -417,6 +424,7 @@ def leftovers(root: Path | None = None) -> list[str]:
             ("systemd-nspawn" in cmd and "--machine=lab" in cmd)
             or ("httpd.py" in cmd and str(root) in cmd)
             or ("docker-registry" in cmd and str(root) in cmd)
+            or ("hubd.py" in cmd and str(root) in cmd)
         ):
             found.append(f"process {pid_dir.name}: {cmd.strip()}")
     if Path("/run/systemd/nspawn/propagate").exists():

@@ -13,6 +13,8 @@ without any insecure-registries exception. ``ironserve lock`` checks the same ce
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -145,6 +147,18 @@ def config_text(root: Path) -> str:
 
 def _pidfile(root: Path) -> Path:
     return registry_dir(root) / "registry.pid"
+
+
+def forget_tags(root: Path, path: str) -> bool:
+    """Drop a repository's tags from the lab registry (its layers and manifests stay linked, as after any push), so
+    the next deploy builds and pushes it again, uploading only what the repository lacks; True when it had tags."""
+    if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", path):
+        raise LabError(f"not a repository path: {path!r}")
+    tags = registry_dir(root) / "data" / "docker" / "registry" / "v2" / "repositories" / path / "_manifests" / "tags"
+    if not tags.is_dir():
+        return False
+    shutil.rmtree(tags)
+    return True
 
 
 def server_pid(root: Path) -> int | None:

@@ -22,6 +22,7 @@ GATEWAY = f"{SUBNET_PREFIX}.1"
 PREFIX_LEN = 24
 SUPPLY_PORT = 8780
 REGISTRY_PORT = 5000  # the lab's container registry (registry.py), https on the gateway
+HUB_PORT = 8781  # the lab's Hugging Face-compatible hub (hub.py), http on the gateway
 FIRST_HOST_OCTET = 10  # lab1 = .11, lab2 = .12, ...
 MAX_HOSTS = 200
 
@@ -87,6 +88,8 @@ class LabState:
     registry_ca: str = ""
     # NVIDIA profiles: the site lock naming the lab registry's digests of the stand-in GPU images (gpu_images.py)
     image_lock: str = ""
+    # the lab's Hugging Face-compatible hub (hub.py), serving the models the lab generates; empty when it serves none
+    hub_url: str = ""
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -115,6 +118,7 @@ class LabState:
             "registry": self.registry,
             "registry_ca": self.registry_ca,
             "image_lock": self.image_lock,
+            "hub_url": self.hub_url,
         }
 
 

@@ -4,10 +4,12 @@
 SGLang runtime image built once per machine and pushed there), `ironserve lock tiny-cpu-docker --inventory
 inventories/lab.py` (tag -> digest in the registry the inventory names; the lock file beside the recipe), then
 the production deploy `pyinfra -y inventories/lab.py deploys/tiny.py --data recipe=tiny-cpu-docker`: Debian's
-docker.io from the lab repository, the image pulled by its locked digest through the registry mirror, the derived
-image built with its RUN lines executed, units, health gates. Then: the docker CLI is a real binary and dockerd
-answers; both hosts run the same image at the locked digest; a chat completion answers 200 on each host; a
-SIGKILL of the engine inside the container is recovered by systemd; a second run plans no change.
+docker.io from the lab repository, the recipe's derived image built ONCE, on the deployment's first host, from the
+locked base, pushed to the lab registry (the inventory's docker_derived_registry, verified with the lab CA), and
+pulled by its digest on both hosts; units, health gates. Then: the docker CLI is a real binary and dockerd answers;
+both containers run one image ID, pulled by digest from the lab registry, built by one host only; the audit checks
+that digest on each host; a chat completion answers 200 on each host; a SIGKILL of the engine inside the container
+is recovered by systemd; a second run plans no change (nothing built or pushed again).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import time
 
 import pytest
+from ironserve_lab import registry as lab_registry
+from ironserve_lab.state import lab_dir
 
 from ironserve.registry import Registry
 
@@ -30,6 +34,9 @@ UNIT = f"sglang-{RECIPE}-server"
 IMAGE = "ironserve-lab/sglang-cpu:0.5.23"
 LOCK = ROOT / "recipes" / f"{RECIPE}.lock.json"
 DEPLOY = ("deploys/tiny.py", "--data", f"recipe={RECIPE}")
+DERIVED = f"lab-derived/{RECIPE}"  # the repository under the inventory's docker_derived_registry
+DOCKERFILE = f"/etc/ironserve/images/{RECIPE}/Dockerfile"
+WAITS = ("building", "pushing", "pulling")  # what the deploy times (roles/common.py LongCommand)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +57,26 @@ def lab():
 def deployed(lab):
     out = ironserve("lock", RECIPE, "--inventory", "inventories/lab.py", timeout=300)
     lab["lock"] = json.loads(LOCK.read_text())
+    # the lab registry keeps what was pushed across `lab down`: this deploy must build and push it itself (the
+    # repository's layers stay: only a first push ever uploads the base's)
+    lab_registry.forget_tags(lab_dir(), DERIVED)
+    started = time.monotonic()
+    lab["first_plan"] = json.loads(pyinfra(*DEPLOY, "--dry", "--json", timeout=600).stdout)["plan"]
+    lab["plan_s"] = time.monotonic() - started
     started = time.monotonic()
     first = pyinfra("-y", *DEPLOY, timeout=2400)
     lab["deploy_s"] = time.monotonic() - started
     lab["deploy_output"] = first.stdout + first.stderr
     built = [line for line in lab["up_output"].splitlines() if "runtime image" in line and "built in" in line]
+    steps = [
+        line.strip()
+        for line in lab["deploy_output"].splitlines()
+        if any(f"{what} 10.213." in line or f"{what} {lab['status']['registry']}" in line for what in WAITS)
+        and line.rstrip().endswith("s")
+    ]
     print(
         f"\n{out.stdout.strip()}\nlab up {lab['up_s']:.0f}s{' (' + built[0].strip() + ')' if built else ''}, "
-        f"first deploy {lab['deploy_s']:.0f}s"
+        f"first plan (--dry) {lab['plan_s']:.0f}s, first deploy {lab['deploy_s']:.0f}s\n" + "\n".join(steps)
     )
     return lab
 
@@ -89,31 +108,73 @@ def test_docker_is_the_real_engine(deployed):
         assert json.loads(info[3]) == [f"https://{deployed['status']['registry']}/"], info
 
 
-def test_both_hosts_run_the_locked_image(deployed):
-    digest = deployed["lock"]["docker"]["digest"]
-    repo = IMAGE.rpartition(":")[0]
-    layers = []
+def _derived_digest(deployed) -> tuple[str, str]:
+    """(the derived image's repository, the digest the lab registry gives its content-addressed tag)."""
+    status, builder = deployed["status"], deployed["hosts"][0]
+    sha = ssh(builder, f"sha256sum {DOCKERFILE}").stdout.split()[0]
+    digest = Registry(status["registry"], status["registry_ca"]).digest(DERIVED, f"dockerfile-{sha}")
+    assert digest, f"{DERIVED}:dockerfile-{sha} is not in the lab registry"
+    return f"{status['registry']}/{DERIVED}", digest
+
+
+def test_one_build_one_image_pulled_by_digest(deployed):
+    """Both containers run one image ID: the derived image the first host built and pushed, pulled by its digest
+    from the lab registry on both hosts (the units name that digest); the other host built nothing."""
+    repo, digest = _derived_digest(deployed)
+    ref = f"{repo}@{digest}"
+    image_ids = []
     for host in deployed["hosts"]:
         assert ssh(host, f"systemctl is-active {UNIT}").stdout.strip() == "active"
-        pulled = json.loads(
-            ssh(host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' {repo}@{digest}").stdout
-        )
-        assert f"{repo}@{digest}" in pulled, pulled
         running = ssh(host, f"docker inspect --format '{{{{.Config.Image}}}} {{{{.Image}}}}' {UNIT}").stdout.split()
-        assert running[0] == f"ironserve/{RECIPE}:derived", running
-        # the derived image is the locked base plus the patch layers: base layers identical on both hosts
-        base = json.loads(
-            ssh(host, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {repo}@{digest}").stdout
-        )
-        derived = json.loads(
-            ssh(host, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {running[1]}").stdout
-        )
-        assert derived[: len(base)] == base, (base, derived)
-        layers.append(base)
+        assert running[0] == ref, running
+        image_ids.append(running[1])
+        pulled = json.loads(ssh(host, f"docker image inspect --format '{{{{json .RepoDigests}}}}' {ref}").stdout)
+        assert ref in pulled, pulled
+        assert ref in ssh(host, f"cat /etc/systemd/system/{UNIT}.service").stdout
         # the patch's RUN lines ran in the build
         mark = ssh(host, f"docker exec {UNIT} cat /etc/ironserve-derived").stdout
         assert mark == "tiny-cpu-docker derived image\n", mark
-    assert layers[0] == layers[1]
+    assert len(set(image_ids)) == 1, image_ids
+    builder, other = deployed["hosts"]
+    # one build: the builder's Dockerfile and local tag; the other host only pulled the digest (no base image either)
+    assert ssh(builder, f"test -s {DOCKERFILE}", check=False).returncode == 0
+    assert ssh(other, f"test -e {DOCKERFILE}", check=False).returncode != 0
+    base = f"{IMAGE.rpartition(':')[0]}@{deployed['lock']['docker']['digest']}"
+    assert ssh(other, f"docker image inspect {base}", check=False).returncode != 0
+    builds = [line for line in deployed["deploy_output"].splitlines() if f"building {repo}:" in line]
+    assert builds and all(f"[{builder['name']}]" in line for line in builds), builds
+    # the derived image is the locked base plus the patch layers
+    layers = {
+        name: json.loads(ssh(builder, f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {name}").stdout)
+        for name in (base, ref)
+    }
+    assert layers[ref][: len(layers[base])] == layers[base], layers
+    print(f"\n{ref}: image {image_ids[0][:19]} on both hosts, built on {builder['name']} only")
+
+
+def test_the_first_plan_says_one_host_builds_and_every_host_pulls(deployed):
+    """The plan of the first deploy (--dry) is the run's: the builder builds and pushes, both hosts pull the image
+    this run pushes (named by its placeholder until then), both units change."""
+    builder, other = (h["name"] for h in deployed["hosts"])
+    planned = {op["name"]: op["hosts_with_change"] for op in deployed["first_plan"]}
+    pushed = [name for name in planned if f"Derived image {deployed['status']['registry']}/" in name]
+    assert [planned[name] for name in pushed if "built and pushed by" in name] == [[builder]], pushed
+    assert sorted(next(planned[n] for n in pushed if n.endswith("pulled by digest"))) == [builder, other]
+    assert not [name for name in planned if "(built on this host)" in name]
+
+
+def test_the_audit_checks_the_digest_on_each_host(deployed):
+    repo, digest = _derived_digest(deployed)
+    audit = ironserve(
+        "audit", "inventories/lab.py", "deploys/tiny.py", "--data", f"recipe={RECIPE}", "--format", "json", check=False
+    )
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+    results = json.loads(audit.stdout)["results"]
+    for host in deployed["hosts"]:
+        mine = {r["check"]: r for r in results if r["host"] == host["name"]}
+        assert mine[f"container-image:{UNIT}"]["ok"], mine[f"container-image:{UNIT}"]
+        assert mine[f"derived-image:{repo}@{digest[:19]}"]["ok"]
+        assert not [c for c in mine if c.startswith("image:")], "a host that pulls the derived image needs no base"
 
 
 def test_chat_completion_on_each_host(deployed):

@@ -4,6 +4,11 @@
 recipes/tiny-cpu.yaml), then the production deploy. The fixtures are package-scoped, so the serving, metrics,
 security and day-two modules of this package share them; modules run in file-name order, and a module that changes
 the deployment leaves it serving for the next (the day-two module, which switches recipes, runs last).
+
+Every deploy of the package takes the weights from the lab's hub (IRONSERVE_LAB_MODEL_SOURCE=hub, which the lab
+inventory reads: model_source=hub, hf_endpoint the hub on the bridge): the first one downloads them on lab2 and
+fetches them from lab2 on lab3 (roles/weights_peers.py); the hub's byte count at lab up is kept for the weights
+module.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import pytest
 
 from ..labcli import ROOT, ironserve, lab_down, lab_up, pyinfra
 
+HUB_WEIGHTS = "IRONSERVE_LAB_MODEL_SOURCE"  # read by inventories/lab.py
+
 
 @pytest.fixture(scope="package")
 def lab():
@@ -24,9 +31,11 @@ def lab():
     started = time.monotonic()
     lab_up(3, "cpu-lab")
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    os.environ[HUB_WEIGHTS] = "hub"
     try:
-        yield {"hosts": status["hosts"], "up_s": time.monotonic() - started}
+        yield {"hosts": status["hosts"], "up_s": time.monotonic() - started, "hub_at_up": status["hub"]}
     finally:
+        os.environ.pop(HUB_WEIGHTS, None)
         lab_down()
 
 
