@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "lab"))
 
 import gevent  # noqa: E402
 from gevent import subprocess  # noqa: E402
-from ironserve_lab import hubd  # noqa: E402
+from ironserve_lab import hub as lab_hub  # noqa: E402
 
 from roles import weights_peers as wp  # noqa: E402
 
@@ -150,26 +150,7 @@ def run(n: int, size_mb: int, files: int, fanout: int) -> dict:
         work = Path(tmp)
         checkpoint(work / "hub" / "model", size_mb, files)
         port, status = free_port(), work / "hub" / "served.json"
-        hub = subprocess.Popen(
-            [
-                sys.executable,
-                hubd.__file__,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--repos",
-                json.dumps({REPO: str(work / "hub" / "model")}),
-                "--status",
-                str(status),
-                "--pidfile",
-                str(work / "hub" / "pid"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        while not (work / "hub" / "pid").exists():
-            gevent.sleep(0.05)
+        hub = lab_hub.start_local("127.0.0.1", port, {REPO: str(work / "hub" / "model")}, status, work / "hub" / "pid")
         key = work / "key"
         key.write_text(secrets.token_hex(32))
         dist = wp.Distribution(fanout)

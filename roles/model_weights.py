@@ -325,7 +325,9 @@ def plan_member(ctx: DeploymentContext, path: str, revision: str, token: bool, s
     )
     state = host.get_fact(ModelCheckpoint, path=path)
     complete = not checkpoint_problems(state) and not hub_problems(state, repo, revision)
-    dist.add(weights_peers.Member(ctx.host_name, address, download, fetch, lend), complete)
+    heads = engine_addresses(ctx)
+    rank = heads.index(address) if address in heads else len(heads)
+    dist.add(weights_peers.Member(ctx.host_name, address, download, fetch, lend, rank), complete)
 
 
 def from_hub(ctx: DeploymentContext, path: str) -> None:

@@ -122,6 +122,9 @@ class Member:
     download: dict
     fetch: dict
     lend: dict
+    rank: int = (
+        0  # its place among the deployment's engine hosts (inventory order): the first lacking one reads the hub
+    )
     state: str = "lacking"  # ready (complete, verified) | lacking | obtaining | failed
     peers: int = 0  # the peers it lends to now
     lending: bool = False
@@ -150,7 +153,8 @@ class Distribution:
         """The one host that reads the hub (decided once): none when a host of the run has the weights."""
         if not self.hub_decided:
             self.hub_decided = True
-            usable = [m for m in self.members.values() if runner.usable(m)]
+            # by rank, not by the order the hosts were planned in (pyinfra's, which varies from run to run)
+            usable = sorted((m for m in self.members.values() if runner.usable(m)), key=lambda m: m.rank)
             if not any(m.state == "ready" for m in usable):
                 self.hub = next((m.name for m in usable if m.state != "ready"), None)
         return self.hub

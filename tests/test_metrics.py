@@ -4,8 +4,6 @@ host writer (files/bin/ironserve-textfile), the deploy clock's stages and outcom
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -29,17 +27,14 @@ from ironserve.metrics import (
 from ironserve.render import render
 from ironserve.status import prometheus_targets
 
+from .host_scripts import load_script
 from .prometheus_tools import prometheus_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def textfile_module():
-    loader = importlib.machinery.SourceFileLoader("ironserve_textfile", str(ROOT / "files/bin/ironserve-textfile"))
-    spec = importlib.util.spec_from_loader("ironserve_textfile", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script("ironserve-textfile")
 
 
 def outcome(**kw) -> DeployOutcome:
@@ -277,18 +272,10 @@ def test_node_exporter_listens_on_the_hosts_address_only():
     assert "--web.listen-address=[fd00::2]:9100" in defaults_text("fd00::2", 9100)
 
 
-def _script(name: str):
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "files/bin" / name))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
 def test_backoff_waits_and_guard_group_restarts_are_published_through_the_writer(tmp_path, monkeypatch):
     monkeypatch.setenv("IRONSERVE_TEXTFILE_DIR", str(tmp_path))
-    _script("ironserve-backoff").publish("sglang-tiny-cpu-tp2-server", 5, 30.0)
-    _script("ironserve_rank_guard.py").publish_restarts("sglang-tiny-cpu-tp2-server", 2)
+    load_script("ironserve-backoff").publish("sglang-tiny-cpu-tp2-server", 5, 30.0)
+    load_script("ironserve_rank_guard.py").publish_restarts("sglang-tiny-cpu-tp2-server", 2)
     backoff = (tmp_path / "ironserve_backoff_sglang-tiny-cpu-tp2-server.prom").read_text()
     guard = (tmp_path / "ironserve_rank_guard_sglang-tiny-cpu-tp2-server.prom").read_text()
     assert 'ironserve_backoff_last_wait_seconds{unit="sglang-tiny-cpu-tp2-server"} 30\n' in backoff

@@ -25,6 +25,8 @@ import pytest
 from ironserve.render import Process
 from ironserve.units import RANK_GUARD_PORT_OFFSET, rank_guard_files
 
+from .host_scripts import load_script
+
 GUARD = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve_rank_guard.py"
 SECRET = "ab" * 32
 RANK0, RANK1, STRANGER, RANK2 = "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -32,15 +34,7 @@ RANK0, RANK1, STRANGER, RANK2 = "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.
 
 def guard_module():
     """The guard script as a module (its protocol helpers), for the tests that speak to a real guard."""
-    import importlib.machinery
-    import importlib.util
-
-    # named as its path (files.bin.ironserve_rank_guard): the name mutation testing's mutants are keyed by
-    loader = importlib.machinery.SourceFileLoader("files.bin.ironserve_rank_guard", str(GUARD))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script(GUARD.name)
 
 
 def free_port() -> int:

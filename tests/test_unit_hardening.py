@@ -22,6 +22,8 @@ from ironserve.units import in_container, rank_guard_files, unit_files
 from roles import sglang_service as ss
 from roles.context import build_context
 
+from .host_scripts import load_script
+
 BACKOFF = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-backoff"
 # systemd-analyze security's overall exposure of each unit, as the README claims them (offline, systemd 252)
 EXPOSURE = {"engine": 2.8, "docker": 2.8, "guard": 3.1}
@@ -154,13 +156,7 @@ def test_uv_engines_run_as_the_engine_user_with_their_device_groups():
 
 def test_the_launcher_reads_a_host_key_file_through_systemds_credential(tmp_path):
     """The engine's user cannot open the root-only key file: ironserve-exec reads the copy systemd hands it."""
-    import importlib.machinery
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve-exec"
-    loader = importlib.machinery.SourceFileLoader("ironserve_exec", str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("ironserve_exec", loader))
-    loader.exec_module(module)
+    module = load_script("ironserve-exec")
     (tmp_path / "ironserve-api-key").write_text("from-credential\n")
     env = {"IRONSERVE_API_KEY_FILE": "/nonexistent/root-only", "CREDENTIALS_DIRECTORY": str(tmp_path)}
     saved = dict(os.environ)
@@ -232,13 +228,7 @@ def _backoff(tmp_path: Path, *args: str, result: str | None = None, n_restarts: 
 
 
 def _backoff_module():
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("ironserve_backoff", str(BACKOFF))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("ironserve_backoff", loader))
-    loader.exec_module(module)
-    return module
+    return load_script(BACKOFF.name)
 
 
 def test_backoff_counts_failures_and_a_clean_stop_clears_them(tmp_path):

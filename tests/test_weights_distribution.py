@@ -60,7 +60,7 @@ def distribution(n: int, complete: set[str] = frozenset(), fanout: int = 2, peer
     dist = wp.Distribution(fanout, peers=peers)
     for i in range(1, n + 1):
         name = f"h{i}"
-        dist.add(wp.Member(name, f"10.0.0.{i}", {}, {}, {"path": "/m"}), name in complete)
+        dist.add(wp.Member(name, f"10.0.0.{i}", {}, {}, {"path": "/m"}, rank=i), name in complete)
     return dist
 
 
@@ -85,6 +85,15 @@ def test_one_host_reads_the_hub_and_the_others_fetch_from_peers_in_a_growing_tre
     assert {s for _, _, s in fetched} - {"h1"}, "hosts that fetched never lent to the ones still waiting"
     assert not runner.lending  # every lending unit stopped once no host waits
     assert all(m.state == "ready" for m in dist.members.values())
+
+
+def test_the_first_engine_host_reads_the_hub_whatever_order_the_hosts_were_planned_in():
+    dist = wp.Distribution(2)
+    for i in (3, 1, 2):  # pyinfra plans the hosts in an order of its own
+        dist.add(wp.Member(f"h{i}", f"10.0.0.{i}", {}, {}, {"path": "/m"}, rank=i - 1), False)
+    runner = Runner()
+    assert all(run_all(dist, runner).values())
+    assert steps(runner, "hub") == [("hub", "h1")]
 
 
 def test_a_host_with_verified_weights_is_the_source_and_the_hub_is_not_read():

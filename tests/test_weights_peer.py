@@ -23,10 +23,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from ironserve_lab import hubd, tiny_model
+from ironserve_lab import hub as lab_hub
+from ironserve_lab import tiny_model
 
 from ironserve.units import WEIGHTS_PEER
 from roles import model_weights as mw
+
+from .host_scripts import load_script
 
 HELPER = Path(__file__).resolve().parent.parent / "files" / "bin" / "ironserve_weights_peer.py"
 SOURCE, MEMBER, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
@@ -49,14 +52,7 @@ for entry in tree:
 
 
 def helper_module():
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("files.bin.ironserve_weights_peer", str(HELPER))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script(HELPER.name)
 
 
 def free_port(address: str = SOURCE) -> int:
@@ -87,27 +83,7 @@ def hub(tmp_path_factory):
     model = tiny_model.generate(root / "tiny-llama")
     port = free_port()
     status = root / "served.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            hubd.__file__,
-            "--bind",
-            SOURCE,
-            "--port",
-            str(port),
-            "--repos",
-            json.dumps({REPO: str(model)}),
-            "--status",
-            str(status),
-            "--pidfile",
-            str(root / "pid"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not (root / "pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = lab_hub.start_local(SOURCE, port, {REPO: str(model)}, status, root / "pid")
     yield f"http://{SOURCE}:{port}", status, model
     proc.kill()
     proc.wait()

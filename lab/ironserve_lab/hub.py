@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .state import GATEWAY, HUB_PORT
-from .system import daemon_pid, listening, say, stop_daemon, wait_for
+from .system import daemon_pid, listening, say, spawn_daemon, stop_daemon, wait_for
 
 HUBD = Path(__file__).with_name("hubd.py")
 
@@ -54,6 +54,33 @@ def server_pid(root: Path) -> int | None:
     return daemon_pid(_pidfile(root), "hubd.py", str(hub_dir(root)))
 
 
+def hubd_argv(bind: str, port: int, repos: dict[str, str], status: Path, pidfile: Path) -> list[str]:
+    """The hub server's command line: ``repos`` {hub id: directory}, its byte counts written to ``status``."""
+    return [
+        sys.executable,
+        str(HUBD),
+        "--bind",
+        bind,
+        "--port",
+        str(port),
+        "--repos",
+        json.dumps(repos, sort_keys=True),
+        "--status",
+        str(status),
+        "--pidfile",
+        str(pidfile),
+    ]
+
+
+def start_local(bind: str, port: int, repos: dict[str, str], status: Path, pidfile: Path) -> subprocess.Popen:
+    """A hub of a test or benchmark (a child, its output dropped), once it listens (its pidfile is written then)."""
+    proc = subprocess.Popen(
+        hubd_argv(bind, port, repos, status, pidfile), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for(pidfile.exists, 20, interval=0.05, what="the hub's pidfile")
+    return proc
+
+
 def start_server(root: Path, repos: dict[str, str]) -> str:
     """The hub serving ``repos`` (restarted when they changed); its URL."""
     directory = hub_dir(root)
@@ -64,28 +91,7 @@ def start_server(root: Path, repos: dict[str, str]) -> str:
         return url()
     stop_server(root)
     config.write_text(wanted)
-    with open(directory / "hubd.log", "ab") as log:
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HUBD),
-                "--bind",
-                GATEWAY,
-                "--port",
-                str(HUB_PORT),
-                "--repos",
-                wanted,
-                "--status",
-                str(_status_file(root)),
-                "--pidfile",
-                str(_pidfile(root)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
+    spawn_daemon(hubd_argv(GATEWAY, HUB_PORT, repos, _status_file(root), _pidfile(root)), directory / "hubd.log")
     wait_for(lambda: server_pid(root) and listening(GATEWAY, HUB_PORT), 30, what="the lab hub")
     say(f"hub: {url()} serving {', '.join(sorted(repos)) or 'no model'}")
     return url()

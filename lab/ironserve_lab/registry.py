@@ -15,12 +15,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 from . import supply
 from .state import GATEWAY, REGISTRY_PORT
-from .system import LabError, daemon_pid, listening, run, say, stop_daemon, wait_for
+from .system import LabError, daemon_pid, listening, run, say, spawn_daemon, stop_daemon, wait_for
 
 PACKAGE = "docker-registry"
 
@@ -177,15 +176,7 @@ def start_server(root: Path) -> None:
         stop_server(root)
     if server_pid(root):
         return
-    with open(reg / "registry.log", "ab") as log:
-        proc = subprocess.Popen(
-            [str(exe), "serve", str(cfg)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
+    proc = spawn_daemon([str(exe), "serve", str(cfg)], reg / "registry.log")
     _pidfile(root).write_text(f"{proc.pid}\n")
     wait_for(lambda: server_pid(root) and listening(GATEWAY, REGISTRY_PORT), 15, what="the lab registry")
     say(f"registry: https://{address()} (Debian {PACKAGE}; CA {ca_file(root)})")

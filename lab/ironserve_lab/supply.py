@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from .state import GATEWAY, SUPPLY_PORT
-from .system import LabError, daemon_pid, listening, run, say, stop_daemon, wait_for
+from .system import LabError, daemon_pid, listening, run, say, spawn_daemon, stop_daemon, wait_for
 
 HTTPD = Path(__file__).with_name("httpd.py")
 
@@ -345,26 +345,21 @@ def start_server(root: Path) -> None:
     if server_pid(root):
         return
     _pidfile(root).unlink(missing_ok=True)
-    with open(sup.parent / "supply-httpd.log", "ab") as log:
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HTTPD),
-                "--bind",
-                GATEWAY,
-                "--port",
-                str(SUPPLY_PORT),
-                "--root",
-                str(sup),
-                "--pidfile",
-                str(_pidfile(root)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
+    spawn_daemon(
+        [
+            sys.executable,
+            str(HTTPD),
+            "--bind",
+            GATEWAY,
+            "--port",
+            str(SUPPLY_PORT),
+            "--root",
+            str(sup),
+            "--pidfile",
+            str(_pidfile(root)),
+        ],
+        sup.parent / "supply-httpd.log",
+    )
     wait_for(lambda: server_pid(root) and listening(GATEWAY, SUPPLY_PORT), 10, what="the lab supply server")
 
 

@@ -80,6 +80,15 @@ def ensure_tools() -> None:
             raise LabError(f"required tool {tool!r} not found on this machine")
 
 
+def spawn_daemon(argv: list[str], log_path: Path) -> subprocess.Popen:
+    """A lab server in a session of its own (it outlives the command that started it), its output appended to
+    ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+        )
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from ironserve_lab import hub, hubd, state, tiny_model
+from ironserve_lab import hub, state, tiny_model
 
 from ironserve import catalogue
 
@@ -29,27 +27,7 @@ def served(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     status = root / "served.json"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            hubd.__file__,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--repos",
-            json.dumps({REPO: str(model)}),
-            "--status",
-            str(status),
-            "--pidfile",
-            str(root / "pid"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not (root / "pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = hub.start_local("127.0.0.1", port, {REPO: str(model)}, status, root / "pid")
     yield f"http://127.0.0.1:{port}", status, model
     proc.kill()
     proc.wait()

@@ -1,6 +1,6 @@
 """Weights once, on the lab: the package's deploys took tiny-cpu's weights from the lab's hub (model_source=hub,
-conftest.py), lab2 (the first engine host) downloading them with the runtime's `hf download`, lab3 fetching them
-from lab2 over the lab bridge (roles/weights_peers.py, files/bin/ironserve_weights_peer.py).
+conftest.py), the first engine host (lab2) downloading them with the runtime's `hf download`, lab3 fetching them
+from it over the lab bridge (roles/weights_peers.py, files/bin/ironserve_weights_peer.py).
 
 Runs after the serving module (its deploys are reruns for the weights). Checks: the hub served at most 1.2x the
 model's bytes over every deploy so far (`ironserve lab status`: hub.bytes_served since lab up against
@@ -64,10 +64,15 @@ def test_every_engine_hosts_weights_verify_against_the_hubs_hashes(deployed):
 
 def test_the_first_deploy_downloaded_once_fetched_from_the_peer_and_said_its_progress(deployed):
     out = ANSI.sub("", deployed["deploy_output"])
-    seed, peer = (h["name"] for h in deployed["hosts"][1:3])
+    # the first engine host (inventory order, whatever order pyinfra planned the hosts in) reads the hub, the other
+    # fetches from it
+    engines = {h["name"]: h["address"] for h in deployed["hosts"][1:3]}
+    readers = [name for name in engines if re.search(rf"\[{name}\].*weights from the hub \(", out)]
+    seed, peer = list(engines)
+    assert readers == [seed], (readers, out[-4000:])
     hub_line = re.search(rf"\[{seed}\].*weights from the hub \({REPO}\): .* \(100%\), .*/s, ETA \S+", out)
     assert hub_line, out[-4000:]
-    fetch_line = re.search(rf"\[{peer}\].*weights from {deployed['hosts'][1]['address']}: .* \(100%\), .*/s, ETA", out)
+    fetch_line = re.search(rf"\[{peer}\].*weights from {engines[seed]}: .* \(100%\), .*/s, ETA", out)
     assert fetch_line, out[-4000:]
     fetched = re.search(rf"\[{peer}\].*weights: fetched from {seed} in ([0-9.]+)s", out)
     assert fetched, out[-4000:]
