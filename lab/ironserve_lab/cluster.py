@@ -141,7 +141,15 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     key = ssh_keypair(root)
     lab.hardware, lab.ssh_key = hardware, str(key)
 
-    # Supply first: hosts should find their mirrors the moment they boot.
+    _publish_supply(root)
+    _build_runtimes(root, lab, hardware, base)
+    binds = _publish_to_hosts(root, lab, hardware)
+    _size_hosts(root, lab, nodes, hardware)
+    return _boot(root, lab, base, key, binds, t0)
+
+
+def _publish_supply(root: Path) -> None:
+    """The lab's apt repository and wheel index, before any host boots: hosts find their mirrors as they start."""
     say("preparing lab supply (apt repo, wheelhouse, stand-ins)")
     network.ensure_bridge()
     supply.ensure_dirs(root)
@@ -157,6 +165,10 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
         stamp.write_text(wanted)
     if not (supply.supply_dir(root) / "apt" / supply.ARMORED_KEY_NAME).exists():
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
+
+
+def _build_runtimes(root: Path, lab: LabState, hardware: str, base: Path) -> None:
+    """The profile's runtimes (wheelhouses, the CPU runtime image, the GPU images), the servers that publish them."""
     with_image = PROFILES[hardware]["kind"] in ("none", "nvidia")
     wanted = [r for r in RUNTIMES if hardware in r.hardware]
     # first, here: the wheelhouses the others and the runtime image are built from
@@ -178,6 +190,10 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
             done.result()
     for r in wanted:
         runtime.publish(root, r)
+
+
+def _publish_to_hosts(root: Path, lab: LabState, hardware: str) -> list:
+    """What the hosts are told of the supply (apt key, Ascend sums), the images they mount, the lab hub; the binds."""
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     lab.apt_key_fingerprint = supply.key_fingerprint(root)
     lab.ascend_sha256 = supply.file_sums(root, "ascend")
@@ -186,8 +202,11 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     lab.hub_url = hub.start_server(root, repos) if repos else ""
     if not repos:
         hub.stop_server(root)
+    return binds
 
-    # Shrink: stop hosts beyond N (highest index first).
+
+def _size_hosts(root: Path, lab: LabState, nodes: int, hardware: str) -> None:
+    """The lab's hosts made ``nodes`` (hosts beyond stopped, highest first), their keys, known_hosts, the state."""
     for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
         say(f"stopping {h.name} (lab now has {nodes} hosts)")
         hosts.stop(root, h.name)
@@ -201,6 +220,9 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     lab.known_hosts = str(write_known_hosts(root, lab))
     state.save(lab, root)
 
+
+def _boot(root: Path, lab: LabState, base: Path, key: Path, binds: list, t0: float) -> LabState:
+    """Every host prepared (running ones get the new /etc/hosts and hardware), the new ones booted, ssh on all."""
     pubkey = key.with_suffix(".pub").read_text()
     to_boot = [h for h in lab.hosts if not hosts.pid_of(root, h.name)]
     kept = len(lab.hosts) - len(to_boot)

@@ -63,73 +63,25 @@ def ensure_tls(root: Path) -> None:
         return
     tls.mkdir(parents=True, exist_ok=True)
     os.chmod(tls, 0o700)
-    ossl = ["openssl"]
-    run(
-        [
-            *ossl,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(tls / "ca.key"),
-            "-out",
-            str(tls / "ca.crt"),
-            "-days",
-            "3650",
-            "-subj",
-            "/CN=ironserve lab registry CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]
-    )
-    run(
-        [
-            *ossl,
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(tls / "server.key"),
-            "-out",
-            str(tls / "server.csr"),
-            "-subj",
-            f"/CN={GATEWAY}",
-        ]
-    )
+    ca_ext = ["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+    _ec_request(tls / "ca.key", tls / "ca.crt", "/CN=ironserve lab registry CA", "-x509", "-days", "3650", *ca_ext)
+    _ec_request(tls / "server.key", tls / "server.csr", f"/CN={GATEWAY}")
     ext = tls / "server.ext"
     ext.write_text(f"subjectAltName=IP:{GATEWAY}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
+    signed = ["-CA", str(tls / "ca.crt"), "-CAkey", str(tls / "ca.key"), "-CAcreateserial"]
     run(
-        [
-            *ossl,
-            "x509",
-            "-req",
-            "-in",
-            str(tls / "server.csr"),
-            "-CA",
-            str(tls / "ca.crt"),
-            "-CAkey",
-            str(tls / "ca.key"),
-            "-CAcreateserial",
-            "-out",
-            str(tls / "server.crt"),
-            "-days",
-            "3650",
-            "-extfile",
-            str(ext),
-        ]
+        ["openssl", "x509", "-req", "-in", str(tls / "server.csr"), *signed, "-out", str(tls / "server.crt")]
+        + ["-days", "3650", "-extfile", str(ext)]
     )
     for key in ("ca.key", "server.key"):
         os.chmod(tls / key, 0o600)
     os.chmod(tls / "ca.crt", 0o644)
+
+
+def _ec_request(key: Path, out: Path, subject: str, *extra: str) -> None:
+    """openssl req with a new P-256 key (unencrypted, 0600 once written): a request, or with -x509 a certificate."""
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run(["openssl", "req", *curve, "-keyout", str(key), "-out", str(out), "-subj", subject, *extra])
 
 
 def config_text(root: Path) -> str:
