@@ -239,7 +239,7 @@ def _built(recipe_id: str, text: str, ref: str, pip_index_url: str | None):
         return False
     build = ["docker", "build", "--network", "host", "--label", f"{DOCKERFILE_LABEL}={want}", "-t", ref, "-f", path]
     build += build_args(pip_index_url)
-    yield LongCommand(" ".join(shlex.quote(a) for a in build + [path.rsplit("/", 1)[0]]), f"building {ref}")
+    yield LongCommand(shlex.join(build + [path.rsplit("/", 1)[0]]), f"building {ref}")
     return True
 
 

@@ -333,7 +333,7 @@ def _needs_restart(plan: dict, pending):
 
 def roll_script(action: str, *args: str) -> str:
     """The host command of one HTTP step: python3 -c the shipped script, every argument quoted."""
-    return " ".join(shlex.quote(a) for a in ("python3", "-c", ROLL_SCRIPT, action, *args))
+    return shlex.join(("python3", "-c", ROLL_SCRIPT, action, *args))
 
 
 def run_roll(on_host, action: str, *args: str) -> tuple[bool, dict]:

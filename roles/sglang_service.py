@@ -291,7 +291,7 @@ def argv_parses(unit: str, probe: list[str], digest: str):
     if host.get_fact(MarkerDigest, path=marker) == digest:
         host.noop(f"{unit}: argv already parsed by this runtime")
         return
-    command = " ".join(shlex.quote(a) for a in probe)
+    command = shlex.join(probe)
     if context.state.is_executing:
         result = host.get_fact(ParseCheck, probe=command) or {"rc": 255, "output": "the probe printed nothing"}
         if result["rc"] != 0:

@@ -68,7 +68,7 @@ def secret_path(name: str) -> str:
 
 def helper_command(mode: str, config: dict) -> str:
     """The helper run on a host: its config is JSON on its command line (paths and addresses, never a secret)."""
-    return " ".join(shlex.quote(a) for a in (WEIGHTS_PEER, mode, json.dumps(config, sort_keys=True)))
+    return shlex.join((WEIGHTS_PEER, mode, json.dumps(config, sort_keys=True)))
 
 
 def lend_command(path: str, bind: str, port: int, secret: str, members: list[str], fanout: int) -> str:
