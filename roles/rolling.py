@@ -520,7 +520,7 @@ def _restart_on_staged(state, host, plan: dict) -> tuple[bool, str]:
         host.log(f"{plan['unit']}: {unit} stopped, disabled and set aside (it is put back if this group fails)")
     for member_host, m in reversed(members):
         units = [m["unit"]] + ([m["guard"]] if m["guard"] else [])
-        names = " ".join(shlex.quote(u + ".service") for u in units)
+        names = shlex.join(u + ".service" for u in units)
         # a unit a switch starts for the first time is not loaded yet: nothing to stop is fine, one left running not
         steps = [
             f"systemctl stop {names} 2>/dev/null || ! systemctl is-active -q {names}",

@@ -48,7 +48,7 @@ def unit_file_paths(unit: str) -> list[str]:
 def remove_command(unit: str) -> str:
     """Stop and disable the unit, then remove its files and its last good configuration."""
     service = shlex.quote(f"{unit}.service")
-    files = " ".join(shlex.quote(p) for p in unit_file_paths(unit))
+    files = shlex.join(unit_file_paths(unit))
     return (
         f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
         f"rm -f {files} && rm -rf {shlex.quote(snapshot_dir(unit))}"
@@ -63,7 +63,7 @@ def retire_command(unit: str) -> str:
     list of where each came from): restore_command brings it back if its successor fails its gate."""
     service = shlex.quote(f"{unit}.service")
     d = shlex.quote(f"{RETIRED_DIR}/{unit}")
-    files = " ".join(shlex.quote(p) for p in unit_file_paths(unit))
+    files = shlex.join(unit_file_paths(unit))
     return (
         f"systemctl disable --now {service} 2>/dev/null; systemctl reset-failed {service} 2>/dev/null; "
         f'rm -rf {d} && mkdir -p {d} && i=0 && for f in {files}; do i=$((i+1)); if [ -e "$f" ]; then '

@@ -93,7 +93,7 @@ def lend_command(path: str, bind: str, port: int, secret: str, members: list[str
     run += [f"--property={p}" for p in props]
     stop = f"systemctl stop {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null; "
     journal = f"journalctl -u {unit} -n 20 --no-pager -o cat >&2"
-    return f"{stop}{' '.join(shlex.quote(a) for a in run + argv)} || {{ {journal}; exit 1; }}"
+    return f"{stop}{shlex.join(run + argv)} || {{ {journal}; exit 1; }}"
 
 
 def stop_command(path: str) -> str:
