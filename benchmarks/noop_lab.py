@@ -1,20 +1,25 @@
-"""What knowing that nothing changed costs: no-op run, dry run and audit against the one-ssh floor, in the lab.
+"""What knowing that nothing changed costs: fast path, no-op run, dry run and audit against one ssh per host, in the lab.
 
-    sudo .venv/bin/python benchmarks/noop_lab.py [N ...] [--rounds 3]        # default: 2 and 8 hosts
+    sudo .venv/bin/python benchmarks/noop_lab.py [N ...] [--rounds 3]        # default: 2, 4 and 8 hosts
 
 For each size: a fresh lab of stand-in RTX PRO 6000 Max-Q hosts, one apply of deploys/glm5.py (prepare stage:
-launch=false on stand-ins), then ``--rounds`` alternating rounds of, side by side on the same converged hosts:
+launch=false on stand-ins) with ``converged_fast_path=true``, one no-op run that records (roles/converged.py), then
+``--rounds`` alternating rounds of, side by side on the same converged hosts:
 
-- no-op: ``pyinfra -y inventories/lab.py deploys/glm5.py`` (must change nothing);
+- fast: ``pyinfra -y inventories/lab.py deploys/glm5.py --data converged_fast_path=true`` (plans nothing: every
+  host's record still vouches);
+- no-op: the same without the fast path (plans every operation, changes nothing);
 - dry run: the same with ``--dry``;
 - audit: ``ironserve audit inventories/lab.py deploys/glm5.py`` (must be clean);
-- floor: one ``ssh`` per host, all hosts at once, running the one command that reads the same state the no-op
-  reads (the batched facts ironserve keeps per host, roles/host_state.py);
+- light: one ``ssh`` per host, all hosts at once, running the fast path's one read (``ironserve-converged check``);
+- floor: one ``ssh`` per host, all at once, running the one command that reads what the no-op reads (the batched
+  facts ironserve keeps per host, roles/host_state.py);
 - Ansible, where ``ansible-playbook`` is installed (this repository has no playbook: said so, not timed).
 
-Prints the median seconds of each, their ratio to the floor and the ssh commands each sent per host, counted on
-the hosts themselves (every command runs through sudo; sudo's journal lines between the marks of a run). The lab
-is taken down after each size.
+Prints the median seconds of each, their ratio to the light read, the ssh commands each sent per host (counted on
+the hosts themselves: sudo's journal lines between the marks of a run), and the controller's CPU seconds (user +
+system of the pyinfra or ironserve process) per run, with its slope per host across the sizes. The lab is taken
+down after each size.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import shutil
 import statistics
@@ -34,10 +40,19 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-KINDS = ("noop", "dry", "audit", "floor")
+KINDS = ("fast", "noop", "dry", "audit", "light", "floor")
+FAST = ("--data", "converged_fast_path=true")
+CHECKER = "/usr/local/lib/ironserve/ironserve-converged"
 # as an operator's machine runs them: Python's bytecode cache in use (without it every run compiles pyinfra first)
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-LABELS = {"noop": "no-op", "dry": "dry run", "audit": "audit", "floor": "one ssh"}
+LABELS = {
+    "fast": "fast path",
+    "noop": "no-op",
+    "dry": "dry run",
+    "audit": "audit",
+    "light": "light read",
+    "floor": "full read",
+}
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -83,9 +98,19 @@ def floor_commands(status: dict) -> dict[str, str]:
     return out
 
 
-def timed(kind: str, status: dict, floors: dict[str, str]) -> float:
-    started = time.monotonic()
-    if kind == "noop":
+def child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(kind: str, status: dict, floors: dict[str, str]) -> tuple[float, float]:
+    """Seconds of the kind's run, and the controller CPU seconds its process used."""
+    started, cpu = time.monotonic(), child_cpu()
+    if kind == "fast":
+        out = run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FAST)
+        if "no change" not in out.stdout + out.stderr:
+            sys.exit(f"the fast path planned in full:\n{(out.stdout + out.stderr)[-3000:]}")
+    elif kind == "noop":
         run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py")
     elif kind == "dry":
         run(str(BIN / "pyinfra"), "--dry", "inventories/lab.py", "deploys/glm5.py")
@@ -94,15 +119,18 @@ def timed(kind: str, status: dict, floors: dict[str, str]) -> float:
         if out.returncode != 0:
             sys.exit(f"audit not clean ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
     else:
+        command = f"sudo -n {CHECKER} check" if kind == "light" else None
         procs = [
             subprocess.Popen(
-                ssh_args(status, h) + [floors[h["name"]]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                ssh_args(status, h) + [command or floors[h["name"]]],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             for h in status["hosts"]
         ]
         if any(p.wait() != 0 for p in procs):
-            sys.exit("a floor read failed")
-    return time.monotonic() - started
+            sys.exit(f"a {LABELS[kind]} failed")
+    return time.monotonic() - started, child_cpu() - cpu
 
 
 def sudo_times(status: dict, host: dict) -> list[float]:
@@ -123,17 +151,23 @@ def bench(nodes: int, rounds: int) -> dict:
     try:
         status = lab_status()
         started = time.monotonic()
-        run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py")
+        run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FAST)
         apply_s = time.monotonic() - started
+        recorded = run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FAST)
+        if "converged fast path: no record:" in recorded.stdout + recorded.stderr:
+            sys.exit(f"the no-op after the apply recorded nothing:\n{(recorded.stdout + recorded.stderr)[-3000:]}")
         floors = floor_commands(status)
         times: dict[str, list[float]] = {k: [] for k in KINDS}
+        cpus: dict[str, list[float]] = {k: [] for k in KINDS}
         windows: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
         for r in range(rounds):
             order = KINDS if r % 2 == 0 else tuple(reversed(KINDS))  # alternating: no kind always goes first
             for kind in order:
                 time.sleep(0.2)
                 t0 = time.time()
-                times[kind].append(timed(kind, status, floors))
+                seconds, cpu = timed(kind, status, floors)
+                times[kind].append(seconds)
+                cpus[kind].append(cpu)
                 windows[kind].append((t0, time.time()))
                 print(f"  {nodes} hosts, round {r + 1}: {LABELS[kind]} {times[kind][-1]:.2f} s", flush=True)
         changes = no_changes_planned()
@@ -148,14 +182,24 @@ def bench(nodes: int, rounds: int) -> dict:
         "nodes": nodes,
         "apply_s": apply_s,
         "median": {k: statistics.median(v) for k, v in times.items()},
+        "cpu": {k: statistics.median(v) for k, v in cpus.items()},
         "commands": commands,
         "changes_planned_after": changes,
     }
 
 
+def slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares slope of CPU seconds over host count (0 with fewer than two sizes)."""
+    if len({n for n, _ in points}) < 2:
+        return 0.0
+    mean_n = statistics.mean(n for n, _ in points)
+    mean_c = statistics.mean(c for _, c in points)
+    return sum((n - mean_n) * (c - mean_c) for n, c in points) / sum((n - mean_n) ** 2 for n, _ in points)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sizes", nargs="*", type=int, default=[2, 8])
+    parser.add_argument("sizes", nargs="*", type=int, default=[2, 4, 8])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -164,15 +208,20 @@ def main() -> None:
     print(f"\nmedian of {args.rounds} alternating rounds; ssh commands per host (min-max) counted on the hosts")
     print(f"{'hosts':>5} | " + " | ".join(f"{LABELS[k]:>16}" for k in KINDS) + " | changes after")
     for r in results:
-        floor = r["median"]["floor"]
+        light = r["median"]["light"]
         cells = []
         for k in KINDS:
             lo, hi = r["commands"][k]
             count = f"{lo:.0f}" if lo == hi else f"{lo:.0f}-{hi:.0f}"
-            ratio = "" if k == "floor" else f" {r['median'][k] / floor:4.1f}x"
+            ratio = "" if k == "light" else f" {r['median'][k] / light:4.1f}x"
             cells.append(f"{r['median'][k]:5.2f} s{ratio} {count:>3}c".rjust(16))
         print(f"{r['nodes']:>5} | " + " | ".join(cells) + f" | {r['changes_planned_after']}")
         print(f"        (apply from fresh hosts: {r['apply_s']:.1f} s)")
+    print("\ncontroller CPU seconds per run (user + system), median")
+    for kind in ("fast", "noop", "dry", "audit"):
+        per_size = [(r["nodes"], r["cpu"][kind]) for r in results]
+        cells = "  ".join(f"{n} hosts {cpu:5.2f} s" for n, cpu in per_size)
+        print(f"  {LABELS[kind]:>9}: {cells}  slope {slope(per_size):.3f} s/host")
     print(
         "Ansible: "
         + (

@@ -247,6 +247,12 @@ class HostData(BaseModel):
         "directory keeping which facts each host's prepare stage reads (never "
         "their values); empty: learn them anew in every run",
     )
+    converged_fast_path: bool = _field(
+        False,
+        "roles/converged.py",
+        "after a run that changed nothing, plan nothing while every host's light read (inode status of what it "
+        "manages, package database, unit states) and the deployment's inputs are as that run left them",
+    )
 
     # ---------------------------------------------------------------- host tuning
     governor_unit: str = _field(

@@ -26,6 +26,7 @@ from pyinfra.api.state import BaseStateCallback
 from ironserve.metrics import DeployOutcome, Sample, deploy_samples, exposition, timing_json, timing_table
 from roles.common import uses_sudo
 from roles.context import DeploymentContext
+from roles.host_state import run_unread
 from roles.node_exporter import TEXTFILE
 
 METRICS_FILE = "ironserve_deploy"  # <textfile dir>/ironserve_deploy.prom
@@ -109,8 +110,8 @@ class DeployClock(BaseStateCallback):
         sudo = uses_sudo(host)
         try:
             samples = deploy_samples(outcome) + self.unit_samples(host, outcome, sudo)
-            ok, out = host.run_shell_command(
-                f"printf '%s' {shlex.quote(exposition(samples))} | python3 {TEXTFILE} {METRICS_FILE}", _sudo=sudo
+            ok, out = run_unread(
+                host, f"printf '%s' {shlex.quote(exposition(samples))} | python3 {TEXTFILE} {METRICS_FILE}", _sudo=sudo
             )
         except Exception as exc:  # noqa: BLE001 - metrics never fail the deploy
             ok, out = False, f"{type(exc).__name__}: {exc}"
@@ -123,9 +124,7 @@ class DeployClock(BaseStateCallback):
         paths = {f"/etc/systemd/system/{unit}.service": (unit, role) for unit, role in outcome.units}
         if not paths:
             return []
-        _, out = host.run_shell_command(
-            f"sha256sum {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; true", _sudo=sudo
-        )
+        _, out = run_unread(host, f"sha256sum {' '.join(shlex.quote(p) for p in paths)} 2>/dev/null; true", _sudo=sudo)
         found = {}
         for line in out.stdout_lines:
             digest, _, path = line.strip().partition("  ")

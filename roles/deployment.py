@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
+    converged,
     cuda,
     deploy_clock,
     docker_engine,
@@ -131,6 +132,8 @@ PREPARE_ROLES: list[Role] = [
     Role("sglang_service", "units", _always, sglang_service.apply, desired_files=sglang_service.desired_files),
     Role("router", "units", _always, router.apply, desired_runtime=router.desired_runtime),
     Role("node_exporter", "node_exporter", _always, node_exporter.apply, desired_files=node_exporter.desired_files),
+    # every host, with the fast path or not: turning it on then needs no run that installs it
+    Role("converged", "node_exporter", _always, converged.apply, desired_files=converged.desired_files),
 ]
 ROLES = {role.name: role for role in PREPARE_ROLES}
 
@@ -170,6 +173,7 @@ def prepare(ctx: DeploymentContext) -> None:
     run("sglang_service")
     run("router")
     run("node_exporter")
+    run("converged")
     host_state.end_planning()
     if called != PREPARE_ROLES:
         raise RuntimeError(
@@ -178,9 +182,15 @@ def prepare(ctx: DeploymentContext) -> None:
         )
 
 
-def deploy_model(model: str) -> DeploymentContext:
-    """Entry point for deploys/*.py: the model comes from the deploy, the hardware from the inventory."""
+def deploy_model(model: str) -> DeploymentContext | None:
+    """Entry point for deploys/*.py: the model comes from the deploy, the hardware from the inventory. Plans
+    nothing when every host is as the last run that changed nothing left it (roles/converged.py); None then for
+    the hosts planned after the first."""
+    if converged.decided_skip():
+        return None  # an earlier host found every host as the last run that changed nothing left it
     ctx = current(model)
+    if converged.skip(ctx):
+        return ctx
     deploy_clock.stage(ctx, "preflight")
     prepare(ctx)
     deploy_clock.stage(ctx, "launch_preflight")

@@ -11,6 +11,7 @@ import time
 
 from roles.common import uses_sudo
 from roles.context import host_data
+from roles.host_state import run_unread
 
 
 def wait_healthy(
@@ -38,7 +39,7 @@ def await_health(
     host.log(f"{unit}: waiting for {url} (up to {timeout_s}s)")
     seen, counted, stopped = None, 0, False
     while True:
-        _, out = host.run_shell_command(probe)
+        _, out = run_unread(host, probe)  # a probe: reads only
         code, active, sub = _parse_probe(out.stdout_lines)
         restarts = _restarts(out.stdout_lines)
         # automatic restarts since the gate began; NRestarts falls back to 0 when the unit is restarted on purpose
@@ -62,8 +63,8 @@ def await_health(
                 else f"no healthy answer within {timeout_s}s"
             )
             lines = host_data(host).health_journal_lines
-            _, journal = host.run_shell_command(
-                f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo
+            _, journal = run_unread(
+                host, f"journalctl -u {shlex.quote(unit)}.service -n {lines} --no-pager", _sudo=sudo
             )
             host.log_styled(f"{unit}: {why} ({url}); last journal lines:\n{journal.stdout}", fg="red")
             return False, why

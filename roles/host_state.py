@@ -236,6 +236,15 @@ def _bump_generation(state) -> None:
     state.ironserve_changes = _generation(state) + 1
 
 
+def changes_made(state) -> bool:
+    """Whether any command other than a read ran on a host of this run."""
+    return _generation(state) > 0
+
+
+def _executor(global_kwargs: dict) -> dict:
+    return {k: global_kwargs.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_kwargs}
+
+
 class HostFacts:
     """This host's batched facts for the run (see the module doc). Installed on pyinfra's host object."""
 
@@ -257,6 +266,12 @@ class HostFacts:
         self._ops_before = set(self._ops())
         self.executor: dict | None = None
         self.counts: Counter = Counter()  # batches, single reads, cached answers (debug log, tests)
+        # every question of this run, batched or not, for the converged record (roles/converged.py): the
+        # replayable ones by key, the names of the others
+        self.noting = False
+        self.noted: dict[str, Request] = {}
+        self.unreplayable: set[str] = set()
+        self._default_executor: dict | None = None
         self._real_get_fact = real_host.get_fact
         self._real_run = getattr(real_host, "run_shell_command", None)  # a fixture's host runs nothing
         self._real_put = getattr(real_host, "put_file", None)
@@ -267,10 +282,12 @@ class HostFacts:
     # ------------------------------------------------------------ what pyinfra calls
 
     def get_fact(self, cls, *args, **kwargs):
+        if self.noting:
+            self._note(cls, args, kwargs)
         if not kept_fact(cls) or not (self.planning or self.host.current_op_hash in self.stage_ops):
             return self._single(cls, args, kwargs)
         fact_kwargs, global_kwargs = _handle_fact_kwargs(self.host.state, self.host, cls, list(args), dict(kwargs))
-        executor = {k: global_kwargs.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_kwargs}
+        executor = _executor(global_kwargs)
         if self.executor is None:
             self.executor = executor
         if executor != self.executor:
@@ -309,6 +326,37 @@ class HostFacts:
     def put_file(self, *args, **kwargs):
         _bump_generation(self.host.state)
         return self._real_put(*args, **kwargs)
+
+    def run_read_only(self, *args, **kwargs):
+        """A command that changes nothing an operation reads (the converged record's): answers stay."""
+        self.reading = True
+        try:
+            return self._real_run(*args, **kwargs)
+        finally:
+            self.reading = False
+
+    # ------------------------------------------------------------ what this run asked (the converged record)
+
+    def _note(self, cls, args, kwargs) -> None:
+        state = self.host.state
+        if self._default_executor is None:
+            self._default_executor = _executor(_handle_fact_kwargs(state, self.host, Arch, [], {})[1])
+        try:
+            fact_kwargs, global_kwargs = _handle_fact_kwargs(state, self.host, cls, list(args), dict(kwargs))
+            req = Request(cls, fact_kwargs) if batchable(cls) else None
+            req = req if req is not None and json_plain(req.kwargs) else None
+        except (TypeError, ValueError):
+            req = None
+        if req is None or _executor(global_kwargs) != self._default_executor:
+            self.unreplayable.add(getattr(cls, "__qualname__", str(cls)))
+        else:
+            self.noted.setdefault(req.key, req)
+
+    def run_requests(self) -> dict[str, Request]:
+        """Every replayable question this run asked, by key (with the companions of the files it asked about)."""
+        out = dict(self.noted)
+        out.update({k: self.asked[k] for k in self.this_run if k in self.asked})
+        return out
 
     # ------------------------------------------------------------ the stage
 
@@ -428,11 +476,21 @@ def install(ctx) -> HostFacts | None:
     facts = HostFacts(
         real, cache_file(ctx.host.host_state_cache, ctx.model, real.name, str(ctx.host.ssh_hostname or real.name))
     )
+    facts.noting = ctx.host.converged_fast_path  # what the run asks is what roles/converged.py records
     real.ironserve_host_facts = facts
     real.get_fact = facts.get_fact
     real.run_shell_command = facts.run_shell_command
     real.put_file = facts.put_file
     return facts
+
+
+def run_unread(h, command: str, **kwargs):
+    """Run a command that writes nothing an operation reads (the deploy's metrics, the converged record): the
+    run's answers stay, and the run still counts as one that changed nothing."""
+    facts = getattr(h, "ironserve_host_facts", None)  # the real host's, also through pyinfra's host proxy
+    if isinstance(facts, HostFacts):
+        return facts.run_read_only(command, **kwargs)
+    return h.run_shell_command(command, **kwargs)
 
 
 def end_planning() -> None:

@@ -67,6 +67,7 @@ from roles.common import HttpStatus, UnitState, changed, in_run, run_if_changed,
 from roles.container_drift import container_current
 from roles.context import DeploymentContext
 from roles.health import _sleep, await_health, wait_healthy  # noqa: F401 - the launch's gates wait with them
+from roles.host_state import run_unread
 from roles.live_config import install_command, reload_command
 from roles.sglang_service import live_files, marker_path
 
@@ -225,7 +226,7 @@ def stale_paths(state: dict) -> list[str]:
 
 
 def _stale_now(host, unit: str, paths: list[str]) -> list[str]:
-    _, out = host.run_shell_command(UnitState().command(unit, paths), _sudo=uses_sudo(host))
+    _, out = run_unread(host, UnitState().command(unit, paths), _sudo=uses_sudo(host))
     return stale_paths(UnitState().process(out.stdout_lines))
 
 
@@ -264,9 +265,9 @@ def restart_unless_following(
     rank 0 is forming). Identity across hosts, never their clocks compared."""
     sudo = uses_sudo(host)
     head = state.inventory.get_host(rank0[0])
-    generation = _show(lambda c: head.run_shell_command(c, _sudo=uses_sudo(head)), rank0[1])
+    generation = _show(lambda c: run_unread(head, c, _sudo=uses_sudo(head)), rank0[1])
     generation = generation.get("InvocationID", "")
-    run = lambda c: host.run_shell_command(c, _sudo=sudo)  # noqa: E731
+    run = lambda c: run_unread(host, c, _sudo=sudo)  # noqa: E731 - reads only (the restart below is no read)
     deadline = time.monotonic() + follow_s
     while generation:
         mine, follows = _show(run, unit), _following(run, unit)

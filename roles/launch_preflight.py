@@ -47,6 +47,7 @@ from ironserve.render import Process, Rendered
 from ironserve.spec import DockerRuntime, Recipe
 from roles.common import UnitState, in_run, refuse, runtime_python_argv, with_pushed_images
 from roles.context import DeploymentContext
+from roles.host_state import run_unread
 
 LIB_DIR = "/usr/local/lib/ironserve"
 RENDEZVOUS = f"{LIB_DIR}/ironserve-rendezvous"  # installed by roles/sglang_service.py
@@ -348,7 +349,7 @@ def memlock_unlimited(unit: str, changing=False):
 
 
 def _memlock_now(state, host, unit: str) -> bool:
-    _, out = host.run_shell_command(UnitMemlock().command(unit))
+    _, out = run_unread(host, UnitMemlock().command(unit))
     problem = _memlock_problem(host.name, unit, UnitMemlock().process(out.stdout_lines))
     if problem:
         host.log_styled(problem, fg="red")

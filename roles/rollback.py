@@ -35,6 +35,7 @@ from pyinfra.api import FactBase, FunctionCommand, operation
 from ironserve.units import KEY_ENV, SECRET_ENV, deliberate
 from roles.common import uses_sudo
 from roles.context import host_data
+from roles.host_state import run_unread
 
 LAST_GOOD_DIR = "/var/lib/ironserve/last-good"
 
@@ -254,5 +255,5 @@ def _restart_command(unit: str) -> str:
 
 
 def _last_good(member_host, unit: str, paths: list[str]) -> dict:
-    _, out = member_host.run_shell_command(LastGood().command(unit, paths), _sudo=uses_sudo(member_host))
+    _, out = run_unread(member_host, LastGood().command(unit, paths), _sudo=uses_sudo(member_host))
     return LastGood().process(out.stdout_lines)

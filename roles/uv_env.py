@@ -250,6 +250,11 @@ class HostPythons(FactBase):
 class UvVersion(FactBase):
     """Version of /usr/local/bin/uv ('0.13.9'), None when it is not installed."""
 
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py)."""
+        return [UV_BIN]
+
     def command(self):
         return f"{UV_BIN} --version 2>/dev/null || true"
 
@@ -261,6 +266,12 @@ class UvVersion(FactBase):
 class VenvPackages(FactBase):
     """A venv's Python version and installed distributions: {python, packages {name: version}}; None when
     the venv (its bin/python) does not exist or does not run."""
+
+    @staticmethod
+    def light_paths(path):
+        """What its value is read from (roles/converged.py): a package added, removed or upgraded renames an
+        entry of site-packages (its dist-info directory)."""
+        return [f"{path}/bin/python", f"{path}/pyvenv.cfg", f"{path}/lib/python*/site-packages"]
 
     def command(self, path):
         py = shlex.quote(f"{path}/bin/python")

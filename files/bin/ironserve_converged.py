@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""ironserve-converged: what this host looked like after a deploy that found nothing to change, and whether it
+still does.
+
+    ironserve-converged record INPUTS READS_JSON   # run the reads, keep their digests with the deployment's INPUTS
+    ironserve-converged check                      # run the kept reads again: {"inputs": ..., "changed": [...]}
+    ironserve-converged forget                     # a deploy is about to act on this host: no record until it is done
+
+The deploy (roles/converged.py) records after a run that planned and ran no change on any host: the digest of the
+deployment's inputs, and a light read of everything that run read of this host (the files it manages by their
+inode status, which changes with any write, even one that restores the mtime; the package database; its own
+reads for the rest). The next run checks every host in one command each and plans nothing when all of them match.
+
+READS_JSON: ``[[label, {"paths": [path or glob, ...]}] | [label, {"dirs": [...]}] | [label, {"sh": command}], ...]``
+(``dirs``: a directory's own status, not its entries). The record is root's,
+0600, in a directory only root can write; anything else is no record. Standard library only.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+
+STAMP = "/var/lib/ironserve/converged.json"
+READ_TIMEOUT_S = 60  # the reads are stat calls and short commands; a hung one is a changed one
+
+
+def _path_status(path: str) -> str:
+    """A path's inode status: every write to it, or to its mode, owner or links, changes the ctime."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path} error {exc.errno}"
+    fields = [stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_ino, st.st_dev, st.st_size, st.st_uid]
+    fields += [st.st_gid, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns]
+    if stat.S_ISLNK(st.st_mode):
+        fields.append(os.readlink(path))
+    return f"{path} " + " ".join(str(f) for f in fields)
+
+
+def _dir_status(path: str) -> str:
+    """A directory's own status (what makes it, its mode and owner), not its entries: files other parts write in a
+    managed directory (metrics, a guard's state) change nothing a directory's operation acts on."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path} error {exc.errno}"
+    return (
+        f"{path} {stat.S_IFMT(st.st_mode)} {stat.S_IMODE(st.st_mode)} {st.st_ino} {st.st_dev} {st.st_uid} {st.st_gid}"
+    )
+
+
+def _paths_read(patterns: list[str], status=_path_status) -> str:
+    lines = []
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        lines += [status(p) for p in found] or [f"{pattern} no match"]
+    return "\n".join(lines)
+
+
+def _read(spec: dict) -> str:
+    return _paths_read(spec["paths"]) if "paths" in spec else _paths_read(spec["dirs"], _dir_status)
+
+
+def _shell_reads(commands: list[str]) -> list[str]:
+    """Each command's exit status and output, all in one shell."""
+    if not commands:
+        return []
+    mark = f"ironserve-converged-{secrets.token_hex(8)}"
+    script = "".join(f"( {cmd}\n) </dev/null 2>&1; printf '\\n{mark} %s\\n' \"$?\"\n" for cmd in commands)
+    try:
+        out = subprocess.run(
+            ["sh", "-c", script], capture_output=True, text=True, errors="replace", timeout=READ_TIMEOUT_S
+        ).stdout
+    except subprocess.TimeoutExpired:
+        return ["timeout"] * len(commands)
+    parts = out.split(f"\n{mark} ")
+    answers = [parts[0]] + [p.split("\n", 1)[1] if "\n" in p else "" for p in parts[1:-1]]
+    codes = [p.split("\n", 1)[0] for p in parts[1:]]
+    if len(codes) != len(commands):
+        return ["cut off"] * len(commands)
+    return [f"rc {code}\n{answer}" for code, answer in zip(codes, answers)]
+
+
+def digests(reads: list) -> list[str]:
+    """The sha256 of each read's answer, in order."""
+    shell = [spec["sh"] for _, spec in reads if "sh" in spec]
+    answers = iter(_shell_reads(shell))
+    out = []
+    for _, spec in reads:
+        text = next(answers) if "sh" in spec else _read(spec)
+        out.append(hashlib.sha256(text.encode()).hexdigest())
+    return out
+
+
+def valid_reads(reads) -> bool:
+    def one(item) -> bool:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], dict)):
+            return False
+        spec = item[1]
+        if set(spec) == {"sh"}:
+            return isinstance(spec["sh"], str)
+        kind = next(iter(spec), None)
+        return (
+            len(spec) == 1
+            and kind in ("paths", "dirs")
+            and isinstance(spec[kind], list)
+            and all(isinstance(p, str) and p.startswith("/") for p in spec[kind])
+        )
+
+    return isinstance(reads, list) and all(one(item) for item in reads)
+
+
+def _private_dir(directory: str) -> bool:
+    """Root's, and writable by no one else (root never writes where another user could swap a path)."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+
+
+def load(path: str = STAMP) -> dict | None:
+    """The record, when root's 0600 file in a private directory holds a valid one."""
+    if not _private_dir(os.path.dirname(path)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        st = os.fstat(handle.fileno())
+        if st.st_uid != 0 or st.st_mode & 0o077:
+            return None
+        try:
+            record = json.load(handle)
+        except ValueError:
+            return None
+    ok = isinstance(record, dict) and isinstance(record.get("inputs"), str) and valid_reads(record.get("reads"))
+    return record if ok and len(record.get("digests", [])) == len(record["reads"]) else None
+
+
+def record(inputs: str, reads: list, path: str = STAMP) -> str:
+    """Run the reads and keep their digests: the file is born 0600 under a temporary name, then renamed."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    if not _private_dir(directory):
+        return f"not recorded: {directory} is not root's alone"
+    text = json.dumps({"inputs": inputs, "reads": reads, "digests": digests(reads)})
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return f"recorded {len(reads)} reads"
+
+
+def check(path: str = STAMP) -> dict:
+    """{"inputs": the recorded inputs, "changed": labels of the reads that differ now} or {"why": no record}."""
+    kept = load(path)
+    if kept is None:
+        return {"inputs": None, "changed": [], "why": "no record of a converged run"}
+    now = digests(kept["reads"])
+    changed = [label for (label, _), was, is_ in zip(kept["reads"], kept["digests"], now) if was != is_]
+    return {"inputs": kept["inputs"], "changed": changed, "reads": len(now)}
+
+
+def forget(path: str = STAMP) -> str:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return "no record"
+    return "forgotten"
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:2] == ["check"] and len(argv) == 2:
+        print(json.dumps(check()))
+        return 0
+    if argv[1:2] == ["forget"] and len(argv) == 2:
+        print(forget())
+        return 0
+    if argv[1:2] == ["record"] and len(argv) == 4:
+        try:
+            reads = json.loads(argv[3])
+        except ValueError:
+            reads = None
+        if not valid_reads(reads):
+            print("ironserve-converged: READS_JSON is not a list of reads", file=sys.stderr)
+            return 2
+        print(record(argv[2], reads))
+        return 0
+    print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,226 @@
+"""The converged fast path (roles/converged.py, files/bin/ironserve_converged.py): a record that vouches for a
+host only while nothing it read has changed, and a decision that plans in full whenever any host cannot vouch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import Users
+
+from roles import converged
+from roles.host_state import Request
+from roles.host_tuning import SysctlValues
+from roles.sglang_service import MarkerDigest
+from roles.uv_env import UvVersion, VenvPackages
+
+from .host_scripts import FILES_BIN, load_script
+
+SCRIPT = load_script("ironserve_converged.py")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the record is root's (CI runs as root)")
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A private directory holding the record, and a managed file with a read of each kind."""
+    (tmp_path / "lib").mkdir(mode=0o755)
+    managed = tmp_path / "managed.conf"
+    managed.write_text("vm.swappiness = 0\n")
+    value = tmp_path / "value"
+    value.write_text("one\n")
+    reads = [
+        ["file", {"paths": [str(managed)]}],
+        ["glob", {"paths": [str(tmp_path / "venv*")]}],
+        ["cmd", {"sh": f"cat {value}"}],
+    ]
+    return SimpleNamespace(stamp=str(tmp_path / "lib" / "converged.json"), managed=managed, value=value, reads=reads)
+
+
+def test_a_record_vouches_until_a_read_changes(host):
+    assert SCRIPT.record("D", host.reads, host.stamp) == "recorded 3 reads"
+    assert SCRIPT.check(host.stamp) == {"inputs": "D", "changed": [], "reads": 3}
+    host.value.write_text("two\n")
+    assert SCRIPT.check(host.stamp)["changed"] == ["cmd"]
+
+
+def test_a_file_written_back_with_its_old_mtime_is_still_changed(host):
+    SCRIPT.record("D", host.reads, host.stamp)
+    before = os.stat(host.managed)
+    host.managed.write_text("vm.swappiness = 60\n")
+    host.managed.write_text("vm.swappiness = 0\n")  # the same bytes back
+    os.utime(host.managed, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same mtime (touch -d)
+    assert SCRIPT.check(host.stamp)["changed"] == ["file"]
+
+
+def test_a_path_appearing_under_a_glob_is_a_change(host, tmp_path):
+    SCRIPT.record("D", host.reads, host.stamp)
+    (tmp_path / "venv-new").mkdir()
+    assert SCRIPT.check(host.stamp)["changed"] == ["glob"]
+
+
+def test_a_directory_is_read_by_its_own_status_not_its_entries(host, tmp_path):
+    reads = [["dir", {"dirs": [str(tmp_path)]}]]
+    SCRIPT.record("D", reads, host.stamp)
+    (tmp_path / "ironserve_deploy.prom").write_text("ironserve_x 1\n")  # metrics written in a managed directory
+    assert SCRIPT.check(host.stamp)["changed"] == []
+    os.chmod(tmp_path, 0o750)
+    assert SCRIPT.check(host.stamp)["changed"] == ["dir"]
+
+
+def test_forget_leaves_no_record(host):
+    SCRIPT.record("D", host.reads, host.stamp)
+    assert SCRIPT.forget(host.stamp) == "forgotten"
+    assert SCRIPT.check(host.stamp)["inputs"] is None
+    assert SCRIPT.forget(host.stamp) == "no record"
+
+
+def test_the_record_is_born_private_and_only_a_private_one_counts(host):
+    SCRIPT.record("D", host.reads, host.stamp)
+    assert os.stat(host.stamp).st_mode & 0o777 == 0o600
+    os.chmod(host.stamp, 0o644)
+    assert SCRIPT.check(host.stamp)["inputs"] is None
+    os.chmod(host.stamp, 0o600)
+    os.chmod(os.path.dirname(host.stamp), 0o777)  # a directory another user can write: nothing read or written
+    try:
+        assert SCRIPT.check(host.stamp)["inputs"] is None
+        assert SCRIPT.record("D", host.reads, host.stamp).startswith("not recorded")
+    finally:
+        os.chmod(os.path.dirname(host.stamp), 0o755)
+
+
+def test_a_link_in_place_of_the_record_is_no_record(host, tmp_path):
+    SCRIPT.record("D", host.reads, host.stamp)
+    os.replace(host.stamp, tmp_path / "elsewhere.json")
+    os.symlink(tmp_path / "elsewhere.json", host.stamp)
+    assert SCRIPT.check(host.stamp)["inputs"] is None
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [["x", {"sh": "true", "paths": ["/"]}]],
+        [["x", {"dirs": ["/"], "paths": ["/"]}]],
+        [["x", {"dirs": "/etc"}]],
+        [["x", {"paths": ["relative"]}]],
+        [["x", {}]],
+        [["x"]],
+        {"x": "true"},
+    ],
+)
+def test_reads_that_are_not_reads_are_refused(reads):
+    assert not SCRIPT.valid_reads(reads)
+
+
+def test_the_command_line(host, tmp_path):
+    script = str(FILES_BIN / "ironserve_converged.py")
+    bad = subprocess.run([sys.executable, script, "record", "D", "[1]"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a list of reads" in bad.stderr
+    usage = subprocess.run([sys.executable, script], capture_output=True, text=True)
+    assert usage.returncode == 2 and "ironserve-converged record" in usage.stderr
+
+
+def test_each_shell_read_is_answered_apart_with_its_exit_status():
+    reads = [["a", {"sh": "echo one"}], ["b", {"sh": "exit 3"}], ["c", {"sh": "printf 'no newline'"}]]
+    assert SCRIPT._shell_reads([spec["sh"] for _, spec in reads]) == ["rc 0\none\n", "rc 3\n", "rc 0\nno newline"]
+
+
+# --------------------------------------------------------------------------- the controller's side
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "expected"),
+    [
+        (File, {"path": "/etc/x"}, {"paths": ["/etc/x"]}),
+        (Sha1File, {"path": "/etc/x"}, {"paths": ["/etc/x"]}),
+        (Directory, {"path": "/etc"}, {"dirs": ["/etc"]}),
+        (DebPackages, {}, {"paths": ["/var/lib/dpkg/status"]}),
+        (Users, {}, {"paths": ["/etc/passwd", "/etc/group", "/etc/shadow"]}),
+        (UvVersion, {}, {"paths": ["/usr/local/bin/uv"]}),
+        (MarkerDigest, {"path": "/var/lib/m"}, {"paths": ["/var/lib/m"]}),
+        (
+            VenvPackages,
+            {"path": "/opt/v"},
+            {"paths": ["/opt/v/bin/python", "/opt/v/pyvenv.cfg", "/opt/v/lib/python*/site-packages"]},
+        ),
+    ],
+)
+def test_facts_read_from_files_are_read_by_their_inode_status(cls, kwargs, expected):
+    req = Request(cls, kwargs)
+    assert converged.light_read(req) == [req.key, expected]
+
+
+def test_other_facts_are_read_whole_with_their_own_command():
+    req = Request(SysctlValues, {"keys": ["vm.swappiness"]})
+    assert converged.light_read(req) == [req.key, {"sh": req.shell()}]
+
+
+def test_a_relative_path_cannot_be_replayed():
+    assert converged.light_read(Request(File, {"path": "etc/x"})) is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ({"inputs": "D", "changed": [], "reads": 3}, None),
+        ({"inputs": "E", "changed": []}, "the deployment's inputs changed since its record"),
+        ({"inputs": "D", "changed": ["a", "b", "c", "d"]}, "changed since its record: a, b, c (+1)"),
+        ({"inputs": None, "changed": [], "why": "no record of a converged run"}, "no record of a converged run"),
+        ({"inputs": "D", "changed": "a"}, "an answer that is not the checker's"),
+        ({}, "no record"),
+        (None, "no record"),
+    ],
+)
+def test_a_host_vouches_only_for_these_inputs_with_nothing_changed(answer, why):
+    assert converged.why_not(answer, "D") == why
+
+
+def test_the_check_fact_reads_the_checkers_line_and_nothing_else():
+    fact = converged.ConvergedCheck()
+    assert fact.process(['{"inputs": "D", "changed": []}']) == {"inputs": "D", "changed": []}
+    assert fact.process(["sudo: python3: not found"])["inputs"] is None
+    assert fact.process([])["inputs"] is None
+    assert converged.SCRIPT in fact.command() and "no checker installed" in fact.command()
+
+
+def _inventory(tmp_path, key_text: str):
+    key = tmp_path / "api.key"
+    key.write_text(key_text)
+
+    class Data(dict):
+        def dict(self):
+            return dict(self)
+
+    data = Data(hardware="cpu-lab", api_key_file=str(key))
+    return [SimpleNamespace(name="h1", data=data)]
+
+
+def test_the_inputs_change_with_a_controller_file_named_by_host_data(tmp_path, monkeypatch):
+    ctx = SimpleNamespace(
+        model="tiny",
+        launch=True,
+        derived=None,
+        recipe=SimpleNamespace(model_dump=lambda mode: {"id": "r"}),
+        profile=SimpleNamespace(model_dump=lambda mode: {"id": "p"}),
+    )
+    digests = []
+    for text in ("key-one\n", "key-two\n", "key-two\n"):
+        inventory = _inventory(tmp_path, text)
+        monkeypatch.setattr(converged, "context", SimpleNamespace(inventory=inventory))
+        monkeypatch.setattr(converged, "host_data", lambda h: SimpleNamespace(**h.data))
+        digests.append(converged.inputs_digest(ctx))
+    assert digests[0] != digests[1] == digests[2]  # a rotated API key rolls out; the same inputs, the same digest
+    assert "key-two" not in json.dumps(digests)
+
+
+def test_a_directory_named_by_host_data_counts_by_its_files(tmp_path):
+    (tmp_path / "a.run").write_text("1")
+    first = converged.controller_file_digest(str(tmp_path))
+    (tmp_path / "b.run").write_text("2")
+    assert converged.controller_file_digest(str(tmp_path)) != first
+    assert converged.controller_file_digest(str(tmp_path / "none")) == "absent"
