@@ -849,3 +849,98 @@ def test_the_probe_tells_a_server_that_takes_the_connection_from_none_listening(
     health = Health()
     health.code = 503
     assert guard.http_status(health.url) == 503
+
+
+def test_each_journal_line_leaves_the_guard_as_it_is_logged(monkeypatch):
+    """Under systemd the guard's stdout is a pipe, which Python buffers by blocks: a decision logged must reach the
+    journal at once, not when a buffer fills (a group restarted and nothing said of it)."""
+    guard = guard_module()
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    pipe = os.fdopen(write_end, "w", buffering=1 << 16)  # block-buffered, as a pipe is for python3 under systemd
+    try:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        guard.log("restarting the group (1 within 1800s): rank 1 silent")
+        assert os.read(read_end, 4096) == b"restarting the group (1 within 1800s): rank 1 silent\n"
+    finally:
+        monkeypatch.undo()
+        pipe.close()
+        os.close(read_end)
+
+
+def test_a_follower_records_the_group_it_follows_where_the_deploy_reads_it(tmp_path, monkeypatch):
+    """The config the deploy writes names no state directory: the record goes to the guard's own, the directory
+    units.following_path reads (the launch's check that a rank joined rank 0's group)."""
+    from ironserve.units import RANK_GROUP_STATE_DIR, following_path
+
+    guard = guard_module()
+    assert guard.STATE_DIR == RANK_GROUP_STATE_DIR
+    monkeypatch.setattr(guard, "STATE_DIR", str(tmp_path / "rank-groups"))
+    monkeypatch.setattr(guard, "invocation", lambda unit: f"{unit}-engine-inv")
+    unit = "sglang-tiny-cpu-tp2-server"
+    guard.record_following({"unit": unit, "rank": 1}, "rank0-inv")
+    recorded = tmp_path / "rank-groups" / following_path(unit).rsplit("/", 1)[1]
+    assert json.loads(recorded.read_text()) == {
+        "leader_invocation": "rank0-inv",
+        "engine_invocation": f"{unit}-engine-inv",
+    }
+    assert [p.name for p in (tmp_path / "rank-groups").iterdir()] == [recorded.name]  # no temporary file left
+
+
+def test_rank0s_rendezvous_named_by_a_host_name_is_resolved_whatever_its_letters(monkeypatch):
+    """--dist-init-addr may name rank 0's host (the hosts' resolver answers for it): brackets are an IPv6
+    address's only, and nothing else of the name is dropped before it is resolved."""
+    guard = guard_module()
+    hosts = {"NODEX": "10.0.0.7", "Xnode": "10.0.0.8", "node0": "10.0.0.9"}
+
+    def resolver(name, port, *args, **kwargs):
+        if name not in hosts:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (hosts[name], 0))]
+
+    monkeypatch.setattr(guard.socket, "getaddrinfo", resolver)
+    assert guard.rendezvous_endpoint("NODEX:29500") == ({"10.0.0.7"}, 29500)
+    assert guard.rendezvous_endpoint("Xnode:29501") == ({"10.0.0.8"}, 29501)
+    assert guard.rendezvous_endpoint("[node0]:29502") == ({"10.0.0.9"}, 29502)
+
+
+def test_a_probe_and_a_report_wait_at_most_5s_for_an_answer(monkeypatch):
+    """The guards poll every 5 s: neither rank 0's health probe nor a follower's report waits longer than that for
+    an answer (the timeouts the sockets are given, the engine and the leader answering here at once)."""
+    guard = guard_module()
+    timeouts: list[float | None] = []
+
+    class Socket(socket.socket):
+        def settimeout(self, value):
+            timeouts.append(value)
+            super().settimeout(value)
+
+    health = Health()
+    monkeypatch.setattr(guard.socket, "socket", Socket)
+    assert guard.http_status(health.url) == 200
+    assert timeouts == [5.0]
+    monkeypatch.undo()
+
+    connect = socket.create_connection
+
+    def create_connection(address, timeout=None, source_address=None, **kwargs):
+        timeouts.append(timeout)
+        return connect(address, timeout, source_address, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    with socket.socket() as leader:
+        leader.bind((RANK0, 0))
+        leader.listen()
+        cfg = {"leader": RANK0, "guard_port": leader.getsockname()[1], "source": RANK1}
+
+        def answer():
+            conn, _ = leader.accept()
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.0 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+
+        server = threading.Thread(target=answer)
+        server.start()
+        assert guard.report(cfg, SECRET.encode(), {"rank": 1, "nonce": "n"}) is None
+        server.join(5)
+    assert timeouts[1:] == [5.0]

@@ -882,3 +882,73 @@ def test_a_first_report_gets_a_fresh_challenge_without_a_refusal(monkeypatch):
     reply = json.loads(data)
     assert status == 200 and reply["accepted"] and not said
     assert len(first) == len(reply["challenge"]) == 32 and first != reply["challenge"]
+
+
+def report_within(guard, cfg: dict, seconds: float, timeout: float) -> tuple[bool, dict | None]:
+    """guard.report in a thread: (whether it returned within ``seconds``, its answer). A report still waiting
+    then is left to the caller to end (closing what it waits on)."""
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(guard.report(cfg, SECRET.encode(), report_body(True), timeout)))
+    worker.start()
+    worker.join(seconds)
+    return not worker.is_alive(), (out or [None])[0]
+
+
+def test_a_report_to_a_leader_that_never_answers_gives_up_within_its_timeout():
+    """A leader's guard that takes the connection and says nothing (hung, stopped): the follower's report gives up
+    within its timeout, from this rank's own address and from the default route alike; it never hangs the
+    follower's loop."""
+    guard = guard_module()
+    guard.log = lambda line: None
+    with socket.socket() as stalled:  # takes connections (the kernel's backlog), never reads or answers
+        stalled.bind((RANK0, 0))
+        stalled.listen(8)
+        port = stalled.getsockname()[1]
+        for source in (RANK1, "192.0.2.10"):  # the second is not this host's: sent from the default route
+            start = time.monotonic()
+            returned, answer = report_within(guard, {"leader": RANK0, "guard_port": port, "source": source}, 3, 0.3)
+            if not returned:
+                stalled.close()  # the connections waiting in its backlog are reset: the report ends
+            assert returned and answer is None, source
+            assert time.monotonic() - start < 2
+
+
+def test_two_groups_followers_on_one_host_report_at_the_same_time(guard_servers):
+    """Two multi-node groups with a rank on this host: each rank's guard reports from the host's address, from a
+    port of the kernel's choosing, so one report waiting for its leader never keeps another from leaving."""
+    guard, server, port, lines = guard_servers([RANK0, RANK1])
+    with socket.socket() as stalled:
+        stalled.bind((RANK0, 0))
+        stalled.listen(8)
+        busy = threading.Thread(
+            target=guard.report,
+            args=(
+                {"leader": RANK0, "guard_port": stalled.getsockname()[1], "source": RANK1},
+                SECRET.encode(),
+                report_body(True),
+                5,
+            ),
+        )
+        busy.start()
+        held, _ = stalled.accept()  # the first group's report is connected, waiting for its answer
+        try:
+            reply = guard.report(
+                {"leader": RANK0, "guard_port": port, "source": RANK1}, SECRET.encode(), report_body(True), 5
+            )
+            assert reply is not None and reply["accepted"] is False
+        finally:
+            held.close()
+            busy.join(5)
+
+
+def test_a_failed_request_is_said_once_a_minute_per_peer_and_kind_whatever_port_it_came_from(leader_server):
+    guard, server, port, lines = leader_server
+    server.handle_error(None, (RANK1, 40001), KeyError("x"))
+    server.handle_error(None, (RANK1, 40002), KeyError("y"))  # the same peer and kind, another connection: not again
+    server.handle_error(None, (RANK2, 40001), KeyError("x"))  # another peer, the same kind
+    server.handle_error(None, (RANK1, 40003), ValueError("x"))  # the same peer, another kind
+    assert lines == [
+        f"a request from {RANK1} failed: KeyError",
+        f"a request from {RANK2} failed: KeyError",
+        f"a request from {RANK1} failed: ValueError",
+    ]

@@ -325,6 +325,40 @@ def test_the_rank_guards_config_holds_what_the_guard_reads():
     assert "rendezvous" not in json.loads(units.rank_guard_files(recipe, alone, rendered.rank_group(rank1)).config_text)
 
 
+def test_the_rank_guards_config_is_written_alike_in_every_release():
+    """The deploy stages the guard's config and makes it live with the group's other files, and the audit compares
+    it with the host's copy byte for byte: a new layout or key order would change the file on every host of a
+    multi-node group at the first deploy after an upgrade (a new configuration for the group to start from) and
+    show as drift until then. Keys sorted, two spaces an indent level, one newline at the end."""
+    recipe = catalogue.get_recipe("tiny-cpu-tp2")
+    rendered = render(recipe)
+    rank1 = rendered.processes[1]
+    config = units.rank_guard_files(recipe, rank1, rendered.rank_group(rank1)).config_text
+    assert config == (
+        "{\n"
+        '  "backoff_base_s": 15,\n'
+        '  "backoff_max_s": 600,\n'
+        '  "backoff_window_s": 1800,\n'
+        '  "failure_threshold": 3,\n'
+        f'  "formation_timeout_s": {recipe.health_timeout_s + 180},\n'
+        '  "guard_port": 29600,\n'
+        '  "health_url": "http://127.0.0.1:30000/health",\n'
+        '  "leader": "node0",\n'
+        '  "members": [\n'
+        '    "node0",\n'
+        '    "node1"\n'
+        "  ],\n"
+        '  "poll_s": 5,\n'
+        '  "rank": 1,\n'
+        '  "rendezvous": "node0:29500",\n'
+        '  "secret_file": "/etc/ironserve/sglang-tiny-cpu-tp2-server.rank-group.key",\n'
+        '  "source": "node1",\n'
+        '  "unit": "sglang-tiny-cpu-tp2-server",\n'
+        '  "world": 2\n'
+        "}\n"
+    )
+
+
 def test_venv_jit_and_router_venv_paths():
     tiny = catalogue.get_recipe("tiny-cpu")
     assert re.fullmatch(r"/opt/ironserve/venvs/runtime-[0-9a-f]{12}", units.venv_path(tiny)), units.venv_path(tiny)
