@@ -54,6 +54,8 @@ _common = {
     "ascend_package_sha256": _state.get("ascend_sha256") or {},
     "docker_apt_mirror": _state["apt_mirror"],
     "docker_apt_suite": "/",
+    # the CPython builds the lab publishes, for uv recipes whose Python the hosts' OS lacks (uv cannot download)
+    **({"uv_python_downloads_json_url": _state["python_downloads"]} if _state.get("python_downloads") else {}),
     # weights: the lab publishes small checkpoints on every host (read-only, like shared storage), or, with
     # IRONSERVE_LAB_MODEL_SOURCE=hub, the hosts download them from the lab's hub, the site mirror of an air-gapped lab
     **(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import shlex
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, FindInFile, Link, Md5File, Sha1File, Sha256File
+from pyinfra.facts.pip import PipPackages
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files
 
@@ -64,7 +66,19 @@ _WHOLE_FILE_MAX = 4 << 20  # larger files (and directories' files) by size and m
 
 # pyinfra facts whose value is a function of files: read by their inode status
 _FILE_FACTS = (File, Sha1File, Sha256File, Md5File, Link, FindInFile)
+
+
+def _venv_paths(executable: str | None) -> list[str] | None:
+    """A venv's packages by its site-packages directory's entries (a package added, removed or upgraded renames
+    one: its dist-info), for a tool given as VENV/bin/NAME; None otherwise."""
+    if not executable or not executable.startswith("/") or "/bin/" not in executable:
+        return None
+    root = executable.rsplit("/bin/", 1)[0]
+    return [executable, f"{root}/pyvenv.cfg", f"{root}/lib/python*/site-packages"]
+
+
 _PATHS_OF = {
+    PipPackages: lambda kw: _venv_paths(kw.get("pip")),
     DebPackages: lambda kw: ["/var/lib/dpkg/status"],
     Users: lambda kw: ["/etc/passwd", "/etc/group", "/etc/shadow"],  # their lastlog is no input of any operation
     Groups: lambda kw: ["/etc/group"],
@@ -97,10 +111,15 @@ class ConvergedCheck(FactBase):
         return value if isinstance(value, dict) else self.default()
 
 
+def _printable(value) -> str:
+    """A host's text as the controller's log shows it: printable, short (a host never writes to our terminal)."""
+    return re.sub(r"[^\x20-\x7e]", "?", str(value))[:300]
+
+
 def why_not(answer, inputs: str) -> str | None:
     """Why a host's check does not vouch for these inputs; None: it does."""
     if not isinstance(answer, dict) or answer.get("inputs") is None:
-        return (answer or {}).get("why") or "no record"
+        return _printable((answer or {}).get("why") or "no record")
     if answer["inputs"] != inputs:
         return "the deployment's inputs changed since its record"
     changed = answer.get("changed")
@@ -108,7 +127,7 @@ def why_not(answer, inputs: str) -> str | None:
         return "an answer that is not the checker's"
     if changed:
         more = f" (+{len(changed) - 3})" if len(changed) > 3 else ""
-        return f"changed since its record: {', '.join(map(str, changed[:3]))}{more}"
+        return f"changed since its record: {', '.join(map(_printable, changed[:3]))}{more}"
     return None
 
 
@@ -117,10 +136,11 @@ def _state():
     return context.state._get_module()
 
 
-def decided_skip() -> bool:
-    """An earlier host of this run found every host converged: nothing is planned on any."""
+def decided() -> bool | None:
+    """This run's decision when a host planned before this one is making or made it (waits for it: pyinfra plans
+    the hosts side by side); None when this host is the first and decides."""
     decision = getattr(_state(), "ironserve_converged", None)
-    return decision is not None and decision.ready() and decision.get() is True
+    return None if decision is None else decision.get()
 
 
 def skip(ctx: DeploymentContext) -> bool:
@@ -238,7 +258,7 @@ def light_read(req) -> list | None:
         paths, kind = [kwargs.get("path")], "dirs"
     elif cls in _FILE_FACTS:
         paths = [kwargs.get("path")]
-    elif cls in _PATHS_OF:
+    elif cls in _PATHS_OF and _PATHS_OF[cls](kwargs) is not None:
         paths = _PATHS_OF[cls](kwargs)
     elif callable(getattr(cls, "light_paths", None)):
         paths = cls.light_paths(**kwargs)

@@ -186,8 +186,8 @@ def deploy_model(model: str) -> DeploymentContext | None:
     """Entry point for deploys/*.py: the model comes from the deploy, the hardware from the inventory. Plans
     nothing when every host is as the last run that changed nothing left it (roles/converged.py); None then for
     the hosts planned after the first."""
-    if converged.decided_skip():
-        return None  # an earlier host found every host as the last run that changed nothing left it
+    if converged.decided():
+        return None  # every host is as the last run that changed nothing left it: nothing to build or plan
     ctx = current(model)
     if converged.skip(ctx):
         return ctx

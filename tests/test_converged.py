@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.pip import PipPackages
 from pyinfra.facts.server import Users
 
 from roles import converged
@@ -153,6 +154,24 @@ def test_each_shell_read_is_answered_apart_with_its_exit_status():
 def test_facts_read_from_files_are_read_by_their_inode_status(cls, kwargs, expected):
     req = Request(cls, kwargs)
     assert converged.light_read(req) == [req.key, expected]
+
+
+def test_a_venvs_pip_is_read_by_its_site_packages_and_a_bare_pip_whole():
+    venv = Request(PipPackages, {"pip": "/opt/ironserve/tools/bin/pip"})
+    assert converged.light_read(venv)[1] == {
+        "paths": [
+            "/opt/ironserve/tools/bin/pip",
+            "/opt/ironserve/tools/pyvenv.cfg",
+            "/opt/ironserve/tools/lib/python*/site-packages",
+        ]
+    }
+    bare = Request(PipPackages, {"pip": "pip3"})
+    assert converged.light_read(bare)[1] == {"sh": bare.shell()}
+
+
+def test_a_hosts_text_reaches_the_log_printable():
+    why = converged.why_not({"inputs": None, "why": "\x1b]0;pwned\x07 no record"}, "D")
+    assert "\x1b" not in why and "\x07" not in why and why.endswith("no record")
 
 
 def test_other_facts_are_read_whole_with_their_own_command():
