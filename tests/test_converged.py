@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -243,3 +244,57 @@ def test_a_directory_named_by_host_data_counts_by_its_files(tmp_path):
     (tmp_path / "b.run").write_text("2")
     assert converged.controller_file_digest(str(tmp_path)) != first
     assert converged.controller_file_digest(str(tmp_path / "none")) == "absent"
+
+
+# --------------------------------------------------------------------------- the record's moments in a run
+
+
+class _Host:
+    def __init__(self, name: str, unreplayable=()):
+        self.name, self.commands = name, []
+        self.data = {"_sudo": True}
+        req = Request(File, {"path": f"/etc/{name}.conf"})
+        self.ironserve_host_facts = SimpleNamespace(run_requests=lambda: {req.key: req}, unreplayable=set(unreplayable))
+
+    def run_shell_command(self, command, **kwargs):
+        self.commands.append(command)
+        return True, SimpleNamespace(stderr="")
+
+
+def _run_state(hosts, changes=0, failed=()):
+    return SimpleNamespace(
+        get_op_order=lambda: ["op1", "op2"],
+        inventory=SimpleNamespace(get_active_hosts=lambda: hosts),
+        failed_hosts=set(failed),
+        ironserve_changes=changes,
+        ironserve_converged_inputs="D",
+    )
+
+
+def _play(state, hosts):
+    recorder = converged.Recorder()
+    for op in ("op1", "op2"):
+        recorder.operation_start(state, op)
+        recorder.operation_end(state, op)
+    return [[c.split()[1] for c in h.commands] for h in hosts]
+
+
+def test_a_run_forgets_before_acting_and_records_when_it_changed_nothing():
+    hosts = [_Host("h1"), _Host("h2")]
+    assert _play(_run_state(hosts), hosts) == [["forget", "record"], ["forget", "record"]]
+    recorded = hosts[0].commands[1]
+    assert "'D'" in recorded or " D " in recorded
+    assert json.loads(shlex.split(recorded)[-1]) == [
+        [Request(File, {"path": "/etc/h1.conf"}).key, {"paths": ["/etc/h1.conf"]}]
+    ]
+
+
+@pytest.mark.parametrize("state_kwargs", [{"changes": 1}, {"failed": ["h2"]}])
+def test_a_run_that_changed_something_or_failed_records_nothing(state_kwargs):
+    hosts = [_Host("h1"), _Host("h2")]
+    assert _play(_run_state(hosts, **state_kwargs), hosts) == [["forget"], ["forget"]]
+
+
+def test_a_host_that_asked_what_cannot_be_replayed_gets_no_record():
+    hosts = [_Host("h1", unreplayable=["ParseCheck"]), _Host("h2")]
+    assert _play(_run_state(hosts), hosts) == [["forget"], ["forget", "record"]]
