@@ -358,6 +358,10 @@ def test_a_stale_rank_restarts_unless_it_already_follows_rank0(clock):
     me = _rank(mtimes={"/etc/u.env": 150}, since=100, following=None)
     assert launch.restart_if_stale(_state(head, me), me, "u", ["/etc/u.env"], ["n0", "u0"]) is True
     assert head.commands and me.restarts("u") == 1
+    # its guard follows rank 0, but the rank started before its own new files: restarted all the same
+    head, me = _head(), _rank(mtimes={"/etc/u.env": 150}, since=100, following=FOLLOWS)
+    assert launch.restart_if_stale(_state(head, me), me, "u", ["/etc/u.env"], ["n0", "u0"]) is True
+    assert me.restarts("u") == 1
     # not stale: rank 0 is not even asked
     head, me = _head(), _rank(mtimes={"/etc/u.env": 50}, since=100, following=None)
     assert launch.restart_if_stale(_state(head, me), me, "u", ["/etc/u.env"], ["n0", "u0"]) is True
@@ -396,6 +400,7 @@ def test_a_gate_that_passes_is_recorded_and_rolls_nothing_back(rollbacks):
     h, results = _gated_host([_probe(0), _probe(200)]), {}
     assert launch.gate_or_roll_back(None, h, "u", "http://127.0.0.1:1/health", 60, MEMBERS, results) is True
     assert results == {("n0", "u"): True} and rollbacks == []
+    assert " http://127.0.0.1:1/health; " in h.commands[0] and "-p NRestarts u.service" in h.commands[0]
     # no record to fill: the gate still gates
     assert launch.gate_or_roll_back(None, _gated_host([_probe(200)]), "u", "url", 60, MEMBERS, None) is True
 
@@ -507,6 +512,7 @@ class _Ops:
 
     def __init__(self, monkeypatch, live_changed=(), run=None):
         self.calls: list[tuple[str, dict]] = []
+        self.contexts: list = []
         self.live_changed = set(live_changed)
         self.run = run
         for name in ("unit_started", "health_gate", "wave_barrier", "daemon_reloaded", "run_if_changed", "launch_gate"):
@@ -516,18 +522,23 @@ class _Ops:
         monkeypatch.setattr(launch.rollback, "last_good_saved", self.recorder("last_good_saved"))
         monkeypatch.setattr(launch.undeclared, "undeclared_removed", self.recorder("undeclared_removed"))
         monkeypatch.setattr(
-            launch.launch_preflight, "memlock_checks", lambda ctx, changing: self.calls.append(("memlock", changing))
+            launch.launch_preflight, "memlock_checks", lambda ctx, changing: self.of_ctx("memlock", ctx, changing)
         )
-        monkeypatch.setattr(launch.launch_preflight, "apply", lambda ctx: self.calls.append(("preflight", {})))
+        monkeypatch.setattr(launch.launch_preflight, "apply", lambda ctx: self.of_ctx("preflight", ctx, {}))
         monkeypatch.setattr(launch, "container_current", self.recorder("container_current"))
         monkeypatch.setattr(
-            launch.deploy_clock, "stage", lambda ctx, stage: self.calls.append(("stage", {"stage": stage}))
+            launch.deploy_clock, "stage", lambda ctx, stage: self.of_ctx("stage", ctx, {"stage": stage})
         )
         # what the host runs now: an old recipe's router and engine (undeclared units)
         found = {"sglang-old-router": "old", "sglang-old-server": "old"}
         monkeypatch.setattr(launch.undeclared, "host", SimpleNamespace(get_fact=lambda fact, **kw: found))
         if run is not None:
             monkeypatch.setattr(launch, "in_run", lambda name: name in run)
+
+    def of_ctx(self, op, ctx, kwargs):
+        """A call given the deployment's context: which context it was given is kept apart."""
+        self.calls.append((op, kwargs))
+        self.contexts.append(ctx)
 
     def recorder(self, op):
         def record(*args, **kwargs):
@@ -733,6 +744,7 @@ def test_the_wave_makes_every_rank_live_then_starts_rank0_then_the_others_then_g
     assert names.index("last_good_saved") > max(i for i, n in enumerate(names) if n == "health_gate")
     memlock = next(kw for name, kw in ops.calls if name == "memlock")
     assert set(memlock) == {p.unit for p in everything} and not any(f() for f in memlock.values())
+    assert ops.contexts == [ctx, ctx]
     [removed] = ops.of("undeclared_removed")
     assert "sglang-old-router" in removed["declared"] and "sglang-old-server" not in removed["declared"]
     assert removed["name"].startswith(f"Remove sglang-old-server: not declared by {PD}")
@@ -742,8 +754,10 @@ def test_single_node_groups_are_gated_at_their_start_and_saved_before_the_other_
     ctx = _tiny_ctx("h0")
     ctx.processes = [p for p in ctx.rendered.processes if p.role != "router"]
     ops = _Ops(monkeypatch, live_changed={ctx.processes[0].unit}, run={"h0", "h1", "r"})
-    # the rolling group takes the old engine's place through the router: the old one stays until then
-    monkeypatch.setattr(launch.rolling, "replaces", lambda ctx, p: ["sglang-old-server"] if p.instance == 1 else [])
+    # the rolling group takes the old engine's place through the router (which lists its URL, where the old
+    # engine answers): the old one stays until then
+    listed = {"urls": [launch.rolling.worker_url(ctx.processes[1])]}
+    monkeypatch.setattr(launch.rolling, "router_workers", lambda router: listed if router["host"] == "r" else None)
     launch._engine_wave(ctx, rolls=[ctx.processes[1]])
     [start] = ops.of("unit_started")
     assert start["unit"] == ctx.processes[0].unit and start["wait"] is True
@@ -751,6 +765,8 @@ def test_single_node_groups_are_gated_at_their_start_and_saved_before_the_other_
     assert ops.of("health_gate") == []
     names = ops.names()
     assert names.index("last_good_saved") < [i for i, n in enumerate(names) if n == "wave_barrier"][2]
+    assert [s["unit"] for s in ops.of("last_good_saved")] == [ctx.processes[0].unit]  # saved once, after its gate
+    assert ops.contexts == [ctx, ctx]  # the stage's clock and the memlock checks: this deployment's
     memlock = next(kw for name, kw in ops.calls if name == "memlock")
     assert memlock[ctx.processes[0].unit]() is True
     [removed] = ops.of("undeclared_removed")
@@ -769,6 +785,8 @@ def test_the_routers_start_last_made_live_gated_and_saved(monkeypatch):
     assert names[:3] == ["stage", "wave_barrier", "undeclared_removed"] and ops.of("stage") == [
         {"stage": "router_start"}
     ]
+    assert ops.of("wave_barrier") == [{"name": "Launch: the routers (every engine group healthy)"}]
+    assert ops.contexts == [ctx]
     assert [c["unit"] for c in ops.of("config_live")] == [router.unit]
     [start] = ops.of("unit_started")
     assert start["unit"] == router.unit and start["wait"] is True and start["url"] == router.health_url
@@ -787,7 +805,7 @@ def test_the_launch_gate_names_every_host_of_the_deployment_before_the_preflight
     ops = _Ops(monkeypatch)
     ctx.changes.record_container("u", "img@sha256:1", ["serve"], ["B", "A"])
     launch._gate_and_preflight(ctx)
-    assert ops.names() == ["launch_gate", "container_current", "preflight"]
+    assert ops.names() == ["launch_gate", "container_current", "preflight"] and ops.contexts == [ctx]
     assert ops.of("launch_gate") == [{"name": "Launch gate: every host converged", "hosts": ["h0", "h1", "r"]}]
     assert ops.of("container_current") == [
         {
