@@ -17,7 +17,7 @@ from pyinfra_testing.util import FakeState, create_host
 from ironserve import batch
 from ironserve.hostdata import HostData
 from roles import host_state, host_tuning
-from roles.host_state import HostFacts, HostState, Request
+from roles.host_state import HostFacts, HostState, Request, changes_made, run_unread
 
 NONCE = "ironserve-batch-0123456789abcdef"
 
@@ -693,3 +693,42 @@ def test_the_deploys_end_of_planning_reaches_the_hosts_installed_facts(local):
 def test_a_hosts_name_keeps_its_letters_in_the_questions_file(tmp_path):
     path = host_state.cache_file(str(tmp_path), "glm5", "Node-A.rack_2", "10.0.0.1")
     assert path.name.startswith("Node-A.rack_2-")
+
+
+# --------------------------------------------------------------------------- what a run asked (roles/converged.py)
+
+
+def test_with_noting_on_every_question_of_the_run_is_noted_batched_or_alone(local):
+    from roles.sglang_service import ParseCheck
+
+    host = local["host"]
+    facts = local["facts"]()
+    facts.noting = True
+    ask_all(host, local["path"])
+    facts.end_planning()
+    host.get_fact(Arch)  # after planning, outside the stage: read alone, noted all the same
+    host.get_fact(ParseCheck, probe="echo probed")  # a probe that acts: never replayable
+    host.get_fact(Hostname, _sudo_user="nobody")  # another user's read: not replayable either
+    keys = set(facts.run_requests())
+    assert {f"{File.__module__}.File", f"{Sha1File.__module__}.Sha1File"} <= {k.split("(")[0] for k in keys}
+    assert any(k.startswith("pyinfra.facts.server.Arch(") for k in keys)
+    assert facts.unreplayable == {"ParseCheck", "Hostname"}
+
+
+def test_with_noting_off_nothing_is_noted(local):
+    facts = local["facts"]()
+    ask_all(local["host"], local["path"])
+    assert facts.noted == {} and facts.unreplayable == set()
+
+
+def test_a_read_only_command_keeps_the_answers_and_is_no_change(local):
+    host, sent = local["host"], local["sent"]
+    facts = host.ironserve_host_facts = local["facts"]()  # as install() leaves it
+    ask_all(host, local["path"])
+    sent.clear()
+    ok, out = run_unread(host, "echo read")
+    assert ok and out.stdout_lines == ["read"]
+    assert not changes_made(local["state"])
+    assert host.get_fact(Sha1File, path=local["path"]) is not None and len(sent) == 1  # still the batched answer
+    host.run_shell_command("true")
+    assert changes_made(local["state"]) and facts.counts["batch"] == 1
