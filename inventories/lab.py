@@ -54,8 +54,13 @@ _common = {
     "ascend_package_sha256": _state.get("ascend_sha256") or {},
     "docker_apt_mirror": _state["apt_mirror"],
     "docker_apt_suite": "/",
-    # the CPython builds the lab publishes, for uv recipes whose Python the hosts' OS lacks (uv cannot download)
-    **({"uv_python_downloads_json_url": _state["python_downloads"]} if _state.get("python_downloads") else {}),
+    # the CPython builds the lab publishes, for uv recipes whose Python the hosts' OS lacks (uv cannot download);
+    # IRONSERVE_LAB_PYTHON_DOWNLOADS=off leaves them unnamed, as on an air-gapped site without a mirror
+    **(
+        {"uv_python_downloads_json_url": _state["python_downloads"]}
+        if _state.get("python_downloads") and os.environ.get("IRONSERVE_LAB_PYTHON_DOWNLOADS") != "off"
+        else {}
+    ),
     # weights: the lab publishes small checkpoints on every host (read-only, like shared storage), or, with
     # IRONSERVE_LAB_MODEL_SOURCE=hub, the hosts download them from the lab's hub, the site mirror of an air-gapped lab
     **(
