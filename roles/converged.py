@@ -95,7 +95,7 @@ class ConvergedCheck(FactBase):
 
     def command(self):
         return (
-            f"if [ -x {SCRIPT} ]; then {SCRIPT} check; "
+            f"if [ -x {shlex.quote(SCRIPT)} ]; then {shlex.quote(SCRIPT)} check; "
             'else echo \'{"inputs": null, "changed": [], "why": "no checker installed"}\'; fi'
         )
 

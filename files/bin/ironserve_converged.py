@@ -69,7 +69,9 @@ def _read(spec: dict) -> str:
 
 
 def _shell_reads(commands: list[str]) -> list[str]:
-    """Each command's exit status and output, all in one shell."""
+    """Each command's exit status and output, all in one shell. The commands are facts' own reads as the deploy
+    composed them (their values quoted there, ironserve/batch.py's way); this script is standalone (standard
+    library only), so it marks them itself, with a nonce no output can forge."""
     if not commands:
         return []
     mark = f"ironserve-converged-{secrets.token_hex(8)}"
