@@ -41,6 +41,7 @@ import time
 import traceback
 
 _REAL_STDOUT = sys.stdout
+ANSWER = "IRONSERVE-PROBE-ANSWER "  # --serve: marks the answer lines (ironserve/parser_probes.py reads them)
 
 
 class _ParseError(Exception):
@@ -392,22 +393,38 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     sys.stdout = sys.stderr  # imports print banners; only the answer goes to the real stdout
-    request = json.loads(sys.stdin.read() or "{}")
-    kind = request.get("kind", "server")
     os.environ.setdefault("SGLANG_IS_IN_CI", "false")
+    if argv[1:] == ["--serve"]:
+        return serve(sys.stdin)
+    answer, rc = respond(json.loads(sys.stdin.read() or "{}"))
+    _answer(answer)
+    return rc
+
+
+def serve(requests) -> int:
+    """One answer line (marked ANSWER) per request line, until the input ends or an import fails: the import is
+    paid once (ironserve/parser_probes.py keeps this process for its caller's life)."""
+    for line in requests:
+        answer, rc = respond(json.loads(line))
+        _answer(answer, ANSWER)
+        if rc:
+            return rc
+    return 0
+
+
+def respond(request: dict) -> tuple[dict, int]:
+    """The answer to one request, and the exit status a one-shot probe ends with."""
+    kind = request.get("kind", "server")
     t0 = time.time()
     try:
         parser, args_cls = _router_parser() if kind == "router" else _server_parser()
     except ModuleNotFoundError as err:
-        _answer(
-            {"ok": False, "missing_module": (err.name or "").split(".")[0], "error": traceback.format_exc()[-4000:]}
-        )
-        return 3
+        missing = (err.name or "").split(".")[0]
+        return {"ok": False, "missing_module": missing, "error": traceback.format_exc()[-4000:]}, 3
     except Exception:  # noqa: BLE001
-        _answer({"ok": False, "missing_module": None, "error": traceback.format_exc()[-4000:]})
-        return 4
+        return {"ok": False, "missing_module": None, "error": traceback.format_exc()[-4000:]}, 4
     import_s = time.time() - t0
     dist = "sglang-router" if kind == "router" else "sglang"
     answer = {
@@ -425,8 +442,7 @@ def main() -> int:
         answer["results"].append(_check_command(parser, args_cls, kind, list(argv), launcher, post_init))
     if request.get("dump_flags"):
         answer["flags"] = dump_flags(parser)
-    _answer(answer)
-    return 0
+    return answer, 0
 
 
 def _check_command(parser, args_cls, kind: str, argv: list[str], launcher: str | None, post_init: bool) -> dict:
@@ -466,10 +482,10 @@ def _post_init_failure(err: Exception, args_cls, kind: str) -> tuple[str, dict]:
     return "failed", _finding("engine-bad-value", "error", message, "fix the values named in the message", "")
 
 
-def _answer(obj) -> None:
-    _REAL_STDOUT.write(json.dumps(obj) + "\n")
+def _answer(obj, mark: str = "") -> None:
+    _REAL_STDOUT.write(mark + json.dumps(obj) + "\n")
     _REAL_STDOUT.flush()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))

@@ -17,7 +17,9 @@ into the venv; see ``_TORCHVISION_SHIM``. Nothing in sglang itself is patched.
 
 The parse runs in a subprocess (``_parser_probe.py`` with the venv's interpreter) with
 ``allow_abbrev=False``; see that module for the rules it reports. Importing server_args takes
-10-30 s on a small CPU, so :func:`check_many` parses many argvs in one subprocess.
+10-30 s on a small CPU, so :func:`check_many` parses many argvs in one subprocess, and that subprocess stays
+for every later check against the same venv in this process (ironserve/parser_probes.py: a lint of a catalogue,
+an import of a script, a test session import each release once).
 
 Builds are safe under concurrency (an ``fcntl`` lock per venv) and atomic (built in a temporary
 directory next to the final one and renamed into place only once complete and self-tested).
@@ -40,6 +42,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
+from ironserve import parser_probes
 from ironserve.findings import Finding, Severity
 from ironserve.resources import uv_binary
 
@@ -428,7 +431,7 @@ def _check_no_cuda(path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _probe_raw(path: Path, request: dict, timeout: int = PROBE_TIMEOUT_S) -> dict:
+def _probe_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(
         {
@@ -439,9 +442,23 @@ def _probe_raw(path: Path, request: dict, timeout: int = PROBE_TIMEOUT_S) -> dic
             "SGLANG_IS_IN_CI": "false",
         }
     )
+    return env
+
+
+def _probe_raw(path: Path, request: dict, timeout: int = PROBE_TIMEOUT_S, warm: bool = False) -> dict:
+    """The probe's answer in ``path``'s venv: a process of its own, or (``warm``, a finished venv) the venv's warm
+    probe, which imports the parser once for every check of this process (ironserve/parser_probes.py)."""
     cmd = [str(_python(path)), "-I", "-W", "ignore", str(PROBE)]
+    if warm:
+        try:
+            built = _manifest(path).stat()
+            return parser_probes.ask(path, [*cmd, "--serve"], _probe_env(), request, timeout, built.st_mtime_ns)
+        except parser_probes.ProbeFailed as err:
+            raise ParserEnvError(f"parser probe in {path} {err}:\n{err.detail}") from err
     try:
-        proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            cmd, input=json.dumps(request), capture_output=True, text=True, timeout=timeout, env=_probe_env()
+        )
     except subprocess.TimeoutExpired as err:
         raise ParserEnvError(f"parser probe in {path} timed out after {timeout}s") from err
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -566,6 +583,7 @@ def check_many(
                 "launchers": [launcher for _, launcher, _ in items],
                 "post_init": post_init,
             },
+            warm=True,
         )
         if not answer.get("ok"):
             raise ParserEnvError(f"{package} {v} parser probe failed:\n{answer.get('error')}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ironserve import engine_parser as ep
+from ironserve import parser_probes
 from ironserve.findings import Severity, has_errors
 
 from .ci import need_parser_prerequisites
@@ -410,3 +411,13 @@ def test_every_pypi_recipe_parses_with_its_version(capsys):
         print("\nreal-parser findings per recipe (seed-era drift, see docs/engine-flags.md):")
         print("\n".join(f"  {line}" for line in sorted(set(report))) or "  none")
     assert not unexpected, unexpected
+
+
+def test_checks_of_one_release_share_its_warm_probe():
+    # the import of the release's parser is paid once per process (ironserve/parser_probes.py)
+    ep.check_server_argv(SEED_ERA, "python3 -m sglang.launch_server --model-path m")
+    path = ep.parser_env(SEED_ERA)
+    probe = parser_probes._PROBES[path][1]
+    findings = ep.check_server_argv(SEED_ERA, "python3 -m sglang.launch_server --model-path m --tp 2")
+    assert parser_probes._PROBES[path][1] is probe and probe.alive()
+    assert _rules(findings, "engine-abbreviated-flag")
