@@ -13,7 +13,7 @@ In order:
    prints neither key; a secret planted in an env file is reported by the audit by name only; the engine unit's
    `systemd-analyze security` exposure is within the README's figures for a lab host, and the engine runs as its own user; forged reports sent to rank 0's guard from this
    machine (an address that is no rank's) are refused and restart nothing; more idle connections to rank 0's
-   guard than its LimitNOFILE=, held 90 s, restart nothing; links the engine's user plants in its JIT cache
+   guard than its LimitNOFILE=, held 45 s, restart nothing; links the engine's user plants in its JIT cache
    (HOME -> a root directory) hand it nothing at the next start; rank 0's key removed from its env file, the
    engine refuses to start (exit 78, not restarted) and nothing answers keyless requests;
 3. a hung rank (SIGSTOP on rank 1's engine): rank 0's guard abandons the group, both ranks restart (rank 0's
@@ -66,6 +66,7 @@ JIT_DIR = jit_dir(get_recipe(RECIPE))
 KEY = f"lab-tp2-{secrets.token_hex(12)}"
 KEY_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / f"ironserve-tp2-key-{os.getpid()}"
 KEY_FILE = KEY_DIR / "api_key"
+HELD_S = 45  # test 3f's flood
 
 
 def keyed(*extra: str) -> list[str]:
@@ -131,7 +132,7 @@ def serving(lab) -> bool:
     )
 
 
-def wait_until(predicate, timeout_s: float, step_s: float = 5.0) -> float | None:
+def wait_until(predicate, timeout_s: float, step_s: float = 2.0) -> float | None:
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         if predicate():
@@ -322,7 +323,8 @@ def guard_journal_since(host: dict, since: float) -> str:
 
 def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(lab):
     """From this machine (no rank's address), more idle connections to rank 0's guard than its LimitNOFILE=,
-    held for 90 s: no engine restarts, the guard itself neither, and the group serves after."""
+    held for 45 s (over twice the guard's window for a silent follower, (threshold + 1) polls of 5 s): no engine
+    restarts, the guard itself neither, and the group serves after."""
     rank0, rank1 = lab["hosts"]
     limit = int(ssh(rank0, f"systemctl show -p LimitNOFILE --value {GUARD}").stdout.strip())
     guard_before = ssh(rank0, f"systemctl show -p InvocationID --value {GUARD}").stdout.strip()
@@ -342,10 +344,10 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
         established = sum(1 for conn in held if _connected(conn))
         pid = ssh(rank0, f"systemctl show -p MainPID --value {GUARD}").stdout.strip()
         fds = int(ssh(rank0, f"ls /proc/{pid}/fd | wc -l").stdout.strip())
-        end = time.monotonic() + 90
+        end = time.monotonic() + HELD_S
         while time.monotonic() < end:
             assert (invocation(rank0), invocation(rank1)) == before, "an engine restarted during the flood"
-            time.sleep(10)
+            time.sleep(5)
     finally:
         for conn in held:
             conn.close()
@@ -356,7 +358,7 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
     for said in ("restarting the group", "rank 0 not answering", "did not run", "Traceback"):
         assert said not in journal, journal[-3000:]
     print(
-        f"\n{count} idle connections to rank 0's guard (LimitNOFILE={limit}) for 90 s: {established} got past "
+        f"\n{count} idle connections to rank 0's guard (LimitNOFILE={limit}) for {HELD_S} s: {established} got past "
         f"the network filter (each closed as accepted), the guard held {fds} descriptors; nothing restarted"
     )
 

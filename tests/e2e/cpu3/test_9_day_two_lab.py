@@ -123,7 +123,11 @@ def deploy_under_load(ctx, recipe: str, check: bool = True, data: tuple[str, ...
 
 def server_info(ctx, host: dict) -> dict:
     auth = f"-H 'Authorization: Bearer {ctx['key']}' " if ctx["key"] else ""
-    out = ssh(host, f"curl -s -m 10 {auth}http://127.0.0.1:30000/get_server_info")
+    out = ssh(host, f"curl -s -m 10 {auth}http://127.0.0.1:30000/get_server_info", check=False)
+    if out.returncode != 0:  # what the engine did since the deploy: its unit's restarts and its journal's last lines
+        units = ssh(host, "systemctl list-units 'sglang-*' --all --no-legend --no-pager", check=False)
+        journal = ssh(host, f"journalctl -u '{SERVER_UNIT}-*' -n 80 --no-pager -o short-precise", check=False)
+        raise AssertionError(f"{host['name']}: curl exit {out.returncode}\n{units.stdout}\n{journal.stdout[-6000:]}")
     return json.loads(out.stdout)
 
 
