@@ -19,7 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-ANSWER = b"IRONSERVE-PROBE-ANSWER "  # the line that carries an answer; imports may print anything else
+from ironserve import _parser_probe
+
+ANSWER = _parser_probe.ANSWER.encode()  # the line that carries an answer; imports may print anything else
 _READ_CHUNK = 1 << 16
 
 

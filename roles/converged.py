@@ -94,8 +94,9 @@ class ConvergedCheck(FactBase):
     batched = False  # never batched or kept: it decides whether anything else is read
 
     def command(self):
+        script = shlex.quote(SCRIPT)
         return (
-            f"if [ -x {shlex.quote(SCRIPT)} ]; then {shlex.quote(SCRIPT)} check; "
+            f"if [ -x {script} ]; then {script} check; "
             'else echo \'{"inputs": null, "changed": [], "why": "no checker installed"}\'; fi'
         )
 

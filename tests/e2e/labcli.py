@@ -34,6 +34,12 @@ def ironserve(
     return run(str(BIN / "ironserve"), *args, check=check, timeout=timeout, env=env)
 
 
+def run_log(text: str, keep: int = 8000) -> str:
+    """What a pyinfra run said while executing (the hosts' logs, gates, journals), without its results table."""
+    end = text.rfind("--> Results")
+    return (text[:end] if end > 0 else text)[-keep:]
+
+
 def ssh(host: dict, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
     return run(
         "ssh",

@@ -55,7 +55,7 @@ from ironserve.units import RANK_GUARD_PORT_OFFSET, deliberate, jit_dir
 
 from ..test_unit_hardening import LAB_EXPOSURE
 from .cpu3.fleet import changes, chat
-from .labcli import BIN, ROOT, ironserve, lab_down, lab_up, pyinfra, ssh
+from .labcli import BIN, ROOT, ironserve, lab_down, lab_up, pyinfra, run_log, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -84,15 +84,8 @@ def keyed(*extra: str) -> list[str]:
 def deploy(*extra: str, check: bool = True, env: dict | None = None):
     proc = pyinfra("-y", "deploys/tiny.py", *keyed(*extra), check=False, env=env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"the deploy failed ({proc.returncode}):\n{run_log(proc)}")
+        raise AssertionError(f"the deploy failed ({proc.returncode}):\n{run_log(output(proc))}")
     return proc
-
-
-def run_log(proc) -> str:
-    """What the run said while executing (the hosts' logs, gates, journals), without the results table."""
-    text = output(proc)
-    end = text.rfind("--> Results")
-    return (text[:end] if end > 0 else text)[-8000:]
 
 
 def output(proc) -> str:
@@ -686,7 +679,7 @@ def test_9_a_host_rebuilt_from_scratch_rejoins_its_group_identical(lab, changed_
     proc = pyinfra(
         "-y", "deploys/tiny.py", *keyed(), "--limit", rank1["name"], check=False, env=changed_recipes, timeout=2400
     )
-    assert proc.returncode == 0, run_log(proc)
+    assert proc.returncode == 0, run_log(output(proc))
     rebuilt_s = time.monotonic() - started
     assert wait_until(lambda: serving(lab), 420) is not None
     served_s = time.monotonic() - started

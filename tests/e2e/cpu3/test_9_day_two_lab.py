@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..labcli import ROOT, ironserve, pyinfra, ssh
+from ..labcli import ROOT, ironserve, pyinfra, run_log, ssh
 from .fleet import RECIPE, ROUTER_UNIT, SERVER_UNIT, chat, router_base
 from .load_client import CHAT_TIMEOUT_S
 
@@ -122,8 +122,7 @@ def deploy_under_load(ctx, recipe: str, check: bool = True, data: tuple[str, ...
     failed, total, samples = client.stop()
     text = out.stdout + out.stderr
     if check and out.returncode != 0:  # the roll's own lines, then what the hosts said before the results table
-        said = text[: text.rfind("--> Results")] if "--> Results" in text else text
-        raise AssertionError(f"the deploy failed ({out.returncode}): {roll_figures(text)}\n{said[-5000:]}")
+        raise AssertionError(f"the deploy failed ({out.returncode}): {roll_figures(text)}\n{run_log(text, 5000)}")
     return out, text, failed, total, samples, took
 
 
