@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import json
 import shutil
+import tarfile
 import threading
 from pathlib import Path
 
@@ -93,6 +94,11 @@ def test_push_then_resolve_the_tag(tmp_path, registry):
     manifest = json.loads(FakeRegistry.manifests[("ironserve-lab/x", "1")])
     assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
     assert manifest["layers"][0]["digest"] == layer["digest"]
+    # a plain tar layer (the lab's bridge is local): its digest is its diff_id, its blob a tar Docker unpacks
+    assert manifest["layers"][0]["mediaType"] == "application/vnd.docker.image.rootfs.diff.tar"
+    assert layer["digest"] == layer["diff_id"]
+    with tarfile.open(oci.blob_path(store, layer["digest"])) as tar:
+        assert tar.extractfile("./opt/hello").read() == b"hi\n"
 
 
 def test_reference_parsing():

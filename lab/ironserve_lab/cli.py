@@ -37,6 +37,15 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})",
     )
+    up.add_argument(
+        "--for",
+        dest="for_names",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="build only what this needs: a recipe ID, a model family (its default recipe for the hardware) or a "
+        "deploy file (deploys/glm5.py); repeatable (default: everything the profile's recipes need)",
+    )
     st = sub.add_parser("status", help="show lab hosts")
     st.add_argument("--format", choices=("text", "json"), default="text")
     reset = sub.add_parser(
@@ -55,7 +64,7 @@ def run_lab(args: argparse.Namespace) -> int:
 
     try:
         if args.lab_command == "up":
-            cluster.up(args.nodes, args.hardware)
+            cluster.up(args.nodes, args.hardware, tuple(args.for_names))
         elif args.lab_command == "reset":
             cluster.reset(args.host)
         elif args.lab_command == "down":
@@ -75,6 +84,8 @@ def run_lab(args: argparse.Namespace) -> int:
                     f"{data['hosts'][0]['ssh_user']}@ADDRESS"
                 )
                 print(f"apt mirror: {data['apt_mirror']}  pip index: {data['pip_index']}")
+                if data.get("built_for") is not None:
+                    print(f"built for: {', '.join(data['built_for'])} (lab up --for; other recipes need another up)")
         return 0
     except LabError as exc:
         print(f"[lab] error: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ from . import (
     hub,
     images,
     interpreters,
+    needs,
     network,
     npu_runtime,
     oci,
@@ -120,13 +121,13 @@ def _locked(root: Path):
         yield
 
 
-def up(nodes: int, hardware: str | None = None) -> LabState:
+def up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()) -> LabState:
     require_root()
     with _locked(state.lab_dir()):
-        return _up(nodes, hardware)
+        return _up(nodes, hardware, for_names)
 
 
-def _up(nodes: int, hardware: str | None = None) -> LabState:
+def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()) -> LabState:
     if nodes < 1:
         raise LabError("--nodes must be at least 1")
     ensure_tools()
@@ -137,12 +138,15 @@ def _up(nodes: int, hardware: str | None = None) -> LabState:
     hardware = hardware or lab.hardware
     if hardware not in HARDWARE_IDS:
         raise LabError(f"unknown hardware {hardware!r}; one of {', '.join(HARDWARE_IDS)}")
+    wanted = needs.resolve(hardware, list(for_names))  # bad names refused before anything is built
+    _say_needs(wanted)
+    lab.built_for = _built_for(lab, wanted)
     base = rootfs.ensure_base(root)
     key = ssh_keypair(root)
     lab.hardware, lab.ssh_key = hardware, str(key)
 
     _publish_supply(root)
-    _build_runtimes(root, lab, hardware, base)
+    _build_runtimes(root, lab, wanted, base)
     binds = _publish_to_hosts(root, lab, hardware)
     _size_hosts(root, lab, nodes, hardware)
     return _boot(root, lab, base, key, binds, t0)
@@ -167,10 +171,42 @@ def _publish_supply(root: Path) -> None:
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
 
 
-def _build_runtimes(root: Path, lab: LabState, hardware: str, base: Path) -> None:
-    """The profile's runtimes (wheelhouses, the CPU runtime image, the GPU images), the servers that publish them."""
-    with_image = PROFILES[hardware]["kind"] in ("none", "nvidia")
-    wanted = [r for r in RUNTIMES if hardware in r.hardware]
+def _say_needs(wanted: needs.Needs) -> None:
+    """What a bring-up for some recipes leaves out of the profile's runtimes and images."""
+    if wanted.everything:
+        return
+    hardware = wanted.hardware
+    left = [f"the {r.name} wheelhouse" for r in RUNTIMES if hardware in r.hardware and r not in _runtimes(wanted)]
+    if PROFILES[hardware]["kind"] in ("none", "nvidia") and not wanted.runtime_image():
+        left.append("the CPU runtime image")
+    others = [r for r in images.docker_recipes() if hardware in r.hardware and not wanted.uses(r)]
+    used = {r.runtime.image for r in wanted.recipes if r.runtime.kind == "docker"}
+    skipped = sorted({r.runtime.image for r in others} - used)
+    if skipped:
+        left.append(f"stand-in images {', '.join(skipped)}")
+    say(f"building for {', '.join(wanted.ids())} only (--for); not built: {'; '.join(left) or 'nothing'}")
+
+
+def _runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
+    """The runtimes a bring-up publishes: those its recipes install; on cpu-lab, the CPU runtime with its image."""
+    image_of_cpu = wanted.runtime_image() and wanted.hardware in cpu_runtime.RUNTIME.hardware
+    return [r for r in RUNTIMES if wanted.runtime(r) or (image_of_cpu and r is cpu_runtime.RUNTIME)]
+
+
+def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:
+    """What the lab has been brought up for: this `up`'s recipes, with those of earlier ones of the same lab."""
+    same_lab = bool(lab.hosts) and lab.hardware == wanted.hardware
+    if wanted.everything or (same_lab and lab.built_for is None):
+        return None
+    earlier = lab.built_for if same_lab else []
+    return list(dict.fromkeys([*earlier, *wanted.ids()]))
+
+
+def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Path) -> None:
+    """The runtimes needed (wheelhouses, the CPU runtime image, the GPU images), the servers that publish them."""
+    hardware = wanted_for.hardware
+    with_image = wanted_for.runtime_image()
+    wanted = _runtimes(wanted_for)
     # first, here: the wheelhouses the others and the runtime image are built from
     first = list(dict.fromkeys([d for r in wanted for d in r.requires] + ([cpu_runtime.RUNTIME] if with_image else [])))
     for needed in first:
@@ -185,7 +221,8 @@ def _build_runtimes(root: Path, lab: LabState, hardware: str, base: Path) -> Non
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
         if with_image:
             publish_runtime_image(root, base)
-        lab.image_lock = publish_gpu_images(root, base, hardware) if PROFILES[hardware]["kind"] == "nvidia" else ""
+        gpu = [r for r in images.docker_recipes() if wanted_for.uses(r)]
+        lab.image_lock = publish_gpu_images(root, base, gpu) if PROFILES[hardware]["kind"] == "nvidia" and gpu else ""
         for done in built:
             done.result()
     for r in wanted:
@@ -308,11 +345,10 @@ def publish_runtime_image(root: Path, base: Path) -> str:
     return digest
 
 
-def publish_gpu_images(root: Path, base: Path, hardware: str) -> str:
-    """NVIDIA profiles: a stand-in image for every image the profile's docker recipes name (gpu_images.py) into the
+def publish_gpu_images(root: Path, base: Path, recipes: list) -> str:
+    """NVIDIA profiles: a stand-in image for every image the docker recipes given name (gpu_images.py) into the
     lab registry, the site lock naming their digests (the inventory's docker_image_lock), and the wheels their
     derived-image patches pip-install into the lab index; the site lock's path."""
-    recipes = [r for r in images.docker_recipes() if hardware in r.hardware]
     wanted = sorted({req for r in recipes for req in patch_requirements(r.runtime.patches)})
     stamp = supply.supply_dir(root) / ".patch-wheels"
     if wanted and (not stamp.exists() or stamp.read_text() != " ".join(wanted)):

@@ -43,7 +43,7 @@ from .system import LabError, run, say
 
 ASSETS = Path(__file__).parent / "assets"
 WORKSPACE = "/sgl-workspace/sglang/python"
-BUILD_VERSION = "2"  # bump when the layer below changes: the cached images are rebuilt
+BUILD_VERSION = "3"  # bump when the layer below changes: the cached images are rebuilt
 SITE_LOCK = "site-lock.json"
 
 

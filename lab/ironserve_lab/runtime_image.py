@@ -32,7 +32,7 @@ from .system import LabError, run, say
 REPO = "ironserve-lab/sglang-cpu"
 TAG = cpu_runtime.SGLANG_VERSION
 VENV = "/opt/sglang"
-BUILD_VERSION = "3"  # bump when the build below changes: the cached image is rebuilt
+BUILD_VERSION = "4"  # bump when the build below changes: the cached image is rebuilt
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
 # stand-ins built FROM it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
@@ -84,7 +84,7 @@ def ref_file(base: Path, wheelhouse: Path) -> Path:
 
 def base_layer(base: Path) -> dict:
     """The Debian base layer of this machine's rootfs (cached by the rootfs's identity)."""
-    key = hashlib.sha256(_base_identity(base).encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{_base_identity(base)}:{oci.LAYER_TAR}".encode()).hexdigest()[:16]
     record = cache_dir() / "images" / f"base-{key}.json"
     try:
         layer = json.loads(record.read_text())
@@ -281,6 +281,6 @@ def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
     )
     say(
         f"runtime image {REPO}:{TAG} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
-        f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB compressed)"
+        f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB, uncompressed)"
     )
     return ref, found

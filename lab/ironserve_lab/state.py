@@ -90,6 +90,8 @@ class LabState:
     image_lock: str = ""
     # the lab's Hugging Face-compatible hub (hub.py), serving the models the lab generates; empty when it serves none
     hub_url: str = ""
+    # the recipe IDs `lab up --for` built the runtimes and images of (needs.py); None: every recipe of the profile
+    built_for: list | None = None
 
     def status(self) -> dict:
         """The public shape printed by `lab status --format json`."""
@@ -119,6 +121,7 @@ class LabState:
             "registry_ca": self.registry_ca,
             "image_lock": self.image_lock,
             "hub_url": self.hub_url,
+            "built_for": self.built_for,
         }
 
 
