@@ -42,6 +42,9 @@ _common = {
     "nic": "host0",
     # health gates poll a tiny model that starts in seconds: every 2 s rather than production's 10
     "health_poll_s": 2,
+    # the lab's engines are tiny models that start in seconds, and its tests kill engines many times and wait for
+    # systemd to restart them: 3 s rather than production's 15
+    "engine_restart_s": 3,
     # the lab's bridge is private to this machine: its keyless recipes may serve on 0.0.0.0 (elsewhere that is a
     # deploy error without an API key); the keyed lab tests set it back to false
     "allow_open_bind": True,

@@ -198,6 +198,14 @@ class HostData(BaseModel):
         True, "roles/rollback.py", "restore the last good configuration when a new one fails its health gate"
     )
     health_poll_s: float = _field(10, "roles/launch.py", "seconds between health probes", gt=0)
+    engine_restart_s: int = _field(
+        15,
+        "ironserve/render.py",
+        "seconds systemd waits before restarting an engine or router unit that exited or was killed (its "
+        "RestartSec=); a multi-node group's other ranks are restarted by the rank guard",
+        ge=1,
+        le=3600,
+    )
     roll_max_groups: int = _field(
         1,
         "roles/rolling.py",

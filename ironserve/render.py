@@ -15,6 +15,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 
+from .hostdata import DEFAULTS
 from .inventory import InventoryHost
 from .nvidia import gpu_access
 from .problems import Problem, SpecError
@@ -78,6 +79,7 @@ class Process:
     # the socket-interface variables of its env (SOCKET_IFNAME_VARS) and the interface(s) each names: the host's
     # `nic` for a rank of a multi-node group, or the recipe's own value
     socket_interfaces: dict[str, str] = field(default_factory=dict)
+    restart_s: int = DEFAULTS.engine_restart_s  # its unit's RestartSec=: its host's engine_restart_s
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -441,6 +443,7 @@ def _slot_process(recipe: Recipe, slot, head: InventoryHost, deployment_head: st
         gpu_access=_gpu_access(runtime, slot.host),
         metrics_port=(server.port or 30000) if server.enable_metrics and slot.node_rank == 0 else None,
         socket_interfaces={name: env[name] for name in SOCKET_IFNAME_VARS if env.get(name)},
+        restart_s=slot.host.host_data.engine_restart_s,
     )
 
 
@@ -529,6 +532,7 @@ def _router_process(recipe: Recipe, workers: list[Process], host: InventoryHost)
         launcher_kind=ROUTER_LAUNCHER,
         bind=router.host,
         metrics_port=router.prometheus_port,
+        restart_s=host.host_data.engine_restart_s,
     )
 
 

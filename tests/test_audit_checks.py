@@ -46,6 +46,23 @@ def test_checks_cover_what_the_deploy_manages():
     assert all(c.fix == "pyinfra inventories/rtx6000.py deploys/glm5.py --limit gpu-a" for c in checks)
 
 
+@pytest.mark.parametrize("data, restart", [({}, "RestartSec=15"), ({"engine_restart_s": 7}, "RestartSec=7")])
+def test_the_audit_expects_the_unit_the_deploy_writes_restart_delay_included(data, restart):
+    """engine_restart_s reaches the unit through the rendered process: the deploy's unit file and the audit's
+    expected hash are one text (a host's own value is no drift)."""
+    from ironserve.audit.checks import derive_checks
+    from roles.context import build_context
+    from roles.sglang_service import live_files
+
+    hosts = [("n0", {"hardware": "cpu-lab", **data}), ("n1", {"hardware": "cpu-lab"})]
+    ctx = build_context("tiny", "n0", [*hosts, ("r0", {"hardware": "cpu-lab", "ironserve_role": "router"})])
+    (proc,) = ctx.processes
+    unit = {path: text for path, text, _ in live_files(ctx, proc)}[f"/etc/systemd/system/{proc.unit}.service"]
+    assert restart in unit.splitlines()
+    checks = {c.id: c for c in derive_checks(ctx, "deploys/tiny.py", "inventory.py")}
+    assert checks[f"unit-file:{proc.unit}.service"].expected == sha256_text(unit)
+
+
 def test_launch_false_expects_inactive_and_no_health():
     checks, _ = plan_checks("inventories/rtx6000.py", "deploys/glm5.py", data={"launch": "false"})
     active = [c for c in checks if c.id.startswith("unit-active:")]

@@ -359,6 +359,9 @@ def test_host_data_typos_and_types_fail_the_context_before_any_operation():
         ({"lanch": "false"}, "n0.lanch", "did you mean 'launch'"),
         ({"health_poll_s": "often"}, "n0.health_poll_s", "seconds between health probes"),
         ({"rendezvous": "perhaps"}, "n0.rendezvous", ""),
+        ({"engine_restart_s": 0}, "n0.engine_restart_s", "(its RestartSec=)"),
+        ({"engine_restart_s": "soon"}, "n0.engine_restart_s", "(its RestartSec=)"),
+        ({"engine_restart_s": 3601}, "n0.engine_restart_s", "(its RestartSec=)"),
     ):
         hosts = [("n0", {**TP2_HOSTS[0][1], **data, "recipe": "tiny-cpu-tp2"}), TP2_HOSTS[1]]
         with pytest.raises(SpecError) as err:

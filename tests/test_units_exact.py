@@ -14,6 +14,7 @@ import pytest
 from jinja2 import UndefinedError
 
 from ironserve import catalogue, units
+from ironserve.inventory import InventoryHost
 from ironserve.render import render
 from ironserve.spec import HostTuning, Limits, UvRuntime
 
@@ -233,6 +234,35 @@ def test_a_units_env_file_limits_and_backoff_lines():
         "LimitSTACK=infinity",
         "LimitNOFILE=infinity",
     ]
+
+
+def _restart_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("RestartSec=")]
+
+
+def test_an_engine_or_router_unit_restarts_after_its_hosts_engine_restart_s_a_guard_after_5():
+    tiny = catalogue.get_recipe("tiny-cpu")
+    hosts = [
+        InventoryHost("n0", {"engine_restart_s": 7}),
+        InventoryHost("n1", {}),
+        InventoryHost("r0", {"ironserve_role": "router", "engine_restart_s": "9"}),
+    ]
+    texts = {p.host: units.unit_files(tiny, p, HostTuning()).unit_text for p in render(tiny, hosts).processes}
+    assert {host: _restart_lines(text) for host, text in texts.items()} == {
+        "n0": ["RestartSec=7"],
+        "n1": ["RestartSec=15"],
+        "r0": ["RestartSec=9"],
+    }
+    # the default renders the unit as before the key was host data
+    assert _restart_lines(units.unit_files(tiny, render(tiny).processes[0], HostTuning()).unit_text) == [
+        "RestartSec=15"
+    ]
+    tp2 = catalogue.get_recipe("tiny-cpu-tp2")
+    rendered = render(tp2, [InventoryHost(n, {"nic": "host0", "engine_restart_s": 7}) for n in ("n0", "n1")])
+    for proc in rendered.processes:
+        assert _restart_lines(units.unit_files(tp2, proc, HostTuning()).unit_text) == ["RestartSec=7"]
+        guard = units.rank_guard_files(tp2, proc, rendered.rank_group(proc)).unit_text
+        assert _restart_lines(guard) == ["RestartSec=5"]
 
 
 @pytest.mark.parametrize("port, binds_low", [(80, True), (1023, True), (1024, False), (30000, False)])
