@@ -297,13 +297,30 @@ def _install_release(path: Path, package: str, version: str, *extra: str, **kw) 
     try:
         _pip(path, f"{package}=={version}", *extra, what=f"installing {package}=={version}", **kw)
     except ParserEnvError as err:
-        text = str(err)
-        if re.search(r"no version of|not found in the package registry|No matching distribution", text):
-            raise EngineNotAvailable(
-                f"{package}=={version} is not on PyPI; real-parser validation needs a released "
-                f"version (`pip index versions {package}` lists them)"
-            ) from err
-        raise
+        raise _unreleased(package, version, err) from err
+
+
+def _unreleased(package: str, version: str, err: ParserEnvError) -> Exception:
+    """EngineNotAvailable when the failed install says the version is no release; else the failure itself."""
+    if re.search(r"no version of|not found in the package registry|No matching distribution", str(err)):
+        return EngineNotAvailable(
+            f"{package}=={version} is not on PyPI; real-parser validation needs a released "
+            f"version (`pip index versions {package}` lists them)"
+        )
+    return err
+
+
+def release_only(version: str, target: Path) -> Path:
+    """``sglang==version`` without its dependencies, installed into ``target`` (``uv pip install --target``): the
+    release's own package and dist-info in seconds, where its parser venv takes a minute and GBs. Raises
+    EngineNotAvailable or ParserEnvError as :func:`parser_env` does."""
+    what = f"installing sglang=={version} alone"
+    cmd = [_uv(), "pip", "install", "--quiet", "--no-deps", "--python", sys.executable, "--target", str(target)]
+    try:
+        _run([*cmd, f"sglang=={version}"], what)
+    except ParserEnvError as err:
+        raise _unreleased("sglang", version, err) from err
+    return target
 
 
 def _requires(path: Path, dist: str) -> dict[str, str]:

@@ -352,6 +352,16 @@ def test_non_pypi_versions_raise():
         ep.check_server_argv("0.5.999", "python3 -m sglang.launch_server --model-path m")
 
 
+def test_a_release_alone_is_its_package_without_dependencies(tmp_path):
+    """What the lab's stand-in images carry of a release: its package and dist-info, no torch, no venv."""
+    target = ep.release_only(SEED_ERA, tmp_path / "release")
+    assert (target / "sglang" / "srt" / "server_args.py").is_file()
+    assert (target / f"sglang-{SEED_ERA}.dist-info" / "METADATA").is_file()
+    assert not list(target.glob("torch*")) and not (target / "lib").exists()
+    with pytest.raises(ep.EngineNotAvailable, match="is not on PyPI"):
+        ep.release_only("0.5.999", tmp_path / "none")
+
+
 def test_known_flags_cached():
     flags = ep.known_flags(SEED_ERA)
     assert {"--model-path", "--tp-size", "--sleep-on-idle", "--cuda-graph-max-bs"} <= flags

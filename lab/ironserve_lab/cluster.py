@@ -141,11 +141,14 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
     wanted = needs.resolve(hardware, list(for_names))  # bad names refused before anything is built
     _say_needs(wanted)
     lab.built_for = _built_for(lab, wanted)
-    base = rootfs.ensure_base(root)
-    key = ssh_keypair(root)
-    lab.hardware, lab.ssh_key = hardware, str(key)
-
-    _publish_supply(root)
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        # the wheelhouses the others are built from (downloads) beside debootstrap (downloads and dpkg)
+        first = beside.submit(lambda: [runtime.ensure(r) for r in _first_runtimes(wanted)])
+        base = rootfs.ensure_base(root)
+        key = ssh_keypair(root)
+        lab.hardware, lab.ssh_key = hardware, str(key)
+        _publish_supply(root)
+        first.result()
     _build_runtimes(root, lab, wanted, base)
     binds = _publish_to_hosts(root, lab, hardware)
     _size_hosts(root, lab, nodes, hardware)
@@ -193,6 +196,12 @@ def _runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
     return [r for r in RUNTIMES if wanted.runtime(r) or (image_of_cpu and r is cpu_runtime.RUNTIME)]
 
 
+def _first_runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
+    """The runtimes whose wheelhouses the others and the CPU runtime image are built from."""
+    image = [cpu_runtime.RUNTIME] if wanted.runtime_image() else []
+    return list(dict.fromkeys([d for r in _runtimes(wanted) for d in r.requires] + image))
+
+
 def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:
     """What the lab has been brought up for: this `up`'s recipes, with those of earlier ones of the same lab."""
     same_lab = bool(lab.hosts) and lab.hardware == wanted.hardware
@@ -207,9 +216,8 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
     hardware = wanted_for.hardware
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)
-    # first, here: the wheelhouses the others and the runtime image are built from
-    first = list(dict.fromkeys([d for r in wanted for d in r.requires] + ([cpu_runtime.RUNTIME] if with_image else [])))
-    for needed in first:
+    first = _first_runtimes(wanted_for)
+    for needed in first:  # built already (_up): checked
         runtime.ensure(needed)
     # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
     # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.

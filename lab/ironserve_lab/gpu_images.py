@@ -7,9 +7,9 @@ without a Docker engine (oci.py) and cached beside the CPU runtime image (runtim
 - FROM the CPU runtime image (its layers, unchanged: a host pulls the big layers once and shares them across
   every tag, the CPU recipes' image included);
 - one layer of the recipe's SGLang (``engine.check_version``) installed ``--no-deps`` the way the lint parser
-  venvs install it (ironserve/engine_parser.py; copied from that venv), at the place the real images keep their
-  editable SGLang checkout, /sgl-workspace/sglang/python (``PYTHONPATH``): the recipes' derived-image patches
-  that edit files there (``RUN sed -i ... /sgl-workspace/sglang/python/sglang/...``) really edit them;
+  venvs install it (ironserve/engine_parser.release_only: the release alone, no venv), at the place the real
+  images keep their editable SGLang checkout, /sgl-workspace/sglang/python (``PYTHONPATH``): the recipes'
+  derived-image patches that edit files there (``RUN sed -i ... /sgl-workspace/sglang/python/sglang/...``) really edit them;
 - pip in the image's venv (the wheel Debian ships in the lab rootfs), because the recipes' patches run
   ``RUN pip install ...`` (from the lab index, which the derived build reaches as a production build reaches
   its mirror: roles/container_runtime.py passes PIP_INDEX_URL);
@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 import zipfile
@@ -100,25 +101,20 @@ def wanted(recipes: list) -> dict[str, dict]:
     return out
 
 
-def _site_packages(venv: Path) -> Path:
-    found = sorted(venv.glob("lib/python3.*/site-packages"))
-    if not found:
-        raise LabError(f"{venv}: no site-packages")
-    return found[0]
-
-
 def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) -> None:
     """The layer's files: SGLang at WORKSPACE, pip in the venv, the era's extras."""
-    venv = engine_parser.parser_env(version)
-    src = _site_packages(venv)
+    # the release alone (what the parser venv installs --no-deps), not a whole parser venv: a cold `lab up` for one
+    # docker recipe need not build GBs of venv to copy one package
+    src = engine_parser.release_only(version, stage.parent / "release")
     dest = stage / WORKSPACE.lstrip("/")
     dest.mkdir(parents=True)
     shutil.copytree(src / "sglang", dest / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    # bytecode for the image's Python 3.11, hash-checked (the layer clamps mtimes to 0; a patch's `sed -i` makes
-    # just that module stale): each `docker run` of the image imports SGLang without compiling it first
+    # bytecode for the image's Python 3.11 (this machine's, as the parser venvs'), hash-checked (the layer clamps
+    # mtimes to 0; a patch's `sed -i` makes just that module stale): each `docker run` of the image imports SGLang
+    # without compiling it first
     run(
         [
-            str(venv / "bin/python"),
+            sys.executable,
             "-m",
             "compileall",
             "-q",
@@ -200,7 +196,7 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
         "ironserve.lab.sglang": spec["version"],
     }
     history = [h["created_by"] for h in config["history"]] + [
-        f"SGLang {spec['version']} --no-deps at {WORKSPACE} (the lint parser venv's), pip"
+        f"SGLang {spec['version']} --no-deps at {WORKSPACE} (as the lint parser venvs install it), pip"
         + (", the engine era's extra flags" if spec["extras"] else "")
     ]
     oci.write_image(store, ref, layers, {**config["config"], "Env": env, "Labels": labels}, history)
@@ -229,7 +225,7 @@ def publish(
             # the lab stays usable for the other recipes; this one's pull will fail at its deploy, naming the image
             say(
                 f"warning: no stand-in image for {image} (recipes {', '.join(spec['recipes'])}): the SGLang "
-                f"{spec['version']} parser venv could not be built: {str(exc).strip()[-600:]}"
+                f"{spec['version']} release could not be installed: {str(exc).strip()[-600:]}"
             )
             continue
         _, path, tag = imagelock.split_reference(image)
