@@ -33,6 +33,7 @@ def test_up_finds_the_labs_host_assets_and_brings_up_the_hosts_asked_for(monkeyp
     from ironserve_lab import cluster
 
     asked = []
-    monkeypatch.setattr(cluster, "up", lambda nodes, hardware: asked.append((nodes, hardware)))
+    monkeypatch.setattr(cluster, "up", lambda nodes, hardware, for_names: asked.append((nodes, hardware, for_names)))
     assert cli.main(["up", "--nodes", "2", "--hardware", "cpu-lab"]) == 0
-    assert asked == [(2, "cpu-lab")]
+    assert cli.main(["up", "--nodes", "1", "--for", "tiny", "--for", "deploys/tiny.py"]) == 0
+    assert asked == [(2, "cpu-lab", ()), (1, None, ("tiny", "deploys/tiny.py"))]
