@@ -179,7 +179,8 @@ def _say_needs(wanted: needs.Needs) -> None:
     if wanted.everything:
         return
     hardware = wanted.hardware
-    left = [f"the {r.name} wheelhouse" for r in RUNTIMES if hardware in r.hardware and r not in _runtimes(wanted)]
+    published = _runtimes(wanted)
+    left = [f"the {r.name} wheelhouse" for r in RUNTIMES if hardware in r.hardware and r not in published]
     if PROFILES[hardware]["kind"] in ("none", "nvidia") and not wanted.runtime_image():
         left.append("the CPU runtime image")
     others = [r for r in images.docker_recipes() if hardware in r.hardware and not wanted.uses(r)]
@@ -216,9 +217,7 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
     hardware = wanted_for.hardware
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)
-    first = _first_runtimes(wanted_for)
-    for needed in first:  # built already (_up): checked
-        runtime.ensure(needed)
+    first = _first_runtimes(wanted_for)  # built by _up, beside debootstrap
     # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
     # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.
     with ThreadPoolExecutor(max_workers=1) as beside:

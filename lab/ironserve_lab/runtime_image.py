@@ -166,62 +166,60 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
     run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={base},upperdir={upper},workdir={ovl}", str(merged)])
     mounts = [merged]
     try:
-        wheels = merged / "tmp/ironlab-wheels"
-        wheels.mkdir(parents=True)
-        for src, dst, opts in (
-            (wheelhouse, wheels, ["--bind", "-o", "ro"]),
-            ("/proc", merged / "proc", ["--bind"]),
-            ("/dev", merged / "dev", ["--bind"]),
-        ):
-            run(["mount", *opts, str(src), str(dst)])
-            mounts.append(dst)
+        mounts += _bind_build_inputs(merged, wheelhouse)
         shutil.copy2(uv, merged / "tmp/ironlab-uv")
-        # SOURCE_DATE_EPOCH: the bytecode is compiled hash-checked (PEP 552), not against source mtimes, which the
-        # layer clamps to 0: timestamp pycs would all be stale, and every container start would recompile
-        env = {
-            "HOME": "/tmp/ironlab-home",
-            "UV_NO_CACHE": "1",
-            "UV_PYTHON_DOWNLOADS": "never",
-            "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml",
-            "PATH": PATH,
-            "SOURCE_DATE_EPOCH": "0",
-        }
-        chroot = ["chroot", str(merged), "env", "-i", *(f"{k}={v}" for k, v in env.items())]
-        run([*chroot, "/tmp/ironlab-uv", "venv", "--python", "/usr/bin/python3.11", VENV])
-        run(
-            [
-                *chroot,
-                "/tmp/ironlab-uv",
-                "pip",
-                "install",
-                "--python",
-                f"{VENV}/bin/python",
-                "--no-index",
-                "--find-links",
-                "/tmp/ironlab-wheels",
-                "--link-mode",
-                "copy",
-                "--compile-bytecode",
-                "-r",
-                "/tmp/ironlab-wheels/requirements.txt",
-            ],
-            timeout=3600,
-        )
-        _check_bytecode(merged)
-        _drop_gpu_toolchain(merged)
-        check = run(
-            [
-                *chroot,
-                f"{VENV}/bin/python",
-                "-c",
-                "import sglang, torch, triton; print(sglang.__version__, torch.__version__)",
-            ],
-            timeout=600,
-        )
-        say(f"runtime image: the venv imports sglang/torch {check.stdout.strip()}")
+        _install_in_chroot(merged)
     finally:
         for m in reversed(mounts):
             _umount(m)
+    _clean_upper(upper)
+    return upper
+
+
+def _bind_build_inputs(merged: Path, wheelhouse: Path) -> list[Path]:
+    """The wheelhouse (read-only), /proc and /dev bound into the overlay; the mount points, in mount order."""
+    wheels = merged / "tmp/ironlab-wheels"
+    wheels.mkdir(parents=True)
+    mounted = []
+    for src, dst, opts in (
+        (wheelhouse, wheels, ["--bind", "-o", "ro"]),
+        ("/proc", merged / "proc", ["--bind"]),
+        ("/dev", merged / "dev", ["--bind"]),
+    ):
+        run(["mount", *opts, str(src), str(dst)])
+        mounted.append(dst)
+    return mounted
+
+
+def _install_in_chroot(merged: Path) -> None:
+    """The venv and its pinned install inside the overlay, checked: hash-checked bytecode, no GPU toolchain, imports."""
+    # SOURCE_DATE_EPOCH: the bytecode is compiled hash-checked (PEP 552), not against source mtimes, which the
+    # layer clamps to 0: timestamp pycs would all be stale, and every container start would recompile
+    env = {
+        "HOME": "/tmp/ironlab-home",
+        "UV_NO_CACHE": "1",
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_CONFIG_FILE": "/tmp/ironlab-wheels/uv.toml",
+        "PATH": PATH,
+        "SOURCE_DATE_EPOCH": "0",
+    }
+    chroot = ["chroot", str(merged), "env", "-i", *(f"{k}={v}" for k, v in env.items())]
+    uv = [*chroot, "/tmp/ironlab-uv"]
+    run([*uv, "venv", "--python", "/usr/bin/python3.11", VENV])
+    wheels = ["--no-index", "--find-links", "/tmp/ironlab-wheels", "-r", "/tmp/ironlab-wheels/requirements.txt"]
+    run(
+        [*uv, "pip", "install", "--python", f"{VENV}/bin/python", "--link-mode", "copy", "--compile-bytecode", *wheels],
+        timeout=3600,
+    )
+    _check_bytecode(merged)
+    _drop_gpu_toolchain(merged)
+    imports = "import sglang, torch, triton; print(sglang.__version__, torch.__version__)"
+    check = run([*chroot, f"{VENV}/bin/python", "-c", imports], timeout=600)
+    say(f"runtime image: the venv imports sglang/torch {check.stdout.strip()}")
+
+
+def _clean_upper(upper: Path) -> None:
+    """The build's own files out of the layer; LabError when the install removed a file of the base."""
     for leftover in ("tmp/ironlab-wheels", "tmp/ironlab-uv", "tmp/ironlab-home", "root/.cache"):
         path = upper / leftover
         if path.is_dir() and not path.is_symlink():
@@ -231,7 +229,6 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
     found = _whiteouts(upper)
     if found:
         raise LabError(f"runtime image: the install removed files of the base, a layer cannot say that: {found[:5]}")
-    return upper
 
 
 def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
