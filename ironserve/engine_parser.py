@@ -344,6 +344,12 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def parser_distributions() -> list[str]:
+    """The distributions a parser venv is built from: torch and what ``sglang.srt.server_args`` imports (the lab's
+    stand-in images keep these, with what they require, and nothing else)."""
+    return ["torch", *[_DIST_OF.get(m, m) for m in _BASE_IMPORTS]]
+
+
 def _requirement(module: str, pins: dict[str, str]) -> str:
     dist = _DIST_OF.get(module, module)
     return pins.get(_norm(dist), dist)
@@ -378,7 +384,7 @@ def _build_sglang(tmp: Path, version: str) -> dict:
             tmp,
             "-c",
             str(constraints),
-            *[_DIST_OF.get(m, m) for m in _BASE_IMPORTS],
+            *parser_distributions()[1:],
             what="installing parser deps (unpinned)",
             find_links=wheels,
         )

@@ -142,7 +142,7 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
     _say_needs(wanted)
     lab.built_for = _built_for(lab, wanted)
     with ThreadPoolExecutor(max_workers=1) as beside:
-        # the wheelhouses the others are built from (downloads) beside debootstrap (downloads and dpkg)
+        # the wheelhouses the others are built from (downloads) beside the rootfs bootstrap (downloads and dpkg)
         first = beside.submit(lambda: [runtime.ensure(r) for r in _first_runtimes(wanted)])
         base = rootfs.ensure_base(root)
         key = ssh_keypair(root)
@@ -217,7 +217,7 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
     hardware = wanted_for.hardware
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)
-    first = _first_runtimes(wanted_for)  # built by _up, beside debootstrap
+    first = _first_runtimes(wanted_for)  # built by _up, beside the rootfs bootstrap
     # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
     # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.
     with ThreadPoolExecutor(max_workers=1) as beside:
@@ -226,8 +226,8 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         supply.start_server(root)
         registry.start_server(root)
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
-        if with_image:
-            publish_runtime_image(root, base)
+        if with_image and PROFILES[hardware]["kind"] == "none":
+            publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins push their own cut
         gpu = [r for r in images.docker_recipes() if wanted_for.uses(r)]
         lab.image_lock = publish_gpu_images(root, base, gpu) if PROFILES[hardware]["kind"] == "nvidia" and gpu else ""
         for done in built:
@@ -343,7 +343,7 @@ def reset(name: str) -> LabState:
 
 def publish_runtime_image(root: Path, base: Path) -> str:
     """The CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry: cpu-lab's
-    image, and the base of the stand-in GPU images (gpu_images.py)."""
+    image (the stand-in GPU images are built from a cut of it, gpu_images.py, and pushed on their own)."""
     t0 = time.monotonic()
     ref, _ = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))
     client = oci.Registry(registry.address(), registry.ca_file(root))

@@ -4,8 +4,9 @@ Lab only. The real images (CUDA builds of SGLang, tens of GB) cannot run here an
 air-gapped lab; the stand-ins are real images for the real Docker engine in the lab hosts, built once per machine
 without a Docker engine (oci.py) and cached beside the CPU runtime image (runtime_image.py):
 
-- FROM the CPU runtime image (its layers, unchanged: a host pulls the big layers once and shares them across
-  every tag, the CPU recipes' image included);
+- FROM the CPU runtime image cut down to what they run: its Debian base layer unchanged, its venv layer without
+  the distributions SGLang's parser does not import (parser_layer.py: 1.7 of 3 GB; every host pulls it once and
+  shares it across the stand-in tags);
 - one layer of the recipe's SGLang (``engine.check_version``) installed ``--no-deps`` the way the lint parser
   venvs install it (ironserve/engine_parser.release_only: the release alone, no venv), at the place the real
   images keep their editable SGLang checkout, /sgl-workspace/sglang/python (``PYTHONPATH``): the recipes'
@@ -39,12 +40,12 @@ from pathlib import Path
 from ironserve import engine_parser, imagelock
 from ironserve.registry import Registry
 
-from . import oci, runtime_image, wheels
+from . import oci, parser_layer, runtime_image, wheels
 from .system import LabError, run, say
 
 ASSETS = Path(__file__).parent / "assets"
 WORKSPACE = "/sgl-workspace/sglang/python"
-BUILD_VERSION = "3"  # bump when the layer below changes: the cached images are rebuilt
+BUILD_VERSION = "4"  # bump when the layer below changes: the cached images are rebuilt
 SITE_LOCK = "site-lock.json"
 
 
@@ -185,19 +186,21 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
         {"digest": item["digest"], "size": item["size"], "diff_id": diff_id}
         for item, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])
     ]
+    layers[-1] = parser_layer.cut(store, layers[-1])  # the runtime's venv: what the parser imports
     with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
         _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
         layers.append(oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True))
     env = [e for e in config["config"]["Env"] if not e.startswith("PYTHONPATH=")] + [f"PYTHONPATH={WORKSPACE}"]
     labels = {
         **config["config"].get("Labels", {}),
-        "org.opencontainers.image.title": f"ironserve lab stand-in for {image}: SGLang {spec['version']} on the CPU runtime, no GPU code",
+        "org.opencontainers.image.title": f"ironserve lab stand-in for {image}: SGLang {spec['version']} on the CPU runtime's parser packages, no GPU code",
         "ironserve.lab.standin-for": image,
         "ironserve.lab.sglang": spec["version"],
     }
-    history = [h["created_by"] for h in config["history"]] + [
+    history = [h["created_by"] for h in config["history"]][:-1] + [
+        f"{config['history'][-1]['created_by']}, cut to what SGLang's parser imports (lab/ironserve_lab/parser_layer.py)",
         f"SGLang {spec['version']} --no-deps at {WORKSPACE} (as the lint parser venvs install it), pip"
-        + (", the engine era's extra flags" if spec["extras"] else "")
+        + (", the engine era's extra flags" if spec["extras"] else ""),
     ]
     oci.write_image(store, ref, layers, {**config["config"], "Env": env, "Labels": labels}, history)
     say(f"stand-in image for {image} built in {time.monotonic() - t0:.0f}s")
@@ -218,6 +221,7 @@ def publish(
     t0 = time.monotonic()
     store = runtime_image.cache_dir()
     data: dict = {"docker": {}}
+    pushed: list[str] = []
     for image, spec in sorted(wanted(recipes).items()):
         try:
             ref = ensure(image, spec, base_rootfs, base_ref_file)
@@ -229,9 +233,9 @@ def publish(
             )
             continue
         _, path, tag = imagelock.split_reference(image)
-        digest = oci.push(
-            client, store, ref, path, [tag], say=say, mount_from=runtime_image.REPO
-        )  # the CPU runtime's layers: pushed already
+        # the layers the stand-ins share: uploaded with the first, mounted into the others' repositories
+        digest = oci.push(client, store, ref, path, [tag], say=say, mount_from=pushed[-1:])
+        pushed.append(path)
         recipe = next(r for r in recipes if r.id == spec["recipes"][0])
         data["docker"][image] = imagelock.resolve_site(recipe, registry, str(ca_file))
         if data["docker"][image]["digest"] != digest:

@@ -17,7 +17,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ironserve.registry import MANIFEST_V2, Registry, RegistryError
@@ -120,10 +120,10 @@ def push(
     repo: str,
     tags: list[str],
     say: Callable[[str], None] = lambda _m: None,
-    mount_from: str | None = None,
+    mount_from: Sequence[str] = (),
 ) -> str:
-    """Push a stored image as repo:tag for each tag (blobs the registry has are skipped, blobs it holds in the
-    repository ``mount_from`` are mounted, not uploaded); its digest."""
+    """Push a stored image as repo:tag for each tag (blobs the registry has are skipped, blobs it holds in one of
+    the repositories ``mount_from`` are mounted, not uploaded); its digest."""
     ref = read_image(store, ref_file)
     if not ref:
         raise RegistryError(f"no complete image {ref_file.name} in {store}")
@@ -132,7 +132,7 @@ def push(
     for item in [manifest["config"], *manifest["layers"]]:
         if registry.has_blob(repo, item["digest"]):
             continue
-        if mount_from and registry.mount_blob(repo, item["digest"], mount_from):
+        if any(registry.mount_blob(repo, item["digest"], source) for source in mount_from):
             continue
         say(f"pushing {repo} blob {item['digest'][:19]} ({item['size'] / 2**20:.0f} MiB)")
         registry.push_blob(repo, item["digest"], blob_path(store, item["digest"]))

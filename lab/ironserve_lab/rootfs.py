@@ -1,13 +1,16 @@
 """The base root filesystem every lab host boots from (read-only lower layer of its overlay).
 
-Built once per state directory with debootstrap (Debian bookworm, minbase + what provisioning
-and tests need), then cached. The Debian mirror is read at run time from this machine's own
+Built once per state directory with mmdebstrap (Debian bookworm, minbase + what provisioning
+and tests need), then cached. mmdebstrap, not debootstrap: apt downloads in parallel and dpkg installs
+in one pass, the same packages in 25-30 s instead of 50-60 s on a 2-core machine (a cold `lab up` waits for
+it before anything else can be built). The Debian mirror is read at run time from this machine's own
 apt sources, so the lab uses whatever archive (or internal mirror) the machine is set up with.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from .system import LabError, run, say
 
 SUITE = "bookworm"
 # Bump when the package list or the configuration below changes: forces a rebuild.
-BASE_VERSION = "3"
+BASE_VERSION = "4"
 PACKAGES = [
     "systemd",
     "systemd-sysv",
@@ -40,6 +43,8 @@ PACKAGES = [
 SSH_USER = "ironserve"
 ASSETS = Path(__file__).parent / "assets"
 
+# /usr merged by a hook, as debootstrap does, instead of the usrmerge package (which pulls in perl)
+MERGED_USR_HOOK = Path("/usr/share/mmdebstrap/hooks/merged-usr")
 SOURCES_FILES = ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list")
 
 
@@ -74,7 +79,7 @@ def debian_mirror(files: list[str] | None = None) -> str:
             return uri
     if candidates:
         return candidates[0]
-    raise LabError("no Debian archive found in this machine's apt sources; cannot debootstrap the lab base")
+    raise LabError("no Debian archive found in this machine's apt sources; cannot build the lab base")
 
 
 def base_dir(root: Path) -> Path:
@@ -87,7 +92,7 @@ def is_built(root: Path) -> bool:
 
 
 def _umount_under(path: Path) -> None:
-    # debootstrap mounts /proc and /sys in the target; a failed run can leave them behind.
+    # mmdebstrap mounts /proc, /sys and /dev in the target; a failed run can leave them behind.
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     for m in sorted((m for m in mounts if m.startswith(str(path) + "/")), reverse=True):
         run(["umount", "-l", m], check=False)
@@ -105,34 +110,35 @@ def ensure_base(root: Path) -> Path:
         _umount_under(base)
         shutil.rmtree(base)
     root.mkdir(parents=True, exist_ok=True)
-    say(f"building base rootfs (first time, ~1-2 min): debootstrap {SUITE} from this machine's apt mirror")
+    say(f"building base rootfs (first time, ~30 s): mmdebstrap {SUITE} from this machine's apt mirror")
     start = time.monotonic()
-    cache = root / "cache" / "debootstrap"
-    cache.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        "debootstrap",
-        "--variant=minbase",
-        f"--include={','.join(PACKAGES)}",
-        f"--cache-dir={cache}",
-        SUITE,
-        str(tmp),
-        mirror,
-    ]
-    log = root / "debootstrap.log"
+    log = root / "mmdebstrap.log"
     with open(log, "w") as fh:
-        import subprocess
-
-        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(_mmdebstrap_argv(tmp, mirror), stdout=fh, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         _umount_under(tmp)
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise LabError(f"debootstrap failed (rc={rc}); see {log}\n{tail}")
+        raise LabError(f"mmdebstrap failed (rc={rc}); see {log}\n{tail}")
     _umount_under(tmp)
     say("configuring base rootfs")
     configure(tmp)
     tmp.rename(base)
     say(f"base rootfs ready in {time.monotonic() - start:.0f}s ({base})")
     return base
+
+
+def _mmdebstrap_argv(target: Path, mirror: str) -> list[str]:
+    hooks = [f"--hook-dir={MERGED_USR_HOOK}"] if MERGED_USR_HOOK.is_dir() else []
+    return [
+        "mmdebstrap",
+        "--mode=root",
+        "--variant=minbase",
+        f"--include={','.join(PACKAGES)}",
+        *hooks,
+        SUITE,
+        str(target),
+        mirror,
+    ]
 
 
 def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
@@ -143,7 +149,7 @@ def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
 
 
 def configure(rootfs: Path) -> None:
-    """Turn a debootstrapped tree into a lab host template (per-host bits come later)."""
+    """Turn a bootstrapped tree into a lab host template (per-host bits come later)."""
     run(["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash", "--groups", "sudo", SSH_USER])
     _write(rootfs, f"/etc/sudoers.d/{SSH_USER}", f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
     _write(
@@ -156,6 +162,8 @@ def configure(rootfs: Path) -> None:
         key.unlink()  # each host gets its own, stable across lab restarts
     # The hosts are air-gapped: apt sees only the lab repository (written per host at up).
     (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
+    for lists in (rootfs / "var/lib/apt/lists").glob("*_*"):
+        lists.unlink()  # the bootstrap mirror's indexes: apt knows no package until the lab repository's update
     _write(rootfs, "/etc/apt/apt.conf.d/90ironlab", 'Acquire::Languages "none";\nAPT::Install-Recommends "false";\n')
     # Per-host identity is written at up; an empty machine-id here would be shared otherwise.
     _write(rootfs, "/etc/machine-id", "")

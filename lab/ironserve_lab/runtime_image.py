@@ -35,7 +35,7 @@ VENV = "/opt/sglang"
 BUILD_VERSION = "4"  # bump when the build below changes: the cached image is rebuilt
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
-# stand-ins built FROM it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
+# stand-ins cut from it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
 GPU_TOOLCHAIN = (
     "triton/backends/nvidia/bin",
     "triton/backends/nvidia/lib/cupti",

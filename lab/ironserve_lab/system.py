@@ -61,18 +61,18 @@ def apt_install(packages: list[str], why: str) -> None:
 
 
 def ensure_tools() -> None:
-    """Host-safety preflight: root, then systemd-nspawn/debootstrap (installed when missing)."""
+    """Host-safety preflight: root, then systemd-nspawn/mmdebstrap (installed when missing)."""
     require_root()
     missing = [
         pkg
-        for tool, pkg in (("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"))
+        for tool, pkg in (("systemd-nspawn", "systemd-container"), ("mmdebstrap", "mmdebstrap"))
         if not shutil.which(tool)
     ]
     if missing:
         try:
             apt_install(missing, "needed to build and boot lab hosts")
         except LabError as exc:
-            raise LabError(f"systemd-nspawn/debootstrap are required and could not be installed: {exc}") from exc
+            raise LabError(f"systemd-nspawn/mmdebstrap are required and could not be installed: {exc}") from exc
     if not shutil.which("systemd-nspawn"):
         raise LabError("systemd-nspawn is required (package systemd-container) and is not available")
     for tool in ("ip", "nsenter", "ssh", "ssh-keygen", "mount"):

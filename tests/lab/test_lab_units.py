@@ -298,7 +298,7 @@ def test_refuses_without_nspawn(monkeypatch):
 
     monkeypatch.setattr(system.os, "geteuid", lambda: 0)
     monkeypatch.setattr(
-        system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "debootstrap") else "/x"
+        system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "mmdebstrap") else "/x"
     )
 
     def no_apt(packages, why):
