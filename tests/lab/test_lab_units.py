@@ -297,9 +297,7 @@ def test_refuses_without_nspawn(monkeypatch):
     from ironserve_lab import system
 
     monkeypatch.setattr(system.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(
-        system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "mmdebstrap") else "/x"
-    )
+    monkeypatch.setattr(system.shutil, "which", lambda tool: None if tool in ("systemd-nspawn", "mmdebstrap") else "/x")
 
     def no_apt(packages, why):
         raise system.LabError("apt-get install failed")
