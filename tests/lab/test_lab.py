@@ -241,11 +241,14 @@ def test_up_is_idempotent_and_grows_and_shrinks(lab):
 
 
 def test_each_host_has_a_disk_of_its_own(lab):
-    """A host's directory is its own loop-mounted ext4 image (hosts.disk_image): a down unmounts and unlinks it."""
+    """A host's directory is its own loop-mounted ext4 image (hosts.disk_image): a down unmounts and unlinks it. Its
+    flushes stop at this machine's page cache (nobarrier): a host's fsync does not flush this machine's disk."""
     state_dir = Path(lab.hosts[0]["ssh_key"]).parents[1]
-    fstype = {line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()}
+    mounts = {line.split()[1]: line.split()[2:4] for line in Path("/proc/mounts").read_text().splitlines()}
     for h in lab.hosts:
-        assert fstype.get(str(state_dir / "hosts" / h["name"])) == "ext4", h["name"]
+        fstype, options = mounts.get(str(state_dir / "hosts" / h["name"]), ("", ""))
+        assert fstype == "ext4", h["name"]
+        assert "nobarrier" in options.split(","), (h["name"], options)
         assert (state_dir / "hosts" / f"{h['name']}.ext4").is_file()
 
 
