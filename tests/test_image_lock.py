@@ -101,6 +101,27 @@ def test_push_then_resolve_the_tag(tmp_path, registry):
         assert tar.extractfile("./opt/hello").read() == b"hi\n"
 
 
+def test_a_seeded_blob_is_not_uploaded(tmp_path, registry):
+    """The lab puts layers into its registry's storage as hard links (registry.seed_blob): what the seed takes is not
+    uploaded; what it refuses (another filesystem) is."""
+    src = tmp_path / "src"
+    (src / "opt").mkdir(parents=True)
+    (src / "opt" / "hello").write_text("hi\n")
+    store, ref = tmp_path / "store", tmp_path / "store" / "images" / "x.json"
+    layer = oci.layer_from_dir(store, src, normalize_mtime=True)
+    image = oci.write_image(store, ref, [layer], {"Cmd": ["python3"]}, ["test"])
+    seeded = []
+
+    def seed(repo, digest, path):
+        seeded.append((repo, digest, path))
+        return digest == layer["digest"]
+
+    client = Registry(registry, scheme="http")
+    assert oci.push(client, store, ref, "ironserve-lab/x", ["1"], seed=seed) == image["manifest_digest"]
+    assert set(FakeRegistry.blobs) == {image["config_digest"]}  # the layer was seeded, the config uploaded
+    assert ("ironserve-lab/x", layer["digest"], oci.blob_path(store, layer["digest"])) in seeded
+
+
 def test_reference_parsing():
     assert imagelock.split_reference("lmsysorg/sglang:v1") == ("registry-1.docker.io", "lmsysorg/sglang", "v1")
     assert imagelock.split_reference("ubuntu") == ("registry-1.docker.io", "library/ubuntu", "latest")

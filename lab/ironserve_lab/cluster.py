@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import time
@@ -347,7 +348,10 @@ def publish_runtime_image(root: Path, base: Path) -> str:
     t0 = time.monotonic()
     ref, _ = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))
     client = oci.Registry(registry.address(), registry.ca_file(root))
-    digest = oci.push(client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say)
+    seed = functools.partial(registry.seed_blob, root)  # the layers as hard links into the registry's storage
+    digest = oci.push(
+        client, runtime_image.cache_dir(), ref, runtime_image.REPO, [runtime_image.TAG], say=say, seed=seed
+    )
     say(f"registry: {runtime_image.REPO}:{runtime_image.TAG} = {digest} ({time.monotonic() - t0:.1f}s)")
     return digest
 
@@ -368,7 +372,8 @@ def publish_gpu_images(root: Path, base: Path, recipes: list) -> str:
     ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))[0]
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK
-    gpu_images.publish(client, registry.address(), registry.ca_file(root), recipes, base, ref, site_lock)
+    seed = functools.partial(registry.seed_blob, root)
+    gpu_images.publish(client, registry.address(), registry.ca_file(root), recipes, base, ref, site_lock, seed)
     return str(site_lock)
 
 

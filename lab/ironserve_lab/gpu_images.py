@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ironserve import engine_parser, imagelock
@@ -215,9 +216,11 @@ def publish(
     base_rootfs: Path,
     base_ref_file: Path,
     site_lock: Path,
+    seed: Callable[[str, str, Path], bool] | None = None,
 ) -> dict:
     """Build (once) and push every stand-in image the recipes name, then lock them as a site would
-    (`ironserve lock --site`: imagelock.resolve_site against the registry); the site lock's data."""
+    (`ironserve lock --site`: imagelock.resolve_site against the registry); the site lock's data. ``seed``: as
+    oci.push's (blobs put into the registry's storage without an upload)."""
     t0 = time.monotonic()
     store = runtime_image.cache_dir()
     data: dict = {"docker": {}}
@@ -234,7 +237,7 @@ def publish(
             continue
         _, path, tag = imagelock.split_reference(image)
         # the layers the stand-ins share: uploaded with the first, mounted into the others' repositories
-        digest = oci.push(client, store, ref, path, [tag], say=say, mount_from=pushed[-1:])
+        digest = oci.push(client, store, ref, path, [tag], say=say, mount_from=pushed[-1:], seed=seed)
         pushed.append(path)
         recipe = next(r for r in recipes if r.id == spec["recipes"][0])
         data["docker"][image] = imagelock.resolve_site(recipe, registry, str(ca_file))

@@ -121,9 +121,11 @@ def push(
     tags: list[str],
     say: Callable[[str], None] = lambda _m: None,
     mount_from: Sequence[str] = (),
+    seed: Callable[[str, str, Path], bool] | None = None,
 ) -> str:
     """Push a stored image as repo:tag for each tag (blobs the registry has are skipped, blobs it holds in one of
-    the repositories ``mount_from`` are mounted, not uploaded); its digest."""
+    the repositories ``mount_from`` are mounted, blobs ``seed(repo, digest, path)`` puts into its storage are not
+    uploaded); its digest."""
     ref = read_image(store, ref_file)
     if not ref:
         raise RegistryError(f"no complete image {ref_file.name} in {store}")
@@ -133,6 +135,8 @@ def push(
         if registry.has_blob(repo, item["digest"]):
             continue
         if any(registry.mount_blob(repo, item["digest"], source) for source in mount_from):
+            continue
+        if seed and seed(repo, item["digest"], blob_path(store, item["digest"])):
             continue
         say(f"pushing {repo} blob {item['digest'][:19]} ({item['size'] / 2**20:.0f} MiB)")
         registry.push_blob(repo, item["digest"], blob_path(store, item["digest"]))
