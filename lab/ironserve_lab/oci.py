@@ -17,7 +17,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ironserve.registry import MANIFEST_V2, Registry, RegistryError
@@ -56,21 +56,37 @@ def layer_from_dir(
     for pattern in excludes:
         cmd.insert(1, f"--exclude={pattern}")
     cmd.append(".")
-    blobs = store / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-    raw, size, last = hashlib.sha256(), 0, time.monotonic()
-    with tempfile.NamedTemporaryFile(dir=blobs, delete=False) as out:
+
+    def chunks():
+        size, last = 0, time.monotonic()
         with subprocess.Popen(cmd, stdout=subprocess.PIPE) as tar:
             while chunk := tar.stdout.read(CHUNK):
-                raw.update(chunk)
-                out.write(chunk)
+                yield chunk
                 size += len(chunk)
                 if progress and time.monotonic() - last > 15:
                     progress(f"layer of {src.name}: {size / 2**20:.0f} MiB so far")
                     last = time.monotonic()
             if tar.wait() != 0:
-                os.unlink(out.name)
                 raise RuntimeError(f"tar of {src} failed (rc={tar.returncode})")
+
+    return put_layer(store, chunks())
+
+
+def put_layer(store: Path, chunks: Iterable[bytes]) -> dict:
+    """A plain tar layer written from ``chunks`` into the store under its sha256 (nothing left when they fail):
+    {digest, size, diff_id} (an uncompressed layer's digest is its diff_id)."""
+    blobs = store / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    raw, size = hashlib.sha256(), 0
+    with tempfile.NamedTemporaryFile(dir=blobs, delete=False) as out:
+        try:
+            for chunk in chunks:
+                raw.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+        except BaseException:
+            os.unlink(out.name)
+            raise
     digest = "sha256:" + raw.hexdigest()
     os.chmod(out.name, 0o644)
     os.replace(out.name, blob_path(store, digest))

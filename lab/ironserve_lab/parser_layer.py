@@ -23,10 +23,8 @@ import csv
 import email.parser
 import hashlib
 import json
-import os
 import posixpath
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -150,26 +148,17 @@ def _last_record_end(member: tarfile.TarInfo) -> int:
     return member.offset_data + (-(-member.size // BLOCK) * BLOCK if member.isreg() else 0)
 
 
-def _write_layer(store: Path, source: Path, spans: list[tuple[int, int]]) -> dict:
-    """A plain tar layer of ``source``'s byte ranges and the end-of-archive blocks: {digest, size, diff_id}."""
-    blobs = store / "blobs" / "sha256"
-    digest, size = hashlib.sha256(), 0
-    with open(source, "rb") as src, tempfile.NamedTemporaryFile(dir=blobs, delete=False) as out:
+def _records(source: Path, spans: list[tuple[int, int]]):
+    """``source``'s byte ranges, then GNU tar's end of archive (two zero blocks, padded to 10 KiB records)."""
+    size = 0
+    with open(source, "rb") as src:
         for start, stop in spans:
             src.seek(start)
             while start < stop and (chunk := src.read(min(oci.CHUNK, stop - start))):
-                digest.update(chunk)
-                out.write(chunk)
+                yield chunk
                 start += len(chunk)
                 size += len(chunk)
-        trailer = bytes(2 * BLOCK + (-(size + 2 * BLOCK) % (20 * BLOCK)))  # GNU tar's: two zero blocks, 10 KiB records
-        digest.update(trailer)
-        out.write(trailer)
-        size += len(trailer)
-    blob = "sha256:" + digest.hexdigest()
-    os.chmod(out.name, 0o644)
-    os.replace(out.name, oci.blob_path(store, blob))
-    return {"digest": blob, "size": size, "diff_id": blob}
+    yield bytes(2 * BLOCK + (-(size + 2 * BLOCK) % (20 * BLOCK)))
 
 
 def cut(store: Path, layer: dict) -> dict:
@@ -192,7 +181,7 @@ def cut(store: Path, layer: dict) -> dict:
         raise LabError(f"the CPU runtime's venv lacks {', '.join(missing)}, which SGLang's parser imports")
     gone = dropped(venv, keep)
     end = _last_record_end(venv.members[-1]) if venv.members else 0
-    cut_layer = _write_layer(store, source, _kept_spans(venv, gone, end))
+    cut_layer = oci.put_layer(store, _records(source, _kept_spans(venv, gone, end)))
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(cut_layer) + "\n")
     say(

@@ -150,6 +150,16 @@ def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
 
 def configure(rootfs: Path) -> None:
     """Turn a bootstrapped tree into a lab host template (per-host bits come later)."""
+    _configure_login(rootfs)
+    _configure_apt(rootfs)
+    # Per-host identity is written at up; an empty machine-id here would be shared otherwise.
+    _write(rootfs, "/etc/machine-id", "")
+    _configure_units(rootfs)
+    _write(rootfs, "/etc/ironlab-base-version", BASE_VERSION + "\n")
+
+
+def _configure_login(rootfs: Path) -> None:
+    """The ssh user with passwordless sudo; sshd by key only, host keys made per host."""
     run(["chroot", str(rootfs), "useradd", "--create-home", "--shell", "/bin/bash", "--groups", "sudo", SSH_USER])
     _write(rootfs, f"/etc/sudoers.d/{SSH_USER}", f"{SSH_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
     _write(
@@ -160,13 +170,21 @@ def configure(rootfs: Path) -> None:
     )
     for key in (rootfs / "etc/ssh").glob("ssh_host_*"):
         key.unlink()  # each host gets its own, stable across lab restarts
+
+
+def _configure_apt(rootfs: Path) -> None:
+    """apt with no source, no index and no cached package: the lab repository is written per host at up."""
     # The hosts are air-gapped: apt sees only the lab repository (written per host at up).
     (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
     for lists in (rootfs / "var/lib/apt/lists").glob("*_*"):
         lists.unlink()  # the bootstrap mirror's indexes: apt knows no package until the lab repository's update
     _write(rootfs, "/etc/apt/apt.conf.d/90ironlab", 'Acquire::Languages "none";\nAPT::Install-Recommends "false";\n')
-    # Per-host identity is written at up; an empty machine-id here would be shared otherwise.
-    _write(rootfs, "/etc/machine-id", "")
+    for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+
+
+def _configure_units(rootfs: Path) -> None:
+    """Offline and container-pointless units masked, the stand-in cpufreq tree at boot, multi-user by default."""
     # Units that make no sense offline or in a container; masking keeps `running` clean.
     wants = rootfs / "etc/systemd/system"
     for unit in (
@@ -208,6 +226,3 @@ WantedBy=sysinit.target
     default = wants / "default.target"
     default.unlink(missing_ok=True)
     default.symlink_to("/lib/systemd/system/multi-user.target")
-    for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
-        deb.unlink()
-    _write(rootfs, "/etc/ironlab-base-version", BASE_VERSION + "\n")
