@@ -16,6 +16,10 @@ shared storage). The lab's Hugging Face-compatible hub on the bridge (`lab statu
 hf_endpoint; with IRONSERVE_LAB_MODEL_SOURCE=hub in the environment the hosts get their weights from it instead
 (model_source=hub, at the recipe's own model path on each host's disk): one host reads the hub, the others fetch
 from it (roles/weights_peers.py).
+
+Hosts: every host of the lab, or with IRONSERVE_LAB_HOSTS=lab4,lab5 in the environment only those (in that order),
+as if the lab had no others: one lab can carry independent deployments on disjoint hosts side by side (the test
+suite runs its cpu-lab modules so, scripts/test).
 """
 
 import json
@@ -27,6 +31,23 @@ if not _state_file.exists():
     raise SystemExit(f"no lab is up ({_state_file} missing): run `ironserve lab up --nodes N` first (as root)")
 _state = json.loads(_state_file.read_text())
 _hub_weights = os.environ.get("IRONSERVE_LAB_MODEL_SOURCE") == "hub"
+
+
+def _selected(hosts: list[dict]) -> list[dict]:
+    names = [n for n in os.environ.get("IRONSERVE_LAB_HOSTS", "").split(",") if n]
+    if not names:
+        return hosts
+    by_name = {h["name"]: h for h in hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown or len(set(names)) != len(names):
+        raise SystemExit(
+            f"IRONSERVE_LAB_HOSTS={','.join(names)}: each name once, among the lab's hosts "
+            f"({', '.join(by_name) or 'none'}); unknown: {', '.join(unknown) or 'none'}"
+        )
+    return [by_name[n] for n in names]
+
+
+_hosts = _selected(_state["hosts"])
 if _hub_weights and not _state.get("hub_url"):
     raise SystemExit("IRONSERVE_LAB_MODEL_SOURCE=hub, but this lab serves no model on its hub (cpu-lab profiles do)")
 
@@ -108,7 +129,7 @@ _derived = {"docker_derived_registry": f"{_state['registry']}/lab-derived"} if _
 def _role(h: dict) -> dict:
     # cpu-lab with 3+ hosts: the first host runs only the router (recipes with host_placement: dedicated,
     # e.g. tiny-cpu), the others the replicas
-    if h["hardware"] == "cpu-lab" and len(_state["hosts"]) >= 3 and h["node_index"] == 1:
+    if h["hardware"] == "cpu-lab" and len(_hosts) >= 3 and h is _hosts[0]:
         return {"ironserve_role": "router"}
     return {}
 
@@ -126,5 +147,5 @@ lab_hosts = [
             **_role(h),
         },
     )
-    for h in _state["hosts"]
+    for h in _hosts
 ]

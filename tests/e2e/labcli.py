@@ -60,8 +60,29 @@ def ssh(host: dict, command: str, check: bool = True, timeout: int = 120) -> sub
     )
 
 
+# Set by scripts/test for the modules it runs side by side on one cpu-lab it brought up: this module's hosts
+# (inventories/lab.py reads it too). The lab is then neither brought up nor taken down by the module.
+SHARED = "IRONSERVE_LAB_HOSTS"
+
+
+def shared_hosts() -> list[str]:
+    return [name for name in os.environ.get(SHARED, "").split(",") if name]
+
+
+def lab_status() -> dict:
+    """`lab status --format json`, its hosts those of this module (IRONSERVE_LAB_HOSTS's, in its order)."""
+    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    names = shared_hosts()
+    if names:
+        by_name = {h["name"]: h for h in status["hosts"]}
+        status = {**status, "hosts": [by_name[name] for name in names]}
+    return status
+
+
 def lab_down() -> None:
     """A lab left up would make the later lab tests skip: a down that fails is tried once more, then fails."""
+    if shared_hosts():
+        return  # scripts/test takes the shared lab down
     if ironserve("lab", "down", check=False).returncode != 0:
         time.sleep(10)
         ironserve("lab", "down")
@@ -69,7 +90,10 @@ def lab_down() -> None:
 
 def lab_up(nodes: int, hardware: str, timeout: int = 3600) -> subprocess.CompletedProcess:
     """`lab up` on a clean slate: `up` keeps a lab that is up (its hosts, their deploys), so one a killed run left
-    behind is taken down first (said on stderr), never deployed over (a first deploy would find it converged)."""
+    behind is taken down first (said on stderr), never deployed over (a first deploy would find it converged). On a shared lab: this module's hosts, each one an
+    earlier module deployed to replaced by a fresh one (`lab reset`)."""
+    if shared_hosts():
+        return _shared_up(nodes, hardware)
     status = ironserve("lab", "status", "--format", "json", check=False)
     try:
         left = json.loads(status.stdout).get("hosts") if status.returncode == 0 else None
@@ -90,4 +114,14 @@ def up_with_api_key(tmp_path_factory, nodes: int, hardware: str, timeout: int = 
     secrets = tmp_path_factory.mktemp("secrets")
     (secrets / "api_key").write_text(f"lab-api-key-{hardware}-s3cret\n")
     lab_up(nodes, hardware, timeout)
-    return json.loads(ironserve("lab", "status", "--format", "json").stdout)["hosts"], str(secrets / "api_key")
+    return lab_status()["hosts"], str(secrets / "api_key")
+
+
+def _shared_up(nodes: int, hardware: str) -> subprocess.CompletedProcess:
+    hosts = lab_status()["hosts"]
+    assert len(hosts) == nodes and {h["hardware"] for h in hosts} == {hardware}, (SHARED, nodes, hardware, hosts)
+    said = []
+    for host in hosts:
+        if ssh(host, "test -e /etc/ironserve", check=False).returncode == 0:
+            said.append(ironserve("lab", "reset", host["name"], timeout=600).stderr)
+    return subprocess.CompletedProcess(["lab", "up", SHARED], 0, "", "".join(said))

@@ -55,7 +55,7 @@ from ironserve.units import RANK_GUARD_PORT_OFFSET, deliberate, jit_dir
 
 from ..test_unit_hardening import LAB_EXPOSURE
 from .cpu3.fleet import changes, chat
-from .labcli import BIN, ROOT, ironserve, lab_down, lab_up, pyinfra, run_log, ssh
+from .labcli import BIN, ROOT, ironserve, lab_down, lab_status, lab_up, pyinfra, run_log, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -99,7 +99,7 @@ def lab():
     KEY_DIR.mkdir(mode=0o700, exist_ok=True)
     KEY_FILE.write_text(KEY + "\n")
     lab_up(2, "cpu-lab")
-    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    status = lab_status()
     try:
         yield {"hosts": status["hosts"]}
     finally:

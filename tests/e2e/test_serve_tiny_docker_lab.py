@@ -25,7 +25,7 @@ from ironserve_lab.state import lab_dir
 from ironserve.registry import Registry
 
 from .cpu3.fleet import changes, chat
-from .labcli import ROOT, ironserve, lab_down, lab_up, pyinfra, ssh
+from .labcli import ROOT, ironserve, lab_down, lab_status, lab_up, pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -45,7 +45,7 @@ def lab():
         pytest.skip("the lab needs root")
     started = time.monotonic()
     up = lab_up(2, "cpu-lab")
-    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    status = lab_status()
     try:
         yield {"hosts": status["hosts"], "status": status, "up_s": time.monotonic() - started, "up_output": up.stderr}
     finally:

@@ -120,6 +120,25 @@ def test_lab_inventory_dedicates_the_first_cpu_lab_host_to_the_router(tmp_path, 
     assert all("ironserve_role" not in d and d["launch"] is False for _, d in gpu)
 
 
+def test_lab_inventory_takes_the_named_hosts_as_a_lab_of_their_own(tmp_path, monkeypatch):
+    """IRONSERVE_LAB_HOSTS: disjoint deployments side by side on one lab (scripts/test's shared cpu-lab)."""
+    monkeypatch.setenv("IRONSERVE_LAB_HOSTS", "lab4,lab5")
+    two = _lab_inventory(tmp_path, monkeypatch, "cpu-lab", 5)
+    assert [name for name, _ in two] == ["lab4", "lab5"]
+    assert all("ironserve_role" not in d for _, d in two)  # two hosts: no dedicated router host
+    monkeypatch.setenv("IRONSERVE_LAB_HOSTS", "lab3,lab1,lab2")
+    three = _lab_inventory(tmp_path, monkeypatch, "cpu-lab", 5)
+    assert [(name, d.get("ironserve_role")) for name, d in three] == [
+        ("lab3", "router"),
+        ("lab1", None),
+        ("lab2", None),
+    ]
+    for bad in ("lab1,lab9", "lab1,lab1"):
+        monkeypatch.setenv("IRONSERVE_LAB_HOSTS", bad)
+        with pytest.raises(SystemExit, match="each name once, among the lab's hosts"):
+            _lab_inventory(tmp_path, monkeypatch, "cpu-lab", 5)
+
+
 def test_cpu_lab_hosts_get_the_uv_config(tmp_path, monkeypatch):
     from ironserve_lab import cpu_runtime
     from ironserve_lab import hosts as lab_hosts

@@ -13,13 +13,12 @@ module.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import pytest
 
-from ..labcli import ROOT, ironserve, lab_down, lab_up, pyinfra
+from ..labcli import ROOT, lab_down, lab_status, lab_up, pyinfra
 
 HUB_WEIGHTS = "IRONSERVE_LAB_MODEL_SOURCE"  # read by inventories/lab.py
 
@@ -30,7 +29,7 @@ def lab():
         pytest.skip("the lab needs root")
     started = time.monotonic()
     lab_up(3, "cpu-lab")
-    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    status = lab_status()
     os.environ[HUB_WEIGHTS] = "hub"
     try:
         yield {"hosts": status["hosts"], "up_s": time.monotonic() - started, "hub_at_up": status["hub"]}
