@@ -26,8 +26,9 @@ import urllib.error
 import urllib.parse
 from dataclasses import dataclass, replace
 
+from .imagelock import split_reference
 from .problems import SpecError
-from .registry import Registry, RegistryError
+from .registry import DOCKER_HUB, Registry, RegistryError, repository_path
 from .spec import IMAGE_COMPONENT, DockerRuntime, Recipe
 from .units import sha256_text
 
@@ -83,6 +84,7 @@ class DerivedImage:
     ca_file: str | None = None  # the registry's CA on the controller (docker_registry_ca)
     auth_file: str | None = None  # USER:PASSWORD, 0600 on the controller (docker_derived_registry_auth_file)
     digest: str | None = None  # the manifest digest the registry gives the tag; None until pushed
+    base_source: str | None = None  # PATH@sha256:... of the base in this registry (base_source()), or None
 
     @property
     def tagged(self) -> str:
@@ -103,9 +105,11 @@ def derived_image(
     pip_index_url: str | None = None,
     ca_file: str | None = None,
     auth_file: str | None = None,
+    mirror: str | None = None,
 ) -> DerivedImage:
     """The derived image of a docker recipe with patches and a pinned base, in ``registry`` (HOST[:PORT][/PREFIX],
-    validated by ironserve.hostdata); its digest unknown. ValueError when the recipe id cannot name a repository."""
+    validated by ironserve.hostdata; ``mirror``: the hosts' docker_registry_mirror); its digest unknown.
+    ValueError when the recipe id cannot name a repository."""
     runtime = recipe.runtime
     assert isinstance(runtime, DockerRuntime) and runtime.patches and runtime.digest
     if not re.fullmatch(IMAGE_COMPONENT, recipe.id):
@@ -119,7 +123,49 @@ def derived_image(
         pip_index_url=pip_index_url,
         ca_file=ca_file,
         auth_file=auth_file,
+        base_source=base_source(runtime.pinned_ref, registry.split("/", 1)[0], mirror),
     )
+
+
+def base_source(base: str, registry: str, mirror: str | None) -> str | None:
+    """Where ``registry`` (HOST[:PORT], the derived image's) holds the pinned ``base`` (REPO@sha256:...) as
+    ``PATH@sha256:...``: the base named in that registry, or a Docker Hub name when that registry is the hosts'
+    Docker Hub mirror; None when the base comes from another registry (the push then uploads its layers, once)."""
+    name, _, digest = base.partition("@")
+    if not digest:
+        return None
+    domain, path, _ = split_reference(name)
+    if domain in ("docker.io", "index.docker.io"):
+        domain, path = DOCKER_HUB, repository_path(path)
+    held = domain == registry or (domain == DOCKER_HUB and mirror == registry)
+    return f"{path}@{digest}" if held else None
+
+
+def mount_base(repository: str, source: str, ca_file: str | None, auth_file: str | None) -> tuple[int, int]:
+    """The layers of the base ``source`` (PATH@sha256:..., base_source()) linked into the derived image's
+    ``repository`` (HOST[:PORT]/PATH) by cross-repository mounts: the registry links blobs it holds, no byte moves.
+    Done before the builder's ``docker push``, which then finds every base layer in the repository and neither
+    compresses nor uploads it again (it gzips each layer it must upload: GBs of an engine image, minutes of a core,
+    and a recompressed copy of the base for every host to pull). (layers mounted or already there, layers); a
+    RegistryError when the registry cannot be asked."""
+    registry, _, target = repository.partition("/")
+    path, _, digest = source.partition("@")
+    client = _client(registry, ca_file, auth_file)
+    try:
+        layers = client.layers(path, digest)
+        there = [d for d in layers if client.has_blob(target, d) or client.mount_blob(target, d, path)]
+    except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
+        raise RegistryError(f"https://{registry}/v2/ unreachable: {getattr(exc, 'reason', exc)}") from None
+    return len(there), len(layers)
+
+
+def _client(registry: str, ca_file: str | None, auth_file: str | None) -> Registry:
+    """A client of the derived images' registry, with its credentials (a RegistryError when they are unusable)."""
+    try:
+        credentials = registry_credentials(auth_file) if auth_file else None
+    except ValueError as exc:
+        raise RegistryError(f"docker_derived_registry_auth_file {exc}") from None
+    return Registry(registry, ca_file, timeout=LOOKUP_TIMEOUT_S, credentials=credentials)
 
 
 def registry_credentials(path: str) -> tuple[str, str]:
@@ -150,12 +196,9 @@ def registry_digest(repository: str, tag: str, ca_file: str | None, auth_file: s
     RegistryError that says why the registry could not be asked (unreachable, TLS not verified with the CA, the
     credentials refused or unreadable, an unexpected answer)."""
     registry, _, path = repository.partition("/")
+    client = _client(registry, ca_file, auth_file)
     try:
-        credentials = registry_credentials(auth_file) if auth_file else None
-    except ValueError as exc:
-        raise RegistryError(f"docker_derived_registry_auth_file {exc}") from None
-    try:
-        return Registry(registry, ca_file, timeout=LOOKUP_TIMEOUT_S, credentials=credentials).digest(path, tag)
+        return client.digest(path, tag)
     except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
         raise RegistryError(f"https://{registry}/v2/ unreachable: {getattr(exc, 'reason', exc)}") from None
 

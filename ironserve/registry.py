@@ -110,6 +110,23 @@ class Registry:
         if resp.status != 201:
             raise RegistryError(f"PUT {self.base}/v2/{repo}/manifests/{tag}: HTTP {resp.status}")
 
+    def manifest(self, repo: str, reference: str) -> dict:
+        resp = self._request("GET", f"/v2/{repo}/manifests/{reference}", headers={"Accept": ACCEPT})
+        if resp.status != 200:
+            raise RegistryError(f"GET {self.base}/v2/{repo}/manifests/{reference}: HTTP {resp.status}")
+        try:
+            return json.loads(resp.read())
+        except ValueError:
+            raise RegistryError(f"GET {self.base}/v2/{repo}/manifests/{reference}: not a JSON manifest") from None
+
+    def layers(self, repo: str, reference: str, max_images: int = 16) -> list[str]:
+        """The layer blobs of an image's manifest, or of each image a multi-platform index names (its first
+        ``max_images``), in order, each once."""
+        manifest = self.manifest(repo, reference)
+        images = [self.manifest(repo, m["digest"]) for m in manifest.get("manifests", [])[:max_images]]
+        found = [layer["digest"] for image in images or [manifest] for layer in image.get("layers", [])]
+        return list(dict.fromkeys(found))
+
     def has_blob(self, repo: str, digest: str) -> bool:
         return self._request("HEAD", f"/v2/{repo}/blobs/{digest}").status == 200
 

@@ -142,6 +142,7 @@ def _registry_image(recipe: Recipe, typed: dict[str, HostData], hosts: list[str]
                 typed[h].pip_index_url,
                 typed[h].docker_registry_ca,
                 typed[h].docker_derived_registry_auth_file,
+                typed[h].docker_registry_mirror,
             )
             for h in hosts
         }

@@ -58,6 +58,7 @@ from ironserve.derived_image import (
     build_args,
     docker_config_text,
     dockerfile_text,
+    mount_base,
     placeholder,
     registry_credentials,
     registry_digest,
@@ -272,12 +273,14 @@ def derived_pushed(
     ca_file: str | None = None,
     auth_file: str | None = None,
     docker_config: str | None = None,
+    base_source: str | None = None,
 ):
     """The deployment's derived image is in the site's registry as ``repository:tag`` (tag: the Dockerfile's
     sha256): ``digest`` is what the registry gave the tag while the run planned; without it the ``builder`` (this
     host when ``build_here``) builds the image (where its label shows another Dockerfile or none), pushes it and
     records the digest the registry then gives the tag, checked against the pushed image's own
-    (``_record_push``), for every host's pull."""
+    (``_record_push``), for every host's pull. ``base_source``: the base's PATH@sha256:... in the same registry,
+    whose layers are mounted into the repository before the push (``_mounted_base``)."""
     tagged = f"{repository}:{tag}"
     if digest:
         host.noop(f"{tagged} is in the registry as {digest}: nothing to build")
@@ -291,6 +294,8 @@ def derived_pushed(
         host.noop(f"{builder} builds and pushes {tagged}")
         return
     yield from _built(recipe_id, dockerfile, tagged, pip_index_url)
+    if base_source:
+        yield FunctionCommand(_mounted_base, (repository, base_source, ca_file, auth_file), {})
     yield LongCommand(f"{docker_client(docker_config)} push {shlex.quote(tagged)}", f"pushing {tagged}")
     yield FunctionCommand(_record_push, (repository, tag, ca_file, auth_file), {})
 
@@ -298,6 +303,24 @@ def derived_pushed(
 def docker_client(config: str | None) -> str:
     """The docker command, with the client configuration holding the registry's credentials when there is one."""
     return f"docker --config {shlex.quote(config)}" if config else "docker"
+
+
+def _mounted_base(state, host, repository: str, source: str, ca_file: str | None, auth_file: str | None) -> bool:
+    """The base's layers mounted into the derived image's repository from where the registry holds the base, so
+    the push uploads only the patches' layers (ironserve/derived_image.py ``mount_base``). Never fails the run:
+    a layer not mounted is one the push uploads, as without this step."""
+    try:
+        mounted, layers = mount_base(repository, source, ca_file, auth_file)
+    except RegistryError as exc:
+        host.log_styled(f"{repository}: the base's layers not mounted from {source} ({exc}): the push uploads them")
+        return True
+    left = f", the push uploads the other {layers - mounted}" if mounted < layers else ""
+    host.log_styled(
+        f"{repository}: {mounted} of {layers} base layer(s) mounted from {source.partition('@')[0]} in the "
+        f"registry{left}: the push sends only the patches' layers",
+        fg="yellow" if left else "green",
+    )
+    return True
 
 
 def _record_push(state, host, repository: str, tag: str, ca_file: str | None, auth_file: str | None = None) -> bool:
@@ -364,6 +387,7 @@ def registry_image(ctx: DeploymentContext) -> list:
         ca_file=image.ca_file,
         auth_file=image.auth_file,
         docker_config=config,
+        base_source=image.base_source,
     )
     pulled = derived_pulled(
         name=f"Derived image {image.repository} pulled by digest", ref=image.ref, docker_config=config

@@ -13,6 +13,7 @@ import json
 import ssl
 import subprocess
 import threading
+import urllib.parse
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -309,9 +310,8 @@ def test_the_hosts_get_the_credentials_as_a_0600_docker_config_never_in_a_comman
 
 
 @pytest.fixture
-def tls_registry(tmp_path):
-    """A registry's manifest endpoint over https on 127.0.0.1 (a self-signed certificate as its CA) that answers
-    HEAD /v2/ironserve/r/manifests/TAG only with Basic auth ci-pusher:s3cret-t0ken."""
+def tls_certificate(tmp_path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -320,6 +320,24 @@ def tls_registry(tmp_path):
         check=True,
         capture_output=True,
     )
+    return cert, key
+
+
+def _tls_server(handler, cert: Path, key: Path) -> http.server.HTTPServer:
+    """``handler`` serving https on 127.0.0.1 (an ephemeral port), in a thread until shutdown()."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def tls_registry(tls_certificate):
+    """A registry's manifest endpoint over https on 127.0.0.1 (a self-signed certificate as its CA) that answers
+    HEAD /v2/ironserve/r/manifests/TAG only with Basic auth ci-pusher:s3cret-t0ken."""
+    cert, key = tls_certificate
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -337,12 +355,7 @@ def tls_registry(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = _tls_server(Handler, cert, key)
     yield f"127.0.0.1:{server.server_address[1]}", str(cert), seen
     server.shutdown()
 
@@ -356,3 +369,110 @@ def test_the_controller_reads_the_digest_with_basic_auth_only_when_asked(tls_reg
         derived_image.registry_digest(repo, "t", ca)
     with pytest.raises(RegistryError, match="unreachable"):
         derived_image.registry_digest(repo, "t", None, _auth_file(tmp_path))  # TLS verified: not without its CA
+
+
+# ----------------------------------------------------------------------------- the base's layers mounted, not pushed
+
+
+@pytest.mark.parametrize(
+    ("base", "mirror", "source"),
+    [
+        # a Docker Hub name, pulled through the registry as the hosts' Docker Hub mirror
+        (f"ironserve-lab/sglang-cpu@{BASE}", "registry.example.internal:5000", f"ironserve-lab/sglang-cpu@{BASE}"),
+        (f"ubuntu@{BASE}", "registry.example.internal:5000", f"library/ubuntu@{BASE}"),
+        (f"docker.io/library/ubuntu@{BASE}", "registry.example.internal:5000", f"library/ubuntu@{BASE}"),
+        # the base named in the derived images' own registry (a site lock's repository)
+        (f"registry.example.internal:5000/nvidia/dynamo@{BASE}", None, f"nvidia/dynamo@{BASE}"),
+        # elsewhere: the push uploads its layers (once)
+        (f"ironserve-lab/sglang-cpu@{BASE}", None, None),
+        (f"ironserve-lab/sglang-cpu@{BASE}", "mirror.example.internal", None),
+        (f"nvcr.io/nvidia/dynamo@{BASE}", "registry.example.internal:5000", None),
+        ("lmsysorg/sglang:v0.5.9", "registry.example.internal:5000", None),  # a tag: nothing to name
+    ],
+)
+def test_the_base_is_mounted_from_where_the_registry_holds_it(base, mirror, source):
+    assert derived_image.base_source(base, "registry.example.internal:5000", mirror) == source
+
+
+def test_the_context_names_the_bases_repository_in_the_registry(recipe_file):
+    mirrored = _context(
+        recipe_file, lookup=_pushed, docker_derived_registry=REGISTRY, docker_registry_mirror=REGISTRY.split("/")[0]
+    )
+    assert mirrored.derived.base_source == f"ironserve-lab/sglang-cpu@{BASE}"
+    assert _context(recipe_file, lookup=_pushed, docker_derived_registry=REGISTRY).derived.base_source is None
+
+
+LAYERS = ["sha256:" + c * 64 for c in "cde"]
+
+
+@pytest.fixture
+def mounting_registry(tls_certificate):
+    """A registry over https on 127.0.0.1 holding the base ironserve-lab/base (an index of two images sharing a
+    layer) and, in ironserve/r, its first layer already: it answers manifests, blob HEADs and cross-repository
+    mounts (201 for a blob the source holds, 202 (an upload session) for one it does not), and records them."""
+    cert, key = tls_certificate
+    index = {"manifests": [{"digest": "sha256:" + "1" * 64}, {"digest": "sha256:" + "2" * 64}]}
+    images = {"sha256:" + "1" * 64: LAYERS[:2], "sha256:" + "2" * 64: LAYERS[1:]}
+    blobs = {"ironserve-lab/base": set(LAYERS[:2]), "ironserve/r": {LAYERS[0]}}  # the source lacks the 3rd
+    mounts = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ref = self.path.rsplit("/", 1)[1]
+            body = json.dumps(index if ref == BASE else {"layers": [{"digest": d} for d in images[ref]]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_HEAD(self):
+            repo, _, digest = self.path.removeprefix("/v2/").partition("/blobs/")
+            self.send_response(200 if digest in blobs.get(repo, ()) else 404)
+            self.end_headers()
+
+        def do_POST(self):
+            url = urllib.parse.urlsplit(self.path)
+            query = dict(urllib.parse.parse_qsl(url.query))
+            repo = url.path.removeprefix("/v2/").removesuffix("/blobs/uploads/")
+            mounts.append((repo, query["mount"], query["from"]))
+            held = query["mount"] in blobs[query["from"]]
+            blobs[repo] |= {query["mount"]} if held else set()
+            self.send_response(201 if held else 202)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = _tls_server(Handler, cert, key)
+    yield f"127.0.0.1:{server.server_address[1]}", str(cert), mounts, blobs
+    server.shutdown()
+
+
+def test_the_bases_layers_are_mounted_into_the_repository_before_the_push(mounting_registry):
+    address, ca, mounts, blobs = mounting_registry
+    mounted = derived_image.mount_base(f"{address}/ironserve/r", f"ironserve-lab/base@{BASE}", ca, None)
+    # every layer of both images once; the one already there is not mounted again; the one the source lacks is not
+    # mounted (202: docker push uploads it)
+    assert mounted == (2, 3)
+    assert mounts == [
+        ("ironserve/r", LAYERS[1], "ironserve-lab/base"),
+        ("ironserve/r", LAYERS[2], "ironserve-lab/base"),
+    ]
+    assert blobs["ironserve/r"] == set(LAYERS[:2])
+    with pytest.raises(RegistryError, match="unreachable"):  # TLS verified: not without its CA
+        derived_image.mount_base(f"{address}/ironserve/r", f"ironserve-lab/base@{BASE}", None, None)
+
+
+def test_a_base_that_cannot_be_mounted_is_pushed_and_the_run_goes_on(monkeypatch):
+    said = []
+    host = SimpleNamespace(log_styled=lambda text, **kw: said.append(text))
+
+    def unreachable(*args):
+        raise RegistryError("https://r:5000/v2/ unreachable: refused")
+
+    monkeypatch.setattr(recipe_image, "mount_base", unreachable)
+    assert recipe_image._mounted_base(None, host, "r:5000/p/x", f"base@{BASE}", None, None) is True
+    assert "the push uploads them" in said[0]
+    monkeypatch.setattr(recipe_image, "mount_base", lambda *args: (5, 5))
+    assert recipe_image._mounted_base(None, host, "r:5000/p/x", f"base@{BASE}", None, None) is True
+    assert "5 of 5 base layer(s) mounted from base in the registry: the push sends only the patches'" in said[1]
