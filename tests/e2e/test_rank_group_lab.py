@@ -12,8 +12,8 @@ In order:
    secrets: no key in either host's journal or command lines; `pyinfra --dry --diff` after a key rotation
    prints neither key; a secret planted in an env file is reported by the audit by name only; the engine unit's
    `systemd-analyze security` exposure is within the README's figures for a lab host, and the engine runs as its own user; forged reports sent to rank 0's guard from this
-   machine (an address that is no rank's) are refused and restart nothing; more idle connections to rank 0's
-   guard than its LimitNOFILE=, held 45 s, restart nothing; links the engine's user plants in its JIT cache
+   machine (an address that is no rank's) are refused and restart nothing, sent while more idle connections to
+   rank 0's guard than its LimitNOFILE= are held for 45 s, which restart nothing either; links the engine's user plants in its JIT cache
    (HOME -> a root directory) hand it nothing at the next start; rank 0's key removed from its env file, the
    engine refuses to start (exit 78, not restarted) and nothing answers keyless requests;
 3. a hung rank (SIGSTOP on rank 1's engine): rank 0's guard abandons the group, both ranks restart (rank 0's
@@ -45,6 +45,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -280,14 +281,13 @@ def test_3d_engine_unit_exposure_within_budget(lab):
         assert env.split() == ["root", "600", "root", "600"], (host["name"], env)
 
 
-def test_3e_forged_reports_from_a_non_rank_address_restart_nothing(lab):
-    rank0, rank1 = lab["hosts"]
-    before = invocation(rank0), invocation(rank1)
+def forged_reports(rank0: dict, until: float) -> set:
+    """Reports and group queries from this machine (no rank's address) to rank 0's guard, claiming rank 1 is
+    unhealthy, every 0.5 s until ``until``: what each got back (status and body), or the error that closed it."""
     port = 29500 + RANK_GUARD_PORT_OFFSET  # the recipe's dist_init_port
     statuses = set()
     body = json.dumps({"rank": 1, "healthy": False, "nonce": "n", "challenge": ""}).encode()
-    end = time.monotonic() + 30  # 6 of the guard's 5 s polls: twice its failure threshold
-    while time.monotonic() < end:
+    while time.monotonic() < until:
         for method, path, payload, mac in (
             ("POST", "/report", body, "0" * 64),
             ("GET", "/group?rank=1&healthy=0", None, ""),
@@ -302,22 +302,18 @@ def test_3e_forged_reports_from_a_non_rank_address_restart_nothing(lab):
             finally:
                 conn.close()
         time.sleep(0.5)
-    assert {status for status, _ in statuses} == {None}, statuses  # not a byte of an answer
-    assert (invocation(rank0), invocation(rank1)) == before
-    assert serving(lab)
-    leader = ssh(rank0, f"journalctl -u {GUARD} --no-pager -o cat").stdout
-    assert "restarting the group" not in leader
-    print(f"\nforged reports from this machine: {sorted(statuses, key=str)} (closed as accepted, or filtered)")
+    return statuses
 
 
 def guard_journal_since(host: dict, since: float) -> str:
     return ssh(host, f"journalctl -u {GUARD} --no-pager -o cat --since @{int(since)}").stdout
 
 
-def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(lab):
-    """From this machine (no rank's address), more idle connections to rank 0's guard than its LimitNOFILE=,
-    held for 45 s (over twice the guard's window for a silent follower, (threshold + 1) polls of 5 s): no engine
-    restarts, the guard itself neither, and the group serves after."""
+def test_3e_strangers_forged_reports_and_idle_connections_restart_nothing(lab):
+    """From this machine (no rank's address), at once: more idle connections to rank 0's guard than its
+    LimitNOFILE=, held for 45 s (over twice the guard's window for a silent follower, (threshold + 1) polls of 5 s),
+    and forged reports claiming rank 1 is unhealthy (more than twice the guard's failure threshold of polls): not a
+    byte of an answer, no engine restarts, the guard itself neither, and the group serves after."""
     rank0, rank1 = lab["hosts"]
     limit = int(ssh(rank0, f"systemctl show -p LimitNOFILE --value {GUARD}").stdout.strip())
     guard_before = ssh(rank0, f"systemctl show -p InvocationID --value {GUARD}").stdout.strip()
@@ -326,7 +322,7 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < count + 256:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
-    held = []
+    held, forged = [], {}
     try:
         for _ in range(count):
             conn = socket.socket()
@@ -338,12 +334,17 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
         pid = ssh(rank0, f"systemctl show -p MainPID --value {GUARD}").stdout.strip()
         fds = int(ssh(rank0, f"ls /proc/{pid}/fd | wc -l").stdout.strip())
         end = time.monotonic() + HELD_S
+        sender = threading.Thread(target=lambda: forged.update(statuses=forged_reports(rank0, end)), daemon=True)
+        sender.start()
         while time.monotonic() < end:
             assert (invocation(rank0), invocation(rank1)) == before, "an engine restarted during the flood"
             time.sleep(5)
+        sender.join(timeout=30)
     finally:
         for conn in held:
             conn.close()
+    statuses = forged.get("statuses", {("sender", "did not finish")})
+    assert {status for status, _ in statuses} == {None}, statuses  # not a byte of an answer
     assert (invocation(rank0), invocation(rank1)) == before
     assert ssh(rank0, f"systemctl show -p InvocationID --value {GUARD}").stdout.strip() == guard_before
     assert wait_until(lambda: serving(lab), 60) is not None
@@ -352,7 +353,9 @@ def test_3f_more_idle_connections_than_the_guards_descriptors_restart_nothing(la
         assert said not in journal, journal[-3000:]
     print(
         f"\n{count} idle connections to rank 0's guard (LimitNOFILE={limit}) for {HELD_S} s: {established} got past "
-        f"the network filter (each closed as accepted), the guard held {fds} descriptors; nothing restarted"
+        f"the network filter (each closed as accepted), the guard held {fds} descriptors; forged reports from this "
+        f"machine at the same time got {sorted(statuses, key=str)} (closed as accepted, or filtered); nothing "
+        "restarted"
     )
 
 

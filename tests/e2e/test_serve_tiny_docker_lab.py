@@ -25,7 +25,7 @@ from ironserve_lab.state import lab_dir
 from ironserve.registry import Registry
 
 from .cpu3.fleet import changes, chat
-from .labcli import ROOT, ironserve, lab_down, lab_status, lab_up, pyinfra, ssh
+from .labcli import ROOT, ironserve, lab_down, lab_status, lab_up, pyinfra, run_log, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -149,7 +149,16 @@ def test_one_build_one_image_pulled_by_digest(deployed):
         for name in (base, ref)
     }
     assert layers[ref][: len(layers[base])] == layers[base], layers
-    print(f"\n{ref}: image {image_ids[0][:19]} on both hosts, built on {builder['name']} only")
+    # the push sent only the patches' layers: the base's were mounted from where the registry holds the base (the
+    # Docker Hub name through it as the hosts' mirror), never gzipped and uploaded again
+    repository = IMAGE.rpartition(":")[0]
+    mounted = f"{len(layers[base])} of {len(layers[base])} base layer(s) mounted from {repository} in the registry"
+    assert mounted in deployed["deploy_output"], run_log(deployed["deploy_output"])
+    registry = Registry(deployed["status"]["registry"], deployed["status"]["registry_ca"])
+    derived_path = repo.partition("/")[2]
+    for layer in registry.layers(repository, deployed["lock"]["docker"]["digest"]):
+        assert registry.has_blob(derived_path, layer), layer
+    print(f"\n{ref}: image {image_ids[0][:19]} on both hosts, built on {builder['name']} only; {mounted}")
 
 
 def test_the_first_plan_says_one_host_builds_and_every_host_pulls(deployed):
