@@ -1,7 +1,8 @@
 """The shared 3-host cpu-lab of tests/e2e/cpu3: one bring-up and one first deploy for every module here.
 
 `ironserve lab up --nodes 3 --hardware cpu-lab` (lab1 the router host, lab2 and lab3 the two replicas of
-recipes/tiny-cpu.yaml), then the production deploy. The fixtures are package-scoped, so the serving, metrics,
+recipes/tiny-cpu.yaml), or, under scripts/test, three hosts of the 7-host cpu-lab it shares between modules
+(IRONSERVE_LAB_HOSTS: the first named the router host), then the production deploy. The fixtures are package-scoped, so the serving, metrics,
 security and day-two modules of this package share them; modules run in file-name order, and a module that changes
 the deployment leaves it serving for the next (the day-two module, which switches recipes, runs last).
 
