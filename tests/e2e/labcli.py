@@ -90,8 +90,9 @@ def lab_down() -> None:
 
 def lab_up(nodes: int, hardware: str, timeout: int = 3600) -> subprocess.CompletedProcess:
     """`lab up` on a clean slate: `up` keeps a lab that is up (its hosts, their deploys), so one a killed run left
-    behind is taken down first (said on stderr), never deployed over (a first deploy would find it converged). On a shared lab: this module's hosts, each one an
-    earlier module deployed to replaced by a fresh one (`lab reset`)."""
+    behind is taken down first (said on stderr), never deployed over (a first deploy would find it converged).
+    On a shared lab: this module's hosts, each one an earlier module deployed to replaced by a fresh one
+    (`lab reset`)."""
     if shared_hosts():
         return _shared_up(nodes, hardware)
     status = ironserve("lab", "status", "--format", "json", check=False)
