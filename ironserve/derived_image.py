@@ -24,11 +24,12 @@ import ssl
 import stat
 import urllib.error
 import urllib.parse
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from .imagelock import split_reference
 from .problems import SpecError
-from .registry import DOCKER_HUB, Registry, RegistryError, repository_path
+from .registry import DOCKER_HUB, Registry, RegistryError
 from .spec import IMAGE_COMPONENT, DockerRuntime, Recipe
 from .units import sha256_text
 
@@ -135,8 +136,6 @@ def base_source(base: str, registry: str, mirror: str | None) -> str | None:
     if not digest:
         return None
     domain, path, _ = split_reference(name)
-    if domain in ("docker.io", "index.docker.io"):
-        domain, path = DOCKER_HUB, repository_path(path)
     held = domain == registry or (domain == DOCKER_HUB and mirror == registry)
     return f"{path}@{digest}" if held else None
 
@@ -150,22 +149,24 @@ def mount_base(repository: str, source: str, ca_file: str | None, auth_file: str
     RegistryError when the registry cannot be asked."""
     registry, _, target = repository.partition("/")
     path, _, digest = source.partition("@")
-    client = _client(registry, ca_file, auth_file)
-    try:
+    with _asking(registry, ca_file, auth_file) as client:
         layers = client.layers(path, digest)
         there = [d for d in layers if client.has_blob(target, d) or client.mount_blob(target, d, path)]
-    except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
-        raise RegistryError(f"https://{registry}/v2/ unreachable: {getattr(exc, 'reason', exc)}") from None
     return len(there), len(layers)
 
 
-def _client(registry: str, ca_file: str | None, auth_file: str | None) -> Registry:
-    """A client of the derived images' registry, with its credentials (a RegistryError when they are unusable)."""
+@contextmanager
+def _asking(registry: str, ca_file: str | None, auth_file: str | None):
+    """A client of the derived images' registry, with its credentials; a RegistryError when they are unusable or
+    the registry cannot be reached (TLS not verified with the CA included)."""
     try:
         credentials = registry_credentials(auth_file) if auth_file else None
     except ValueError as exc:
         raise RegistryError(f"docker_derived_registry_auth_file {exc}") from None
-    return Registry(registry, ca_file, timeout=LOOKUP_TIMEOUT_S, credentials=credentials)
+    try:
+        yield Registry(registry, ca_file, timeout=LOOKUP_TIMEOUT_S, credentials=credentials)
+    except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
+        raise RegistryError(f"https://{registry}/v2/ unreachable: {getattr(exc, 'reason', exc)}") from None
 
 
 def registry_credentials(path: str) -> tuple[str, str]:
@@ -196,11 +197,8 @@ def registry_digest(repository: str, tag: str, ca_file: str | None, auth_file: s
     RegistryError that says why the registry could not be asked (unreachable, TLS not verified with the CA, the
     credentials refused or unreadable, an unexpected answer)."""
     registry, _, path = repository.partition("/")
-    client = _client(registry, ca_file, auth_file)
-    try:
+    with _asking(registry, ca_file, auth_file) as client:
         return client.digest(path, tag)
-    except (urllib.error.URLError, ssl.SSLError, OSError) as exc:
-        raise RegistryError(f"https://{registry}/v2/ unreachable: {getattr(exc, 'reason', exc)}") from None
 
 
 _LOOKED_UP: dict[tuple[str, str, str | None], str | None] = {}

@@ -171,9 +171,12 @@ def _sited_runtime(runtime: DockerRuntime, update: dict, where: str) -> DockerRu
 
 
 def split_reference(image: str) -> tuple[str, str, str]:
-    """'[registry/]repo:tag' -> (registry, API repository path, tag); Docker Hub names get library/ as docker does."""
+    """'[registry/]repo:tag' -> (registry, API repository path, tag); Docker Hub names (docker.io/ written or not)
+    get library/ as docker does."""
     name, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
     first, _, rest = name.partition("/")
+    if rest and first in ("docker.io", "index.docker.io"):
+        return DOCKER_HUB, repository_path(rest), tag
     if rest and ("." in first or ":" in first or first == "localhost"):
         return first, rest, tag
     return DOCKER_HUB, repository_path(name), tag

@@ -19,8 +19,8 @@ to the build as PIP_INDEX_URL (air-gapped builds):
   inventory order, that this run includes), tagged ``REGISTRY/PREFIX/<recipe>:dockerfile-<sha256>`` and pushed
   (``derived_pushed``: where that registry holds the base, named there or through it as the hosts' Docker Hub
   mirror, the base's layers are first mounted into the repository, so the push sends only the patches' layers
-  instead of gzipping and uploading GBs of base again); the digest the registry then gives the tag, checked against the pushed image's own, is what
-  every host pulls and runs (``derived_pulled``: the builder included), so every container of the deployment runs
+  instead of gzipping and uploading GBs of base again); the digest the registry then gives the tag, checked
+  against the pushed image's own, is what every host pulls and runs (``derived_pulled``: the builder included), so every container of the deployment runs
   one image ID, and the units and the audit name ``REPOSITORY@sha256:...``. pyinfra runs an operation on every
   host before the next one, so the push is done before any host pulls. The registry is asked for the tag while
   the deploy plans: a tag it holds is neither built nor pushed again (a rerun plans no change); a push that fails

@@ -125,6 +125,12 @@ def test_a_seeded_blob_is_not_uploaded(tmp_path, registry):
 def test_reference_parsing():
     assert imagelock.split_reference("lmsysorg/sglang:v1") == ("registry-1.docker.io", "lmsysorg/sglang", "v1")
     assert imagelock.split_reference("ubuntu") == ("registry-1.docker.io", "library/ubuntu", "latest")
+    assert imagelock.split_reference("docker.io/ubuntu:24.04") == ("registry-1.docker.io", "library/ubuntu", "24.04")
+    assert imagelock.split_reference("docker.io/lmsysorg/sglang") == (
+        "registry-1.docker.io",
+        "lmsysorg/sglang",
+        "latest",
+    )
     assert imagelock.split_reference("nvcr.io/nvidia/x:1.1") == ("nvcr.io", "nvidia/x", "1.1")
     assert imagelock.split_reference("10.0.0.5:5000/team/img:2") == ("10.0.0.5:5000", "team/img", "2")
     assert repository_path("ubuntu") == "library/ubuntu"

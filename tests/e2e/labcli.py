@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -72,10 +73,10 @@ def shared_hosts() -> list[str]:
 def lab_status() -> dict:
     """`lab status --format json`, its hosts those of this module (IRONSERVE_LAB_HOSTS's, in its order)."""
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
-    names = shared_hosts()
-    if names:
+    if shared_hosts():  # the hosts the lab inventory selects, in its order (it checks the names)
         by_name = {h["name"]: h for h in status["hosts"]}
-        status = {**status, "hosts": [by_name[name] for name in names]}
+        selected = runpy.run_path(str(ROOT / "inventories" / "lab.py"))["lab_hosts"]
+        status = {**status, "hosts": [by_name[name] for name, _ in selected]}
     return status
 
 
