@@ -2,7 +2,8 @@
 
 `ironserve lab up --nodes 2 --hardware cpu-lab` (real dockerd in the hosts, the lab registry on the bridge, the CPU
 SGLang runtime image built once per machine and pushed there), `ironserve lock tiny-cpu-docker --inventory
-inventories/lab.py` (tag -> digest in the registry the inventory names; the lock file beside the recipe), then
+inventories/lab.py` (tag -> digest in the registry the inventory names; the lock file beside the recipe, in a copy of
+the catalogue: the checkout's recipes/ stay as they are for the tests running beside this one), then
 the production deploy `pyinfra -y inventories/lab.py deploys/tiny.py --data recipe=tiny-cpu-docker`: Debian's
 docker.io from the lab repository, the recipe's derived image built ONCE, on the deployment's first host, from the
 locked base, pushed to the lab registry (the inventory's docker_derived_registry, verified with the lab CA), and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -32,7 +34,6 @@ pytestmark = pytest.mark.lab
 RECIPE = "tiny-cpu-docker"
 UNIT = f"sglang-{RECIPE}-server"
 IMAGE = "ironserve-lab/sglang-cpu:0.5.23"
-LOCK = ROOT / "recipes" / f"{RECIPE}.lock.json"
 DEPLOY = ("deploys/tiny.py", "--data", f"recipe={RECIPE}")
 DERIVED = f"lab-derived/{RECIPE}"  # the repository under the inventory's docker_derived_registry
 DOCKERFILE = f"/etc/ironserve/images/{RECIPE}/Dockerfile"
@@ -40,7 +41,23 @@ WAITS = ("building", "pushing", "pulling")  # what the deploy times (roles/commo
 
 
 @pytest.fixture(scope="module")
-def lab():
+def catalogue(tmp_path_factory):
+    """A copy of the catalogue for this module's commands (IRONSERVE_CATALOGUE): `ironserve lock` writes the lock
+    beside the recipe, and the offline tests run beside the lab's read the checkout's recipes/ unlocked."""
+    recipes = tmp_path_factory.mktemp("catalogue") / "recipes"
+    shutil.copytree(ROOT / "recipes", recipes, ignore=shutil.ignore_patterns("*.lock.json"))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("IRONSERVE_CATALOGUE", str(recipes))
+        yield recipes
+
+
+@pytest.fixture(scope="module")
+def lock(catalogue):
+    return catalogue / f"{RECIPE}.lock.json"
+
+
+@pytest.fixture(scope="module")
+def lab(catalogue):
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     started = time.monotonic()
@@ -49,14 +66,13 @@ def lab():
     try:
         yield {"hosts": status["hosts"], "status": status, "up_s": time.monotonic() - started, "up_output": up.stderr}
     finally:
-        LOCK.unlink(missing_ok=True)
         lab_down()
 
 
 @pytest.fixture(scope="module")
-def deployed(lab):
+def deployed(lab, lock):
     out = ironserve("lock", RECIPE, "--inventory", "inventories/lab.py", timeout=300)
-    lab["lock"] = json.loads(LOCK.read_text())
+    lab["lock"] = json.loads(lock.read_text())
     # the lab registry keeps what was pushed across `lab down`: this deploy must build and push it itself (the
     # repository's layers stay: only a first push ever uploads the base's)
     lab_registry.forget_tags(lab_dir(), DERIVED)
@@ -81,18 +97,18 @@ def deployed(lab):
     return lab
 
 
-def test_lock_pins_the_tag_to_the_registry_digest(deployed):
-    lock = deployed["lock"]["docker"]
+def test_lock_pins_the_tag_to_the_registry_digest(deployed, lock):
+    locked = deployed["lock"]["docker"]
     status = deployed["status"]
-    assert lock["image"] == IMAGE and lock["registry"] == status["registry"]
+    assert locked["image"] == IMAGE and locked["registry"] == status["registry"]
     repo, _, tag = IMAGE.rpartition(":")
-    assert Registry(status["registry"], status["registry_ca"]).digest(repo, tag) == lock["digest"]
+    assert Registry(status["registry"], status["registry_ca"]).digest(repo, tag) == locked["digest"]
     # unpinned and unlocked, the deploy refuses before touching a host
-    LOCK.rename(LOCK.with_suffix(".held"))
+    lock.rename(lock.with_suffix(".held"))
     try:
         out = pyinfra(*DEPLOY, "--dry", check=False, timeout=300)
     finally:
-        LOCK.with_suffix(".held").rename(LOCK)
+        lock.with_suffix(".held").rename(lock)
     assert out.returncode != 0 and "no lock file pins it" in out.stdout + out.stderr, out.stderr[-2000:]
 
 
