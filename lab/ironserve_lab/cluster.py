@@ -183,7 +183,7 @@ def _say_needs(wanted: needs.Needs) -> None:
     published = _runtimes(wanted)
     left = [f"the {r.name} wheelhouse" for r in RUNTIMES if hardware in r.hardware and r not in published]
     if PROFILES[hardware]["kind"] in ("none", "nvidia") and not wanted.runtime_image():
-        left.append("the CPU runtime image")
+        left.append("the CPU runtime image" if PROFILES[hardware]["kind"] == "none" else "the parser image")
     others = [r for r in images.docker_recipes() if hardware in r.hardware and not wanted.uses(r)]
     used = {r.runtime.image for r in wanted.recipes if r.runtime.kind == "docker"}
     skipped = sorted({r.runtime.image for r in others} - used)
@@ -228,7 +228,7 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         registry.start_server(root)
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
         if with_image and PROFILES[hardware]["kind"] == "none":
-            publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins push their own cut
+            publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins push their own
         gpu = [r for r in images.docker_recipes() if wanted_for.uses(r)]
         lab.image_lock = publish_gpu_images(root, base, gpu) if PROFILES[hardware]["kind"] == "nvidia" and gpu else ""
         for done in built:
@@ -344,7 +344,7 @@ def reset(name: str) -> LabState:
 
 def publish_runtime_image(root: Path, base: Path) -> str:
     """The CPU SGLang runtime image (runtime_image.py, built once per machine) into the lab registry: cpu-lab's
-    image (the stand-in GPU images are built from a cut of it, gpu_images.py, and pushed on their own)."""
+    image (the stand-in GPU images are built on the parser image, gpu_images.py, and pushed on their own)."""
     t0 = time.monotonic()
     ref, _ = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))
     client = oci.Registry(registry.address(), registry.ca_file(root))
@@ -369,7 +369,7 @@ def publish_gpu_images(root: Path, base: Path, recipes: list) -> str:
         if real:
             supply.publish_wheels(root, real)
         stamp.write_text(" ".join(wanted))
-    ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))[0]
+    ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK
     seed = functools.partial(registry.seed_blob, root)

@@ -4,9 +4,9 @@ Lab only. The real images (CUDA builds of SGLang, tens of GB) cannot run here an
 air-gapped lab; the stand-ins are real images for the real Docker engine in the lab hosts, built once per machine
 without a Docker engine (oci.py) and cached beside the CPU runtime image (runtime_image.py):
 
-- FROM the CPU runtime image cut down to what they run: its Debian base layer unchanged, its venv layer without
-  the distributions SGLang's parser does not import (parser_layer.py: 1.7 of 3 GB; every host pulls it once and
-  shares it across the stand-in tags);
+- FROM the parser image (runtime_image.PARSER): the CPU runtime image's Debian base layer, and a venv of only
+  what SGLang's parser imports, on the CPU runtime's pins (1.7 GB, not the runtime's 3; every host pulls it once
+  and shares it across the stand-in tags);
 - one layer of the recipe's SGLang (``engine.check_version``) installed ``--no-deps`` the way the lint parser
   venvs install it (ironserve/engine_parser.release_only: the release alone, no venv), at the place the real
   images keep their editable SGLang checkout, /sgl-workspace/sglang/python (``PYTHONPATH``): the recipes'
@@ -41,7 +41,7 @@ from pathlib import Path
 from ironserve import engine_parser, imagelock
 from ironserve.registry import Registry
 
-from . import oci, parser_layer, runtime_image, wheels
+from . import oci, runtime_image, wheels
 from .system import LabError, run, say
 
 ASSETS = Path(__file__).parent / "assets"
@@ -176,7 +176,7 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
     store = runtime_image.cache_dir()
     base_ref = oci.read_image(store, base_ref_file)
     if not base_ref:
-        raise LabError(f"the CPU runtime image {base_ref_file} is not built")
+        raise LabError(f"the parser image {base_ref_file} is not built")
     ref = store / "images" / f"gpu-{_key(image, spec, base_ref)}.json"
     if oci.read_image(store, ref):
         return ref
@@ -187,7 +187,6 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
         {"digest": item["digest"], "size": item["size"], "diff_id": diff_id}
         for item, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])
     ]
-    layers[-1] = parser_layer.cut(store, layers[-1])  # the runtime's venv: what the parser imports
     with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
         _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
         layers.append(oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True))
@@ -198,8 +197,7 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
         "ironserve.lab.standin-for": image,
         "ironserve.lab.sglang": spec["version"],
     }
-    history = [h["created_by"] for h in config["history"]][:-1] + [
-        f"{config['history'][-1]['created_by']}, cut to what SGLang's parser imports (lab/ironserve_lab/parser_layer.py)",
+    history = [h["created_by"] for h in config["history"]] + [
         f"SGLang {spec['version']} --no-deps at {WORKSPACE} (as the lint parser venvs install it), pip"
         + (", the engine era's extra flags" if spec["extras"] else ""),
     ]

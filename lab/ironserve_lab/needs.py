@@ -39,7 +39,8 @@ class Needs:
         return self.everything or any(r.runtime.kind == "uv" for r in self.recipes)
 
     def runtime_image(self) -> bool:
-        """The CPU runtime image: cpu-lab's docker recipes run it, the stand-in GPU images are cut from it."""
+        """An image of the CPU runtime's pins: cpu-lab's docker recipes run the runtime image, the stand-in GPU
+        images are built on the parser image (runtime_image.PARSER)."""
         if PROFILES[self.hardware]["kind"] not in ("none", "nvidia"):
             return False
         return self.everything or any(r.runtime.kind == "docker" for r in self.recipes)

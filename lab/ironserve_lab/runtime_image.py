@@ -14,6 +14,12 @@ Docker engine, and cached in ~/.cache/ironserve/lab-images (IRONSERVE_CACHE) lik
 The image puts /opt/sglang/bin first on PATH, so the units' ``python3 -m sglang.launch_server`` is the venv's.
 ``lab up`` pushes it to the lab registry (registry.py); the base layer's digest depends on this machine's
 rootfs, so the image digest is per machine (`ironserve lock` resolves it).
+
+The same build makes the parser image (:data:`PARSER`), the base of the stand-in GPU images (gpu_images.py): the
+same base layer, and a venv of only what SGLang's argument parser imports (the lint parser venvs' distributions,
+ironserve.engine_parser, with the lab's import shims) and what they require, resolved by uv from the same
+wheelhouse under the same pins (``-c requirements.txt``): 1.7 of the runtime's 3 GB, installed directly, so a
+GPU profile's cold ``lab up`` never builds the serving venv it does not use.
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from ironserve import engine_parser
 
 from . import cpu_runtime, oci, state
 from .system import LabError, run, say
@@ -54,6 +65,43 @@ BASE_EXCLUDES = (
     "./etc/ssh/ssh_host_*",
 )
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PINS = "/tmp/ironlab-wheels/requirements.txt"  # the wheelhouse's requirements.txt, as the build's chroot sees it
+
+
+@dataclass(frozen=True)
+class Venv:
+    """What an image's venv layer is installed from, and how the build checks it."""
+
+    name: str  # the cached image's record, images/<name>-<key>.json
+    install: tuple[str, ...]  # `uv pip install` arguments (the wheelhouse's uv.toml applies to both)
+    imports: str  # Python the finished venv must run
+    bytecode: str  # a package whose bytecode proves the hash-checked compilation
+    title: str
+    history: str
+
+
+def parser_roots() -> list[str]:
+    """The distributions the parser image installs with what they require: the parser venvs' own and the shims."""
+    return sorted({canonicalize_name(d) for d in [*engine_parser.parser_distributions(), cpu_runtime.SHIM_DIST]})
+
+
+RUNTIME = Venv(
+    name=f"sglang-cpu-{TAG}",
+    install=("-r", PINS),
+    imports="import sglang, torch, triton; print(sglang.__version__, torch.__version__)",
+    bytecode="sglang",
+    title="ironserve lab: SGLang CPU runtime",
+    history=f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (lab/ironserve_lab/cpu_runtime.py pins)",
+)
+PARSER = Venv(
+    name="parser",
+    install=("-c", PINS, *parser_roots()),
+    imports="import torch, transformers, triton; print('parser packages', torch.__version__)",
+    bytecode="torch",
+    title="ironserve lab: what SGLang's parser imports, on the CPU runtime's pins",
+    history=f"uv venv {VENV} && uv pip install --no-index -c requirements.txt {' '.join(parser_roots())} "
+    "(the lint parser venvs' distributions)",
+)
 
 
 def cache_dir() -> Path:
@@ -66,20 +114,21 @@ def _base_identity(base: Path) -> str:
     return f"{(base / 'etc/ironlab-base-version').read_text().strip()}:{status.st_size}:{status.st_mtime_ns}"
 
 
-def build_key(base: Path, wheelhouse: Path) -> str:
+def build_key(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> str:
     text = json.dumps(
         {
             "build": BUILD_VERSION,
             "base": _base_identity(base),
             "wheels": (wheelhouse / "SHA256SUMS").read_text(),
             "requirements": cpu_runtime.REQUIREMENTS,
+            "install": venv.install,
         }
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def ref_file(base: Path, wheelhouse: Path) -> Path:
-    return cache_dir() / "images" / f"sglang-cpu-{TAG}-{build_key(base, wheelhouse)}.json"
+def ref_file(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> Path:
+    return cache_dir() / "images" / f"{venv.name}-{build_key(base, wheelhouse, venv)}.json"
 
 
 def base_layer(base: Path) -> dict:
@@ -141,13 +190,13 @@ def _drop_gpu_toolchain(merged: Path) -> None:
             path.unlink()
 
 
-def _check_bytecode(merged: Path) -> None:
+def _check_bytecode(merged: Path, package: str = "sglang") -> None:
     """The venv's bytecode is hash-checked (flags word of the pyc header, PEP 552), so it survives the clamped mtimes."""
-    pyc = site_packages(merged) / "sglang/__pycache__/__init__.cpython-311.pyc"
+    pyc = site_packages(merged) / package / "__pycache__/__init__.cpython-311.pyc"
     try:
         flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
     except OSError as exc:
-        raise LabError(f"runtime image: no bytecode compiled for sglang ({exc})") from exc
+        raise LabError(f"runtime image: no bytecode compiled for {package} ({exc})") from exc
     if not flags & 1:
         raise LabError(
             f"runtime image: {pyc.name} is timestamp-checked: in the layer (mtimes clamped to 0) every "
@@ -155,7 +204,7 @@ def _check_bytecode(merged: Path) -> None:
         )
 
 
-def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
+def _install_venv(base: Path, wheelhouse: Path, work: Path, venv: Venv = RUNTIME) -> Path:
     """Overlay over the rootfs, venv + pinned install inside it (chroot); returns the upper directory."""
     upper, ovl, merged = work / "upper", work / "ovl", work / "merged"
     for d in (upper, ovl, merged):
@@ -168,7 +217,7 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path) -> Path:
     try:
         mounts += _bind_build_inputs(merged, wheelhouse)
         shutil.copy2(uv, merged / "tmp/ironlab-uv")
-        _install_in_chroot(merged)
+        _install_in_chroot(merged, venv)
     finally:
         for m in reversed(mounts):
             _umount(m)
@@ -191,7 +240,7 @@ def _bind_build_inputs(merged: Path, wheelhouse: Path) -> list[Path]:
     return mounted
 
 
-def _install_in_chroot(merged: Path) -> None:
+def _install_in_chroot(merged: Path, venv: Venv) -> None:
     """The venv and its pinned install inside the overlay, checked: hash-checked bytecode, no GPU toolchain, imports."""
     # SOURCE_DATE_EPOCH: the bytecode is compiled hash-checked (PEP 552), not against source mtimes, which the
     # layer clamps to 0: timestamp pycs would all be stale, and every container start would recompile
@@ -206,16 +255,15 @@ def _install_in_chroot(merged: Path) -> None:
     chroot = ["chroot", str(merged), "env", "-i", *(f"{k}={v}" for k, v in env.items())]
     uv = [*chroot, "/tmp/ironlab-uv"]
     run([*uv, "venv", "--python", "/usr/bin/python3.11", VENV])
-    wheels = ["--no-index", "--find-links", "/tmp/ironlab-wheels", "-r", "/tmp/ironlab-wheels/requirements.txt"]
+    wheels = ["--no-index", "--find-links", "/tmp/ironlab-wheels", *venv.install]
     run(
         [*uv, "pip", "install", "--python", f"{VENV}/bin/python", "--link-mode", "copy", "--compile-bytecode", *wheels],
         timeout=3600,
     )
-    _check_bytecode(merged)
+    _check_bytecode(merged, venv.bytecode)
     _drop_gpu_toolchain(merged)
-    imports = "import sglang, torch, triton; print(sglang.__version__, torch.__version__)"
-    check = run([*chroot, f"{VENV}/bin/python", "-c", imports], timeout=600)
-    say(f"runtime image: the venv imports sglang/torch {check.stdout.strip()}")
+    check = run([*chroot, f"{VENV}/bin/python", "-c", venv.imports], timeout=600)
+    say(f"runtime image ({venv.name}): the venv imports {check.stdout.strip()}")
 
 
 def _clean_upper(upper: Path) -> None:
@@ -231,53 +279,47 @@ def _clean_upper(upper: Path) -> None:
         raise LabError(f"runtime image: the install removed files of the base, a layer cannot say that: {found[:5]}")
 
 
-def ensure(base: Path, wheelhouse: Path) -> tuple[Path, dict]:
-    """The cached image (built first when missing): (its ref file, {manifest_digest, config_digest})."""
-    ref = ref_file(base, wheelhouse)
+def ensure(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> tuple[Path, dict]:
+    """The cached image of ``venv`` (built first when missing): (its ref file, {manifest_digest, config_digest})."""
+    ref = ref_file(base, wheelhouse, venv)
     found = oci.read_image(cache_dir(), ref)
     if found:
         return ref, found
+    what = f"{REPO}:{TAG}" if venv is RUNTIME else f"({venv.name})"
     say(
-        f"runtime image {REPO}:{TAG}: building it once for this machine (Debian base from the lab rootfs + the "
-        f"CPU wheelhouse's {len(cpu_runtime.REQUIREMENTS)} pins, a few minutes) -> {cache_dir()}"
+        f"runtime image {what}: building it once for this machine (Debian base from the lab rootfs + "
+        f"`uv pip install {' '.join(venv.install)}` from the CPU wheelhouse, a few minutes) -> {cache_dir()}"
     )
     t0 = time.monotonic()
-    layer0 = base_layer(base)
+    layers = [base_layer(base), _venv_layer(base, wheelhouse, venv, t0)]
+    labels = {"org.opencontainers.image.title": venv.title}
+    if venv is RUNTIME:
+        labels["ironserve.lab.sglang"] = cpu_runtime.SGLANG_VERSION
+    labels["ironserve.lab.requirements.sha256"] = hashlib.sha256(cpu_runtime.requirements_text().encode()).hexdigest()
+    config = {"Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"], "Cmd": ["python3"], "WorkingDir": "/", "Labels": labels}
+    history = [
+        "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
+        f"{venv.history}, less triton's GPU toolchain binaries",
+    ]
+    found = oci.write_image(cache_dir(), ref, layers, config, history)
+    say(
+        f"runtime image {what} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
+        f"({sum(layer['size'] for layer in layers) / 2**20:.0f} MiB, uncompressed)"
+    )
+    return ref, found
+
+
+def _venv_layer(base: Path, wheelhouse: Path, venv: Venv, t0: float) -> dict:
+    """The venv installed in an overlay over the rootfs, its upper directory written as a layer."""
     work = cache_dir() / "build"
-    if work.exists():
+    if work.exists():  # a build killed half-way: its mounts first
         for line in reversed(Path("/proc/mounts").read_text().splitlines()):
             if line.split()[1].startswith(str(work) + "/"):
                 _umount(Path(line.split()[1]))
         shutil.rmtree(work)
     try:
-        upper = _install_venv(base, wheelhouse, work)
-        say(f"runtime image: venv installed after {time.monotonic() - t0:.0f}s; writing its layer")
-        layer1 = oci.layer_from_dir(cache_dir(), upper, ("./tmp/*",), normalize_mtime=True, progress=say)
+        upper = _install_venv(base, wheelhouse, work, venv)
+        say(f"runtime image ({venv.name}): venv installed after {time.monotonic() - t0:.0f}s; writing its layer")
+        return oci.layer_from_dir(cache_dir(), upper, ("./tmp/*",), normalize_mtime=True, progress=say)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    config = {
-        "Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"],
-        "Cmd": ["python3"],
-        "WorkingDir": "/",
-        "Labels": {
-            "org.opencontainers.image.title": "ironserve lab: SGLang CPU runtime",
-            "ironserve.lab.sglang": cpu_runtime.SGLANG_VERSION,
-            "ironserve.lab.requirements.sha256": hashlib.sha256(cpu_runtime.requirements_text().encode()).hexdigest(),
-        },
-    }
-    found = oci.write_image(
-        cache_dir(),
-        ref,
-        [layer0, layer1],
-        config,
-        [
-            "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
-            f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (lab/ironserve_lab/cpu_runtime.py pins), "
-            "less triton's GPU toolchain binaries",
-        ],
-    )
-    say(
-        f"runtime image {REPO}:{TAG} built in {time.monotonic() - t0:.0f}s: {found['manifest_digest']} "
-        f"({(layer0['size'] + layer1['size']) / 2**20:.0f} MiB, uncompressed)"
-    )
-    return ref, found

@@ -18,7 +18,7 @@ import pytest
 from ironserve_lab import cluster, gpu_images, images, runtime_image
 from ironserve_lab.system import LabError
 
-from ironserve import catalogue
+from ironserve import catalogue, engine_parser
 from ironserve.hostdata import DEFAULTS
 from ironserve.inventory import InventoryHost
 from ironserve.render import model_path_on
@@ -154,6 +154,32 @@ def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
     assert all(path.is_file() for path in kept)
     with pytest.raises(LabError, match="GPU_TOOLCHAIN"):
         runtime_image._drop_gpu_toolchain(tmp_path)
+
+
+def test_the_parser_image_installs_the_parser_venvs_distributions_on_the_runtimes_pins():
+    """One list for both: what the lint's parser venvs install is what the stand-ins' venv holds (with the shims and
+    what they require, resolved by uv), pinned by the CPU runtime's requirements.txt; cached apart from the runtime."""
+    roots = runtime_image.parser_roots()
+    assert {"torch", "transformers", "triton", "pillow", "pyzmq", "ironserve-lab-cpu-shims"} <= set(roots)
+    assert len(roots) == len(engine_parser.parser_distributions()) + 1 and "sglang" not in roots
+    assert runtime_image.PARSER.install == ("-c", runtime_image.PINS, *roots)
+    assert runtime_image.RUNTIME.install == ("-r", runtime_image.PINS)
+    assert runtime_image.PARSER.bytecode in roots and "sglang" not in runtime_image.PARSER.imports
+
+
+def test_the_runtime_and_parser_images_are_cached_apart(tmp_path):
+    base, wheelhouse = tmp_path / "base", tmp_path / "wheels"
+    for d in ("var/lib/dpkg", "etc"):
+        (base / d).mkdir(parents=True)
+    (base / "var/lib/dpkg/status").write_text("Package: python3\n")
+    (base / "etc/ironlab-base-version").write_text("7\n")
+    wheelhouse.mkdir()
+    (wheelhouse / "SHA256SUMS").write_text("ab  torch.whl\n")
+    runtime, parser = (
+        runtime_image.ref_file(base, wheelhouse, v) for v in (runtime_image.RUNTIME, runtime_image.PARSER)
+    )
+    assert runtime.name.startswith(f"sglang-cpu-{runtime_image.TAG}-") and parser.name.startswith("parser-")
+    assert runtime.name.split("-")[-1] != parser.name.split("-")[-1]
 
 
 def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):

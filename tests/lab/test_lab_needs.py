@@ -22,7 +22,8 @@ def test_nothing_named_builds_everything_the_profile_uses():
 
 
 def test_a_docker_recipe_needs_its_image_and_not_the_uv_runtimes():
-    # the demo's deploy: GLM-5 is a docker recipe, FROM the CPU runtime image; the CUDA wheelhouse serves uv recipes
+    # the demo's deploy: GLM-5 is a docker recipe, on the parser image (the CPU runtime's pins); the CUDA wheelhouse
+    # serves uv recipes
     assert built("rtx6000-pro-maxq", "deploys/glm5.py") == (["glm5-nvfp4-mtp-rtx6000-tp8"], [], True)
     assert built("rtx6000-pro-maxq", "glm5") == built("rtx6000-pro-maxq", "glm5-nvfp4-mtp-rtx6000-tp8")
     # cpu-lab's docker recipe runs the CPU runtime image, whose wheelhouse is published beside it
