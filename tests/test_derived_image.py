@@ -10,6 +10,7 @@ import base64
 import hashlib
 import http.server
 import json
+import shutil
 import ssl
 import subprocess
 import threading
@@ -134,7 +135,11 @@ def test_hosts_that_disagree_stop_the_deploy_before_any_host(recipe_file):
     assert err.value.problems[0].field == "lab2.pip_index_url"
 
 
-def test_a_tag_base_is_not_built_once_for_every_host():
+def test_a_tag_base_is_not_built_once_for_every_host(tmp_path, monkeypatch):
+    # a copy of the catalogue without lock files: `ironserve lock tiny-cpu-docker` in a checkout writes one beside it
+    recipes = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes", recipes, ignore=shutil.ignore_patterns("*.lock.json"))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(recipes))
     with pytest.raises(SpecError) as err:
         _context("tiny-cpu-docker", docker_allow_unpinned=True, docker_derived_registry=REGISTRY)
     assert err.value.problems[0].field == "runtime.digest" and "no lock file pins it" in str(err.value)
