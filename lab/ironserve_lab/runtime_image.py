@@ -190,6 +190,38 @@ def _drop_gpu_toolchain(merged: Path) -> None:
             path.unlink()
 
 
+def has_debug_info(path: Path) -> bool:
+    """Whether ``path`` is a 64-bit little-endian ELF file with DWARF sections (``.debug_*``), read from its section
+    headers (what `readelf -S` lists)."""
+    with open(path, "rb") as elf:
+        head = elf.read(64)
+        if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+            return False
+        shoff = int.from_bytes(head[0x28:0x30], "little")
+        shentsize, shnum, shstrndx = (int.from_bytes(head[i : i + 2], "little") for i in (0x3A, 0x3C, 0x3E))
+        elf.seek(shoff)
+        headers = elf.read(shentsize * shnum)
+        if shstrndx >= shnum or len(headers) < shentsize * shnum:
+            return False
+        names = headers[shstrndx * shentsize : (shstrndx + 1) * shentsize]
+        elf.seek(int.from_bytes(names[0x18:0x20], "little"))
+        strtab = elf.read(int.from_bytes(names[0x20:0x28], "little"))
+    starts = (int.from_bytes(headers[i * shentsize : i * shentsize + 4], "little") for i in range(shnum))
+    return any(strtab[start:].startswith(b".debug_") for start in starts)
+
+
+def _strip_debug_info(merged: Path) -> None:
+    """The venv's shared objects without their debug info (triton's libtriton.so: 477 MB, 183 without): never loaded
+    when the code runs, but every host pulls it. `strip --strip-debug` keeps the symbols and the code."""
+    site = site_packages(merged)
+    found = [path for path in site.rglob("*.so*") if path.is_file() and not path.is_symlink() and has_debug_info(path)]
+    before = sum(path.stat().st_size for path in found)
+    for path in found:
+        run(["strip", "--strip-debug", str(path)])
+    after = sum(path.stat().st_size for path in found)
+    say(f"runtime image: debug info stripped from {len(found)} shared object(s): {before >> 20} -> {after >> 20} MiB")
+
+
 def _check_bytecode(merged: Path, package: str = "sglang") -> None:
     """The venv's bytecode is hash-checked (flags word of the pyc header, PEP 552), so it survives the clamped mtimes."""
     pyc = site_packages(merged) / package / "__pycache__/__init__.cpython-311.pyc"
@@ -262,6 +294,7 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
     )
     _check_bytecode(merged, venv.bytecode)
     _drop_gpu_toolchain(merged)
+    _strip_debug_info(merged)
     check = run([*chroot, f"{VENV}/bin/python", "-c", venv.imports], timeout=600)
     say(f"runtime image ({venv.name}): the venv imports {check.stdout.strip()}")
 
@@ -299,7 +332,7 @@ def ensure(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> tuple[Path, di
     config = {"Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"], "Cmd": ["python3"], "WorkingDir": "/", "Labels": labels}
     history = [
         "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
-        f"{venv.history}, less triton's GPU toolchain binaries",
+        f"{venv.history}, less triton's GPU toolchain binaries and the shared objects' debug info",
     ]
     found = oci.write_image(cache_dir(), ref, layers, config, history)
     say(

@@ -61,11 +61,11 @@ def apt_install(packages: list[str], why: str) -> None:
 
 
 def ensure_tools() -> None:
-    """Host-safety preflight: root, then systemd-nspawn/mmdebstrap (installed when missing)."""
+    """Host-safety preflight: root, then systemd-nspawn, mmdebstrap and strip (installed when missing)."""
     require_root()
     missing = [
         pkg
-        for tool, pkg in (("systemd-nspawn", "systemd-container"), ("mmdebstrap", "mmdebstrap"))
+        for tool, pkg in (("systemd-nspawn", "systemd-container"), ("mmdebstrap", "mmdebstrap"), ("strip", "binutils"))
         if not shutil.which(tool)
     ]
     if missing:

@@ -12,7 +12,10 @@ import argparse
 import json
 import py_compile
 import runpy
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from ironserve_lab import cluster, gpu_images, images, runtime_image
@@ -180,6 +183,28 @@ def test_the_runtime_and_parser_images_are_cached_apart(tmp_path):
     )
     assert runtime.name.startswith(f"sglang-cpu-{runtime_image.TAG}-") and parser.name.startswith("parser-")
     assert runtime.name.split("-")[-1] != parser.name.split("-")[-1]
+
+
+def test_the_images_shared_objects_lose_their_debug_info_and_still_load(tmp_path):
+    """An extension module built with DWARF sections (this environment's cffi backend, as uv.lock pins it) is found,
+    stripped smaller, and still imports; an ELF without debug info and a file that is no ELF are left alone."""
+    import _cffi_backend
+
+    source = Path(_cffi_backend.__file__)
+    assert runtime_image.has_debug_info(source)
+    site = runtime_image.site_packages(tmp_path)
+    site.mkdir(parents=True)
+    shutil.copy2(source, site / source.name)
+    (site / "data.sort").write_text("not an ELF\n")
+    runtime_image._strip_debug_info(tmp_path)
+    assert not runtime_image.has_debug_info(site / source.name)
+    assert (site / source.name).stat().st_size < source.stat().st_size
+    code = "import sys, _cffi_backend; print(_cffi_backend.__file__, _cffi_backend.__version__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=site, capture_output=True, text=True, check=True).stdout
+    assert out.startswith(str(site / source.name)), out
+    size = (site / source.name).stat().st_size
+    runtime_image._strip_debug_info(tmp_path)  # nothing left to strip: the file is not rewritten
+    assert (site / source.name).stat().st_size == size and (site / "data.sort").read_text() == "not an ELF\n"
 
 
 def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):
