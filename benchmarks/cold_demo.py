@@ -24,6 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # `lab up`'s own timings: "ready in 67s", "built in 80s", ", 13.5 s", "(76.6s)", "total 162.8s)"
 TIMED = re.compile(r"^\[lab\] (.*(?:in \d+s\b|, \d+(?:\.\d+)? s$|\(\d+(?:\.\d+)?s\)|total \d+\.\d+s\)).*)$")
+# the deploy's long commands as it timed them ("[lab1] pulling IMAGE: 91s"), the demo's steps ("[demo] deploy in 160s")
+DEPLOY_TIMED = re.compile(r"^\s*\[\w+\] ((?:pulling|building|pushing) \S+: \d+s)$")
+STEP = re.compile(r"^\[demo\] (.* in \d+s)$")
 
 
 def lab_is_up() -> bool:
@@ -70,6 +73,10 @@ def main() -> int:
     for line in output.splitlines():
         if match := TIMED.match(line):
             print(f"  lab up: {match.group(1)}")
+        elif match := DEPLOY_TIMED.match(line):
+            print(f"  deploy: {line.strip()}")
+        elif match := STEP.match(line):
+            print(f"  demo: {match.group(1)}")
     print(f"cold demo: exit {rc} in {wall:.0f} s (scripts/demo on a fresh clone, every project cache empty)")
     if rc != 0:
         print(output[-4000:], file=sys.stderr)
