@@ -43,7 +43,7 @@ from .system import LabError, run, say
 REPO = "ironserve-lab/sglang-cpu"
 TAG = cpu_runtime.SGLANG_VERSION
 VENV = "/opt/sglang"
-BUILD_VERSION = "4"  # bump when the build below changes: the cached image is rebuilt
+BUILD_VERSION = "5"  # bump when the build below changes: the cached image is rebuilt
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
 # stand-ins cut from it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
