@@ -43,17 +43,22 @@ from .system import LabError, run, say
 REPO = "ironserve-lab/sglang-cpu"
 TAG = cpu_runtime.SGLANG_VERSION
 VENV = "/opt/sglang"
-BUILD_VERSION = "5"  # bump when the build below changes: the cached image is rebuilt
+BUILD_VERSION = "6"  # bump when the build below changes: the cached image is rebuilt
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
-# stand-ins cut from it) does. Their Python stays: `import triton` reads it; the binaries are found lazily.
+# stand-ins built on the parser image) does. Their Python stays: `import triton` reads it; the binaries are found
+# lazily. And torch's C++ unit tests (82 MB of executables no import runs).
 GPU_TOOLCHAIN = (
     "triton/backends/nvidia/bin",
     "triton/backends/nvidia/lib/cupti",
     "triton/backends/nvidia/lib/cupti-blackwell",
     "triton/backends/amd/lib/libtriton_amd_codegen.so",
     "triton/instrumentation/libGPUInstrumentationTestLib.so",
+    "torch/test",
 )
+# The parser image's stand-ins compile nothing: torch's C headers (for C++ extensions and the CPU inductor's
+# generated code, which serving on the CPU runtime may build) go too.
+PARSER_UNUSED = (*GPU_TOOLCHAIN, "torch/include")
 BASE_EXCLUDES = (
     "./dev/*",
     "./proc/*",
@@ -76,6 +81,7 @@ class Venv:
     install: tuple[str, ...]  # `uv pip install` arguments (the wheelhouse's uv.toml applies to both)
     imports: str  # Python the finished venv must run
     bytecode: str  # a package whose bytecode proves the hash-checked compilation
+    unused: tuple[str, ...]  # site-packages paths left out of the layer (each must exist: a release that moved one)
     title: str
     history: str
 
@@ -90,6 +96,7 @@ RUNTIME = Venv(
     install=("-r", PINS),
     imports="import sglang, torch, triton; print(sglang.__version__, torch.__version__)",
     bytecode="sglang",
+    unused=GPU_TOOLCHAIN,
     title="ironserve lab: SGLang CPU runtime",
     history=f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (lab/ironserve_lab/cpu_runtime.py pins)",
 )
@@ -98,6 +105,7 @@ PARSER = Venv(
     install=("-c", PINS, *parser_roots()),
     imports="import torch, transformers, triton; print('parser packages', torch.__version__)",
     bytecode="torch",
+    unused=PARSER_UNUSED,
     title="ironserve lab: what SGLang's parser imports, on the CPU runtime's pins",
     history=f"uv venv {VENV} && uv pip install --no-index -c requirements.txt {' '.join(parser_roots())} "
     "(the lint parser venvs' distributions)",
@@ -174,15 +182,15 @@ def site_packages(root: Path) -> Path:
     return root / VENV.lstrip("/") / "lib/python3.11/site-packages"
 
 
-def _drop_gpu_toolchain(merged: Path) -> None:
+def _drop_unused(merged: Path, unused: tuple[str, ...]) -> None:
     site = site_packages(merged)
-    missing = [rel for rel in GPU_TOOLCHAIN if not (site / rel).exists()]
-    if missing:  # a triton release that moved them: the image would silently grow by half a GB again
+    missing = [rel for rel in unused if not (site / rel).exists()]
+    if missing:  # a triton or torch release that moved them: the image would silently grow again
         raise LabError(
-            f"runtime image: triton's GPU toolchain is not where the build expects it: {missing} "
-            "(update runtime_image.GPU_TOOLCHAIN)"
+            f"runtime image: what the build leaves out is not where it expects it: {missing} "
+            "(update runtime_image.GPU_TOOLCHAIN or PARSER_UNUSED)"
         )
-    for rel in GPU_TOOLCHAIN:
+    for rel in unused:
         path = site / rel
         if path.is_dir():
             shutil.rmtree(path)
@@ -293,7 +301,7 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
         timeout=3600,
     )
     _check_bytecode(merged, venv.bytecode)
-    _drop_gpu_toolchain(merged)
+    _drop_unused(merged, venv.unused)
     _strip_debug_info(merged)
     check = run([*chroot, f"{VENV}/bin/python", "-c", venv.imports], timeout=600)
     say(f"runtime image ({venv.name}): the venv imports {check.stdout.strip()}")
@@ -332,7 +340,7 @@ def ensure(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> tuple[Path, di
     config = {"Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"], "Cmd": ["python3"], "WorkingDir": "/", "Labels": labels}
     history = [
         "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
-        f"{venv.history}, less triton's GPU toolchain binaries and the shared objects' debug info",
+        f"{venv.history}, less {', '.join(venv.unused)} and the shared objects' debug info",
     ]
     found = oci.write_image(cache_dir(), ref, layers, config, history)
     say(

@@ -133,9 +133,10 @@ def test_cuda_builds_the_patches_install_are_stand_ins_with_their_metadata(tmp_p
     assert "nvidia-cudnn-cu13==9.19.1.2" in pins
 
 
-def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
-    """The binaries of GPU_TOOLCHAIN go; triton's Python (its backends' drivers included) stays; a triton that moved
-    them is an error, not an image half a GB larger again."""
+def test_the_runtime_image_leaves_out_only_gpu_toolchains_and_cpp_tests(tmp_path):
+    """The binaries of GPU_TOOLCHAIN (and torch's C++ tests) go; triton's Python (its backends' drivers included) and
+    torch's testing module stay; a release that moved them is an error, not an image half a GB larger again. The
+    parser image leaves torch's headers out too."""
     site = runtime_image.site_packages(tmp_path)
     for rel in runtime_image.GPU_TOOLCHAIN:
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -148,15 +149,17 @@ def test_the_runtime_image_leaves_out_only_tritons_gpu_toolchain(tmp_path):
         site / "triton/backends/nvidia/driver.py",
         site / "triton/backends/amd/compiler.py",
         site / "triton/_C/libtriton.so",
+        site / "torch/testing/__init__.py",
     ]
     for path in kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("kept\n")
-    runtime_image._drop_gpu_toolchain(tmp_path)
+    runtime_image._drop_unused(tmp_path, runtime_image.RUNTIME.unused)
     assert not [rel for rel in runtime_image.GPU_TOOLCHAIN if (site / rel).exists()]
     assert all(path.is_file() for path in kept)
     with pytest.raises(LabError, match="GPU_TOOLCHAIN"):
-        runtime_image._drop_gpu_toolchain(tmp_path)
+        runtime_image._drop_unused(tmp_path, runtime_image.RUNTIME.unused)
+    assert set(runtime_image.PARSER.unused) - set(runtime_image.RUNTIME.unused) == {"torch/include"}
 
 
 def test_the_parser_image_installs_the_parser_venvs_distributions_on_the_runtimes_pins():
