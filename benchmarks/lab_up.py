@@ -4,7 +4,7 @@
 
 Prints one line per run: hosts, `up` wall time (hosts booted to systemd `running` and answering SSH),
 and `down` wall time. Runs the lab CLI as a user would. Refuses if a lab is already up.
---docker: also, once, on a 1-host rtx6000-pro-maxq lab: `lab up` (the CPU runtime and stand-in GPU images
+--docker: also, once, on a 1-host rtx6000-pro-maxq lab: `lab up` (the parser and stand-in GPU images
 built once per machine and pushed), then the production GLM-5 deploy, whose long steps (Debian's docker.io, the
 pull of the stand-in image by the site lock's digest, the derived build, the parse check in the image) print
 their own times.

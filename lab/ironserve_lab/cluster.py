@@ -199,7 +199,7 @@ def _runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
 
 
 def _first_runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
-    """The runtimes whose wheelhouses the others and the CPU runtime image are built from."""
+    """The runtimes whose wheelhouses the others and the CPU runtime or parser image are built from."""
     image = [cpu_runtime.RUNTIME] if wanted.runtime_image() else []
     return list(dict.fromkeys([d for r in _runtimes(wanted) for d in r.requires] + image))
 
@@ -214,7 +214,7 @@ def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:
 
 
 def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Path) -> None:
-    """The runtimes needed (wheelhouses, the CPU runtime image, the GPU images), the servers that publish them."""
+    """The runtimes needed (wheelhouses, the CPU runtime or parser image, the GPU images), the servers that publish them."""
     hardware = wanted_for.hardware
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)
