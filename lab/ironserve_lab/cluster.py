@@ -214,7 +214,8 @@ def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:
 
 
 def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Path) -> None:
-    """The runtimes needed (wheelhouses, the CPU runtime or parser image, the GPU images), the servers that publish them."""
+    """The runtimes needed (wheelhouses, the CPU runtime or parser image, the GPU images), the servers that publish
+    them."""
     hardware = wanted_for.hardware
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)

@@ -2,10 +2,10 @@
 
 ``lab up --for NAME`` (repeatable) names what the lab is for: a recipe ID, a model family (its catalogue default
 for the lab's hardware, recipes/defaults.yaml) or a deploy file (``deploys/glm5.py``: the family it deploys). The
-bring-up then builds only the runtimes, the CPU runtime or parser image and the stand-in GPU images those recipes use, and
-says what it leaves out; without ``--for``, everything the profile's recipes use, as before. What a lab was brought
-up for is kept in its state and shown by ``lab status``; a later ``up`` adds what it is asked for (the supply and
-the registry keep what they hold).
+bring-up then builds only the runtimes, the CPU runtime or parser image and the stand-in GPU images those recipes
+use, and says what it leaves out; without ``--for``, everything the profile's recipes use, as before. What a lab was
+brought up for is kept in its state and shown by ``lab status``; a later ``up`` adds what it is asked for (the
+supply and the registry keep what they hold).
 """
 
 from __future__ import annotations
