@@ -10,7 +10,6 @@ import base64
 import hashlib
 import http.server
 import json
-import shutil
 import ssl
 import subprocess
 import threading
@@ -34,6 +33,8 @@ from ironserve.units import exec_argv, unit_files
 from roles import common, docker_engine, recipe_image
 from roles.context import build_context
 from roles.sglang_service import built_here, parse_digest, runtime_identity
+
+from .catalogue_copy import unlocked_catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "sha256:" + "12" * 32
@@ -137,9 +138,7 @@ def test_hosts_that_disagree_stop_the_deploy_before_any_host(recipe_file):
 
 def test_a_tag_base_is_not_built_once_for_every_host(tmp_path, monkeypatch):
     # a copy of the catalogue without lock files: `ironserve lock tiny-cpu-docker` in a checkout writes one beside it
-    recipes = tmp_path / "recipes"
-    shutil.copytree(ROOT / "recipes", recipes, ignore=shutil.ignore_patterns("*.lock.json"))
-    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(recipes))
+    monkeypatch.setenv("IRONSERVE_CATALOGUE", str(unlocked_catalogue(tmp_path)))
     with pytest.raises(SpecError) as err:
         _context("tiny-cpu-docker", docker_allow_unpinned=True, docker_derived_registry=REGISTRY)
     assert err.value.problems[0].field == "runtime.digest" and "no lock file pins it" in str(err.value)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
-import shutil
 import tarfile
 import threading
 from pathlib import Path
@@ -19,6 +18,8 @@ from ironserve import catalogue, cli, imagelock
 from ironserve.problems import SpecError
 from ironserve.registry import Registry, repository_path
 from roles.context import build_context, require_pinned_image
+
+from .catalogue_copy import unlocked_catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,9 +139,7 @@ def test_reference_parsing():
 
 def _recipes(tmp_path: Path) -> Path:
     """A copy of the catalogue to write locks into (the repository stays untouched)."""
-    dest = tmp_path / "recipes"
-    shutil.copytree(ROOT / "recipes", dest, ignore=shutil.ignore_patterns("*.lock.json"))
-    return dest
+    return unlocked_catalogue(tmp_path)
 
 
 def test_lock_writes_the_digest_and_loading_applies_it(tmp_path, registry, monkeypatch, capsys):

@@ -24,6 +24,8 @@ from ironserve import catalogue, cli, imagelock, pins
 from ironserve.problems import SpecError
 from roles.context import build_context, require_locked_runtime, runtime_lock
 
+from .catalogue_copy import unlocked_catalogue
+
 ROOT = Path(__file__).resolve().parents[1]
 UV = pins.uv_binary()
 needs_uv = pytest.mark.skipif(not UV, reason="uv is not installed here (scripts/env.sh installs it)")
@@ -57,8 +59,7 @@ def index(tmp_path):
 
 def _recipes(tmp_path: Path, packages: list[str]) -> Path:
     """The catalogue with tiny-cpu's runtime pinned to ``packages``."""
-    dest = tmp_path / "recipes"
-    shutil.copytree(ROOT / "recipes", dest, ignore=shutil.ignore_patterns("*.lock.json"))
+    dest = unlocked_catalogue(tmp_path)
     data = yaml.safe_load((dest / "tiny-cpu.yaml").read_text())
     data["runtime"]["packages"] = packages
     data["runtime"].pop("overrides", None), data["runtime"].pop("excludes", None)

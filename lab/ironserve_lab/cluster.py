@@ -229,7 +229,7 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         registry.start_server(root)
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
         if with_image and PROFILES[hardware]["kind"] == "none":
-            publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins push their own
+            publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins are pushed below
         gpu = [r for r in images.docker_recipes() if wanted_for.uses(r)]
         lab.image_lock = publish_gpu_images(root, base, gpu) if PROFILES[hardware]["kind"] == "nvidia" and gpu else ""
         for done in built:

@@ -18,8 +18,9 @@ rootfs, so the image digest is per machine (`ironserve lock` resolves it).
 The same build makes the parser image (:data:`PARSER`), the base of the stand-in GPU images (gpu_images.py): the
 same base layer, and a venv of only what SGLang's argument parser imports (the lint parser venvs' distributions,
 ironserve.engine_parser, with the lab's import shims) and what they require, resolved by uv from the same
-wheelhouse under the same pins (``-c requirements.txt``): 1.7 of the runtime's 3 GB, installed directly, so a
-GPU profile's cold ``lab up`` never builds the serving venv it does not use.
+wheelhouse under the same pins (``-c requirements.txt``): 1.3 of the runtime's 2.5 GB, installed directly, so a
+GPU profile's cold ``lab up`` never builds the serving venv it does not use. Both venvs leave out what nothing
+loads (:data:`NEVER_LOADED`) and their shared objects' debug info.
 """
 
 from __future__ import annotations
@@ -47,18 +48,19 @@ BUILD_VERSION = "6"  # bump when the build below changes: the cached image is re
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
 # stand-ins built on the parser image) does. Their Python stays: `import triton` reads it; the binaries are found
-# lazily. And torch's C++ unit tests (82 MB of executables no import runs).
+# lazily.
 GPU_TOOLCHAIN = (
     "triton/backends/nvidia/bin",
     "triton/backends/nvidia/lib/cupti",
     "triton/backends/nvidia/lib/cupti-blackwell",
     "triton/backends/amd/lib/libtriton_amd_codegen.so",
     "triton/instrumentation/libGPUInstrumentationTestLib.so",
-    "torch/test",
 )
+# ... and torch's C++ unit tests (82 MB of executables no import runs): left out of both images
+NEVER_LOADED = (*GPU_TOOLCHAIN, "torch/test")
 # The parser image's stand-ins compile nothing: torch's C headers (for C++ extensions and the CPU inductor's
 # generated code, which serving on the CPU runtime may build) go too.
-PARSER_UNUSED = (*GPU_TOOLCHAIN, "torch/include")
+PARSER_UNUSED = (*NEVER_LOADED, "torch/include")
 BASE_EXCLUDES = (
     "./dev/*",
     "./proc/*",
@@ -83,7 +85,13 @@ class Venv:
     bytecode: str  # a package whose bytecode proves the hash-checked compilation
     unused: tuple[str, ...]  # site-packages paths left out of the layer (each must exist: a release that moved one)
     title: str
-    history: str
+
+    def history(self) -> str:
+        """The venv layer's line in the image history: how it was installed, what it leaves out."""
+        return (
+            f"uv venv {VENV} && uv pip install --no-index {' '.join(self.install)} (lab/ironserve_lab/cpu_runtime.py "
+            f"pins), less {', '.join(self.unused)} and the shared objects' debug info"
+        )
 
 
 def parser_roots() -> list[str]:
@@ -96,9 +104,8 @@ RUNTIME = Venv(
     install=("-r", PINS),
     imports="import sglang, torch, triton; print(sglang.__version__, torch.__version__)",
     bytecode="sglang",
-    unused=GPU_TOOLCHAIN,
+    unused=NEVER_LOADED,
     title="ironserve lab: SGLang CPU runtime",
-    history=f"uv venv {VENV} && uv pip install --no-index -r requirements.txt (lab/ironserve_lab/cpu_runtime.py pins)",
 )
 PARSER = Venv(
     name="parser",
@@ -107,8 +114,6 @@ PARSER = Venv(
     bytecode="torch",
     unused=PARSER_UNUSED,
     title="ironserve lab: what SGLang's parser imports, on the CPU runtime's pins",
-    history=f"uv venv {VENV} && uv pip install --no-index -c requirements.txt {' '.join(parser_roots())} "
-    "(the lint parser venvs' distributions)",
 )
 
 
@@ -188,7 +193,7 @@ def _drop_unused(merged: Path, unused: tuple[str, ...]) -> None:
     if missing:  # a triton or torch release that moved them: the image would silently grow again
         raise LabError(
             f"runtime image: what the build leaves out is not where it expects it: {missing} "
-            "(update runtime_image.GPU_TOOLCHAIN or PARSER_UNUSED)"
+            "(update runtime_image.GPU_TOOLCHAIN, NEVER_LOADED or PARSER_UNUSED)"
         )
     for rel in unused:
         path = site / rel
@@ -340,7 +345,7 @@ def ensure(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> tuple[Path, di
     config = {"Env": [f"PATH={PATH}", f"VIRTUAL_ENV={VENV}"], "Cmd": ["python3"], "WorkingDir": "/", "Labels": labels}
     history = [
         "lab rootfs (Debian bookworm, lab/ironserve_lab/rootfs.py)",
-        f"{venv.history}, less {', '.join(venv.unused)} and the shared objects' debug info",
+        venv.history(),
     ]
     found = oci.write_image(cache_dir(), ref, layers, config, history)
     say(

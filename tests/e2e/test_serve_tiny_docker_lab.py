@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
@@ -26,8 +25,9 @@ from ironserve_lab.state import lab_dir
 
 from ironserve.registry import Registry
 
+from ..catalogue_copy import unlocked_catalogue
 from .cpu3.fleet import changes, chat
-from .labcli import ROOT, ironserve, lab_down, lab_status, lab_up, pyinfra, run_log, ssh
+from .labcli import ironserve, lab_down, lab_status, lab_up, pyinfra, run_log, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -44,8 +44,7 @@ WAITS = ("building", "pushing", "pulling")  # what the deploy times (roles/commo
 def catalogue(tmp_path_factory):
     """A copy of the catalogue for this module's commands (IRONSERVE_CATALOGUE): `ironserve lock` writes the lock
     beside the recipe, and the offline tests run beside the lab's read the checkout's recipes/ unlocked."""
-    recipes = tmp_path_factory.mktemp("catalogue") / "recipes"
-    shutil.copytree(ROOT / "recipes", recipes, ignore=shutil.ignore_patterns("*.lock.json"))
+    recipes = unlocked_catalogue(tmp_path_factory.mktemp("catalogue"))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("IRONSERVE_CATALOGUE", str(recipes))
         yield recipes

@@ -14,13 +14,13 @@ deploy plans no change.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from ironserve import catalogue
 from ironserve.units import venv_path
 
+from ..catalogue_copy import unlocked_catalogue
 from . import labcli
 from .labcli import lab_down, pyinfra
 
@@ -32,8 +32,7 @@ DEPLOY = "deploys/glm51.py"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    recipes = tmp_path_factory.mktemp("catalogue") / "recipes"
-    shutil.copytree(labcli.ROOT / "recipes", recipes, ignore=shutil.ignore_patterns("*.lock.json"))
+    recipes = unlocked_catalogue(tmp_path_factory.mktemp("catalogue"))
     try:
         hosts, api_key_file = labcli.up_with_api_key(tmp_path_factory, 2, "atlas-800i-a3", timeout=1800)
         yield hosts, api_key_file, {"IRONSERVE_CATALOGUE": str(recipes)}, recipes

@@ -134,11 +134,11 @@ def test_cuda_builds_the_patches_install_are_stand_ins_with_their_metadata(tmp_p
 
 
 def test_the_runtime_image_leaves_out_only_gpu_toolchains_and_cpp_tests(tmp_path):
-    """The binaries of GPU_TOOLCHAIN (and torch's C++ tests) go; triton's Python (its backends' drivers included) and
+    """The binaries of GPU_TOOLCHAIN and torch's C++ tests (NEVER_LOADED) go; triton's Python (its backends' drivers included) and
     torch's testing module stay; a release that moved them is an error, not an image half a GB larger again. The
     parser image leaves torch's headers out too."""
     site = runtime_image.site_packages(tmp_path)
-    for rel in runtime_image.GPU_TOOLCHAIN:
+    for rel in runtime_image.NEVER_LOADED:
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         if rel.endswith(".so"):
             (site / rel).write_bytes(b"\x7fELF")
@@ -155,7 +155,7 @@ def test_the_runtime_image_leaves_out_only_gpu_toolchains_and_cpp_tests(tmp_path
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("kept\n")
     runtime_image._drop_unused(tmp_path, runtime_image.RUNTIME.unused)
-    assert not [rel for rel in runtime_image.GPU_TOOLCHAIN if (site / rel).exists()]
+    assert not [rel for rel in runtime_image.NEVER_LOADED if (site / rel).exists()]
     assert all(path.is_file() for path in kept)
     with pytest.raises(LabError, match="GPU_TOOLCHAIN"):
         runtime_image._drop_unused(tmp_path, runtime_image.RUNTIME.unused)
