@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from .system import LabError, run, say
 REPO = "ironserve-lab/sglang-cpu"
 TAG = cpu_runtime.SGLANG_VERSION
 VENV = "/opt/sglang"
-BUILD_VERSION = "6"  # bump when the build below changes: the cached image is rebuilt
+BUILD_VERSION = "7"  # bump when the build below changes: the cached image is rebuilt
 # The GPU toolchains in triton's wheel (NVIDIA's ptxas and CUPTI, the ROCm code generator, a GPU test library):
 # 0.5 GB of every host's pull, used only to compile GPU kernels, which nothing on this CPU image (or the GPU
 # stand-ins built on the parser image) does. Their Python stays: `import triton` reads it; the binaries are found
@@ -56,8 +57,20 @@ GPU_TOOLCHAIN = (
     "triton/backends/amd/lib/libtriton_amd_codegen.so",
     "triton/instrumentation/libGPUInstrumentationTestLib.so",
 )
-# ... and torch's C++ unit tests (82 MB of executables no import runs): left out of both images
-NEVER_LOADED = (*GPU_TOOLCHAIN, "torch/test")
+# ... and torch's C++ unit tests (torch/test, 82 MB, and torch/bin's largest, 36 MB: executables no import runs) and
+# its protobuf compiler (11 MB, for building against torch): left out of both images (torch/bin/torch_shm_manager,
+# which torch.multiprocessing runs, stays)
+TORCH_EXECUTABLES = (
+    "torch/test",
+    "torch/bin/test_api",
+    "torch/bin/test_jit",
+    "torch/bin/test_lazy",
+    "torch/bin/test_aoti_abi_check",
+    "torch/bin/test_profiler_collection",
+    "torch/bin/protoc",
+    "torch/bin/protoc-3.13.0.0",
+)
+NEVER_LOADED = (*GPU_TOOLCHAIN, *TORCH_EXECUTABLES)
 # The parser image's stand-ins compile nothing: torch's C headers (for C++ extensions and the CPU inductor's
 # generated code, which serving on the CPU runtime may build) go too.
 PARSER_UNUSED = (*NEVER_LOADED, "torch/include")
@@ -85,12 +98,17 @@ class Venv:
     bytecode: str  # a package whose bytecode proves the hash-checked compilation
     unused: tuple[str, ...]  # site-packages paths left out of the layer (each must exist: a release that moved one)
     title: str
+    # Python whose imported modules get bytecode (the runtime's SGLang release on its path, from the wheelhouse): an
+    # image that only runs that need not compile all of its venv, the rest is compiled when something imports it;
+    # "" compiles the whole venv (uv's --compile-bytecode)
+    bytecode_for: str = ""
 
     def history(self) -> str:
         """The venv layer's line in the image history: how it was installed, what it leaves out."""
+        compiled = f", bytecode for `{self.bytecode_for}`" if self.bytecode_for else ""
         return (
             f"uv venv {VENV} && uv pip install --no-index {' '.join(self.install)} (lab/ironserve_lab/cpu_runtime.py "
-            f"pins), less {', '.join(self.unused)} and the shared objects' debug info"
+            f"pins){compiled}, less {', '.join(self.unused)} and the shared objects' debug info"
         )
 
 
@@ -114,6 +132,9 @@ PARSER = Venv(
     bytecode="torch",
     unused=PARSER_UNUSED,
     title="ironserve lab: what SGLang's parser imports, on the CPU runtime's pins",
+    # the stand-ins run only the parse check: SGLang's parser (their own SGLang, compiled in its layer; here the
+    # runtime's release) and what it imports of this venv, a sixth of its modules
+    bytecode_for="import sglang.srt.server_args, torch, transformers, triton",
 )
 
 
@@ -135,6 +156,7 @@ def build_key(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> str:
             "wheels": (wheelhouse / "SHA256SUMS").read_text(),
             "requirements": cpu_runtime.REQUIREMENTS,
             "install": venv.install,
+            "bytecode_for": venv.bytecode_for,
         }
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -301,10 +323,13 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
     uv = [*chroot, "/tmp/ironlab-uv"]
     run([*uv, "venv", "--python", "/usr/bin/python3.11", VENV])
     wheels = ["--no-index", "--find-links", "/tmp/ironlab-wheels", *venv.install]
+    compile_all = [] if venv.bytecode_for else ["--compile-bytecode"]
     run(
-        [*uv, "pip", "install", "--python", f"{VENV}/bin/python", "--link-mode", "copy", "--compile-bytecode", *wheels],
+        [*uv, "pip", "install", "--python", f"{VENV}/bin/python", "--link-mode", "copy", *compile_all, *wheels],
         timeout=3600,
     )
+    if venv.bytecode_for:
+        _compile_loaded(merged, chroot, venv.bytecode_for)
     _check_bytecode(merged, venv.bytecode)
     _drop_unused(merged, venv.unused)
     _strip_debug_info(merged)
@@ -312,9 +337,53 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
     say(f"runtime image ({venv.name}): the venv imports {check.stdout.strip()}")
 
 
+# Prints the venv's source files the statements load (run with PYTHONDONTWRITEBYTECODE: the import itself writes
+# no timestamp-checked pyc)
+LOADED_FILES = """
+import sys
+{statements}
+for module in list(sys.modules.values()):
+    path = getattr(module, "__file__", None) or ""
+    if path.startswith("{venv}/") and path.endswith(".py"):
+        print(path)
+"""
+# Hash-checked bytecode for the files listed in argv[1], on every core (compileall compiles a list one by one)
+COMPILE_FILES = """
+import py_compile, sys
+from concurrent.futures import ProcessPoolExecutor
+def compile_one(path):
+    py_compile.compile(path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+with ProcessPoolExecutor() as pool:
+    list(pool.map(compile_one, open(sys.argv[1]).read().splitlines(), chunksize=32))
+"""
+
+
+def _compile_loaded(merged: Path, chroot: list[str], statements: str) -> None:
+    """Hash-checked bytecode for the venv modules ``statements`` import, and for no other."""
+    python = f"{VENV}/bin/python"
+    wheels = sorted((merged / "tmp/ironlab-wheels").glob(f"sglang-{cpu_runtime.SGLANG_VERSION}-*.whl"))
+    if not wheels:
+        raise LabError(f"runtime image: no sglang {cpu_runtime.SGLANG_VERSION} wheel in the CPU wheelhouse")
+    with zipfile.ZipFile(wheels[0]) as whl:
+        whl.extractall(merged / "tmp/ironlab-sglang")
+    script = LOADED_FILES.format(statements=statements, venv=VENV)
+    env = ["PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=/tmp/ironlab-sglang"]
+    loaded = run([*chroot, *env, python, "-c", script], timeout=600).stdout
+    (merged / "tmp/ironlab-loaded.txt").write_text(loaded)
+    run([*chroot, python, "-c", COMPILE_FILES, "/tmp/ironlab-loaded.txt"], timeout=1800)
+    say(f"runtime image: bytecode for the {len(loaded.splitlines())} modules `{statements}` loads")
+
+
 def _clean_upper(upper: Path) -> None:
     """The build's own files out of the layer; LabError when the install removed a file of the base."""
-    for leftover in ("tmp/ironlab-wheels", "tmp/ironlab-uv", "tmp/ironlab-home", "root/.cache"):
+    for leftover in (
+        "tmp/ironlab-wheels",
+        "tmp/ironlab-uv",
+        "tmp/ironlab-home",
+        "tmp/ironlab-loaded.txt",
+        "tmp/ironlab-sglang",
+        "root/.cache",
+    ):
         path = upper / leftover
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -150,6 +150,7 @@ def test_the_runtime_image_leaves_out_only_gpu_toolchains_and_cpp_tests(tmp_path
         site / "triton/backends/amd/compiler.py",
         site / "triton/_C/libtriton.so",
         site / "torch/testing/__init__.py",
+        site / "torch/bin/torch_shm_manager",
     ]
     for path in kept:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,3 +226,21 @@ def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):
         str(pkg / "__init__.py"), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
     )
     runtime_image._check_bytecode(tmp_path)
+
+
+def test_the_parser_image_compiles_what_its_check_imports_hash_checked_and_nothing_else(tmp_path):
+    """The parser image's bytecode (runtime_image.LOADED_FILES, COMPILE_FILES): the venv's modules the statements
+    import get hash-checked pycs (the layer clamps mtimes), the others none, and listing them writes no pyc."""
+    venv = tmp_path / "venv"
+    (venv / "pkg").mkdir(parents=True)
+    for name, text in {"__init__.py": "", "loaded.py": "import pkg.also\n", "also.py": "", "unused.py": ""}.items():
+        (venv / "pkg" / name).write_text(text)
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(venv), "PATH": "/usr/bin:/bin"}
+    script = runtime_image.LOADED_FILES.format(statements="import pkg.loaded, json", venv=venv)
+    listed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert sorted(Path(p).name for p in listed.stdout.splitlines()) == ["__init__.py", "also.py", "loaded.py"]
+    assert not list(venv.rglob("*.pyc"))
+    (tmp_path / "list").write_text(listed.stdout)
+    subprocess.run([sys.executable, "-c", runtime_image.COMPILE_FILES, str(tmp_path / "list")], check=True)
+    compiled = {pyc.name.split(".")[0]: int.from_bytes(pyc.read_bytes()[4:8], "little") for pyc in venv.rglob("*.pyc")}
+    assert compiled == {"__init__": 3, "loaded": 3, "also": 3}  # flags: hash-based (1), checked (2)
