@@ -5,7 +5,7 @@ air-gapped lab; the stand-ins are real images for the real Docker engine in the 
 without a Docker engine (oci.py) and cached beside the CPU runtime image (runtime_image.py):
 
 - FROM the parser image (runtime_image.PARSER): the CPU runtime image's Debian base layer, and a venv of only
-  what SGLang's parser imports, on the CPU runtime's pins (1.3 GB, not the runtime's 2.5; every host pulls it once
+  what SGLang's parser imports, on the CPU runtime's pins (1.1 GB, not the runtime's 2.5; every host pulls it once
   and shares it across the stand-in tags);
 - one layer of the recipe's SGLang (``engine.check_version``) installed ``--no-deps`` the way the lint parser
   venvs install it (ironserve/engine_parser.release_only: the release alone, no venv), at the place the real

@@ -18,9 +18,10 @@ rootfs, so the image digest is per machine (`ironserve lock` resolves it).
 The same build makes the parser image (:data:`PARSER`), the base of the stand-in GPU images (gpu_images.py): the
 same base layer, and a venv of only what SGLang's argument parser imports (the lint parser venvs' distributions,
 ironserve.engine_parser, with the lab's import shims) and what they require, resolved by uv from the same
-wheelhouse under the same pins (``-c requirements.txt``): 1.3 of the runtime's 2.5 GB, installed directly, so a
+wheelhouse under the same pins (``-c requirements.txt``): 1.1 of the runtime's 2.5 GB, installed directly, so a
 GPU profile's cold ``lab up`` never builds the serving venv it does not use. Both venvs leave out what nothing
-loads (:data:`NEVER_LOADED`) and their shared objects' debug info.
+loads (:data:`NEVER_LOADED`) and their shared objects' debug info; the parser image has bytecode only for the
+modules SGLang's parser loads (``Venv.bytecode_for``), the CPU runtime image for all (its engines import more).
 """
 
 from __future__ import annotations
