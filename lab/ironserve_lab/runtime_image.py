@@ -348,14 +348,14 @@ for module in list(sys.modules.values()):
     if path.startswith("{venv}/") and path.endswith(".py"):
         print(path)
 """
-# Hash-checked bytecode for the files listed in argv[1], on every core (compileall compiles a list one by one)
+# Hash-checked bytecode for the files listed on stdin, on every core (compileall compiles a list one by one)
 COMPILE_FILES = """
 import py_compile, sys
 from concurrent.futures import ProcessPoolExecutor
 def compile_one(path):
     py_compile.compile(path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
 with ProcessPoolExecutor() as pool:
-    list(pool.map(compile_one, open(sys.argv[1]).read().splitlines(), chunksize=32))
+    list(pool.map(compile_one, sys.stdin.read().splitlines(), chunksize=32))
 """
 
 
@@ -370,8 +370,7 @@ def _compile_loaded(merged: Path, chroot: list[str], statements: str) -> None:
     script = LOADED_FILES.format(statements=statements, venv=VENV)
     env = ["PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=/tmp/ironlab-sglang"]
     loaded = run([*chroot, *env, python, "-c", script], timeout=600).stdout
-    (merged / "tmp/ironlab-loaded.txt").write_text(loaded)
-    run([*chroot, python, "-c", COMPILE_FILES, "/tmp/ironlab-loaded.txt"], timeout=1800)
+    run([*chroot, python, "-c", COMPILE_FILES], input=loaded, timeout=1800)
     say(f"runtime image: bytecode for the {len(loaded.splitlines())} modules `{statements}` loads")
 
 
@@ -381,7 +380,6 @@ def _clean_upper(upper: Path) -> None:
         "tmp/ironlab-wheels",
         "tmp/ironlab-uv",
         "tmp/ironlab-home",
-        "tmp/ironlab-loaded.txt",
         "tmp/ironlab-sglang",
         "root/.cache",
     ):

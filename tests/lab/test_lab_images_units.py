@@ -240,7 +240,6 @@ def test_the_parser_image_compiles_what_its_check_imports_hash_checked_and_nothi
     listed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert sorted(Path(p).name for p in listed.stdout.splitlines()) == ["__init__.py", "also.py", "loaded.py"]
     assert not list(venv.rglob("*.pyc"))
-    (tmp_path / "list").write_text(listed.stdout)
-    subprocess.run([sys.executable, "-c", runtime_image.COMPILE_FILES, str(tmp_path / "list")], check=True)
+    subprocess.run([sys.executable, "-c", runtime_image.COMPILE_FILES], input=listed.stdout, text=True, check=True)
     compiled = {pyc.name.split(".")[0]: int.from_bytes(pyc.read_bytes()[4:8], "little") for pyc in venv.rglob("*.pyc")}
     assert compiled == {"__init__": 3, "loaded": 3, "also": 3}  # flags: hash-based (1), checked (2)
