@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -998,6 +999,23 @@ class Recipe(Strict):
     notes: list[str] = Field(default_factory=list)
 
     _coerce = field_validator("env", mode="before")(lambda cls, v: _coerce_env(v))
+
+    @field_validator("runtime")
+    @classmethod
+    def _router_pin_is_the_engines(cls, runtime: Runtime, info: ValidationInfo) -> Runtime:
+        """The router runs sglang-router==engine.router (ironserve.units.router_venv): a uv runtime that pins
+        another sglang-router would have the lock and the parse check vouch for a version no router runs."""
+        router = getattr(info.data.get("engine"), "router", None)
+        if not isinstance(runtime, UvRuntime) or not router:
+            return runtime
+        for req in runtime.packages:
+            name, _, version = req.partition("==")
+            if re.sub(r"[-_.]+", "-", name.split("[", 1)[0]).lower() == "sglang-router" and version != router:
+                raise ValueError(
+                    f"packages pins {req} but engine.router is {router}; write the same version in both "
+                    f"(sglang-router=={router} in runtime.packages, or engine.router: {version})"
+                )
+        return runtime
 
     def group_server(self, group: Group) -> ServerOptions:
         """The recipe-wide server options with the group's overrides on top."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import re
 import shlex
 from dataclasses import dataclass
 
@@ -25,7 +24,8 @@ TEMPLATES = files_dir() / "templates"
 ETC_DIR = "/etc/ironserve"
 UNIT_DIR = "/etc/systemd/system"
 VENV_ROOT = "/opt/ironserve/venvs"
-# the recipe runtimes' venvs: runtime-<12 hex of the runtime> (venv_path); the router's own is sglang-router-<version>
+# the recipe runtimes' venvs: runtime-<12 hex of the runtime> (venv_path); the router's own is
+# sglang-router-<version>[-py<python>] (router_venv)
 RUNTIME_VENV_PREFIX = "runtime-"
 ROUTER_DIST = "sglang-router"
 CACHE_ROOT = "/var/cache"  # systemd's CacheDirectory= root
@@ -108,18 +108,20 @@ def runtime_digest(runtime) -> str:
 
 
 def router_venv(recipe: Recipe) -> str | None:
-    """The router's own venv, where the engine runtime does not carry the pinned sglang-router: a docker runtime
-    (an engine image need not have sglang_router at all: the Dynamo runtime has not) or a uv runtime without the
-    pin. Holds only sglang-router==engine.router on the OS's python3 (its wheels are abi3), shared by the recipes
-    of that router version. None: the router runs in the engine's runtime (or the recipe pins no router version)."""
+    """The router's own venv: sglang-router==engine.router and its few dependencies, never the engine's runtime. A
+    router host then installs about 110 MB instead of the engine's stack (torch, SGLang: GBs), and a change of the
+    engine's runtime (a weekly upgrade: a new runtime venv or image) leaves the router's unit, and the clients'
+    connections through it, as they are. Beside a uv runtime it runs that runtime's Python (so the runtime's lock
+    hash-checks it: roles/uv_env.router_runtime), named sglang-router-<version>-py<python>; beside a docker runtime
+    the OS's python3 (sglang-router's wheels are abi3), sglang-router-<version>. Shared by the recipes of that
+    router version. None: the recipe has no router, or pins no router version (the router then runs in the
+    engine's runtime)."""
     version = recipe.engine.router
     if not version or recipe.topology.router is None:
         return None
     runtime = recipe.runtime
-    if isinstance(runtime, UvRuntime) and any(
-        re.sub(r"[-_.]+", "-", p.partition("==")[0]).lower() == ROUTER_DIST for p in runtime.packages
-    ):
-        return None
+    if isinstance(runtime, UvRuntime):
+        return f"{VENV_ROOT}/{ROUTER_DIST}-{version}-py{runtime.python}"
     return f"{VENV_ROOT}/{ROUTER_DIST}-{version}"
 
 

@@ -83,7 +83,8 @@ def _docker_on_nvidia(ctx: DeploymentContext) -> bool:
 
 
 def _uv(ctx: DeploymentContext) -> bool:
-    return not _docker(ctx)
+    """The engine's uv runtime: a host that runs only the router has its own small venv (roles/router.py)."""
+    return not _docker(ctx) and not ctx.is_router_only
 
 
 def _engine_host(ctx: DeploymentContext) -> bool:

@@ -472,11 +472,11 @@ def apply(ctx: DeploymentContext) -> None:
     # a host of another NVLink clique is refused here, before any change (once its driver answers)
     check_nvlink_clique(ctx, strict=False)
     # a uv runtime's interpreter: the OS's, a mirror's, or a refusal now rather than a raw download error later
-    for venv, runtime in uv_env.venvs_of(ctx):
+    for venv, python in uv_env.venvs_of(ctx):
         uv_env.python_available(
-            name=f"Python {runtime.python} for {venv}",
+            name=f"Python {python} for {venv}",
             recipe_id=ctx.recipe.id,
-            python=runtime.python,
+            python=python,
             venv=venv,
             air_gapped=bool(ctx.host.pip_index_url),
             mirror=bool(uv_env.python_sources(ctx.host)),

@@ -408,21 +408,32 @@ def venv_packages(
     args: list[str] | None = None,
     env: dict[str, str] | None = None,
     hashed: str | None = None,
+    constraints: str | None = None,
 ):
     """``uv pip install`` the pinned packages whose installed version differs (none: no-op). ``hashed``: a
     requirements file on the host with every one of ``packages`` and its hashes (the lock's full resolution),
-    installed as it is, hash-checked (``--require-hashes --no-deps``)."""
+    installed as it is, hash-checked (``--require-hashes --no-deps``). ``constraints``: a lock's hashed resolution
+    that holds ``packages`` and their dependencies (and more): resolved within it, every file hash-checked
+    (``--require-hashes -c``)."""
     have = host.get_fact(VenvPackages, path=path)
     todo = requirements_diff(packages, (have or {}).get("packages"))
     # a venv installed before it had a lock: its files were never checked, so the lock's set goes in again
+    installed = set((have or {}).get("packages") or {}) & set(pins(packages))
     unchecked = bool(
-        hashed and have and not hashes_recorded(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))
+        (hashed or constraints)
+        and installed
+        and not hashes_recorded(host.get_fact(FileContents, path=f"{path}/{REQUIREMENTS_NAME}"))
     )
     if not todo and not unchecked:
         host.noop(f"venv {path} has the {len(packages)} pinned package(s)")
         return
     reinstall = ["--reinstall"] if unchecked else []
-    what = ["--require-hashes", "--no-deps", *reinstall, "-r", hashed] if hashed else todo
+    if hashed:
+        what = ["--require-hashes", "--no-deps", *reinstall, "-r", hashed]
+    elif constraints:
+        what = ["--require-hashes", *reinstall, "-c", constraints, *(packages if unchecked else todo)]
+    else:
+        what = todo
     # --compile-bytecode: the venv is root's and the engine runs as its own user, who cannot write __pycache__
     # there, so without it every engine start (and each of its spawned scheduler processes) compiles sglang, torch
     # and transformers from source again: measured on the lab, 67-78 s against 27-32 s for one import
@@ -452,10 +463,20 @@ def unused_venvs_removed(root: str, recipe_id: str, keep: str):
 # --------------------------------------------------------------------------- deploy
 
 
-def venvs_of(ctx: DeploymentContext) -> list[tuple[str, UvRuntime]]:
-    """The recipe venvs this host gets, with their runtimes (the router's own venv runs the OS's python3)."""
+def runs_router(ctx: DeploymentContext) -> bool:
+    return any(p.role == "router" for p in ctx.processes)
+
+
+def venvs_of(ctx: DeploymentContext) -> list[tuple[str, str]]:
+    """The uv venvs this host gets, each with its Python (major.minor): the runtime's where it runs an engine, the
+    router's own (on the runtime's Python) where it runs the router; a docker runtime's router venv runs the OS's
+    python3, which needs no check."""
     runtime = ctx.recipe.runtime
-    return [(venv_path(ctx.recipe), runtime)] if isinstance(runtime, UvRuntime) else []
+    if not isinstance(runtime, UvRuntime):
+        return []
+    router = router_venv(ctx.recipe) if runs_router(ctx) else None
+    engines = [] if ctx.is_router_only else [venv_path(ctx.recipe)]
+    return [(path, runtime.python) for path in [*engines, *([router] if router else [])]]
 
 
 def uv_present(ctx: DeploymentContext, env: dict[str, str]) -> None:
@@ -534,26 +555,56 @@ def apply(ctx: DeploymentContext) -> None:
     unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 
+def router_lock(ctx: DeploymentContext, arch: str | None) -> dict[str, list[str]] | None:
+    """The runtime lock's resolution for this host's machine where it holds the router's pin (a uv runtime that
+    pins sglang-router==engine.router, locked): the router venv resolves within it, hash-checked. None otherwise
+    (the runtime's own role warns of a missing lock, or refuses it under require_locks)."""
+    if not isinstance(ctx.recipe.runtime, UvRuntime):
+        return None
+    platforms, _ = runtime_lock(ctx)
+    locked = (platforms or {}).get(arch)
+    return locked if locked and f"{ROUTER_DIST}=={ctx.recipe.engine.router}" in locked else None
+
+
 @deploy("router runtime")
 def router_runtime(ctx: DeploymentContext) -> None:
-    """The router's own venv (ironserve.units.router_venv): sglang-router at the recipe's pin on the OS's
-    python3, where the engine's runtime lacks it. Unversioned by digest: it holds exactly one pinned package."""
+    """The router's own venv (ironserve.units.router_venv): sglang-router at the recipe's pin, on the uv runtime's
+    Python (hash-checked within the runtime's lock where it has one) or the OS's python3 beside a docker runtime.
+    Unversioned by digest: it holds one pinned package and its dependencies. A host that runs only the router
+    installs no engine runtime, and runtime venvs no unit of its names any more are removed."""
     path = router_venv(ctx.recipe)
-    if not path or not any(p.role == "router" for p in ctx.processes):
+    if not path or not runs_router(ctx):
         return
-    mirror = ctx.host.pip_index_url
+    runtime, mirror = ctx.recipe.runtime, ctx.host.pip_index_url
     env = uv_env(bool(mirror), python_sources(ctx.host), mirror)
     uv_present(ctx, env)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
-    created = venv_present(name=f"router venv {path}", path=path, python=OS_PYTHON, env=env)
+    python = runtime.python if isinstance(runtime, UvRuntime) else OS_PYTHON
+    created = venv_present(name=f"router venv {path}", path=path, python=python, env=env)
+    idx = index_args(runtime, mirror, ctx.host.package_indexes) if isinstance(runtime, UvRuntime) else []
+    idx = idx or (["--index-url", mirror] if mirror else [])
+    locked, constraints = router_lock(ctx, host.get_fact(Arch)), f"{path}/{LOCKED_REQUIREMENTS_NAME}"
+    if locked:
+        put_text(
+            "router venv constraints with hashes (the runtime's lock)", hashed_requirements_text(locked), constraints
+        )
+    pin = f"{ROUTER_DIST}=={ctx.recipe.engine.router}"
     installed = venv_packages(
-        name=f"router venv {path} packages",
+        name=f"router venv {path} packages" + (" (hash-checked)" if locked else ""),
         path=path,
-        packages=[f"{ROUTER_DIST}=={ctx.recipe.engine.router}"],
-        args=["--index-url", mirror] if mirror else [],
+        packages=[pin],
+        args=idx,
         env=env,
+        constraints=constraints if locked else None,
+    )
+    record = f"# --require-hashes: within the runtime's lock ({LOCKED_REQUIREMENTS_NAME})\n" if locked else ""
+    put_text(
+        "router venv requirements record", f"# managed by ironserve\n{record}{pin}\n", f"{path}/{REQUIREMENTS_NAME}"
     )
     ctx.changes.record_runtime_change(created, installed)
+    if isinstance(runtime, UvRuntime) and ctx.is_router_only:
+        root = path.rpartition("/")[0]
+        unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 
 # --------------------------------------------------------------------------- audit
@@ -585,6 +636,6 @@ def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
 def router_desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
     path = router_venv(ctx.recipe)
-    if not path or not any(p.role == "router" for p in ctx.processes):
+    if not path or not runs_router(ctx):
         return []
     return [venv_check(path, [f"{ROUTER_DIST}=={ctx.recipe.engine.router}"])]

@@ -1,15 +1,19 @@
-"""Routers run from a runtime that has the recipe's pinned sglang-router, and their argv is probed there.
+"""Routers run from their own venv of the recipe's pinned sglang-router, and their argv is probed there.
 
 Issue 19's third failure: the GB200 disagg recipe's router ran (and was probed) in the Dynamo engine image, which has
-no sglang_router ("No module named 'sglang_router'"). A router whose engine runtime lacks the pin gets its own venv
-(sglang-router==engine.router on the OS's python3); a uv runtime that pins it keeps the router in the engine venv.
+no sglang_router ("No module named 'sglang_router'"). Every router with a pinned version gets its own venv
+(sglang-router==engine.router: on the OS's python3 beside a docker runtime, on the uv runtime's Python beside a uv
+one): a dedicated router host installs no engine runtime (issue 30), and an engine runtime's upgrade leaves the
+router's unit as it is.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from ironserve import catalogue
 from ironserve.render import render
-from ironserve.units import exec_argv, router_venv, unit_files
+from ironserve.units import exec_argv, router_venv, unit_files, venv_path
 from roles.sglang_service import parse_check_argv
 
 GB200 = "glm5-nvfp4-gb200-disagg"
@@ -36,11 +40,70 @@ def test_gb200_router_runs_and_is_probed_in_its_own_venv():
     assert exec_argv(recipe, engine)[0] == "/usr/bin/docker"
 
 
-def test_uv_runtime_with_the_pin_keeps_the_router_in_the_engine_venv():
+def test_a_uv_runtime_router_runs_and_is_probed_in_its_own_venv_on_the_runtimes_python():
     for recipe_id in ("tiny-cpu", "glm5.1-w4a8-a3-1p1d-32-16k"):
         recipe, proc = router_of(recipe_id)
-        assert router_venv(recipe) is None
-        assert "/sglang-router-" not in exec_argv(recipe, proc)[0] + exec_argv(recipe, proc)[-1]
+        venv = f"/opt/ironserve/venvs/sglang-router-{recipe.engine.router}-py{recipe.runtime.python}"
+        assert router_venv(recipe) == venv
+        argv = exec_argv(recipe, proc)
+        assert argv[:3] == [f"{venv}/bin/python3", "-m", "sglang_router.launch_router"], argv
+        assert parse_check_argv(recipe, proc)[0] == f"{venv}/bin/python3"
+        # the engines stay in the runtime's venv, whose name the router's unit never carries
+        engine = next(p for p in render(recipe).processes if p.role != "router")
+        assert f"{venv_path(recipe)}/bin/python3" in exec_argv(recipe, engine)
+        assert venv_path(recipe) not in " ".join(argv)
+
+
+def test_a_runtime_upgrade_leaves_the_router_unit_as_it_is():
+    recipe, proc = router_of("tiny-cpu")
+    tuning = catalogue.hardware_profiles()["cpu-lab"].tuning
+    pins = [p if not p.startswith("torch==") else "torch==2.13.1+cpu" for p in recipe.runtime.packages]
+    upgraded = recipe.model_copy(update={"runtime": recipe.runtime.model_copy(update={"packages": pins})})
+    assert venv_path(upgraded) != venv_path(recipe)
+    assert unit_files(upgraded, proc, tuning).unit_text == unit_files(recipe, proc, tuning).unit_text
+
+
+def _tiny_hosts():
+    return [
+        ("r0", {"hardware": "cpu-lab", "ironserve_role": "router", "allow_open_bind": True}),
+        ("n0", {"hardware": "cpu-lab", "allow_open_bind": True}),
+        ("n1", {"hardware": "cpu-lab", "allow_open_bind": True}),
+    ]
+
+
+def test_a_dedicated_router_host_gets_the_router_venv_and_no_engine_runtime():
+    from roles import uv_env
+    from roles.context import build_context
+    from roles.deployment import roles_for
+
+    recipe = catalogue.get_recipe("tiny-cpu")
+    router, engine = (build_context("tiny", name, _tiny_hosts()) for name in ("r0", "n0"))
+    assert router.is_router_only and "uv_env" not in [r.name for r in roles_for(router)]
+    assert "uv_env" in [r.name for r in roles_for(engine)]
+    # the preflight checks the interpreter of each venv the host gets
+    assert uv_env.venvs_of(router) == [(router_venv(recipe), "3.11")]
+    assert uv_env.venvs_of(engine) == [(venv_path(recipe), "3.11")]
+    # the audit (the same roles) expects the router venv on the router host only
+    assert [c.id for c in uv_env.router_desired_runtime(router)] == [f"venv-packages:{router_venv(recipe)}"]
+    assert uv_env.router_desired_runtime(engine) == []
+
+
+def test_a_uv_runtime_pinning_another_router_version_is_refused_naming_both_keys(tmp_path):
+    import yaml
+
+    from ironserve.problems import SpecError
+
+    data = yaml.safe_load(catalogue.recipe_file("tiny-cpu").read_text())
+    data["runtime"]["packages"] = [
+        "sglang-router==0.3.1" if p.startswith("sglang-router==") else p for p in data["runtime"]["packages"]
+    ]
+    path = tmp_path / "tiny-cpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as err:
+        catalogue.load_recipe_file(path)
+    (problem,) = err.value.problems
+    assert problem.field == "runtime" and "sglang-router==0.3.1" in problem.message and "0.3.2" in problem.message
+    assert "write the same version in both" in problem.fix
 
 
 def test_recipes_without_a_router_need_no_router_venv():
@@ -60,3 +123,19 @@ def test_audit_checks_the_router_venv_on_the_router_host_only():
     (check,) = checks[with_router[0]]
     assert check.id == "venv-packages:/opt/ironserve/venvs/sglang-router-0.3.2"
     assert check.expected == {"sglang-router": "0.3.2"}
+
+
+def test_the_router_venv_resolves_within_the_runtimes_lock_where_it_holds_the_pin(monkeypatch):
+    from roles import uv_env
+    from roles.context import build_context
+
+    ctx = build_context("tiny", "r0", _tiny_hosts())
+    locked = {"sglang-router==0.3.2": ["sha256:" + "a" * 64], "orjson==3.11.5": ["sha256:" + "b" * 64]}
+    monkeypatch.setattr(uv_env, "runtime_lock", lambda ctx: ({"x86_64": locked}, ""))
+    assert uv_env.router_lock(ctx, "x86_64") == locked
+    assert uv_env.router_lock(ctx, "aarch64") is None  # no resolution for this machine: unchecked, as the runtime
+    other = {"sglang-router==0.3.1": ["sha256:" + "a" * 64]}
+    monkeypatch.setattr(uv_env, "runtime_lock", lambda ctx: ({"x86_64": other}, ""))
+    assert uv_env.router_lock(ctx, "x86_64") is None  # a lock without the router's pin cannot vouch for it
+    monkeypatch.setattr(uv_env, "runtime_lock", lambda ctx: (None, "no lock file"))
+    assert uv_env.router_lock(ctx, "x86_64") is None

@@ -3,10 +3,10 @@
 `ironserve lab up --nodes 3 --hardware cpu-lab` (the first host is the router host, the others the two
 replicas of recipes/tiny-cpu.yaml), then the production deploy (`pyinfra -y inventories/lab.py deploys/tiny.py`):
 uv venv from the lab's index, the generated model from its verified path, units, the launch stage with its
-health gates. Then: a second run plans no change; `ironserve status` gives the endpoint; a chat completion
-through the router answers; a worker engine killed with SIGKILL is restarted by systemd while the router keeps
-answering. Requests go only to lab addresses (the router host's address on the lab bridge), with bounded
-retries and timeouts.
+health gates. Then: the router host runs the router from its own small venv and has no engine runtime; a second
+run plans no change; `ironserve status` gives the endpoint; a chat completion through the router answers; a worker
+engine killed with SIGKILL is restarted by systemd while the router keeps answering. Requests go only to lab
+addresses (the router host's address on the lab bridge), with bounded retries and timeouts.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import time
 
 import pytest
 
+from ironserve import catalogue
+from ironserve.units import VENV_ROOT, router_venv, venv_path
+
 from ..labcli import ironserve, pyinfra, ssh
-from .fleet import ROUTER_UNIT, SERVER_UNIT, changes, chat, router_base
+from .fleet import RECIPE, ROUTER_UNIT, SERVER_UNIT, changes, chat, router_base
 
 pytestmark = pytest.mark.lab
 
@@ -32,6 +35,19 @@ def test_deploy_starts_every_unit(deployed):
     for i, host in enumerate(workers):
         assert ssh(host, f"systemctl is-active {SERVER_UNIT}-{i}").stdout.strip() == "active"
         assert ssh(host, "cat /etc/uv/uv.toml").stdout.count("exclude-dependencies") == 1
+
+
+def test_the_router_host_runs_its_own_small_venv_and_no_engine_runtime(deployed):
+    recipe = catalogue.get_recipe(RECIPE)
+    router, worker = deployed["hosts"][0], deployed["hosts"][1]
+    venv, runtime = router_venv(recipe), venv_path(recipe)
+    out = ssh(router, f"ls -d {VENV_ROOT}/*; du -sm {venv}; systemctl show -p ExecStart --value {ROUTER_UNIT}")
+    assert runtime not in out.stdout and f"path={venv}/bin/python3 " in out.stdout, out.stdout
+    size_mb = int(next(line for line in out.stdout.splitlines() if line.endswith(venv)).split()[0])
+    # the engine's runtime on a replica host, for the figure: GBs against the router's MBs
+    engine_mb = int(ssh(worker, f"du -sm {runtime}").stdout.split()[0])
+    print(f"\nrouter venv {size_mb} MB on {router['name']}; engine runtime {engine_mb} MB on {worker['name']}")
+    assert size_mb < 300 and engine_mb > 10 * size_mb
 
 
 def test_second_run_plans_no_change(deployed):
