@@ -11,7 +11,8 @@
   overrides and excludes) for each machine of its hardware profiles, each distribution with the sha256 of its
   files in the index the inventory names (``uv pip compile --generate-hashes``; a pin that is not
   ``name==version`` is refused). ``runtime`` is the digest of the recipe's runtime section (units.runtime_digest):
-  a lock of other pins is stale. The uv role installs from it with ``--require-hashes`` (roles/uv_env.py); a uv
+  a lock of other pins is stale. The uv role installs from it with ``--require-hashes`` (roles/uv_env.py), and the
+  router's own venv resolves within it where it holds sglang-router==engine.router (``-c``, hash-checked); a uv
   recipe without a lock installs unchecked, with a warning, or not at all under host data ``require_locks``.
 
 A lock whose image (or uv runtime) differs from the recipe's (the tag or the pins were edited) is stale: it is

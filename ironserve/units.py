@@ -112,7 +112,7 @@ def router_venv(recipe: Recipe) -> str | None:
     router host then installs about 110 MB instead of the engine's stack (torch, SGLang: GBs), and a change of the
     engine's runtime (a weekly upgrade: a new runtime venv or image) leaves the router's unit, and the clients'
     connections through it, as they are. Beside a uv runtime it runs that runtime's Python (so the runtime's lock
-    hash-checks it: roles/uv_env.router_runtime), named sglang-router-<version>-py<python>; beside a docker runtime
+    hash-checks it: roles/router_runtime.py), named sglang-router-<version>-py<python>; beside a docker runtime
     the OS's python3 (sglang-router's wheels are abi3), sglang-router-<version>. Shared by the recipes of that
     router version. None: the recipe has no router, or pins no router version (the router then runs in the
     engine's runtime)."""

@@ -36,6 +36,7 @@ from roles import (
     preflight,
     recipe_image,
     router,
+    router_runtime,
     sglang_service,
     uv_env,
 )
@@ -87,6 +88,10 @@ def _uv(ctx: DeploymentContext) -> bool:
     return not _docker(ctx) and not ctx.is_router_only
 
 
+def _router_host(ctx: DeploymentContext) -> bool:
+    return any(p.role == "router" for p in ctx.processes)
+
+
 def _engine_host(ctx: DeploymentContext) -> bool:
     return not ctx.is_router_only
 
@@ -129,9 +134,17 @@ PREPARE_ROLES: list[Role] = [
     ),
     Role("recipe_image", "runtime", _docker, recipe_image.apply, desired_runtime=recipe_image.desired_runtime),
     Role("uv_env", "runtime", _uv, uv_env.apply, desired_runtime=uv_env.desired_runtime),
+    # the router's own venv (ironserve.units.router_venv), timed with the runtimes it stands beside
+    Role(
+        "router_runtime",
+        "runtime",
+        _router_host,
+        router_runtime.apply,
+        desired_runtime=router_runtime.desired_runtime,
+    ),
     Role("model_weights", "weights", _engine_host, model_weights.apply, desired_files=model_weights.desired_files),
     Role("sglang_service", "units", _always, sglang_service.apply, desired_files=sglang_service.desired_files),
-    Role("router", "units", _always, router.apply, desired_runtime=router.desired_runtime),
+    Role("router", "units", _always, router.apply),
     Role("node_exporter", "node_exporter", _always, node_exporter.apply, desired_files=node_exporter.desired_files),
     # every host, with the fast path or not: turning it on then needs no run that installs it
     Role("converged", "node_exporter", _always, converged.apply, desired_files=converged.desired_files),
@@ -170,6 +183,7 @@ def prepare(ctx: DeploymentContext) -> None:
     run("nvidia_container_toolkit")
     run("recipe_image")
     run("uv_env")
+    run("router_runtime")
     run("model_weights")
     run("sglang_service")
     run("router")

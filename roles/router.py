@@ -10,11 +10,9 @@ With an API key for the engines (host data ``api_key_file``, or the recipe's ``s
 router's env file holds the same key and its unit runs through ironserve-exec: sglang-router sends it to the
 workers it was started with and requires it from its own clients (``/health``, ``/readiness`` stay public).
 
-Runtime: the router's own venv (roles/uv_env.router_runtime: sglang-router==engine.router and its dependencies, on
-the uv runtime's Python, hash-checked within its lock, or the OS's python3 beside a docker runtime), whose python3
-also parses the router's argv. A dedicated router host installs no engine runtime (about 110 MB instead of GBs), and
-an engine runtime's upgrade leaves the router's unit as it is. The Dynamo runtime image of the GB200 recipe has no
-sglang_router at all.
+Runtime: the router's own venv (roles/router_runtime.py, in the runtime stage: sglang-router==engine.router and its
+dependencies, on the uv runtime's Python or the OS's python3 beside a docker runtime), whose python3 also parses the
+router's argv. The Dynamo runtime image of the GB200 recipe has no sglang_router at all.
 
 No host data of its own; the router's placement, port and policy come from the recipe (topology.router) and
 the inventory (a host with ``ironserve_role=router`` for ``host_placement: dedicated``).
@@ -24,9 +22,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from roles import uv_env
 from roles.context import DeploymentContext
-from roles.desired import RuntimeCheck
 from roles.sglang_service import install_units, jit_cache_dirs
 
 
@@ -35,13 +31,6 @@ def apply(ctx: DeploymentContext) -> None:
     procs = [p for p in ctx.processes if p.role == "router"]
     if not procs:
         return
-    # the router's own runtime (ironserve.units.router_venv)
-    uv_env.router_runtime(ctx)
     # the helpers (parse probe, ironserve-exec) were installed by sglang_service.apply on every host
     jit_cache_dirs(ctx)
     install_units(ctx, procs)
-
-
-def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
-    """For `ironserve audit`: the router's own venv holds the pinned sglang-router."""
-    return uv_env.router_desired_runtime(ctx)

@@ -65,7 +65,7 @@ from pyinfra.operations import apt, files
 from ironserve.hostdata import DEFAULTS
 from ironserve.imagelock import hashed_requirements_text
 from ironserve.spec import UvRuntime, resolve_index
-from ironserve.units import HOME_DIRS, ROUTER_DIST, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
+from ironserve.units import HOME_DIRS, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
 from roles.common import LongCommand, host_locked, put_text, refuse, run_if_changed, sha256_checked, word_lines
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 from roles.desired import RuntimeCheck
@@ -555,58 +555,6 @@ def apply(ctx: DeploymentContext) -> None:
     unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 
-def router_lock(ctx: DeploymentContext, arch: str | None) -> dict[str, list[str]] | None:
-    """The runtime lock's resolution for this host's machine where it holds the router's pin (a uv runtime that
-    pins sglang-router==engine.router, locked): the router venv resolves within it, hash-checked. None otherwise
-    (the runtime's own role warns of a missing lock, or refuses it under require_locks)."""
-    if not isinstance(ctx.recipe.runtime, UvRuntime):
-        return None
-    platforms, _ = runtime_lock(ctx)
-    locked = (platforms or {}).get(arch)
-    return locked if locked and f"{ROUTER_DIST}=={ctx.recipe.engine.router}" in locked else None
-
-
-@deploy("router runtime")
-def router_runtime(ctx: DeploymentContext) -> None:
-    """The router's own venv (ironserve.units.router_venv): sglang-router at the recipe's pin, on the uv runtime's
-    Python (hash-checked within the runtime's lock where it has one) or the OS's python3 beside a docker runtime.
-    Unversioned by digest: it holds one pinned package and its dependencies. A host that runs only the router
-    installs no engine runtime, and runtime venvs no unit of its names any more are removed."""
-    path = router_venv(ctx.recipe)
-    if not path or not runs_router(ctx):
-        return
-    runtime, mirror = ctx.recipe.runtime, ctx.host.pip_index_url
-    env = uv_env(bool(mirror), python_sources(ctx.host), mirror)
-    uv_present(ctx, env)
-    files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
-    python = runtime.python if isinstance(runtime, UvRuntime) else OS_PYTHON
-    created = venv_present(name=f"router venv {path}", path=path, python=python, env=env)
-    idx = index_args(runtime, mirror, ctx.host.package_indexes) if isinstance(runtime, UvRuntime) else []
-    idx = idx or (["--index-url", mirror] if mirror else [])
-    locked, constraints = router_lock(ctx, host.get_fact(Arch)), f"{path}/{LOCKED_REQUIREMENTS_NAME}"
-    if locked:
-        put_text(
-            "router venv constraints with hashes (the runtime's lock)", hashed_requirements_text(locked), constraints
-        )
-    pin = f"{ROUTER_DIST}=={ctx.recipe.engine.router}"
-    installed = venv_packages(
-        name=f"router venv {path} packages" + (" (hash-checked)" if locked else ""),
-        path=path,
-        packages=[pin],
-        args=idx,
-        env=env,
-        constraints=constraints if locked else None,
-    )
-    record = f"# --require-hashes: within the runtime's lock ({LOCKED_REQUIREMENTS_NAME})\n" if locked else ""
-    put_text(
-        "router venv requirements record", f"# managed by ironserve\n{record}{pin}\n", f"{path}/{REQUIREMENTS_NAME}"
-    )
-    ctx.changes.record_runtime_change(created, installed)
-    if isinstance(runtime, UvRuntime) and ctx.is_router_only:
-        root = path.rpartition("/")[0]
-        unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
-
-
 # --------------------------------------------------------------------------- audit
 
 
@@ -631,11 +579,3 @@ def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     if not isinstance(runtime, UvRuntime):
         return []
     return [venv_check(venv_path(ctx.recipe), list(runtime.packages))]
-
-
-def router_desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
-    """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
-    path = router_venv(ctx.recipe)
-    if not path or not runs_router(ctx):
-        return []
-    return [venv_check(path, [f"{ROUTER_DIST}=={ctx.recipe.engine.router}"])]

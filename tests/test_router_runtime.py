@@ -83,9 +83,13 @@ def test_a_dedicated_router_host_gets_the_router_venv_and_no_engine_runtime():
     # the preflight checks the interpreter of each venv the host gets
     assert uv_env.venvs_of(router) == [(router_venv(recipe), "3.11")]
     assert uv_env.venvs_of(engine) == [(venv_path(recipe), "3.11")]
-    # the audit (the same roles) expects the router venv on the router host only
-    assert [c.id for c in uv_env.router_desired_runtime(router)] == [f"venv-packages:{router_venv(recipe)}"]
-    assert uv_env.router_desired_runtime(engine) == []
+    # the audit (the same roles) expects the router venv on the router host, the runtime's on the engine hosts
+    from ironserve.audit.providers import runtime_checks
+
+    assert [c.id for c in runtime_checks(router)] == [f"venv-packages:{router_venv(recipe)}"]
+    assert [c.id for c in runtime_checks(engine)] == [f"venv-packages:{venv_path(recipe)}"]
+    # the router's venv is installed in the runtime stage, timed with the runtimes (its stage metric)
+    assert [(r.name, r.stage) for r in roles_for(router) if r.stage == "runtime"] == [("router_runtime", "runtime")]
 
 
 def test_a_uv_runtime_pinning_another_router_version_is_refused_naming_both_keys(tmp_path):
@@ -113,11 +117,14 @@ def test_recipes_without_a_router_need_no_router_venv():
 
 
 def test_audit_checks_the_router_venv_on_the_router_host_only():
-    from roles import router
+    from ironserve.audit.providers import runtime_checks
     from roles.context import build_context
 
     hosts = [(f"gb{i}", {"hardware": "gb200", "ssh_hostname": f"10.0.0.{i + 1}", "nic": "eth0"}) for i in range(5)]
-    checks = {name: router.desired_runtime(build_context("glm5", name, hosts)) for name, _ in hosts}
+    checks = {
+        name: [c for c in runtime_checks(build_context("glm5", name, hosts)) if "sglang-router" in c.id]
+        for name, _ in hosts
+    }
     with_router = [name for name, found in checks.items() if found]
     assert len(with_router) == 1
     (check,) = checks[with_router[0]]
@@ -126,16 +133,18 @@ def test_audit_checks_the_router_venv_on_the_router_host_only():
 
 
 def test_the_router_venv_resolves_within_the_runtimes_lock_where_it_holds_the_pin(monkeypatch):
-    from roles import uv_env
+    from roles import router_runtime
     from roles.context import build_context
 
     ctx = build_context("tiny", "r0", _tiny_hosts())
     locked = {"sglang-router==0.3.2": ["sha256:" + "a" * 64], "orjson==3.11.5": ["sha256:" + "b" * 64]}
-    monkeypatch.setattr(uv_env, "runtime_lock", lambda ctx: ({"x86_64": locked}, ""))
-    assert uv_env.router_lock(ctx, "x86_64") == locked
-    assert uv_env.router_lock(ctx, "aarch64") is None  # no resolution for this machine: unchecked, as the runtime
+    monkeypatch.setattr(router_runtime, "runtime_lock", lambda ctx: ({"x86_64": locked}, ""))
+    assert router_runtime.router_lock(ctx, "x86_64") == locked
+    assert (
+        router_runtime.router_lock(ctx, "aarch64") is None
+    )  # no resolution for this machine: unchecked, as the runtime
     other = {"sglang-router==0.3.1": ["sha256:" + "a" * 64]}
-    monkeypatch.setattr(uv_env, "runtime_lock", lambda ctx: ({"x86_64": other}, ""))
-    assert uv_env.router_lock(ctx, "x86_64") is None  # a lock without the router's pin cannot vouch for it
-    monkeypatch.setattr(uv_env, "runtime_lock", lambda ctx: (None, "no lock file"))
-    assert uv_env.router_lock(ctx, "x86_64") is None
+    monkeypatch.setattr(router_runtime, "runtime_lock", lambda ctx: ({"x86_64": other}, ""))
+    assert router_runtime.router_lock(ctx, "x86_64") is None  # a lock without the router's pin cannot vouch for it
+    monkeypatch.setattr(router_runtime, "runtime_lock", lambda ctx: (None, "no lock file"))
+    assert router_runtime.router_lock(ctx, "x86_64") is None

@@ -32,7 +32,7 @@ IMAGE = "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.1.1-cuda13"
 def lab(tmp_path_factory):
     hosts, api_key_file = labcli.up_with_api_key(tmp_path_factory, 5, "gb200", timeout=2400)
     # the router runs (and is probed) in its own venv with the pinned sglang-router: the Dynamo runtime image has
-    # no sglang_router (roles/uv_env.router_runtime)
+    # no sglang_router (roles/router_runtime.py)
     data = ["--data", f"api_key_file={api_key_file}"]
     try:
         pyinfra("-y", "deploys/glm5.py", *data, timeout=2400)
