@@ -231,6 +231,12 @@ ModelPath = Annotated[str, AfterValidator(check_model_path)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+def dist_name(requirement: str) -> str:
+    """PEP 503 name of a requirement's distribution, extras and version dropped: 'SGLang_Router[x]==1' ->
+    'sglang-router'."""
+    return re.sub(r"[-_.]+", "-", requirement.partition("==")[0].split("[", 1)[0]).lower()
+
+
 def is_set(value: Any) -> bool:
     """False for an Unset value (`<NAME>`), which no arithmetic or listener check can use."""
     return not (isinstance(value, str) and re.fullmatch(UNSET_PATTERN, value))
@@ -577,17 +583,20 @@ class UvRuntime(Strict):
                 )
         return value
 
+    def pinned(self) -> dict[str, str]:
+        """{distribution name (dist_name): pinned version} of ``packages``."""
+        return {dist_name(req): req.partition("==")[2] for req in self.packages}
+
     @model_validator(mode="after")
     def _consistent(self) -> UvRuntime:
         # a package pinned at one version and overridden to another can never install as written
-        norm = lambda n: re.sub(r"[-_.]+", "-", n.split("[", 1)[0]).lower()  # noqa: E731
-        pinned = {norm(r.partition("==")[0]): r.partition("==")[2] for r in self.packages}
+        pinned = self.pinned()
         for req in self.overrides:
             name, _, version = req.partition("==")
-            if norm(name) in pinned and pinned[norm(name)] != version:
-                raise ValueError(f"override {req!r} contradicts the pin {name}=={pinned[norm(name)]} of packages")
+            if dist_name(name) in pinned and pinned[dist_name(name)] != version:
+                raise ValueError(f"override {req!r} contradicts the pin {name}=={pinned[dist_name(name)]} of packages")
         for name in self.excludes:
-            if norm(name) in pinned:
+            if dist_name(name) in pinned:
                 raise ValueError(f"exclude {name!r} is also pinned in packages: drop one of them")
         return self
 
@@ -1008,13 +1017,12 @@ class Recipe(Strict):
         router = getattr(info.data.get("engine"), "router", None)
         if not isinstance(runtime, UvRuntime) or not router:
             return runtime
-        for req in runtime.packages:
-            name, _, version = req.partition("==")
-            if re.sub(r"[-_.]+", "-", name.split("[", 1)[0]).lower() == "sglang-router" and version != router:
-                raise ValueError(
-                    f"packages pins {req} but engine.router is {router}; write the same version in both "
-                    f"(sglang-router=={router} in runtime.packages, or engine.router: {version})"
-                )
+        version = runtime.pinned().get("sglang-router", router)
+        if version != router:
+            raise ValueError(
+                f"packages pins sglang-router=={version} but engine.router is {router}; write the same version in "
+                f"both (sglang-router=={router} in runtime.packages, or engine.router: {version})"
+            )
         return runtime
 
     def group_server(self, group: Group) -> ServerOptions:

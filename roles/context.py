@@ -57,6 +57,10 @@ class DeploymentContext:
         return bool(self.processes) and all(p.role == "router" for p in self.processes)
 
     @property
+    def runs_router(self) -> bool:
+        return any(p.role == "router" for p in self.processes)
+
+    @property
     def vendor(self) -> str:
         return self.profile.accelerator.vendor
 

@@ -84,12 +84,8 @@ def _docker_on_nvidia(ctx: DeploymentContext) -> bool:
 
 
 def _uv(ctx: DeploymentContext) -> bool:
-    """The engine's uv runtime: a host that runs only the router has its own small venv (roles/router.py)."""
+    """The engine's uv runtime: a host that runs only the router has its own small venv (roles/router_runtime.py)."""
     return not _docker(ctx) and not ctx.is_router_only
-
-
-def _router_host(ctx: DeploymentContext) -> bool:
-    return any(p.role == "router" for p in ctx.processes)
 
 
 def _engine_host(ctx: DeploymentContext) -> bool:
@@ -138,7 +134,7 @@ PREPARE_ROLES: list[Role] = [
     Role(
         "router_runtime",
         "runtime",
-        _router_host,
+        lambda ctx: ctx.runs_router,
         router_runtime.apply,
         desired_runtime=router_runtime.desired_runtime,
     ),

@@ -33,7 +33,6 @@ from roles.uv_env import (
     REQUIREMENTS_NAME,
     index_args,
     python_sources,
-    runs_router,
     unused_venvs_removed,
     uv_env,
     uv_present,
@@ -61,16 +60,16 @@ def apply(ctx: DeploymentContext) -> None:
     Unversioned by digest: it holds one pinned package and its dependencies. A host that runs only the router
     installs no engine runtime, and runtime venvs no unit of its names any more are removed."""
     path = router_venv(ctx.recipe)
-    if not path or not runs_router(ctx):
+    if not path or not ctx.runs_router:
         return
     runtime, mirror = ctx.recipe.runtime, ctx.host.pip_index_url
+    uv = isinstance(runtime, UvRuntime)
     env = uv_env(bool(mirror), python_sources(ctx.host), mirror)
     uv_present(ctx, env)
     files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
-    python = runtime.python if isinstance(runtime, UvRuntime) else OS_PYTHON
-    created = venv_present(name=f"router venv {path}", path=path, python=python, env=env)
-    idx = index_args(runtime, mirror, ctx.host.package_indexes) if isinstance(runtime, UvRuntime) else []
-    idx = idx or (["--index-url", mirror] if mirror else [])
+    created = venv_present(name=f"router venv {path}", path=path, python=runtime.python if uv else OS_PYTHON, env=env)
+    # a uv runtime's own indexes (the host's mirror alone where it has one), the mirror beside a docker runtime
+    idx = index_args(runtime, mirror, ctx.host.package_indexes) if uv else (["--index-url", mirror] if mirror else [])
     locked, constraints = router_lock(ctx, host.get_fact(Arch)), f"{path}/{LOCKED_REQUIREMENTS_NAME}"
     if locked:
         put_text(
@@ -90,7 +89,7 @@ def apply(ctx: DeploymentContext) -> None:
         "router venv requirements record", f"# managed by ironserve\n{record}{pin}\n", f"{path}/{REQUIREMENTS_NAME}"
     )
     ctx.changes.record_runtime_change(created, installed)
-    if isinstance(runtime, UvRuntime) and ctx.is_router_only:
+    if uv and ctx.is_router_only:
         root = path.rpartition("/")[0]
         unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
@@ -101,6 +100,6 @@ def apply(ctx: DeploymentContext) -> None:
 def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     """The router's own venv (where this host runs a router from one) holds the pinned sglang-router."""
     path = router_venv(ctx.recipe)
-    if not path or not runs_router(ctx):
+    if not path or not ctx.runs_router:
         return []
     return [venv_check(path, [f"{ROUTER_DIST}=={ctx.recipe.engine.router}"])]

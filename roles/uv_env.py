@@ -463,10 +463,6 @@ def unused_venvs_removed(root: str, recipe_id: str, keep: str):
 # --------------------------------------------------------------------------- deploy
 
 
-def runs_router(ctx: DeploymentContext) -> bool:
-    return any(p.role == "router" for p in ctx.processes)
-
-
 def venvs_of(ctx: DeploymentContext) -> list[tuple[str, str]]:
     """The uv venvs this host gets, each with its Python (major.minor): the runtime's where it runs an engine, the
     router's own (on the runtime's Python) where it runs the router; a docker runtime's router venv runs the OS's
@@ -474,7 +470,7 @@ def venvs_of(ctx: DeploymentContext) -> list[tuple[str, str]]:
     runtime = ctx.recipe.runtime
     if not isinstance(runtime, UvRuntime):
         return []
-    router = router_venv(ctx.recipe) if runs_router(ctx) else None
+    router = router_venv(ctx.recipe) if ctx.runs_router else None
     engines = [] if ctx.is_router_only else [venv_path(ctx.recipe)]
     return [(path, runtime.python) for path in [*engines, *([router] if router else [])]]
 

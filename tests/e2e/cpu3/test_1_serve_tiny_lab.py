@@ -12,6 +12,7 @@ addresses (the router host's address on the lab bridge), with bounded retries an
 from __future__ import annotations
 
 import json
+import shlex
 import time
 
 import pytest
@@ -41,11 +42,13 @@ def test_the_router_host_runs_its_own_small_venv_and_no_engine_runtime(deployed)
     recipe = catalogue.get_recipe(RECIPE)
     router, worker = deployed["hosts"][0], deployed["hosts"][1]
     venv, runtime = router_venv(recipe), venv_path(recipe)
-    out = ssh(router, f"ls -d {VENV_ROOT}/*; systemctl show -p ExecStart --value {ROUTER_UNIT}")
+    out = ssh(
+        router, f"ls -d {shlex.quote(VENV_ROOT)}/*; systemctl show -p ExecStart --value {shlex.quote(ROUTER_UNIT)}"
+    )
     assert runtime not in out.stdout and f"path={venv}/bin/python3 " in out.stdout, out.stdout
-    size_mb = int(ssh(router, f"du -sm {venv}").stdout.split()[0])
+    size_mb = int(ssh(router, shlex.join(["du", "-sm", venv])).stdout.split()[0])
     # the engine's runtime on a replica host, for the figure: GBs against the router's MBs
-    engine_mb = int(ssh(worker, f"du -sm {runtime}").stdout.split()[0])
+    engine_mb = int(ssh(worker, shlex.join(["du", "-sm", runtime])).stdout.split()[0])
     print(f"\nrouter venv {size_mb} MB on {router['name']}; engine runtime {engine_mb} MB on {worker['name']}")
     assert size_mb < 300 and engine_mb > 10 * size_mb
 
