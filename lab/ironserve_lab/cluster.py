@@ -157,22 +157,47 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
 
 
 def _publish_supply(root: Path) -> None:
-    """The lab's apt repository and wheel index, before any host boots: hosts find their mirrors as they start."""
+    """The lab's apt repository (and its wheel index, filled by _build_runtimes), before any host boots: hosts find
+    their mirrors as they start."""
     say("preparing lab supply (apt repo, wheelhouse, stand-ins)")
     network.ensure_bridge()
     supply.ensure_dirs(root)
     standins.publish(root)
-    stamp = supply.supply_dir(root) / ".defaults"
-    wanted = " ".join(DEFAULT_DEBS + ["|"] + DEFAULT_WHEELS)
-    if not stamp.exists() or stamp.read_text() != wanted:
+    stamp = supply.supply_dir(root) / ".debs"
+    if not stamp.exists() or stamp.read_text() != " ".join(DEFAULT_DEBS):
         say(f"publishing Debian packages to the lab repo: {' '.join(DEFAULT_DEBS)}")
         supply.publish_debs(root, DEFAULT_DEBS)
-        say(f"publishing wheels to the lab index: {' '.join(DEFAULT_WHEELS)}")
-        for requirement in DEFAULT_WHEELS:
-            supply.publish_wheels(root, [requirement])
-        stamp.write_text(wanted)
+        stamp.write_text(" ".join(DEFAULT_DEBS))
+    if not (supply.supply_dir(root) / "simple" / "index.html").exists():
+        supply.reindex_wheels(root)
     if not (supply.supply_dir(root) / "apt" / supply.ARMORED_KEY_NAME).exists():
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
+
+
+def _fetch_index_wheels(root: Path, wanted: needs.Needs) -> list[tuple[Path, str, list[Path]]]:
+    """The wheels the lab index lacks, fetched: (the stamp recording them, its text, the files) for the roles' own
+    (requirements/index.txt, each resolved on its own) and the pins the recipes' image patches pip-install
+    (stand-ins for the CUDA builds, gpu_images.patch_wheels; the others downloaded)."""
+    sup, build = supply.ensure_dirs(root), root / "build"
+    patches = sorted({req for r in _gpu_recipes(wanted) for req in patch_requirements(r.runtime.patches)})
+    fetched: list[tuple[Path, str, list[Path]]] = []
+    for stamp, requirements in ((sup / ".wheels", DEFAULT_WHEELS), (sup / ".patch-wheels", patches)):
+        text = " ".join(requirements)
+        if not requirements or (stamp.exists() and stamp.read_text() == text):
+            continue
+        t0 = time.monotonic()
+        # the patches' CUDA builds are stand-ins built here; every other requirement is downloaded
+        standins, real = gpu_images.patch_wheels(requirements, build / f"{stamp.name[1:]}-standins")
+        fetched.append((stamp, text, standins + supply.fetch_wheels(real, build / f"{stamp.name[1:]}-fetched")))
+        say(f"wheels for the lab index fetched: {text} ({time.monotonic() - t0:.1f}s)")
+    return fetched
+
+
+def _gpu_recipes(wanted: needs.Needs) -> list:
+    """The docker recipes a bring-up of an NVIDIA profile gets stand-in images for."""
+    if PROFILES[wanted.hardware]["kind"] != "nvidia":
+        return []
+    return [r for r in images.docker_recipes() if wanted.uses(r)]
 
 
 def _say_needs(wanted: needs.Needs) -> None:
@@ -220,9 +245,11 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)
     first = _first_runtimes(wanted_for)  # built by _up, beside the rootfs bootstrap
-    # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
-    # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.
-    with ThreadPoolExecutor(max_workers=1) as beside:
+    # The other wheelhouses and the lab index's own wheels (downloads) are fetched beside the runtime images (mostly
+    # CPU): a cold `up` waits for the longer of the two, not their sum. Only downloads and builds run beside: the lab
+    # index is written from this thread alone.
+    with ThreadPoolExecutor(max_workers=2) as beside:
+        fetched = beside.submit(_fetch_index_wheels, root, wanted_for)
         built = [beside.submit(runtime.ensure, r) for r in wanted if r not in first]
         lab.python_downloads = publish_interpreters(root)
         supply.start_server(root)
@@ -230,10 +257,13 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
         if with_image and PROFILES[hardware]["kind"] == "none":
             publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins are pushed below
-        gpu = [r for r in images.docker_recipes() if wanted_for.uses(r)]
-        lab.image_lock = publish_gpu_images(root, base, gpu) if PROFILES[hardware]["kind"] == "nvidia" and gpu else ""
+        gpu = _gpu_recipes(wanted_for)
+        lab.image_lock = publish_gpu_images(root, base, gpu) if gpu else ""
         for done in built:
             done.result()
+        for stamp, text, files in fetched.result():
+            supply.add_wheels(root, files)
+            stamp.write_text(text)
     for r in wanted:
         runtime.publish(root, r)
 
@@ -359,17 +389,8 @@ def publish_runtime_image(root: Path, base: Path) -> str:
 
 def publish_gpu_images(root: Path, base: Path, recipes: list) -> str:
     """NVIDIA profiles: a stand-in image for every image the docker recipes given name (gpu_images.py) into the
-    lab registry, the site lock naming their digests (the inventory's docker_image_lock), and the wheels their
-    derived-image patches pip-install into the lab index; the site lock's path."""
-    wanted = sorted({req for r in recipes for req in patch_requirements(r.runtime.patches)})
-    stamp = supply.supply_dir(root) / ".patch-wheels"
-    if wanted and (not stamp.exists() or stamp.read_text() != " ".join(wanted)):
-        say(f"publishing the wheels the recipes' image patches install to the lab index: {' '.join(wanted)}")
-        standins, real = gpu_images.patch_wheels(wanted, root / "build" / "patch-wheels")
-        supply.add_wheels(root, standins)
-        if real:
-            supply.publish_wheels(root, real)
-        stamp.write_text(" ".join(wanted))
+    lab registry, the site lock naming their digests (the inventory's docker_image_lock); the site lock's path. (The
+    wheels their derived-image patches pip-install are in the lab index already: _fetch_index_wheels.)"""
     ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK

@@ -66,7 +66,7 @@ def patch_wheels(requirements: list[str], dest: Path) -> tuple[list[Path], list[
     standins, real = [], []
     for requirement in requirements:
         name, _, version = requirement.partition("==")
-        if CUDA_STANDINS.get(name, ("",))[0] != version:
+        if name not in CUDA_STANDINS or CUDA_STANDINS[name][0] != version:
             real.append(requirement)
             continue
         todo = [name]

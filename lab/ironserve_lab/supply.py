@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .state import GATEWAY, SUPPLY_PORT
@@ -224,20 +225,28 @@ def _pip() -> list[str]:
     )
 
 
-def publish_wheels(root: Path, requirements: list[str]) -> None:
-    """`pip download` requirements (with dependencies) into the wheelhouse, then reindex.
+def fetch_wheels(requirements: list[str], staging: Path) -> list[Path]:
+    """`pip download` each requirement (with its dependencies, resolved on its own) into a directory of its own under
+    ``staging``, side by side: the files, for :func:`add_wheels` to publish. The time is the index's round trips, not
+    this machine's CPU; nothing here writes the lab index, so it can run beside a thread that does.
 
     Lab hosts run Debian bookworm's Python 3.11 on x86_64; pip here downloads for this
     interpreter, so run the lab from a Python 3.11 x86_64 environment (the project's).
     """
-    wheels = ensure_dirs(root) / "wheels"
-    if requirements:
-        proc = run(
-            [*_pip(), "download", "--disable-pip-version-check", "-q", "-d", str(wheels), *requirements], check=False
-        )
+    shutil.rmtree(staging, ignore_errors=True)
+    pip = _pip() if requirements else []
+
+    def download(numbered: tuple[int, str]) -> list[Path]:
+        dest = staging / str(numbered[0])
+        dest.mkdir(parents=True)
+        cmd = [*pip, "download", "--disable-pip-version-check", "-q", "-d", str(dest), numbered[1]]
+        proc = run(cmd, check=False)
         if proc.returncode != 0:
-            raise LabError(f"pip download {' '.join(requirements)} failed:\n{proc.stderr.strip()}")
-    reindex_wheels(root)
+            raise LabError(f"pip download {numbered[1]} failed:\n{proc.stderr.strip()}")
+        return sorted(dest.iterdir())
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return [f for files in pool.map(download, enumerate(requirements)) for f in files]
 
 
 def _project(filename: str) -> str | None:
