@@ -143,13 +143,21 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
     _say_needs(wanted)
     lab.built_for = _built_for(lab, wanted)
     with ThreadPoolExecutor(max_workers=1) as beside:
-        # the wheelhouses the others are built from (downloads) beside the rootfs bootstrap (downloads and dpkg)
+        # One after another beside the rootfs bootstrap (downloads, then dpkg on one core): the wheelhouses the others
+        # are built from (downloads), the lab index's own wheels (pip resolving them), this machine's CPython builds
+        # packed for the hosts (gzip). None of them writes the lab index: this thread alone does.
         first = beside.submit(lambda: [runtime.ensure(r) for r in _first_runtimes(wanted)])
+        fetched = beside.submit(_fetch_index_wheels, root, wanted)
+        pythons = beside.submit(publish_interpreters, root)
         base = rootfs.ensure_base(root)
         key = ssh_keypair(root)
         lab.hardware, lab.ssh_key = hardware, str(key)
         _publish_supply(root)
         first.result()
+        for stamp, text, files in fetched.result():
+            supply.add_wheels(root, files)
+            stamp.write_text(text)
+        lab.python_downloads = pythons.result()
     _build_runtimes(root, lab, wanted, base)
     binds = _publish_to_hosts(root, lab, hardware)
     _size_hosts(root, lab, nodes, hardware)
@@ -157,8 +165,7 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
 
 
 def _publish_supply(root: Path) -> None:
-    """The lab's apt repository (and its wheel index, filled by _build_runtimes), before any host boots: hosts find
-    their mirrors as they start."""
+    """The lab's apt repository and wheel index, before any host boots: hosts find their mirrors as they start."""
     say("preparing lab supply (apt repo, wheelhouse, stand-ins)")
     network.ensure_bridge()
     supply.ensure_dirs(root)
@@ -245,13 +252,10 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
     with_image = wanted_for.runtime_image()
     wanted = _runtimes(wanted_for)
     first = _first_runtimes(wanted_for)  # built by _up, beside the rootfs bootstrap
-    # The other wheelhouses and the lab index's own wheels (downloads) are fetched beside the runtime images (mostly
-    # CPU): a cold `up` waits for the longer of the two, not their sum. Only downloads and builds run beside: the lab
-    # index is written from this thread alone.
-    with ThreadPoolExecutor(max_workers=2) as beside:
-        fetched = beside.submit(_fetch_index_wheels, root, wanted_for)
+    # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
+    # the longer of the two, not their sum. Only builds run beside: the lab index is written from this thread alone.
+    with ThreadPoolExecutor(max_workers=1) as beside:
         built = [beside.submit(runtime.ensure, r) for r in wanted if r not in first]
-        lab.python_downloads = publish_interpreters(root)
         supply.start_server(root)
         registry.start_server(root)
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
@@ -261,9 +265,6 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         lab.image_lock = publish_gpu_images(root, base, gpu) if gpu else ""
         for done in built:
             done.result()
-        for stamp, text, files in fetched.result():
-            supply.add_wheels(root, files)
-            stamp.write_text(text)
     for r in wanted:
         runtime.publish(root, r)
 

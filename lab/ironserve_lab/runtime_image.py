@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -329,11 +330,15 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
         [*uv, "pip", "install", "--python", f"{VENV}/bin/python", "--link-mode", "copy", *compile_all, *wheels],
         timeout=3600,
     )
-    if venv.bytecode_for:
-        _compile_loaded(merged, chroot, venv.bytecode_for)
-    _check_bytecode(merged, venv.bytecode)
     _drop_unused(merged, venv.unused)
-    _strip_debug_info(merged)
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        # the shared objects lose their debug info on one core while the other imports what the parser loads (`strip`
+        # writes a new file and renames it over the old: a process that mapped the old one keeps it)
+        stripped = beside.submit(_strip_debug_info, merged)
+        if venv.bytecode_for:
+            _compile_loaded(merged, chroot, venv.bytecode_for)
+        stripped.result()
+    _check_bytecode(merged, venv.bytecode)
     check = run([*chroot, f"{VENV}/bin/python", "-c", venv.imports], timeout=600)
     say(f"runtime image ({venv.name}): the venv imports {check.stdout.strip()}")
 
