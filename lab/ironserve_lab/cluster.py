@@ -392,7 +392,11 @@ def publish_gpu_images(root: Path, base: Path, recipes: list) -> str:
     """NVIDIA profiles: a stand-in image for every image the docker recipes given name (gpu_images.py) into the
     lab registry, the site lock naming their digests (the inventory's docker_image_lock); the site lock's path. (The
     wheels their derived-image patches pip-install are in the lab index already: _fetch_index_wheels.)"""
-    ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        # the stand-ins' own layers (their SGLang release, compiled) while the parser image they sit on builds
+        layers = beside.submit(gpu_images.prepare_layers, recipes, base)
+        ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
+        layers.result()
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK
     seed = functools.partial(registry.seed_blob, root)

@@ -156,16 +156,56 @@ def _stage(stage: Path, base_rootfs: Path, version: str, extras: dict | None) ->
         (bindir / name).chmod(0o755)
 
 
-def _key(image: str, spec: dict, base_ref: dict) -> str:
+def _layer_key(spec: dict, base_rootfs: Path) -> str:
+    """What a stand-in's own layer is made of: the build, the SGLang release, the era's extras, the rootfs's pip."""
     text = json.dumps(
         {
             "build": BUILD_VERSION,
-            "image": image,
             "version": spec["version"],
             "extras": spec["extras"],
-            "base": base_ref["manifest_digest"],
             "asset": (ASSETS / "image_extras.py").read_text(),
+            "pip": [w.name for w in sorted((base_rootfs / "usr/share/python-wheels").glob("pip-*.whl"))],
         },
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def own_layer(spec: dict, base_rootfs: Path) -> dict:
+    """The stand-in's layer on the parser image ({digest, size, diff_id}), made first when the cache lacks it. It does
+    not depend on the parser image: ``lab up`` makes it while that builds (:func:`prepare_layers`)."""
+    store = runtime_image.cache_dir()
+    record = store / "images" / f"gpu-layer-{_layer_key(spec, base_rootfs)}.json"
+    try:
+        layer = json.loads(record.read_text())
+        if oci.blob_path(store, layer["digest"]).is_file():
+            return layer
+    except (OSError, ValueError, KeyError):
+        pass
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
+        _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
+        layer = oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(layer) + "\n")
+    say(f"stand-in layer: SGLang {spec['version']} at {WORKSPACE}, pip, made in {time.monotonic() - t0:.0f}s")
+    return layer
+
+
+def prepare_layers(recipes: list, base_rootfs: Path) -> None:
+    """Every stand-in's own layer the recipes need, made ahead (beside the parser image's build); one that cannot be
+    made is left to :func:`publish`, which says why."""
+    for spec in wanted(recipes).values():
+        try:
+            own_layer(spec, base_rootfs)
+        except (engine_parser.EngineNotAvailable, engine_parser.ParserEnvError, LabError):
+            continue
+
+
+def _key(image: str, base_ref: dict, layer: dict) -> str:
+    """A stand-in image: its name (labels), the parser image under it, its own layer."""
+    text = json.dumps(
+        {"build": BUILD_VERSION, "image": image, "base": base_ref["manifest_digest"], "layer": layer["digest"]},
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -177,19 +217,17 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
     base_ref = oci.read_image(store, base_ref_file)
     if not base_ref:
         raise LabError(f"the parser image {base_ref_file} is not built")
-    ref = store / "images" / f"gpu-{_key(image, spec, base_ref)}.json"
+    own = own_layer(spec, base_rootfs)
+    ref = store / "images" / f"gpu-{_key(image, base_ref, own)}.json"
     if oci.read_image(store, ref):
         return ref
-    t0 = time.monotonic()
     manifest = json.loads(oci.blob_path(store, base_ref["manifest_digest"]).read_bytes())
     config = json.loads(oci.blob_path(store, base_ref["config_digest"]).read_bytes())
     layers = [
         {"digest": item["digest"], "size": item["size"], "diff_id": diff_id}
         for item, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])
     ]
-    with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
-        _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
-        layers.append(oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True))
+    layers.append(own)
     env = [e for e in config["config"]["Env"] if not e.startswith("PYTHONPATH=")] + [f"PYTHONPATH={WORKSPACE}"]
     labels = {
         **config["config"].get("Labels", {}),
@@ -202,7 +240,7 @@ def ensure(image: str, spec: dict, base_rootfs: Path, base_ref_file: Path) -> Pa
         + (", the engine era's extra flags" if spec["extras"] else ""),
     ]
     oci.write_image(store, ref, layers, {**config["config"], "Env": env, "Labels": labels}, history)
-    say(f"stand-in image for {image} built in {time.monotonic() - t0:.0f}s")
+    say(f"stand-in image for {image}: its layer on the parser image {base_ref['manifest_digest'][:19]}")
     return ref
 
 

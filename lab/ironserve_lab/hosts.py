@@ -117,6 +117,17 @@ def _new_disk(image: Path) -> bool:
     return run([*HOST_DISK_MKFS, str(image)], check=False).returncode == 0
 
 
+def _direct_io(hdir: Path) -> None:
+    """The loop device under ``hdir`` reads and writes its image file directly (O_DIRECT), not through this
+    machine's page cache as well as the host's own: every byte a host writes (image layers, venvs) was copied and
+    cached twice. Measured here: a host's pull of the parser image took 31 CPU-s instead of 36, and a reinstall of
+    docker.io (dpkg syncs each file) was no slower. Where the image's filesystem refuses O_DIRECT it stays buffered."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    device = next((fields[0] for fields in mounts if fields[1] == str(hdir)), "")
+    if device.startswith("/dev/loop"):
+        run(["losetup", "--direct-io=on", device], check=False)
+
+
 def _mount_disk(root: Path, name: str) -> None:
     """<host dir> on the host's own loop-mounted ext4 image: the one it has (a host kept over a reboot of this
     machine), else a new one; where neither mounts, a plain directory."""
@@ -126,7 +137,10 @@ def _mount_disk(root: Path, name: str) -> None:
         return
 
     def mounted() -> bool:
-        return run(["mount", "-o", HOST_DISK_MOUNT, str(image), str(hdir)], check=False).returncode == 0
+        if run(["mount", "-o", HOST_DISK_MOUNT, str(image), str(hdir)], check=False).returncode != 0:
+            return False
+        _direct_io(hdir)
+        return True
 
     if (image.exists() and mounted()) or (_new_disk(image) and mounted()):
         return
