@@ -183,10 +183,10 @@ def own_layer(spec: dict, base_rootfs: Path) -> dict:
     except (OSError, ValueError, KeyError):
         pass
     t0 = time.monotonic()
+    record.parent.mkdir(parents=True, exist_ok=True)  # made beside the parser image: perhaps the cache's first file
     with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
         _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
         layer = oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True)
-    record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(layer) + "\n")
     say(f"stand-in layer: SGLang {spec['version']} at {WORKSPACE}, pip, made in {time.monotonic() - t0:.0f}s")
     return layer

@@ -243,3 +243,56 @@ def test_the_parser_image_compiles_what_its_check_imports_hash_checked_and_nothi
     subprocess.run([sys.executable, "-c", runtime_image.COMPILE_FILES], input=listed.stdout, text=True, check=True)
     compiled = {pyc.name.split(".")[0]: int.from_bytes(pyc.read_bytes()[4:8], "little") for pyc in venv.rglob("*.pyc")}
     assert compiled == {"__init__": 3, "loaded": 3, "also": 3}  # flags: hash-based (1), checked (2)
+
+
+def test_a_requirement_without_a_stand_in_version_is_downloaded_for_real(tmp_path):
+    standins, real = gpu_images.patch_wheels(["uv==0.13.9", "nvidia-ml-py", "nvidia-cublas"], tmp_path)
+    assert standins == [] and real == ["uv==0.13.9", "nvidia-ml-py", "nvidia-cublas"]
+
+
+def test_the_index_wheels_are_fetched_side_by_side_each_resolved_on_its_own(tmp_path, monkeypatch):
+    from ironserve_lab import supply, wheels
+
+    links = tmp_path / "links"
+    for name, version, requires in (("a", "1", ["c"]), ("a", "2", []), ("b", "1", []), ("c", "1", [])):
+        wheels.build_wheel(links, name, version, requires)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    fetched = supply.fetch_wheels(["a==1", "a==2", "b"], tmp_path / "staging")
+    assert sorted(f.name for f in fetched) == sorted(
+        ["a-1-py3-none-any.whl", "c-1-py3-none-any.whl", "a-2-py3-none-any.whl", "b-1-py3-none-any.whl"]
+    )  # a==1 and a==2 cannot be one resolution: each requirement gets its own directory
+    with pytest.raises(LabError, match="pip download nothere"):
+        supply.fetch_wheels(["b", "nothere==9"], tmp_path / "staging")
+
+
+def test_a_stand_ins_own_layer_is_made_once_and_sits_on_any_parser_image(tmp_path, monkeypatch):
+    from ironserve_lab import oci
+
+    monkeypatch.setenv("IRONSERVE_CACHE", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    (base / "usr/share/python-wheels").mkdir(parents=True)
+    (base / "usr/share/python-wheels/pip-23.0.1-py3-none-any.whl").write_bytes(b"")
+    staged = []
+
+    def stage(stage_dir, base_rootfs, version, extras):
+        staged.append(version)
+        (stage_dir / "sgl-workspace").mkdir(parents=True)
+        (stage_dir / "sgl-workspace/marker").write_text(version)
+
+    monkeypatch.setattr(gpu_images, "_stage", stage)
+    spec = {"version": "0.5.9", "extras": None, "recipes": ["r"], "replaces": GLM_DIGEST}
+    gpu_images.prepare_layers([], base)  # no recipes, nothing made
+    layer = gpu_images.own_layer(spec, base)
+    store = runtime_image.cache_dir()
+    refs = []
+    for n in (1, 2):  # two parser images (e.g. a rebuilt one): the same own layer on each, made once
+        parser_layer = oci.put_blob(store, f"parser layer {n}".encode())
+        parser = store / "images" / f"parser-{n}.json"
+        oci.write_image(store, parser, [{**parser_layer, "diff_id": parser_layer["digest"]}], {"Env": []}, ["p"])
+        refs.append(gpu_images.ensure("lmsysorg/sglang:x", spec, base, parser))
+    assert staged == ["0.5.9"] and refs[0] != refs[1]
+    for ref in refs:
+        found = oci.read_image(store, ref)
+        manifest = json.loads(oci.blob_path(store, found["manifest_digest"]).read_bytes())
+        assert manifest["layers"][-1]["digest"] == layer["digest"] and len(manifest["layers"]) == 2
