@@ -343,24 +343,39 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
     say(f"runtime image ({venv.name}): the venv imports {check.stdout.strip()}")
 
 
-# Prints the venv's source files the statements load (run with PYTHONDONTWRITEBYTECODE: the import itself writes
-# no timestamp-checked pyc)
-LOADED_FILES = """
-import sys
+# Imports the statements, the import compiling each module once and writing its (timestamp) pyc, then stamps the
+# pycs of the venv's loaded modules hash-checked (PEP 552: the same code object, the flags and the source's hash in
+# the header instead of its mtime and size, which the layer clamps to 0) and removes every other pyc of the venv
+# (modules the import loaded and dropped again); prints how many it stamped. One pass: listing the modules with
+# PYTHONDONTWRITEBYTECODE and compiling them again afterwards compiled each twice.
+BYTECODE_OF_LOADED = """
+import importlib.util, os, py_compile, sys
 {statements}
+stamped = set()
 for module in list(sys.modules.values()):
     path = getattr(module, "__file__", None) or ""
-    if path.startswith("{venv}/") and path.endswith(".py"):
-        print(path)
-"""
-# Hash-checked bytecode for the files listed on stdin, on every core (compileall compiles a list one by one)
-COMPILE_FILES = """
-import py_compile, sys
-from concurrent.futures import ProcessPoolExecutor
-def compile_one(path):
-    py_compile.compile(path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-with ProcessPoolExecutor() as pool:
-    list(pool.map(compile_one, sys.stdin.read().splitlines(), chunksize=32))
+    if not (path.startswith("{venv}/") and path.endswith(".py")):
+        continue
+    pyc = importlib.util.cache_from_source(path)
+    try:
+        with open(pyc, "rb") as written:
+            data = written.read()
+    except OSError:
+        data = b""
+    if data[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(data[4:8], "little") == 0:
+        with open(path, "rb") as src:
+            source_hash = importlib.util.source_hash(src.read())
+        with open(pyc + ".tmp", "wb") as out:
+            out.write(data[:4] + (3).to_bytes(4, "little") + source_hash + data[16:])
+        os.replace(pyc + ".tmp", pyc)
+    else:
+        py_compile.compile(path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    stamped.add(pyc)
+for folder, _, names in os.walk("{venv}"):
+    for name in names:
+        if name.endswith(".pyc") and os.path.join(folder, name) not in stamped:
+            os.unlink(os.path.join(folder, name))
+print(len(stamped))
 """
 
 
@@ -372,11 +387,9 @@ def _compile_loaded(merged: Path, chroot: list[str], statements: str) -> None:
         raise LabError(f"runtime image: no sglang {cpu_runtime.SGLANG_VERSION} wheel in the CPU wheelhouse")
     with zipfile.ZipFile(wheels[0]) as whl:
         whl.extractall(merged / "tmp/ironlab-sglang")
-    script = LOADED_FILES.format(statements=statements, venv=VENV)
-    env = ["PYTHONDONTWRITEBYTECODE=1", "PYTHONPATH=/tmp/ironlab-sglang"]
-    loaded = run([*chroot, *env, python, "-c", script], timeout=600).stdout
-    run([*chroot, python, "-c", COMPILE_FILES], input=loaded, timeout=1800)
-    say(f"runtime image: bytecode for the {len(loaded.splitlines())} modules `{statements}` loads")
+    script = BYTECODE_OF_LOADED.format(statements=statements, venv=VENV)
+    count = run([*chroot, "PYTHONPATH=/tmp/ironlab-sglang", python, "-c", script], timeout=1800).stdout.strip()
+    say(f"runtime image: bytecode for the {count} modules `{statements}` loads")
 
 
 def _clean_upper(upper: Path) -> None:

@@ -229,20 +229,37 @@ def test_the_runtime_images_bytecode_must_be_hash_checked(tmp_path):
 
 
 def test_the_parser_image_compiles_what_its_check_imports_hash_checked_and_nothing_else(tmp_path):
-    """The parser image's bytecode (runtime_image.LOADED_FILES, COMPILE_FILES): the venv's modules the statements
-    import get hash-checked pycs (the layer clamps mtimes), the others none, and listing them writes no pyc."""
+    """The parser image's bytecode (runtime_image.BYTECODE_OF_LOADED): the venv's modules the statements import get
+    hash-checked pycs (the layer clamps mtimes) with the code the import compiled, the others none."""
     venv = tmp_path / "venv"
     (venv / "pkg").mkdir(parents=True)
-    for name, text in {"__init__.py": "", "loaded.py": "import pkg.also\n", "also.py": "", "unused.py": ""}.items():
+    files = {
+        "__init__.py": "",
+        "loaded.py": "import pkg.also, pkg.dropped, sys\ndel sys.modules['pkg.dropped']\n",
+        "also.py": "VALUE = 41 + 1\n",
+        "dropped.py": "",
+        "unused.py": "",
+    }
+    for name, text in files.items():
         (venv / "pkg" / name).write_text(text)
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(venv), "PATH": "/usr/bin:/bin"}
-    script = runtime_image.LOADED_FILES.format(statements="import pkg.loaded, json", venv=venv)
-    listed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert sorted(Path(p).name for p in listed.stdout.splitlines()) == ["__init__.py", "also.py", "loaded.py"]
-    assert not list(venv.rglob("*.pyc"))
-    subprocess.run([sys.executable, "-c", runtime_image.COMPILE_FILES], input=listed.stdout, text=True, check=True)
-    compiled = {pyc.name.split(".")[0]: int.from_bytes(pyc.read_bytes()[4:8], "little") for pyc in venv.rglob("*.pyc")}
-    assert compiled == {"__init__": 3, "loaded": 3, "also": 3}  # flags: hash-based (1), checked (2)
+    env = {"PYTHONPATH": str(venv), "PATH": "/usr/bin:/bin"}
+    script = runtime_image.BYTECODE_OF_LOADED.format(statements="import pkg.loaded, json", venv=venv)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "3"
+    compiled = {pyc.name.split(".")[0]: pyc.read_bytes() for pyc in venv.rglob("*.pyc")}
+    assert {name: int.from_bytes(data[4:8], "little") for name, data in compiled.items()} == {
+        "__init__": 3,  # flags: hash-based (1), checked (2)
+        "loaded": 3,
+        "also": 3,
+    }
+    expected = py_compile.compile(
+        str(venv / "pkg/also.py"),
+        cfile=str(tmp_path / "also.pyc"),
+        invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+    )
+    assert compiled["also"] == Path(expected).read_bytes()  # byte for byte what py_compile writes
+    out = subprocess.run([sys.executable, "-c", "import pkg.also; print(pkg.also.VALUE)"], env=env, capture_output=True)
+    assert out.stdout.strip() == b"42" and not list((venv / "pkg/__pycache__").glob("*.tmp"))
 
 
 def test_a_requirement_without_a_stand_in_version_is_downloaded_for_real(tmp_path):
