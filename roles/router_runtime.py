@@ -8,9 +8,10 @@ engine's runtime, installed in the runtime stage beside the engine's.
 - beside a docker runtime: on the OS's python3 (``sglang-router-<version>``; sglang-router's wheels are abi3), from
   the host's mirror, unchecked (a docker recipe's lock pins its image, not Python packages).
 
-So a dedicated router host installs about 110 MB instead of the engine's stack, and removes runtime venvs no unit of
-its names any more (roles/uv_env.unused_venvs_removed); an upgrade of the engine's runtime leaves the router's unit
-as it is. The interpreter is checked by the preflight (roles/uv_env.venvs_of). No host data of its own: the uv
+So a dedicated router host installs about 110 MB instead of the engine's stack; venvs no live, staged or last good
+unit names any more (runtime venvs, router venvs of earlier versions: roles/uv_env.unused_venvs_removed) are
+removed from every router host, so weekly router upgrades leave one or two router venvs, not one per week. An
+upgrade of the engine's runtime leaves the router's unit as it is. The interpreter is checked by the preflight (roles/uv_env.venvs_of). No host data of its own: the uv
 role's (``pip_index_url``, ``package_indexes``, ``uv_*``).
 """
 
@@ -53,6 +54,12 @@ def router_lock(ctx: DeploymentContext, arch: str | None) -> dict[str, list[str]
     return locked if locked and f"{ROUTER_DIST}=={ctx.recipe.engine.router}" in locked else None
 
 
+def removes_unused_venvs(ctx: DeploymentContext) -> bool:
+    """Whether this role removes the host's unused venvs: where the uv runtime's role does not (a dedicated router
+    host, a docker recipe's router host), so that every host with venvs runs the removal once."""
+    return ctx.is_router_only or not isinstance(ctx.recipe.runtime, UvRuntime)
+
+
 @deploy("router runtime")
 def apply(ctx: DeploymentContext) -> None:
     """The router's own venv (ironserve.units.router_venv): sglang-router at the recipe's pin, on the uv runtime's
@@ -89,7 +96,7 @@ def apply(ctx: DeploymentContext) -> None:
         "router venv requirements record", f"# managed by ironserve\n{record}{pin}\n", f"{path}/{REQUIREMENTS_NAME}"
     )
     ctx.changes.record_runtime_change(created, installed)
-    if uv and ctx.is_router_only:
+    if removes_unused_venvs(ctx):
         root = path.rpartition("/")[0]
         unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 

@@ -4,7 +4,8 @@ The venv is versioned by what goes into it (ironserve.units.venv_path: /opt/iron
 the runtime>, shared by the recipes of one runtime): a changed package set is installed into a new venv beside the
 one the live unit runs, never into it, and the staged unit names the new one, so nothing that runs changes before
 the launch stage makes it live. Runtime venvs that no live, staged or last good unit of any recipe names any more
-are removed (``unused_venvs_removed``), and the recipe's venvs of earlier releases (<recipe>-<digest>, <recipe>).
+are removed (``unused_venvs_removed``), and the recipe's venvs of earlier releases (<recipe>-<digest>, <recipe>), and
+routers' venvs of other versions (sglang-router-<version>[-py<python>], roles/router_runtime.py).
 Every command that builds or removes a venv (or installs uv) runs under the host's deploy lock
 (roles/common.host_locked), and the removal decides again under it, keeping a venv another deploy prepared within
 PREPARED_MINUTES (its mark, touched by the same locked command): two deploys on one host never delete each other's.
@@ -65,7 +66,15 @@ from pyinfra.operations import apt, files
 from ironserve.hostdata import DEFAULTS
 from ironserve.imagelock import hashed_requirements_text
 from ironserve.spec import UvRuntime, resolve_index
-from ironserve.units import HOME_DIRS, RUNTIME_VENV_PREFIX, STAGED_DIR, UNIT_DIR, router_venv, venv_path
+from ironserve.units import (
+    HOME_DIRS,
+    ROUTER_DIST,
+    RUNTIME_VENV_PREFIX,
+    STAGED_DIR,
+    UNIT_DIR,
+    router_venv,
+    venv_path,
+)
 from roles.common import LongCommand, host_locked, put_text, refuse, run_if_changed, sha256_checked, word_lines
 from roles.context import DeploymentContext, runtime_lock, unlocked_runtime
 from roles.desired import RuntimeCheck
@@ -310,16 +319,17 @@ def removal_command(paths: list[str]) -> str:
 
 
 class VenvsInUse(FactBase):
-    """The runtime venvs on this host, and the recipe's venvs of earlier releases: {path: in use}, where in use =
-    named by a live, staged or last good unit file of any recipe (any of them may run again: a restart, a launch, a
-    rollback; recipes of one runtime share its venv)."""
+    """The runtime venvs on this host, the routers' venvs (of any version), and the recipe's venvs of earlier
+    releases: {path: in use}, where in use = named by a live, staged or last good unit file of any recipe (any of them
+    may run again: a restart, a launch, a rollback; recipes of one runtime or router version share its venv)."""
 
     def command(self, root, recipe_id):
-        # runtime-<12 hex>; and the recipe's own venvs of earlier releases (another recipe's id may start with this
-        # one's): <id>-<12 hex>, and the unversioned <id>
+        # runtime-<12 hex>; sglang-router-<version>[-py<python>]; and the recipe's own venvs of earlier releases
+        # (another recipe's id may start with this one's): <id>-<12 hex>, and the unversioned <id>
         digest = "[0-9a-f]" * 12  # a glob: venv_path's 12 hex digits
         patterns = [
             shlex.quote(f"{root}/{RUNTIME_VENV_PREFIX}") + digest,
+            shlex.quote(f"{root}/{ROUTER_DIST}-") + "[0-9]*",
             shlex.quote(f"{root}/{recipe_id}"),
             shlex.quote(f"{root}/{recipe_id}-") + digest,
         ]

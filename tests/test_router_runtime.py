@@ -148,3 +148,24 @@ def test_the_router_venv_resolves_within_the_runtimes_lock_where_it_holds_the_pi
     assert router_runtime.router_lock(ctx, "x86_64") is None  # a lock without the router's pin cannot vouch for it
     monkeypatch.setattr(router_runtime, "runtime_lock", lambda ctx: (None, "no lock file"))
     assert router_runtime.router_lock(ctx, "x86_64") is None
+
+
+def test_router_venvs_of_every_version_are_found_and_one_role_per_host_removes_the_unused(tmp_path):
+    import subprocess
+
+    from roles import router_runtime, uv_env
+    from roles.context import build_context
+    from roles.deployment import roles_for
+
+    for name in ("sglang-router-0.3.1-py3.11", "sglang-router-0.2.9", "runtime-0123456789ab", "sglang-router-x", "x"):
+        (tmp_path / name).mkdir()
+    command = uv_env.VenvsInUse().command(root=str(tmp_path), recipe_id="tiny-cpu")
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert uv_env.VenvsInUse().process(out.splitlines()) == {  # no unit of this machine names them
+        str(tmp_path / "runtime-0123456789ab"): False,
+        str(tmp_path / "sglang-router-0.2.9"): False,
+        str(tmp_path / "sglang-router-0.3.1-py3.11"): False,
+    }
+    router, engine = (build_context("tiny", name, _tiny_hosts()) for name in ("r0", "n0"))
+    assert router_runtime.removes_unused_venvs(router)  # a dedicated router host has no runtime role to do it
+    assert not router_runtime.removes_unused_venvs(engine) and "uv_env" in [r.name for r in roles_for(engine)]
