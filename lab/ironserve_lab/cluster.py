@@ -6,6 +6,7 @@ import fcntl
 import functools
 import os
 import re
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -61,6 +62,8 @@ DEFAULT_DEBS = [
 # what the roles install beside the runtimes)
 DEFAULT_WHEELS = pinfiles.read("index.txt")
 UV_VERSION = pinfiles.version(DEFAULT_WHEELS, "uv")  # host data uv_version's default (roles/uv_env.py installs it)
+# Where the lab index's own wheels are fetched to (under <lab dir>/build) before the main thread publishes them
+INDEX_STAGING = "index-wheels"
 # The lab's runtimes: each published for the hosts of its hardware profiles (runtime.py)
 RUNTIMES: tuple[runtime.LabRuntime, ...] = (cpu_runtime.RUNTIME, npu_runtime.RUNTIME, cuda_runtime.RUNTIME)
 # cpu-lab: the generated model's directory under the lab's model_root (recipes/tiny-cpu.yaml model.path's name)
@@ -155,8 +158,9 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
         _publish_supply(root)
         first.result()
         for stamp, text, files in fetched.result():
-            supply.add_wheels(root, files)
+            supply.add_wheels(root, files)  # hard links: the staging directory goes
             stamp.write_text(text)
+        shutil.rmtree(root / "build" / INDEX_STAGING, ignore_errors=True)
         lab.python_downloads = pythons.result()
     _build_runtimes(root, lab, wanted, base)
     binds = _publish_to_hosts(root, lab, hardware)
@@ -185,7 +189,8 @@ def _fetch_index_wheels(root: Path, wanted: needs.Needs) -> list[tuple[Path, str
     """The wheels the lab index lacks, fetched: (the stamp recording them, its text, the files) for the roles' own
     (requirements/index.txt, each resolved on its own) and the pins the recipes' image patches pip-install
     (stand-ins for the CUDA builds, gpu_images.patch_wheels; the others downloaded)."""
-    sup, build = supply.ensure_dirs(root), root / "build"
+    sup, staging = supply.ensure_dirs(root), root / "build" / INDEX_STAGING
+    shutil.rmtree(staging, ignore_errors=True)  # a killed up's
     patches = sorted({req for r in _gpu_recipes(wanted) for req in patch_requirements(r.runtime.patches)})
     fetched: list[tuple[Path, str, list[Path]]] = []
     for stamp, requirements in ((sup / ".wheels", DEFAULT_WHEELS), (sup / ".patch-wheels", patches)):
@@ -194,8 +199,8 @@ def _fetch_index_wheels(root: Path, wanted: needs.Needs) -> list[tuple[Path, str
             continue
         t0 = time.monotonic()
         # the patches' CUDA builds are stand-ins built here; every other requirement is downloaded
-        standins, real = gpu_images.patch_wheels(requirements, build / f"{stamp.name[1:]}-standins")
-        fetched.append((stamp, text, standins + supply.fetch_wheels(real, build / f"{stamp.name[1:]}-fetched")))
+        standins, real = gpu_images.patch_wheels(requirements, staging / f"{stamp.name[1:]}-standins")
+        fetched.append((stamp, text, standins + supply.fetch_wheels(real, staging / stamp.name[1:])))
         say(f"wheels for the lab index fetched: {text} ({time.monotonic() - t0:.1f}s)")
     return fetched
 

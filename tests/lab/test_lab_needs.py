@@ -84,3 +84,20 @@ def test_the_lab_remembers_what_it_was_brought_up_for():
     assert cluster._built_for(running, glm5) is None
     assert cluster._built_for(fresh, needs.resolve("cpu-lab", [])) is None
     assert LabState(built_for=["tiny-cpu"]).status()["built_for"] == ["tiny-cpu"]
+
+
+def test_the_lab_index_wheels_are_fetched_once_per_list_and_the_patches_only_for_their_images(tmp_path, monkeypatch):
+    from ironserve_lab import supply
+
+    calls = []
+    monkeypatch.setattr(supply, "fetch_wheels", lambda requirements, staging: calls.append(requirements) or [])
+    glm5 = needs.resolve("rtx6000-pro-maxq", ["deploys/glm5.py"])
+    fetched = cluster._fetch_index_wheels(tmp_path, glm5)
+    assert calls == [cluster.DEFAULT_WHEELS, ["transformers==5.2.0"]]  # the roles' own, the patch's pin
+    for stamp, text, _ in fetched:  # as _up records them once published
+        stamp.write_text(text)
+    calls.clear()
+    assert cluster._fetch_index_wheels(tmp_path, glm5) == [] and calls == []  # published: nothing fetched again
+    assert cluster._fetch_index_wheels(tmp_path / "cpu", needs.resolve("cpu-lab", [])) and calls == [
+        cluster.DEFAULT_WHEELS  # a cpu-lab has no stand-in images, so no patches to serve
+    ]
