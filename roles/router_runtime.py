@@ -11,8 +11,8 @@ engine's runtime, installed in the runtime stage beside the engine's.
 So a dedicated router host installs about 110 MB instead of the engine's stack; venvs no live, staged or last good
 unit names any more (runtime venvs, router venvs of earlier versions: roles/uv_env.unused_venvs_removed) are
 removed from every router host, so weekly router upgrades leave one or two router venvs, not one per week. An
-upgrade of the engine's runtime leaves the router's unit as it is. The interpreter is checked by the preflight (roles/uv_env.venvs_of). No host data of its own: the uv
-role's (``pip_index_url``, ``package_indexes``, ``uv_*``).
+upgrade of the engine's runtime leaves the router's unit as it is. The interpreter is checked by the preflight
+(roles/uv_env.venvs_of). No host data of its own: the uv role's (``pip_index_url``, ``package_indexes``, ``uv_*``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def apply(ctx: DeploymentContext) -> None:
     """The router's own venv (ironserve.units.router_venv): sglang-router at the recipe's pin, on the uv runtime's
     Python (hash-checked within the runtime's lock where it has one) or the OS's python3 beside a docker runtime.
     Unversioned by digest: it holds one pinned package and its dependencies. A host that runs only the router
-    installs no engine runtime, and runtime venvs no unit of its names any more are removed."""
+    installs no engine runtime; venvs no unit names any more are removed (``removes_unused_venvs``)."""
     path = router_venv(ctx.recipe)
     if not path or not ctx.runs_router:
         return
@@ -73,7 +73,8 @@ def apply(ctx: DeploymentContext) -> None:
     uv = isinstance(runtime, UvRuntime)
     env = uv_env(bool(mirror), python_sources(ctx.host), mirror)
     uv_present(ctx, env)
-    files.directory(name="venv root", path=path.rsplit("/", 1)[0], mode="755")
+    root = path.rpartition("/")[0]
+    files.directory(name="venv root", path=root, mode="755")
     created = venv_present(name=f"router venv {path}", path=path, python=runtime.python if uv else OS_PYTHON, env=env)
     # a uv runtime's own indexes (the host's mirror alone where it has one), the mirror beside a docker runtime
     idx = index_args(runtime, mirror, ctx.host.package_indexes) if uv else (["--index-url", mirror] if mirror else [])
@@ -97,7 +98,6 @@ def apply(ctx: DeploymentContext) -> None:
     )
     ctx.changes.record_runtime_change(created, installed)
     if removes_unused_venvs(ctx):
-        root = path.rpartition("/")[0]
         unused_venvs_removed(name="unused venvs removed", root=root, recipe_id=ctx.recipe.id, keep=path)
 
 

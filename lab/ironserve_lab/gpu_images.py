@@ -175,21 +175,17 @@ def own_layer(spec: dict, base_rootfs: Path) -> dict:
     """The stand-in's layer on the parser image ({digest, size, diff_id}), made first when the cache lacks it. It does
     not depend on the parser image: ``lab up`` makes it while that builds (:func:`prepare_layers`)."""
     store = runtime_image.cache_dir()
-    record = store / "images" / f"gpu-layer-{_layer_key(spec, base_rootfs)}.json"
-    try:
-        layer = json.loads(record.read_text())
-        if oci.blob_path(store, layer["digest"]).is_file():
-            return layer
-    except (OSError, ValueError, KeyError):
-        pass
-    t0 = time.monotonic()
-    record.parent.mkdir(parents=True, exist_ok=True)  # made beside the parser image: perhaps the cache's first file
-    with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
-        _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
-        layer = oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True)
-    record.write_text(json.dumps(layer) + "\n")
-    say(f"stand-in layer: SGLang {spec['version']} at {WORKSPACE}, pip, made in {time.monotonic() - t0:.0f}s")
-    return layer
+
+    def make() -> dict:
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="ironlab-gpu-image-", dir=store) as tmp:
+            _stage(Path(tmp) / "layer", base_rootfs, spec["version"], spec["extras"])
+            layer = oci.layer_from_dir(store, Path(tmp) / "layer", normalize_mtime=True)
+        say(f"stand-in layer: SGLang {spec['version']} at {WORKSPACE}, pip, made in {time.monotonic() - t0:.0f}s")
+        return layer
+
+    # made beside the parser image: the record's directory (made first) may be the cache's first
+    return oci.cached_layer(store, store / "images" / f"gpu-layer-{_layer_key(spec, base_rootfs)}.json", make)
 
 
 def prepare_layers(recipes: list, base_rootfs: Path) -> None:

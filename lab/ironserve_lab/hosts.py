@@ -73,9 +73,17 @@ def rootfs(root: Path, name: str) -> Path:
     return host_dir(root, name) / "root"
 
 
+def _mount_source(path: Path) -> str | None:
+    """What is mounted at ``path`` (its device or filesystem name in /proc/mounts), None when nothing is."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        source, target = line.split()[:2]
+        if target == str(path):
+            return source
+    return None
+
+
 def _mounted(path: Path) -> bool:
-    target = str(path)
-    return any(line.split()[1] == target for line in Path("/proc/mounts").read_text().splitlines())
+    return _mount_source(path) is not None
 
 
 def _write(rootdir: Path, rel: str, text: str, mode: int = 0o644) -> None:
@@ -122,8 +130,7 @@ def _direct_io(hdir: Path) -> None:
     machine's page cache as well as the host's own: every byte a host writes (image layers, venvs) was copied and
     cached twice. Measured here: a host's pull of the parser image took 31 CPU-s instead of 36, and a reinstall of
     docker.io (dpkg syncs each file) was no slower. Where the image's filesystem refuses O_DIRECT it stays buffered."""
-    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
-    device = next((fields[0] for fields in mounts if fields[1] == str(hdir)), "")
+    device = _mount_source(hdir) or ""
     if device.startswith("/dev/loop"):
         run(["losetup", "--direct-io=on", device], check=False)
 

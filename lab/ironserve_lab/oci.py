@@ -118,6 +118,21 @@ def write_image(store: Path, ref_file: Path, layers: list[dict], config: dict, h
     return result
 
 
+def cached_layer(store: Path, record: Path, make: Callable[[], dict]) -> dict:
+    """The layer ``record`` names in ``store`` ({digest, size, diff_id}), made by ``make`` (and recorded) when the
+    record or its blob is missing."""
+    try:
+        layer = json.loads(record.read_text())
+        if blob_path(store, layer["digest"]).is_file():
+            return layer
+    except (OSError, ValueError, KeyError):
+        pass
+    record.parent.mkdir(parents=True, exist_ok=True)
+    layer = make()
+    record.write_text(json.dumps(layer) + "\n")
+    return layer
+
+
 def read_image(store: Path, ref_file: Path) -> dict | None:
     """{manifest_digest, config_digest} of a complete image in the store, None when any blob is missing."""
     try:

@@ -172,17 +172,12 @@ def base_layer(base: Path) -> dict:
     """The Debian base layer of this machine's rootfs (cached by the rootfs's identity)."""
     key = hashlib.sha256(f"{_base_identity(base)}:{oci.LAYER_TAR}".encode()).hexdigest()[:16]
     record = cache_dir() / "images" / f"base-{key}.json"
-    try:
-        layer = json.loads(record.read_text())
-        if oci.blob_path(cache_dir(), layer["digest"]).is_file():
-            return layer
-    except (OSError, ValueError, KeyError):
-        pass
-    say("runtime image: Debian base layer from the lab rootfs")
-    layer = oci.layer_from_dir(cache_dir(), base, BASE_EXCLUDES, progress=say)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(layer) + "\n")
-    return layer
+
+    def make() -> dict:
+        say("runtime image: Debian base layer from the lab rootfs")
+        return oci.layer_from_dir(cache_dir(), base, BASE_EXCLUDES, progress=say)
+
+    return oci.cached_layer(cache_dir(), record, make)
 
 
 def _umount(path: Path) -> None:

@@ -234,7 +234,9 @@ def fetch_wheels(requirements: list[str], staging: Path) -> list[Path]:
     interpreter, so run the lab from a Python 3.11 x86_64 environment (the project's).
     """
     shutil.rmtree(staging, ignore_errors=True)
-    pip = _pip() if requirements else []
+    if not requirements:
+        return []
+    pip = _pip()
 
     def download(numbered: tuple[int, str]) -> list[Path]:
         dest = staging / str(numbered[0])
