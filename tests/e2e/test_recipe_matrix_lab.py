@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -86,68 +85,19 @@ def shapes(tmp_path_factory):
             lab_down()
 
 
-class DryRuns:
-    """The planned-only recipes' dry runs, two at a time: each is one pyinfra process computing on one core of the
-    controller, which the lab's hosts (prepared, not serving) leave idle. A test's dry run starts with those of the
-    selected recipes right after it in the matrix with the same shape and no deploy between: nothing changes those
-    hosts meanwhile."""
-
-    def __init__(self, shapes: Shapes, selected: set[str]):
-        self.shapes, self.selected, self.pool, self.runs = shapes, selected, ThreadPoolExecutor(2), {}
-
-    def result(self, entry, data: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-        """(the dry run's result, its seconds) for ``entry``, whose host data is ``data``."""
-        if entry.recipe not in self.runs:
-            for later in [entry, *self._next_ones(entry)]:
-                args = data if later is entry else matrix_data(later, self.shapes.api_key_file)
-                self.runs[later.recipe] = self.pool.submit(self._dry_run, later, args)
-        return self.runs.pop(entry.recipe).result()
-
-    def _next_ones(self, entry) -> list:
-        """The selected dry-run entries right after ``entry`` with its shape, not needing a Python download list."""
-        after = []
-        for later in ENTRIES[ENTRIES.index(entry) + 1 :]:
-            if later.shape != entry.shape or later.recipe in DEPLOYED or later.recipe not in self.selected:
-                break
-            if not needs_downloads(later.recipe):
-                after.append(later)
-        return after
-
-    @staticmethod
-    def _dry_run(entry, data: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-        started = time.monotonic()
-        return pyinfra(entry.deploy, "--dry", "--json", *data, timeout=900), time.monotonic() - started
-
-
-@pytest.fixture(scope="module")
-def dry_runs(request, shapes):
-    ids = {item.callspec.id for item in request.session.items if hasattr(item, "callspec")}
-    runs = DryRuns(shapes, {e.recipe for e in ENTRIES if e.recipe in ids})
-    try:
-        yield runs
-    finally:
-        runs.pool.shutdown(cancel_futures=True)
-
-
 def python_downloads() -> str | None:
     return json.loads(labcli.ironserve("lab", "status", "--format", "json").stdout).get("python_downloads") or None
 
 
-def needs_downloads(recipe_id: str) -> bool:
-    """Whether the recipe's Python is one the hosts' OS lacks (uv installs it from the lab's download list)."""
-    runtime = catalogue.get_recipe(recipe_id).runtime
-    return isinstance(runtime, UvRuntime) and runtime.python != OS_PYTHON
-
-
 def interpreter_data(recipe_id: str) -> list[str]:
     """Host data naming the lab's download list for a recipe whose Python the hosts' OS lacks."""
-    if not needs_downloads(recipe_id):
+    runtime = catalogue.get_recipe(recipe_id).runtime
+    if not isinstance(runtime, UvRuntime) or runtime.python == OS_PYTHON:
         return []
     downloads = python_downloads()
     if not downloads:
-        python = catalogue.get_recipe(recipe_id).runtime.python
         pytest.skip(
-            f"{recipe_id} needs Python {python}: this machine has no CPython build for the lab to "
+            f"{recipe_id} needs Python {runtime.python}: this machine has no CPython build for the lab to "
             "publish (IRONSERVE_PYTHONS, default /root/.pyenv/versions/3.12.*)"
         )
     return ["--data", f"uv_python_downloads_json_url={downloads}"]
@@ -211,20 +161,21 @@ def planned_changes(out: str) -> list[str]:
     ]
 
 
-def matrix_data(entry, api_key_file) -> list[str]:
-    """The host data of a matrix deploy of ``entry``."""
-    return ["--data", f"recipe={entry.recipe}", "--data", f"api_key_file={api_key_file}"]
-
-
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.recipe for e in ENTRIES])
-def test_recipe_deploys_and_converges(shapes, dry_runs, entry):
+def test_recipe_deploys_and_converges(shapes, entry):
     STARTED.add(entry.recipe)
     hosts = shapes.up(entry.shape)
-    data = [*matrix_data(entry, shapes.api_key_file), *interpreter_data(entry.recipe)]
+    data = [
+        "--data",
+        f"recipe={entry.recipe}",
+        "--data",
+        f"api_key_file={shapes.api_key_file}",
+        *interpreter_data(entry.recipe),
+    ]
     started = time.monotonic()
     if entry.recipe not in DEPLOYED:
-        dry, dry_s = dry_runs.result(entry, data)
-        TIMES[entry.recipe] = (float("nan"), dry_s)
+        dry = pyinfra(entry.deploy, "--dry", "--json", *data, timeout=900)
+        TIMES[entry.recipe] = (float("nan"), time.monotonic() - started)
         PLANNED[entry.recipe] = len(planned_changes(dry.stdout))
         assert PLANNED[entry.recipe], "another recipe on these hosts planned no change (its units are its own)"
         return
