@@ -166,6 +166,18 @@ def test_check_wheelhouse_names_missing_and_cuda_wheels(tmp_path):
     assert any("CUDA-only wheel" in p for p in problems)
 
 
+def test_a_wheelhouse_of_earlier_pins_is_pruned_not_refused(tmp_path):
+    """A cached wheelhouse of an earlier runtime (a distribution since left out, another version of a pin) loses
+    those wheels and keeps the pinned ones: an upgrade of the pins must not stop `lab up`."""
+    kept = "aiohttp-3.14.5-cp311-cp311-manylinux2014_x86_64.whl"
+    gone = ["anthropic-2.12.0-py3-none-any.whl", "aiohttp-3.14.4-cp311-cp311-manylinux2014_x86_64.whl"]
+    for name in [kept, *gone]:
+        (tmp_path / name).write_bytes(b"")
+    assert cpu_runtime.prune_wheelhouse(tmp_path) == sorted(gone)
+    assert sorted(p.name for p in tmp_path.glob("*.whl")) == [kept]
+    assert not [p for p in cpu_runtime.check_wheelhouse(tmp_path) if "not a pin" in p]
+
+
 # --------------------------------------------------------------------------- the shim wheel
 
 

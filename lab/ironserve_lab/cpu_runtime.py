@@ -239,10 +239,24 @@ def check_wheelhouse(dest: str | os.PathLike) -> list[str]:
     return problems
 
 
+def prune_wheelhouse(dest: Path) -> list[str]:
+    """Remove the wheels of ``dest`` that are no pin of this runtime (an earlier runtime's: another version, or a
+    distribution since left out); the names removed. The wheelhouse is a cache across runs: an upgrade of the pins
+    neither refuses it nor carries what the runtime no longer holds."""
+    wanted = {(normalize(name), version) for name, _, version in (r.partition("==") for r in REQUIREMENTS)}
+    removed = []
+    for whl in sorted(dest.glob("*.whl")):
+        if _wheel_key(whl.name) not in wanted:
+            whl.unlink()
+            removed.append(whl.name)
+    return removed
+
+
 def build_wheelhouse(
     dest: str | os.PathLike, *, torch_dir: str | os.PathLike | None = None, timeout: int = 3600
 ) -> dict:
-    """Every wheel of :data:`REQUIREMENTS` into ``dest`` (kept across runs: pip skips what is there).
+    """Every wheel of :data:`REQUIREMENTS` into ``dest`` (kept across runs: pip skips what is there; a wheel that
+    is no pin any more is removed).
 
     ``pip download --no-deps --only-binary :all:`` of the exact pins for CPython 3.11 manylinux x86_64 (no
     resolution, so nothing CUDA can come along), torch copied from ``torch_dir`` (default /opt/wheels),
@@ -251,6 +265,7 @@ def build_wheelhouse(
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    prune_wheelhouse(dest)
     torch = _torch_wheel(Path(torch_dir) if torch_dir else torch_wheels_dir())
     if not (dest / torch.name).is_file() or (dest / torch.name).stat().st_size != torch.stat().st_size:
         shutil.copy2(torch, dest / torch.name)
