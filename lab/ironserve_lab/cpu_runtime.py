@@ -216,6 +216,11 @@ def _wheel_key(filename: str) -> tuple[str, str]:
     return normalize(name), version
 
 
+def pinned_wheels() -> dict[str, str]:
+    """{normalized name: version} of :data:`REQUIREMENTS`: what a wheel of the wheelhouse must be."""
+    return {normalize(name): version for name, _, version in (r.partition("==") for r in REQUIREMENTS)}
+
+
 def check_wheelhouse(dest: str | os.PathLike) -> list[str]:
     """Problems of the wheelhouse in ``dest`` ([] = complete): a missing pin, a CUDA wheel, an extra wheel."""
     dest = Path(dest)
@@ -224,10 +229,9 @@ def check_wheelhouse(dest: str | os.PathLike) -> list[str]:
         name, version = _wheel_key(whl.name)
         have.setdefault(name, []).append(version)
     problems = []
-    wanted = {}
+    wanted = pinned_wheels()
     for req in REQUIREMENTS:
         name, _, version = req.partition("==")
-        wanted[normalize(name)] = version
         versions = have.get(normalize(name), [])
         if version not in versions:
             problems.append(f"{req}: no wheel in {dest}" + (f" (have {', '.join(versions)})" if versions else ""))
@@ -243,10 +247,11 @@ def prune_wheelhouse(dest: Path) -> list[str]:
     """Remove the wheels of ``dest`` that are no pin of this runtime (an earlier runtime's: another version, or a
     distribution since left out); the names removed. The wheelhouse is a cache across runs: an upgrade of the pins
     neither refuses it nor carries what the runtime no longer holds."""
-    wanted = {(normalize(name), version) for name, _, version in (r.partition("==") for r in REQUIREMENTS)}
+    wanted = pinned_wheels()
     removed = []
     for whl in sorted(dest.glob("*.whl")):
-        if _wheel_key(whl.name) not in wanted:
+        name, version = _wheel_key(whl.name)
+        if wanted.get(name) != version:
             whl.unlink()
             removed.append(whl.name)
     return removed

@@ -389,14 +389,15 @@ def test_3g_links_planted_and_the_key_removed_hand_the_engine_user_nothing_and_s
     rank0 = lab["hosts"][0]
     home, victims = f"{JIT_DIR}/home", ("/etc/ironserve-lab-victim-home", "/etc/ironserve-lab-victim-cache")
     env = f"/etc/ironserve/{UNIT}.env"
-    ssh(rank0, f"install -d -m 0700 -o root -g root {victims[0]} {victims[1]}")
+    planted = f"{JIT_DIR}/planted"
+    ssh(rank0, shlex.join(["install", "-d", "-m", "0700", "-o", "root", "-g", "root", *victims]))
     try:
-        ssh(
-            rank0, as_engine_user(f"rm -rf {home} && ln -s {victims[0]} {home} && ln -s {victims[1]} {JIT_DIR}/planted")
-        )
-        ssh(rank0, f"chown root:root {JIT_DIR}")
+        links = [["rm", "-rf", home], ["ln", "-s", victims[0], home], ["ln", "-s", victims[1], planted]]
+        ssh(rank0, as_engine_user(" && ".join(shlex.join(step) for step in links)))
+        ssh(rank0, shlex.join(["chown", "root:root", JIT_DIR]))
         # keep the file's mtime: a restored file must not look newer than the running unit to later deploys
-        ssh(rank0, f"cp -p {env} /root/env.keyed && sed -i '/^IRONSERVE_API_KEY=/d' {env}")
+        drop_key = ["sed", "-i", "/^IRONSERVE_API_KEY=/d", env]
+        ssh(rank0, f"{shlex.join(['cp', '-p', env, '/root/env.keyed'])} && {shlex.join(drop_key)}")
         before = invocation(rank0)
         ssh(rank0, deliberate("restart", UNIT), check=False)
 
@@ -406,7 +407,8 @@ def test_3g_links_planted_and_the_key_removed_hand_the_engine_user_nothing_and_s
             return [found.get("ActiveState", ""), found.get("ExecMainStatus", "")]
 
         assert wait_until(lambda: invocation(rank0) != before and state() == ["failed", "78"], 60, 2), state()
-        owners = ssh(rank0, f"stat -c '%U:%G %a' {victims[0]} {victims[1]}; stat -c %U {JIT_DIR}").stdout.split()
+        stats = [["stat", "-c", "%U:%G %a", *victims], ["stat", "-c", "%U", JIT_DIR]]
+        owners = ssh(rank0, "; ".join(shlex.join(cmd) for cmd in stats)).stdout.split()
         assert owners == ["root:root", "700", "root:root", "700", "ironserve-engine"], owners
         answers = set()
         for _ in range(4):  # 20 s: no restart brings a keyless engine up either
@@ -417,9 +419,10 @@ def test_3g_links_planted_and_the_key_removed_hand_the_engine_user_nothing_and_s
         assert "not starting the engine without its API key: neither IRONSERVE_API_KEY nor" in journal, journal
         assert KEY not in journal
     finally:
-        ssh(rank0, f"cp -p /root/env.keyed {env} && rm -f /root/env.keyed", check=False)
-        ssh(rank0, as_engine_user(f"rm -f {home} {JIT_DIR}/planted"), check=False)
-        ssh(rank0, f"rmdir {victims[0]} {victims[1]}", check=False)
+        restore = f"{shlex.join(['cp', '-p', '/root/env.keyed', env])} && rm -f /root/env.keyed"
+        ssh(rank0, restore, check=False)
+        ssh(rank0, as_engine_user(shlex.join(["rm", "-f", home, planted])), check=False)
+        ssh(rank0, shlex.join(["rmdir", *victims]), check=False)
     restart_rank0_and_serve(lab)
     print(
         "\nrank 0 restarted with the engine user's links in its cache (HOME -> a root directory, a planted one, the "
