@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -495,10 +496,9 @@ def _recipe_files(args) -> list[Path]:
 
 
 def cmd_lock(args) -> int:
-    """Resolve each recipe's runtime (docker tag -> digest; uv pins -> hashes) and write <recipe>.lock.json."""
+    """Resolve each recipe's runtime (docker tag -> digest; uv pins -> hashes; a docker recipe's router venv ->
+    hashes) and write <recipe>.lock.json."""
     from . import catalogue, imagelock
-    from .problems import Problem, SpecError
-    from .spec import DockerRuntime, UvRuntime
 
     mirror, ca_file, index = args.registry, args.registry_ca, args.index
     for host in _hosts_from(args.inventory) or []:
@@ -511,40 +511,90 @@ def cmd_lock(args) -> int:
     for path in _recipe_files(args):
         raw = recipe = catalogue.load_recipe_file(path, catalogue.hardware_profiles(), locked=False)
         lock_path = imagelock.lock_file(path)
-        data = {"recipe": recipe.id}
-        if isinstance(raw.runtime, DockerRuntime):
-            if raw.runtime.digest:
-                print(f"{recipe.id}: runtime.digest pins {raw.runtime.digest} in the recipe; no lock needed")
-                continue
-            data["docker"] = imagelock.resolve_docker(raw, mirror, ca_file)
-            what = f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})"
-        elif isinstance(raw.runtime, UvRuntime):
-            if not index:
-                raise SpecError(
-                    [
-                        Problem(
-                            str(path),
-                            "runtime",
-                            "no package index to lock against",
-                            "give --index URL or an inventory with pip_index_url",
-                        )
-                    ]
-                )
-            profiles = catalogue.hardware_profiles()
-            arches = args.arch or sorted({profiles[h].cpu_arch for h in raw.hardware if h in profiles})
-            data["uv"] = imagelock.resolve_uv(raw, index, arches)
-            what = (
-                ", ".join(f"{len(locked)} distributions for {arch}" for arch, locked in data["uv"]["platforms"].items())
-                + f", with their sha256 in {index}"
-            )
-        else:
+        # --router adds the router's resolution to what the lock holds (an image a site lock pins stays as it is)
+        data = {**(imagelock.read(lock_path) or {}), "recipe": recipe.id} if args.router else {"recipe": recipe.id}
+        found = _lock_docker(args, raw, path, data, mirror, ca_file, index) + _lock_uv(args, raw, path, data, index)
+        if not found:
             continue
         if imagelock.read(lock_path) != data:
             imagelock.write(lock_path, data)
             wrote += 1
-        print(f"{recipe.id}: {what} -> {lock_path}")
+        print(f"{recipe.id}: {'; '.join(found)} -> {lock_path}")
     print(f"{wrote} lock file(s) written")
     return 0
+
+
+def _python_minor(value: str) -> str:
+    if not re.fullmatch(r"3\.[0-9]{1,2}", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Python minor version: write 3.X (3.11)")
+    return value
+
+
+def _no_index(path, field: str):
+    from .problems import SpecError
+
+    return SpecError.one(
+        str(path), field, "no package index to lock against", "give --index URL or an inventory with pip_index_url"
+    )
+
+
+def _arches(args, recipe) -> list[str]:
+    from . import catalogue
+
+    profiles = catalogue.hardware_profiles()
+    return args.arch or sorted({profiles[h].cpu_arch for h in recipe.hardware if h in profiles})
+
+
+def _lock_docker(args, raw, path, data: dict, mirror, ca_file, index) -> list[str]:
+    """A docker recipe's image digest (unless --router, or the recipe pins it) and its router venv's hashes
+    (where it has a router venv) into ``data``; what was locked, in words."""
+    from . import imagelock
+    from .spec import DockerRuntime
+    from .units import router_venv
+
+    if not isinstance(raw.runtime, DockerRuntime):
+        return []
+    found = []
+    if raw.runtime.digest:
+        print(f"{raw.id}: runtime.digest pins {raw.runtime.digest} in the recipe; no image lock needed")
+    elif not args.router:
+        data["docker"] = imagelock.resolve_docker(raw, mirror, ca_file)
+        found.append(f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})")
+    if router_venv(raw) and not index and not args.router:
+        print(
+            f"{raw.id}: its router venv is not locked: no package index (give --index URL or an inventory with "
+            "pip_index_url)"
+        )
+    elif router_venv(raw):
+        if not index:
+            raise _no_index(path, "engine.router")
+        pythons = args.router_python or list(imagelock.ROUTER_PYTHONS)
+        data["router"] = imagelock.resolve_router(raw, index, _arches(args, raw), pythons)
+        found.append(
+            ", ".join(
+                f"the router venv's {len(locked)} distributions for {arch} Python {python}"
+                for arch, by_python in data["router"]["platforms"].items()
+                for python, locked in by_python.items()
+            )
+            + f", with their sha256 in {index}"
+        )
+    return found
+
+
+def _lock_uv(args, raw, path, data: dict, index) -> list[str]:
+    """A uv recipe's full resolution with hashes into ``data``; what was locked, in words."""
+    from . import imagelock
+    from .spec import UvRuntime
+
+    if not isinstance(raw.runtime, UvRuntime) or args.router:
+        return []
+    if not index:
+        raise _no_index(path, "runtime")
+    data["uv"] = imagelock.resolve_uv(raw, index, _arches(args, raw))
+    return [
+        ", ".join(f"{len(locked)} distributions for {arch}" for arch, locked in data["uv"]["platforms"].items())
+        + f", with their sha256 in {index}"
+    ]
 
 
 def _lock_site(args, mirror: str | None, ca_file: str | None) -> int:
@@ -715,6 +765,20 @@ def _add_catalogue_parsers(sub) -> None:
         action="append",
         choices=["x86_64", "aarch64"],
         help="machines to resolve a uv runtime for (repeatable; default: those of the recipe's hardware profiles)",
+    )
+    p.add_argument(
+        "--router-python",
+        action="append",
+        type=_python_minor,
+        metavar="3.X",
+        help="Python minors to resolve a docker recipe's router venv for, the hosts' python3 (repeatable; "
+        "default: 3.10, 3.11 and 3.12)",
+    )
+    p.add_argument(
+        "--router",
+        action="store_true",
+        help="lock only the router venvs of docker recipes, keeping the rest of each lock file (images a site "
+        "lock pins)",
     )
     p.add_argument(
         "--site",

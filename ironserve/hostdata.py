@@ -389,8 +389,8 @@ class HostData(BaseModel):
     require_locks: bool = _field(
         False,
         "roles/uv_env.py",
-        "refuse a uv recipe without a current lock file "
-        "(`ironserve lock`): its packages would install without hash checks",
+        "refuse a uv recipe without a current lock file, or a docker recipe's router host without its router "
+        "venv's lock (`ironserve lock`): its packages would install without hash checks",
     )
 
     # ---------------------------------------------------------------- pinned versions and paths

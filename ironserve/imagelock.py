@@ -15,7 +15,14 @@
   router's own venv resolves within it where it holds sglang-router==engine.router (``-c``, hash-checked); a uv
   recipe without a lock installs unchecked, with a warning, or not at all under host data ``require_locks``.
 
-A lock whose image (or uv runtime) differs from the recipe's (the tag or the pins were edited) is stale: it is
+- docker recipes with a router (engine.router): ``{"router": {"index": URL, "version": VERSION, "platforms": {ARCH:
+  {PYTHON: {"name==version": [...]}}}}}``: the router's own venv (ironserve.units.router_venv), which beside a
+  docker runtime runs on the host's python3, resolved for each machine and each Python minor the hosts may have
+  (``--router-python``; default :data:`ROUTER_PYTHONS`), every distribution with its sha256. The router role
+  installs it ``--require-hashes`` for the host's machine and python3 (roles/router_runtime.py); without an entry
+  for them it installs unchecked with a warning, or not at all under ``require_locks``.
+
+A lock whose image (or uv runtime, or router version) differs from the recipe's (the tag or the pins were edited) is stale: it is
 ignored and the deploy says so.
 
 Site locks (host data ``docker_image_lock``, a file on the controller; ``ironserve lock --all --site FILE``):
@@ -44,7 +51,7 @@ from . import pins
 from .problems import Problem, SpecError
 from .registry import DOCKER_HUB, Registry, repository_path
 from .spec import DockerRuntime, Recipe, UvRuntime
-from .units import runtime_digest
+from .units import ROUTER_DIST, router_venv, runtime_digest
 
 SUFFIX = ".lock.json"
 
@@ -243,7 +250,9 @@ def hashed_requirements_text(locked: dict[str, list[str]]) -> str:
     return "".join(f"{req} {' '.join('--hash=' + h for h in hashes)}\n" for req, hashes in sorted(locked.items()))
 
 
-def _compile_hashed(uv: str, runtime: UvRuntime, platform: str, idx: list[str], recipe_id: str, runner) -> dict:
+def _compile_hashed(
+    uv: str, runtime: UvRuntime, platform: str, idx: list[str], recipe_id: str, runner, field: str = "runtime.packages"
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="ironserve-lock-") as tmp:
         cmd = pins.compile_command(uv, runtime, platform, idx, Path(tmp))
         cmd += ["--generate-hashes", "--no-annotate"]
@@ -254,8 +263,8 @@ def _compile_hashed(uv: str, runtime: UvRuntime, platform: str, idx: list[str], 
             [
                 Problem(
                     recipe_id,
-                    "runtime.packages",
-                    f"uv pip compile for {platform} failed: {' '.join(proc.stderr.split())[:600]}",
+                    field,
+                    f"uv pip compile for {platform} (Python {runtime.python}) failed: {' '.join(proc.stderr.split())[:600]}",
                     "make the pins resolve against the index (ironserve lint says why)",
                 )
             ]
@@ -267,7 +276,7 @@ def _compile_hashed(uv: str, runtime: UvRuntime, platform: str, idx: list[str], 
             [
                 Problem(
                     recipe_id,
-                    "runtime.packages",
+                    field,
                     f"{exc} (resolved for {platform})",
                     "serve every distribution from a PEP 503 index that publishes sha256 hashes",
                 )
@@ -287,21 +296,48 @@ def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.
     ]
     if problems:
         raise SpecError(problems)
-    uv = pins.uv_binary()
-    if not uv:
-        raise SpecError(
-            [
-                Problem(
-                    recipe.id,
-                    "runtime",
-                    "no uv on this machine to resolve the pins",
-                    "install uv (scripts/env.sh does)",
-                )
-            ]
-        )
+    uv = _uv(recipe.id)
     idx = ["--index-url", index, *(["--prerelease", "allow"] if runtime.prerelease else [])]  # as the role installs
     platforms = {arch: _compile_hashed(uv, runtime, pins.PLATFORMS[arch], idx, recipe.id, runner) for arch in arches}
     return {"index": index, "runtime": runtime_digest(runtime), "platforms": platforms}
+
+
+def _uv(recipe_id: str) -> str:
+    uv = pins.uv_binary()
+    if not uv:
+        raise SpecError.one(
+            recipe_id, "runtime", "no uv on this machine to resolve the pins", "install uv (scripts/env.sh does)"
+        )
+    return uv
+
+
+# The Python minors a docker recipe's router venv is locked for by default: the OS python3 of Ubuntu 22.04, Debian 12
+# and Ubuntu 24.04 (the router venv beside a docker runtime runs on the host's python3)
+ROUTER_PYTHONS = ("3.10", "3.11", "3.12")
+
+
+def resolve_router(recipe: Recipe, index: str, arches: list[str], pythons: list[str], runner=subprocess.run) -> dict:
+    """The router venv's resolution (sglang-router==engine.router and its dependencies) with the sha256 of every
+    distribution's files in ``index``, for each machine of ``arches`` and each Python minor of ``pythons``: the
+    router beside a docker runtime runs on the host's python3, whose minor the controller cannot know."""
+    pin = f"{ROUTER_DIST}=={recipe.engine.router}"
+    uv, idx = _uv(recipe.id), ["--index-url", index]
+    platforms = {
+        arch: {
+            python: _compile_hashed(
+                uv,
+                UvRuntime(kind="uv", python=python, packages=[pin]),
+                pins.PLATFORMS[arch],
+                idx,
+                recipe.id,
+                runner,
+                "engine.router",
+            )
+            for python in pythons
+        }
+        for arch in arches
+    }
+    return {"index": index, "version": recipe.engine.router, "platforms": platforms}
 
 
 def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:
@@ -319,21 +355,43 @@ def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:
     if not isinstance(platforms, dict) or not platforms:
         return None, f"the lock file {path.name} records no resolution"
     for arch, locked in platforms.items():
-        if not isinstance(locked, dict) or not all(
-            _PIN.fullmatch(req)
-            and isinstance(hashes, list)
-            and hashes
-            and all(isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes)
-            for req, hashes in locked.items()
-        ):
-            raise SpecError(
-                [
-                    Problem(
-                        str(path),
-                        f"uv.platforms.{arch}",
-                        "not a list of name==version with sha256 hashes",
-                        "run `ironserve lock` again",
-                    )
-                ]
+        _check_resolution(path, f"uv.platforms.{arch}", locked)
+    return platforms, ""
+
+
+def _check_resolution(path: Path, field: str, locked) -> None:
+    """A lock's resolution is {"name==version": ["sha256:...", ...]}, else a SpecError naming its field."""
+    if not isinstance(locked, dict) or not all(
+        _PIN.fullmatch(req)
+        and isinstance(hashes, list)
+        and hashes
+        and all(isinstance(h, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes)
+        for req, hashes in locked.items()
+    ):
+        raise SpecError.one(
+            str(path), field, "not a list of name==version with sha256 hashes", "run `ironserve lock` again"
+        )
+
+
+def router_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:
+    """(the lock's {arch: {python: {"name==version": hashes}}} for a docker recipe's router venv, "") or (None, why
+    there is none); (None, "") for a recipe whose router does not run beside a docker runtime."""
+    if not isinstance(recipe.runtime, DockerRuntime) or not router_venv(recipe):
+        return None, ""
+    path = lock_file(recipe_file)
+    entry = (read(path) or {}).get("router")
+    if not isinstance(entry, dict):
+        return None, f"no lock of its router venv with hashes ({path.name})"
+    if entry.get("version") != recipe.engine.router:
+        return None, f"the lock file {path.name} is stale (made for sglang-router {entry.get('version')})"
+    platforms = entry.get("platforms")
+    if not isinstance(platforms, dict) or not platforms:
+        return None, f"the lock file {path.name} records no router resolution"
+    for arch, by_python in platforms.items():
+        if not isinstance(by_python, dict):
+            raise SpecError.one(
+                str(path), f"router.platforms.{arch}", "not a map of Python minors", "run `ironserve lock` again"
             )
+        for python, locked in by_python.items():
+            _check_resolution(path, f"router.platforms.{arch}.{python}", locked)
     return platforms, ""

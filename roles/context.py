@@ -244,24 +244,43 @@ def runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
 
 def unlocked_runtime(ctx: DeploymentContext, why: str) -> Problem:
     """What the deploy says of a uv recipe it cannot install hash-checked (a warning, or under require_locks an error)."""
+    return _unlocked(ctx, "runtime", why, "its uv runtime", "", "the lock with every distribution's sha256 beside")
+
+
+def _unlocked(ctx: DeploymentContext, field: str, why: str, what: str, option: str, writes: str) -> Problem:
     ref = ctx.host.recipe or ctx.recipe.id
     return Problem(
         f"recipe {ctx.recipe.id}",
-        "runtime",
-        f"{why}: its uv runtime would install without hash checks",
-        f"run `ironserve lock {ref} --inventory INVENTORY` (writes the lock with every distribution's "
-        "sha256 beside the recipe)"
+        field,
+        f"{why}: {what} would install without hash checks",
+        f"run `ironserve lock {ref}{option} --inventory INVENTORY` (writes {writes} the recipe)"
         + ("" if ctx.host.require_locks else ", or set require_locks=true to refuse such a deploy"),
     )
 
 
+def router_runtime_lock(ctx: DeploymentContext) -> tuple[dict | None, str]:
+    """A docker recipe's router venv lock, {machine: {python: {"name==version": hashes}}}, or (None, why there is
+    none); (None, "") where the router does not run beside a docker runtime."""
+    return imagelock.router_lock(ctx.recipe, catalogue.recipe_file(ctx.host.recipe or ctx.recipe.id))
+
+
+def unlocked_router(ctx: DeploymentContext, why: str) -> Problem:
+    """What the deploy says of a docker recipe's router venv it cannot install hash-checked."""
+    writes = "the router venv's resolution with every distribution's sha256 into the lock file beside"
+    return _unlocked(ctx, "engine.router", why, "its router venv", " --router", writes)
+
+
 def require_locked_runtime(ctx: DeploymentContext) -> None:
-    """Under require_locks a uv recipe has a current lock file, else the deploy stops before any host is touched."""
+    """Under require_locks a uv recipe has a current lock file, and a docker recipe's router host one of its router
+    venv, else the deploy stops before any host is touched."""
     if not ctx.host.require_locks:
         return
     platforms, why = runtime_lock(ctx)
     if platforms is None and why:
         raise SpecError([unlocked_runtime(ctx, why)])
+    platforms, why = router_runtime_lock(ctx) if ctx.runs_router else (None, "")
+    if platforms is None and why:
+        raise SpecError([unlocked_router(ctx, why)])
 
 
 _CACHE: dict[tuple[str, str], DeploymentContext] = {}

@@ -6,7 +6,10 @@ engine's runtime, installed in the runtime stage beside the engine's.
   this host's machine, resolved within it and every file hash-checked (``uv pip install --require-hashes -c``: the
   lock's resolution as constraints), and its record says so (a venv installed before the lock is reinstalled);
 - beside a docker runtime: on the OS's python3 (``sglang-router-<version>``; sglang-router's wheels are abi3), from
-  the host's mirror, unchecked (a docker recipe's lock pins its image, not Python packages).
+  the host's mirror; where the recipe's lock file holds the router's resolution for this host's machine and the
+  minor of its python3 (``ironserve lock RECIPE --router``), resolved within it, every file hash-checked, as
+  above; without one, unchecked with a warning naming the fix, or refused under ``require_locks`` (before any host
+  is touched where the lock has no router entry at all: roles/context.require_locked_runtime).
 
 So a dedicated router host installs about 110 MB instead of the engine's stack; venvs no live, staged or last good
 unit names any more (runtime venvs, router venvs of earlier versions: roles/uv_env.unused_venvs_removed) are
@@ -26,14 +29,16 @@ from ironserve.imagelock import hashed_requirements_text
 from ironserve.spec import UvRuntime
 from ironserve.units import ROUTER_DIST, router_venv
 from roles.common import put_text
-from roles.context import DeploymentContext, runtime_lock
+from roles.context import DeploymentContext, router_runtime_lock, runtime_lock, unlocked_router
 from roles.desired import RuntimeCheck
 from roles.uv_env import (
     LOCKED_REQUIREMENTS_NAME,
     OS_PYTHON,
     REQUIREMENTS_NAME,
+    OsPython,
     index_args,
     python_sources,
+    unchecked,
     unused_venvs_removed,
     uv_env,
     uv_present,
@@ -46,12 +51,29 @@ from roles.uv_env import (
 def router_lock(ctx: DeploymentContext, arch: str | None) -> dict[str, list[str]] | None:
     """The runtime lock's resolution for this host's machine where it holds the router's pin (a uv runtime that
     pins sglang-router==engine.router, locked): the router venv resolves within it, hash-checked. None otherwise
-    (the runtime's own role warns of a missing lock, or refuses it under require_locks)."""
+    (the runtime's own role warns of a missing lock, or refuses it under require_locks). Beside a docker runtime:
+    the lock's router resolution for this host's machine and python3 (``docker_router_lock``)."""
     if not isinstance(ctx.recipe.runtime, UvRuntime):
-        return None
+        return docker_router_lock(ctx, arch, host.get_fact(OsPython))
     platforms, _ = runtime_lock(ctx)
     locked = (platforms or {}).get(arch)
     return locked if locked and f"{ROUTER_DIST}=={ctx.recipe.engine.router}" in locked else None
+
+
+def docker_router_lock(ctx: DeploymentContext, arch: str | None, python: str | None) -> dict[str, list[str]] | None:
+    """The lock file's router resolution for this machine and Python minor (a docker recipe's router venv runs on
+    the host's python3); None, with the warning or under require_locks the error, where it has none."""
+    platforms, why = router_runtime_lock(ctx)
+    if platforms is not None:
+        locked = (platforms.get(arch) or {}).get(python)
+        if locked and f"{ROUTER_DIST}=={ctx.recipe.engine.router}" in locked:
+            return locked
+        have = ", ".join(f"{a} Python {p}" for a, by_python in sorted(platforms.items()) for p in sorted(by_python))
+        why = (
+            f"its router lock resolves {have}, not {arch} Python {python} (`ironserve lock --router --arch {arch} "
+            f"--router-python {python}`)"
+        )
+    return unchecked(ctx, unlocked_router(ctx, why))
 
 
 def removes_unused_venvs(ctx: DeploymentContext) -> bool:

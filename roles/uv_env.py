@@ -65,6 +65,7 @@ from pyinfra.operations import apt, files
 
 from ironserve.hostdata import DEFAULTS
 from ironserve.imagelock import hashed_requirements_text
+from ironserve.problems import Problem
 from ironserve.spec import UvRuntime, resolve_index
 from ironserve.units import (
     HOME_DIRS,
@@ -254,6 +255,18 @@ class HostPythons(FactBase):
             if m and m.group(1) not in found:
                 found.append(m.group(1))
         return found
+
+
+class OsPython(FactBase):
+    """major.minor of the OS's python3 (/usr/bin/python3, the interpreter of a router venv beside a docker
+    runtime), None where there is none."""
+
+    def command(self):
+        return f"{OS_PYTHON} -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null; true"
+
+    def process(self, output):
+        line = "".join(output).strip()
+        return line if re.fullmatch(r"3\.[0-9]+", line) else None
 
 
 class UvVersion(FactBase):
@@ -512,11 +525,15 @@ def locked_resolution(ctx: DeploymentContext) -> dict[str, list[str]] | None:
         why = f"its lock file resolves {', '.join(sorted(platforms))}, not {arch} (`ironserve lock --arch {arch}`)"
     elif platforms is not None:
         return platforms[arch]
-    problem = unlocked_runtime(ctx, why)
+    return unchecked(ctx, unlocked_runtime(ctx, why))
+
+
+def unchecked(ctx: DeploymentContext, problem: Problem) -> None:
+    """A venv this host would install without hash checks: an error under require_locks (before any change: hosts
+    are planned before any runs), else a warning naming the fix."""
     if ctx.host.require_locks:
         raise PyinfraError(f"bad recipe or host data, nothing was changed:\n  {problem.line()}")
     host.log_styled(f"warning: {host.name}: {problem.message}. Fix: {problem.fix}", fg="yellow")
-    return None
 
 
 @deploy("uv runtime")

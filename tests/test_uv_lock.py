@@ -31,10 +31,10 @@ UV = pins.uv_binary()
 needs_uv = pytest.mark.skipif(not UV, reason="uv is not installed here (scripts/env.sh installs it)")
 
 
-def _wheels(root: Path, beta_payload: bytes = b"") -> dict[str, str]:
-    """alpha 1.0 (requires beta>=1), beta 1.0 and 2.0, indexed as the lab's supply is; {file: sha256}."""
+def _wheels(root: Path, beta_payload: bytes = b"", top: tuple[str, str] = ("alpha", "1.0")) -> dict[str, str]:
+    """``top`` (alpha 1.0; requires beta>=1), beta 1.0 and 2.0, indexed as the lab's supply is; {file: sha256}."""
     wheels = supply.ensure_dirs(root) / "wheels"
-    build_wheel(wheels, "alpha", "1.0", requires=["beta>=1"])
+    build_wheel(wheels, *top, requires=["beta>=1"])
     build_wheel(wheels, "beta", "1.0")
     build_wheel(wheels, "beta", "2.0", files={"beta/payload.txt": beta_payload})
     supply.reindex_wheels(root)
@@ -150,12 +150,17 @@ def test_locked_set_installs_hash_checked_and_a_swapped_file_is_refused(tmp_path
             env={"UV_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"},
         )
 
+    installs_then_refuses_a_swapped_file(tmp_path, root, install)
+
+
+def installs_then_refuses_a_swapped_file(tmp_path: Path, root: Path, install, top=("alpha", "1.0")) -> None:
+    """``install(venv)`` puts beta 2.0 in; once the index serves another beta 2.0 (same name, other bytes) it is
+    refused, nothing of it installed."""
     good = install(tmp_path / "good")
     assert good.returncode == 0, good.stderr
     assert list((tmp_path / "good/lib").glob("python3*/site-packages/beta-2.0.dist-info"))
-    # the index now serves another beta 2.0 (same name, other bytes): refused, nothing of it installed
     (supply.supply_dir(root) / "wheels" / "beta-2.0-py3-none-any.whl").unlink()
-    _wheels(root, beta_payload=b"not what was locked")
+    _wheels(root, beta_payload=b"not what was locked", top=top)
     shutil.rmtree(tmp_path / "cache")
     bad = install(tmp_path / "bad")
     assert bad.returncode != 0 and "hash" in bad.stderr.lower(), bad.stderr
