@@ -22,8 +22,8 @@
   installs it ``--require-hashes`` for the host's machine and python3 (roles/router_runtime.py); without an entry
   for them it installs unchecked with a warning, or not at all under ``require_locks``.
 
-A lock whose image (or uv runtime, or router version) differs from the recipe's (the tag or the pins were edited) is stale: it is
-ignored and the deploy says so.
+A lock whose image (or uv runtime, or router version) differs from the recipe's (the tag or the pins were edited) is
+stale: it is ignored and the deploy says so.
 
 Site locks (host data ``docker_image_lock``, a file on the controller; ``ironserve lock --all --site FILE``):
 ``{"docker": {IMAGE: {"digest": "sha256:...", "replaces": "sha256:..."|null, "repository": REPO|null}}}``, the
@@ -264,7 +264,8 @@ def _compile_hashed(
                 Problem(
                     recipe_id,
                     field,
-                    f"uv pip compile for {platform} (Python {runtime.python}) failed: {' '.join(proc.stderr.split())[:600]}",
+                    f"uv pip compile for {platform} (Python {runtime.python}) failed: "
+                    f"{' '.join(proc.stderr.split())[:600]}",
                     "make the pins resolve against the index (ironserve lint says why)",
                 )
             ]
