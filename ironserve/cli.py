@@ -569,7 +569,11 @@ def _lock_docker(args, raw, path, data: dict, mirror, ca_file, index) -> list[st
         if not index:
             raise _no_index(path, "engine.router")
         pythons = args.router_python or list(imagelock.ROUTER_PYTHONS)
-        data["router"] = imagelock.resolve_router(raw, index, _arches(args, raw), pythons)
+        data["router"] = imagelock.resolve_router(
+            raw, index, _arches(args, raw), pythons, required=bool(args.router_python)
+        )
+        for skipped in data["router"].pop("skipped"):
+            print(f"{raw.id}: the router venv does not resolve for {skipped} in {index}: left out of the lock")
         found.append(
             ", ".join(
                 f"the router venv's {len(locked)} distributions for {arch} Python {python}"

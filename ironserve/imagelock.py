@@ -317,28 +317,30 @@ def _uv(recipe_id: str) -> str:
 ROUTER_PYTHONS = ("3.10", "3.11", "3.12")
 
 
-def resolve_router(recipe: Recipe, index: str, arches: list[str], pythons: list[str], runner=subprocess.run) -> dict:
+def resolve_router(
+    recipe: Recipe, index: str, arches: list[str], pythons: list[str], runner=subprocess.run, required: bool = True
+) -> dict:
     """The router venv's resolution (sglang-router==engine.router and its dependencies) with the sha256 of every
     distribution's files in ``index``, for each machine of ``arches`` and each Python minor of ``pythons``: the
-    router beside a docker runtime runs on the host's python3, whose minor the controller cannot know."""
+    router beside a docker runtime runs on the host's python3, whose minor the controller cannot know. Not
+    ``required`` (the default minors): a minor the index cannot resolve is left out and named under "skipped"; a
+    machine none resolves for is an error either way."""
     pin = f"{ROUTER_DIST}=={recipe.engine.router}"
     uv, idx = _uv(recipe.id), ["--index-url", index]
-    platforms = {
-        arch: {
-            python: _compile_hashed(
-                uv,
-                UvRuntime(kind="uv", python=python, packages=[pin]),
-                pins.PLATFORMS[arch],
-                idx,
-                recipe.id,
-                runner,
-                "engine.router",
-            )
-            for python in pythons
-        }
-        for arch in arches
-    }
-    return {"index": index, "version": recipe.engine.router, "platforms": platforms}
+    platforms: dict[str, dict] = {}
+    skipped: list[str] = []
+    for arch in arches:
+        for python in pythons:
+            runtime = UvRuntime(kind="uv", python=python, packages=[pin])
+            try:
+                resolved = _compile_hashed(uv, runtime, pins.PLATFORMS[arch], idx, recipe.id, runner, "engine.router")
+            except SpecError:
+                if required or python == pythons[-1] and not platforms.get(arch):
+                    raise
+                skipped.append(f"{arch} Python {python}")
+                continue
+            platforms.setdefault(arch, {})[python] = resolved
+    return {"index": index, "version": recipe.engine.router, "platforms": platforms, "skipped": skipped}
 
 
 def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from ironserve_lab import supply
+from ironserve_lab.wheels import build_wheel
 
 from ironserve import catalogue, cli, imagelock
 from ironserve.problems import SpecError
@@ -76,6 +78,20 @@ def test_lock_router_refuses_a_python_that_is_not_a_minor_and_a_missing_index(re
     err = capsys.readouterr().err
     assert "engine.router" in err and "give --index URL or an inventory with pip_index_url" in err
     assert not (recipes / f"{RECIPE}.lock.json").exists()
+
+
+def test_a_default_python_the_index_cannot_serve_is_left_out_an_asked_for_one_refused(recipes, index, capsys):
+    root, url = index
+    wheels = supply.ensure_dirs(root) / "wheels"
+    build_wheel(wheels, "sglang-router", "0.3.2", requires_python=">=3.11")
+    supply.reindex_wheels(root)
+    assert cli.main(["lock", RECIPE, "--index", url, "--router", "--arch", "aarch64"]) == 0
+    written = json.loads((recipes / f"{RECIPE}.lock.json").read_text())["router"]
+    assert sorted(written["platforms"]["aarch64"]) == ["3.11", "3.12"] and "skipped" not in written
+    out = capsys.readouterr().out
+    assert "does not resolve for aarch64 Python 3.10" in out and "left out of the lock" in out
+    assert cli.main(["lock", RECIPE, "--index", url, "--router", "--arch", "aarch64", "--router-python", "3.10"]) == 2
+    assert "engine.router" in capsys.readouterr().err
 
 
 @needs_uv
