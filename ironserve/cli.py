@@ -573,14 +573,15 @@ def _lock_docker(args, raw, path, data: dict, mirror, ca_file, index) -> list[st
             raw, index, _arches(args, raw), pythons, required=bool(args.router_python)
         )
         for skipped in data["router"].pop("skipped"):
-            print(f"{raw.id}: the router venv does not resolve for {skipped} in {index}: left out of the lock")
+            where = imagelock.public_url(index)
+            print(f"{raw.id}: the router venv does not resolve for {skipped} in {where}: left out of the lock")
         found.append(
             ", ".join(
                 f"the router venv's {len(locked)} distributions for {arch} Python {python}"
                 for arch, by_python in data["router"]["platforms"].items()
                 for python, locked in by_python.items()
             )
-            + f", with their sha256 in {index}"
+            + f", with their sha256 in {imagelock.public_url(index)}"
         )
     return found
 
@@ -597,7 +598,7 @@ def _lock_uv(args, raw, path, data: dict, index) -> list[str]:
     data["uv"] = imagelock.resolve_uv(raw, index, _arches(args, raw))
     return [
         ", ".join(f"{len(locked)} distributions for {arch}" for arch, locked in data["uv"]["platforms"].items())
-        + f", with their sha256 in {index}"
+        + f", with their sha256 in {imagelock.public_url(index)}"
     ]
 
 

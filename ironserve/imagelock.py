@@ -44,6 +44,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
@@ -300,7 +301,18 @@ def resolve_uv(recipe: Recipe, index: str, arches: list[str], runner=subprocess.
     uv = _uv(recipe.id)
     idx = ["--index-url", index, *(["--prerelease", "allow"] if runtime.prerelease else [])]  # as the role installs
     platforms = {arch: _compile_hashed(uv, runtime, pins.PLATFORMS[arch], idx, recipe.id, runner) for arch in arches}
-    return {"index": index, "runtime": runtime_digest(runtime), "platforms": platforms}
+    return {"index": public_url(index), "runtime": runtime_digest(runtime), "platforms": platforms}
+
+
+def public_url(url: str) -> str:
+    """``url`` without the credentials an index URL may carry (https://user:token@mirror/...): what a lock file,
+    committed beside its recipe, and the lock's output may name."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    return urlunsplit(parts._replace(netloc=netloc + (f":{parts.port}" if parts.port else "")))
 
 
 def _uv(recipe_id: str) -> str:
@@ -340,7 +352,7 @@ def resolve_router(
                 skipped.append(f"{arch} Python {python}")
                 continue
             platforms.setdefault(arch, {})[python] = resolved
-    return {"index": index, "version": recipe.engine.router, "platforms": platforms, "skipped": skipped}
+    return {"index": public_url(index), "version": recipe.engine.router, "platforms": platforms, "skipped": skipped}
 
 
 def uv_lock(recipe: Recipe, recipe_file: Path) -> tuple[dict | None, str]:

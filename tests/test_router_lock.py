@@ -70,6 +70,19 @@ def test_lock_router_records_each_machine_and_python_and_keeps_the_image(recipes
     assert locked is None and "stale (made for sglang-router 0.3.2)" in why
 
 
+def test_an_index_urls_credentials_never_reach_the_lock_file_or_the_output(recipes, index, capsys):
+    root, url = index
+    _wheels(root)
+    secret_url = url.replace("http://", "http://mirror-user:s3cret-token@")
+    assert cli.main(["lock", RECIPE, "--index", secret_url, "--router", "--arch", "x86_64"]) == 0
+    text = (recipes / f"{RECIPE}.lock.json").read_text()
+    out = capsys.readouterr()
+    assert "s3cret-token" not in text + out.out + out.err and "mirror-user" not in text
+    assert json.loads(text)["router"]["index"] == url
+    assert imagelock.public_url("https://u:p@[::1]:8443/simple/") == "https://[::1]:8443/simple/"
+    assert imagelock.public_url(url) == url
+
+
 def test_lock_router_refuses_a_python_that_is_not_a_minor_and_a_missing_index(recipes, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["lock", RECIPE, "--router", "--index", "https://x/simple/", "--router-python", "3.11;id"])
