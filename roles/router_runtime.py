@@ -64,7 +64,9 @@ def docker_router_lock(ctx: DeploymentContext, arch: str | None, python: str | N
     """The lock file's router resolution for this machine and Python minor (a docker recipe's router venv runs on
     the host's python3); None, with the warning or under require_locks the error, where it has none."""
     platforms, why = router_runtime_lock(ctx)
-    if platforms is not None:
+    if platforms is not None and python is None:
+        why = f"this host has no {OS_PYTHON} for the router venv"
+    elif platforms is not None:
         locked = (platforms.get(arch) or {}).get(python)
         if locked and f"{ROUTER_DIST}=={ctx.recipe.engine.router}" in locked:
             return locked

@@ -146,7 +146,7 @@ def test_the_router_host_takes_the_locks_resolution_for_its_machine_and_python3(
     imagelock.write(recipes / f"{RECIPE}.lock.json", {"recipe": RECIPE, "router": router})
     logged = []
 
-    def resolution(python: str, **data):
+    def resolution(python: str | None, **data):
         (ctx,) = [c for c in _contexts(**data).values() if c.runs_router]
         state = FakeState()
         fake = create_host(state, facts={})
@@ -160,6 +160,7 @@ def test_the_router_host_takes_the_locks_resolution_for_its_machine_and_python3(
     (warning,) = logged
     assert "its router lock resolves x86_64 Python 3.11, not x86_64 Python 3.12" in warning
     assert f"run `ironserve lock {RECIPE} --router --inventory INVENTORY`" in warning
+    assert resolution(None) is None and "this host has no /usr/bin/python3 for the router venv" in logged[-1]
     with pytest.raises(PyinfraError, match="not x86_64 Python 3.12"):
         resolution("3.12", require_locks=True)
 
