@@ -513,7 +513,8 @@ def cmd_lock(args) -> int:
         lock_path = imagelock.lock_file(path)
         # --router adds the router's resolution to what the lock holds (an image a site lock pins stays as it is)
         data = {**(imagelock.read(lock_path) or {}), "recipe": recipe.id} if args.router else {"recipe": recipe.id}
-        found = _lock_docker(args, raw, path, data, mirror, ca_file, index) + _lock_uv(args, raw, path, data, index)
+        found = _lock_docker(args, raw, data, mirror, ca_file) + _lock_router(args, raw, path, data, index)
+        found += _lock_uv(args, raw, path, data, index)
         if not found:
             continue
         if imagelock.read(lock_path) != data:
@@ -545,45 +546,49 @@ def _arches(args, recipe) -> list[str]:
     return args.arch or sorted({profiles[h].cpu_arch for h in recipe.hardware if h in profiles})
 
 
-def _lock_docker(args, raw, path, data: dict, mirror, ca_file, index) -> list[str]:
-    """A docker recipe's image digest (unless --router, or the recipe pins it) and its router venv's hashes
-    (where it has a router venv) into ``data``; what was locked, in words."""
+def _lock_docker(args, raw, data: dict, mirror, ca_file) -> list[str]:
+    """A docker recipe's image digest into ``data`` (unless --router, or the recipe pins it); what was locked."""
+    from . import imagelock
+    from .spec import DockerRuntime
+
+    if not isinstance(raw.runtime, DockerRuntime) or args.router:
+        return []
+    if raw.runtime.digest:
+        print(f"{raw.id}: runtime.digest pins {raw.runtime.digest} in the recipe; no image lock needed")
+        return []
+    data["docker"] = imagelock.resolve_docker(raw, mirror, ca_file)
+    return [f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})"]
+
+
+def _lock_router(args, raw, path, data: dict, index) -> list[str]:
+    """A docker recipe's router venv resolution with hashes into ``data`` (where it has a router venv); what was
+    locked. Without an index: said and skipped, refused under --router."""
     from . import imagelock
     from .spec import DockerRuntime
     from .units import router_venv
 
-    if not isinstance(raw.runtime, DockerRuntime):
+    if not isinstance(raw.runtime, DockerRuntime) or not router_venv(raw):
         return []
-    found = []
-    if raw.runtime.digest:
-        print(f"{raw.id}: runtime.digest pins {raw.runtime.digest} in the recipe; no image lock needed")
-    elif not args.router:
-        data["docker"] = imagelock.resolve_docker(raw, mirror, ca_file)
-        found.append(f"{data['docker']['image']} -> {data['docker']['digest']} (registry {data['docker']['registry']})")
-    if router_venv(raw) and not index and not args.router:
+    if not index and args.router:
+        raise _no_index(path, "engine.router")
+    if not index:
         print(
             f"{raw.id}: its router venv is not locked: no package index (give --index URL or an inventory with "
             "pip_index_url)"
         )
-    elif router_venv(raw):
-        if not index:
-            raise _no_index(path, "engine.router")
-        pythons = args.router_python or list(imagelock.ROUTER_PYTHONS)
-        data["router"] = imagelock.resolve_router(
-            raw, index, _arches(args, raw), pythons, required=bool(args.router_python)
-        )
-        for skipped in data["router"].pop("skipped"):
-            where = imagelock.public_url(index)
-            print(f"{raw.id}: the router venv does not resolve for {skipped} in {where}: left out of the lock")
-        found.append(
-            ", ".join(
-                f"the router venv's {len(locked)} distributions for {arch} Python {python}"
-                for arch, by_python in data["router"]["platforms"].items()
-                for python, locked in by_python.items()
-            )
-            + f", with their sha256 in {imagelock.public_url(index)}"
-        )
-    return found
+        return []
+    where = imagelock.public_url(index)
+    pythons = args.router_python or list(imagelock.ROUTER_PYTHONS)
+    data["router"] = imagelock.resolve_router(
+        raw, index, _arches(args, raw), pythons, required=bool(args.router_python)
+    )
+    for skipped in data["router"].pop("skipped"):
+        print(f"{raw.id}: the router venv does not resolve for {skipped} in {where}: left out of the lock")
+    locked = data["router"]["platforms"]
+    counts = [
+        f"{len(r)} distributions for {arch} Python {py}" for arch, by_py in locked.items() for py, r in by_py.items()
+    ]
+    return [f"the router venv's {', '.join(counts)}, with their sha256 in {where}"]
 
 
 def _lock_uv(args, raw, path, data: dict, index) -> list[str]:

@@ -342,16 +342,20 @@ def resolve_router(
     platforms: dict[str, dict] = {}
     skipped: list[str] = []
     for arch in arches:
+        failed = None
         for python in pythons:
             runtime = UvRuntime(kind="uv", python=python, packages=[pin])
             try:
                 resolved = _compile_hashed(uv, runtime, pins.PLATFORMS[arch], idx, recipe.id, runner, "engine.router")
-            except SpecError:
-                if required or python == pythons[-1] and not platforms.get(arch):
+            except SpecError as exc:
+                if required:
                     raise
+                failed = exc
                 skipped.append(f"{arch} Python {python}")
                 continue
             platforms.setdefault(arch, {})[python] = resolved
+        if arch not in platforms and failed:
+            raise failed
     return {"index": public_url(index), "version": recipe.engine.router, "platforms": platforms, "skipped": skipped}
 
 
