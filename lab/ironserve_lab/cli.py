@@ -38,6 +38,16 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})",
     )
     up.add_argument(
+        "--plus",
+        action="append",
+        default=[],
+        type=_plus,
+        metavar="PROFILE:N",
+        help="a mixed lab: N more hosts of PROFILE after the --nodes of --hardware (repeatable, in host order: "
+        "--nodes 5 --hardware gb200 --plus rtx6000-pro-maxq:2 makes lab1-5 gb200, lab6-7 rtx6000-pro-maxq); "
+        "each builds everything its profile's recipes use",
+    )
+    up.add_argument(
         "--for",
         dest="for_names",
         action="append",
@@ -59,12 +69,22 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     sub.add_parser("down", help="stop every host and remove every trace (keeps the rootfs cache)")
 
 
+def _plus(text: str) -> tuple[str, int]:
+    """--plus PROFILE:N as (profile, count)."""
+    profile, _, count = text.partition(":")
+    if profile not in HARDWARE_IDS or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: PROFILE:N, N at least 1 and PROFILE one of {', '.join(HARDWARE_IDS)} (e.g. gb200:5)"
+        )
+    return profile, int(count)
+
+
 def run_lab(args: argparse.Namespace) -> int:
     from . import cluster  # imported late: `--help` needs nothing but argparse
 
     try:
         if args.lab_command == "up":
-            cluster.up(args.nodes, args.hardware, tuple(args.for_names))
+            cluster.up(args.nodes, args.hardware, tuple(args.for_names), tuple(args.plus))
         elif args.lab_command == "reset":
             cluster.reset(args.host)
         elif args.lab_command == "down":

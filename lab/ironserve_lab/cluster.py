@@ -125,26 +125,46 @@ def _locked(root: Path):
         yield
 
 
-def up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()) -> LabState:
+def up(
+    nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = (), plus: tuple[tuple[str, int], ...] = ()
+) -> LabState:
+    """``nodes`` hosts of ``hardware`` (lab1..), then, for a mixed lab, each (profile, count) of ``plus`` in turn."""
     require_root()
     with _locked(state.lab_dir()):
-        return _up(nodes, hardware, for_names)
+        return _up(nodes, hardware, for_names, plus)
 
 
-def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()) -> LabState:
+def host_plan(nodes: int, hardware: str, plus: tuple[tuple[str, int], ...] = ()) -> list[tuple[str, int]]:
+    """The lab's hosts as (profile, count) in host order; LabError naming a count or profile that cannot be."""
     if nodes < 1:
         raise LabError("--nodes must be at least 1")
-    ensure_tools()
+    plan = [(hardware, nodes), *plus]
+    for profile, count in plan:
+        if profile not in HARDWARE_IDS:
+            raise LabError(f"unknown hardware {profile!r}; one of {', '.join(HARDWARE_IDS)}")
+        if count < 1:
+            raise LabError(f"--plus {profile}:{count}: at least 1 host")
+    if sum(count for _, count in plan) > state.MAX_HOSTS:
+        raise LabError(f"at most {state.MAX_HOSTS} hosts in a lab")
+    return plan
+
+
+def _up(
+    nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = (), plus: tuple[tuple[str, int], ...] = ()
+) -> LabState:
     root = state.lab_dir()
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     lab = state.load(root) or LabState()
     hardware = hardware or lab.hardware
-    if hardware not in HARDWARE_IDS:
-        raise LabError(f"unknown hardware {hardware!r}; one of {', '.join(HARDWARE_IDS)}")
-    wanted = needs.resolve(hardware, list(for_names))  # bad names refused before anything is built
-    _say_needs(wanted)
-    lab.built_for = _built_for(lab, wanted)
+    plan = host_plan(nodes, hardware, plus)
+    if plus and for_names:
+        raise LabError("--for builds for one profile; a mixed lab (--plus) builds everything its profiles use")
+    # bad names refused before anything is built
+    wanted = [needs.resolve(hardware, list(for_names)), *(needs.resolve(profile, []) for profile, _ in plus)]
+    ensure_tools()
+    _say_needs(wanted[0])
+    lab.built_for = None if plus else _built_for(lab, wanted[0])
     with ThreadPoolExecutor(max_workers=1) as beside:
         # One after another beside the rootfs bootstrap (downloads, then dpkg on one core): the wheelhouses the others
         # are built from (downloads), the lab index's own wheels (pip resolving them), this machine's CPython builds
@@ -163,8 +183,8 @@ def _up(nodes: int, hardware: str | None = None, for_names: tuple[str, ...] = ()
         shutil.rmtree(root / "build" / INDEX_STAGING, ignore_errors=True)
         lab.python_downloads = pythons.result()
     _build_runtimes(root, lab, wanted, base)
-    binds = _publish_to_hosts(root, lab, hardware)
-    _size_hosts(root, lab, nodes, hardware)
+    binds = _publish_to_hosts(root, lab, [profile for profile, _ in plan])
+    _size_hosts(root, lab, plan)
     return _boot(root, lab, base, key, binds, t0)
 
 
@@ -185,7 +205,7 @@ def _publish_supply(root: Path) -> None:
         supply.reindex_apt(root)  # (re)sign a repo built before signing existed or without gpg then
 
 
-def _fetch_index_wheels(root: Path, wanted: needs.Needs) -> list[tuple[Path, str, list[Path]]]:
+def _fetch_index_wheels(root: Path, wanted: needs.Needs | list[needs.Needs]) -> list[tuple[Path, str, list[Path]]]:
     """The wheels the lab index lacks, fetched: (the stamp recording them, its text, the files) for the roles' own
     (requirements/index.txt, each resolved on its own) and the pins the recipes' image patches pip-install
     (stand-ins for the CUDA builds, gpu_images.patch_wheels; the others downloaded)."""
@@ -205,11 +225,15 @@ def _fetch_index_wheels(root: Path, wanted: needs.Needs) -> list[tuple[Path, str
     return fetched
 
 
-def _gpu_recipes(wanted: needs.Needs) -> list:
-    """The docker recipes a bring-up of an NVIDIA profile gets stand-in images for."""
-    if PROFILES[wanted.hardware]["kind"] != "nvidia":
-        return []
-    return [r for r in images.docker_recipes() if wanted.uses(r)]
+def _each(wanted: needs.Needs | list[needs.Needs]) -> list[needs.Needs]:
+    """A bring-up's needs, one per profile (a mixed lab has several)."""
+    return wanted if isinstance(wanted, list) else [wanted]
+
+
+def _gpu_recipes(wanted: needs.Needs | list[needs.Needs]) -> list:
+    """The docker recipes a bring-up of NVIDIA profiles gets stand-in images for (one site lock names them all)."""
+    nvidia = [w for w in _each(wanted) if PROFILES[w.hardware]["kind"] == "nvidia"]
+    return [r for r in images.docker_recipes() if any(w.uses(r) for w in nvidia)]
 
 
 def _say_needs(wanted: needs.Needs) -> None:
@@ -229,15 +253,19 @@ def _say_needs(wanted: needs.Needs) -> None:
     say(f"building for {', '.join(wanted.ids())} only (--for); not built: {'; '.join(left) or 'nothing'}")
 
 
-def _runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
+def _runtimes(wanted: needs.Needs | list[needs.Needs]) -> list[runtime.LabRuntime]:
     """The runtimes a bring-up publishes: those its recipes install; on cpu-lab, the CPU runtime with its image."""
-    image_of_cpu = wanted.runtime_image() and wanted.hardware in cpu_runtime.RUNTIME.hardware
-    return [r for r in RUNTIMES if wanted.runtime(r) or (image_of_cpu and r is cpu_runtime.RUNTIME)]
+
+    def used(w: needs.Needs, r: runtime.LabRuntime) -> bool:
+        image_of_cpu = w.runtime_image() and w.hardware in cpu_runtime.RUNTIME.hardware
+        return w.runtime(r) or (image_of_cpu and r is cpu_runtime.RUNTIME)
+
+    return [r for r in RUNTIMES if any(used(w, r) for w in _each(wanted))]
 
 
-def _first_runtimes(wanted: needs.Needs) -> list[runtime.LabRuntime]:
+def _first_runtimes(wanted: needs.Needs | list[needs.Needs]) -> list[runtime.LabRuntime]:
     """The runtimes whose wheelhouses the others and the CPU runtime or parser image are built from."""
-    image = [cpu_runtime.RUNTIME] if wanted.runtime_image() else []
+    image = [cpu_runtime.RUNTIME] if any(w.runtime_image() for w in _each(wanted)) else []
     return list(dict.fromkeys([d for r in _runtimes(wanted) for d in r.requires] + image))
 
 
@@ -250,11 +278,10 @@ def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:
     return list(dict.fromkeys([*earlier, *wanted.ids()]))
 
 
-def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Path) -> None:
+def _build_runtimes(root: Path, lab: LabState, wanted_for: list[needs.Needs], base: Path) -> None:
     """The runtimes needed (wheelhouses, the CPU runtime or parser image, the GPU images), the servers that publish
     them."""
-    hardware = wanted_for.hardware
-    with_image = wanted_for.runtime_image()
+    cpu_image = any(w.runtime_image() and PROFILES[w.hardware]["kind"] == "none" for w in wanted_for)
     wanted = _runtimes(wanted_for)
     first = _first_runtimes(wanted_for)  # built by _up, beside the rootfs bootstrap
     # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
@@ -264,7 +291,7 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         supply.start_server(root)
         registry.start_server(root)
         lab.registry, lab.registry_ca = registry.address(), str(registry.ca_file(root))
-        if with_image and PROFILES[hardware]["kind"] == "none":
+        if cpu_image:
             publish_runtime_image(root, base)  # cpu-lab's docker recipes run it; the stand-ins are pushed below
         gpu = _gpu_recipes(wanted_for)
         lab.image_lock = publish_gpu_images(root, base, gpu) if gpu else ""
@@ -274,12 +301,12 @@ def _build_runtimes(root: Path, lab: LabState, wanted_for: needs.Needs, base: Pa
         runtime.publish(root, r)
 
 
-def _publish_to_hosts(root: Path, lab: LabState, hardware: str) -> list:
+def _publish_to_hosts(root: Path, lab: LabState, profiles: list[str]) -> list:
     """What the hosts are told of the supply (apt key, Ascend sums), the images they mount, the lab hub; the binds."""
     lab.apt_signed_by = supply.HOST_KEYRING if supply.keyring(root) else ""
     lab.apt_key_fingerprint = supply.key_fingerprint(root)
     lab.ascend_sha256 = supply.file_sums(root, "ascend")
-    binds = _images(root, lab, hardware)
+    binds = _images(root, lab, profiles)
     repos = hub.served_repos(images.models_dir(root), list(lab.models))
     lab.hub_url = hub.start_server(root, repos) if repos else ""
     if not repos:
@@ -287,17 +314,21 @@ def _publish_to_hosts(root: Path, lab: LabState, hardware: str) -> list:
     return binds
 
 
-def _size_hosts(root: Path, lab: LabState, nodes: int, hardware: str) -> None:
-    """The lab's hosts made ``nodes`` (hosts beyond stopped, highest first), their keys, known_hosts, the state."""
+def _size_hosts(root: Path, lab: LabState, plan: list[tuple[str, int]]) -> None:
+    """The lab's hosts made those of ``plan`` (hosts beyond stopped, highest first; each its profile), their keys,
+    known_hosts, the state."""
+    profiles = [profile for profile, count in plan for _ in range(count)]
+    nodes = len(profiles)
     for h in sorted((h for h in lab.hosts if h.node_index > nodes), key=lambda h: -h.node_index):
         say(f"stopping {h.name} (lab now has {nodes} hosts)")
         hosts.stop(root, h.name)
     existing = {h.node_index: h for h in lab.hosts if h.node_index <= nodes}
     lab.hosts = [
-        existing.get(i) or Host(state.host_name(i), state.host_address(i), i, hardware) for i in range(1, nodes + 1)
+        existing.get(i) or Host(state.host_name(i), state.host_address(i), i, profiles[i - 1])
+        for i in range(1, nodes + 1)
     ]
     for h in lab.hosts:
-        h.hardware = hardware
+        h.hardware = profiles[h.node_index - 1]
         hosts.ensure_host_key(root, h.name)
     lab.known_hosts = str(write_known_hosts(root, lab))
     state.save(lab, root)
@@ -357,7 +388,7 @@ def reset(name: str) -> LabState:
         # the mounts it booted with (parser venvs, checkpoints) are what the others run with too
         binds = hosts.booted_binds(root, name)
         if binds is None:
-            binds = _images(root, lab, host.hardware)
+            binds = _images(root, lab, [host.hardware])
         say(f"resetting {name}: stopping it and discarding everything written on it")
         for attempt in range(4):
             try:  # engine processes still exiting can keep its overlay busy for a few seconds (as in down)
@@ -431,14 +462,14 @@ def publish_interpreters(root: Path) -> str:
     return state.supply_url(f"python/{interpreters.LIST_NAME}")
 
 
-def _images(root: Path, lab: LabState, hardware: str) -> list[tuple[str, str]]:
+def _images(root: Path, lab: LabState, profiles: list[str]) -> list[tuple[str, str]]:
     """Stand-in checkpoints (and cpu-lab's generated model); the hosts' read-only binds."""
     try:
         lab.models = images.publish_models(root)
     except Exception as exc:  # noqa: BLE001
         say(f"warning: no stand-in checkpoints: {exc}")
         lab.models = {}
-    if PROFILES[hardware]["kind"] == "none":
+    if any(PROFILES[profile]["kind"] == "none" for profile in profiles):
         # the CPU recipes' generated model (real weights, stdlib-generated, same bytes every time), shared
         # read-only with every host under model_root like the stand-in checkpoints
         target = images.models_dir(root) / TINY_MODEL

@@ -229,10 +229,20 @@ def test_up_is_idempotent_and_grows_and_shrinks(lab):
     out = lab_cli("up", "--nodes", "2").stderr
     assert "keeping 2 running" in out
     assert _boot_ids(lab) == before
-    lab_cli("up", "--nodes", "3")
+    # grown mixed: the new host of another profile, the running ones keep theirs
+    lab_cli("up", "--nodes", "2", "--hardware", HARDWARE, "--plus", "atlas-800i-a3:1")
     lab.refresh()
-    assert [h["name"] for h in lab.hosts] == ["lab1", "lab2", "lab3"]
+    assert [(h["name"], h["hardware"]) for h in lab.hosts] == [
+        ("lab1", HARDWARE),
+        ("lab2", HARDWARE),
+        ("lab3", "atlas-800i-a3"),
+    ]
     assert lab.ssh(lab.hosts[2], "systemctl is-system-running --wait").stdout.strip() == "running"
+    assert [lab.ssh(h, "cat /etc/ironlab/hardware").stdout.strip() for h in lab.hosts] == [
+        HARDWARE,
+        HARDWARE,
+        "atlas-800i-a3",
+    ]
     assert "lab3" in lab.ssh(lab.hosts[0], "cat /etc/hosts").stdout  # running hosts learn the new one
     assert {k: v for k, v in _boot_ids(lab).items() if k != "lab3"} == before
     lab_cli("up", "--nodes", "2")

@@ -1,0 +1,84 @@
+"""A mixed lab (`lab up --nodes N --hardware P --plus PROFILE:N`): hosts of several stand-in profiles on one bridge,
+each profile's runtimes and images built, every host its own profile; no root (the bring-up itself runs in CI's mixed
+stage, scripts/test)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from ironserve_lab import cli, cluster, cpu_runtime, cuda_runtime, needs, npu_runtime, state, system
+from ironserve_lab.state import LabState
+from ironserve_lab.system import LabError
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ironserve")
+    cli.add_lab_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["lab", "up", *argv])
+
+
+def test_plus_adds_hosts_of_other_profiles_in_order():
+    args = parse("--nodes", "5", "--hardware", "gb200", "--plus", "rtx6000-pro-maxq:2", "--plus", "atlas-800i-a3:1")
+    assert args.plus == [("rtx6000-pro-maxq", 2), ("atlas-800i-a3", 1)]
+    assert cluster.host_plan(args.nodes, args.hardware, tuple(args.plus)) == [
+        ("gb200", 5),
+        ("rtx6000-pro-maxq", 2),
+        ("atlas-800i-a3", 1),
+    ]
+    assert parse("--nodes", "2").plus == []
+
+
+@pytest.mark.parametrize("bad", ["rtx6000:2", "gb200:0", "gb200", "gb200:-1", "gb200:two", ":2"])
+def test_a_plus_that_is_no_profile_and_count_is_refused_by_the_parser(bad, capsys):
+    with pytest.raises(SystemExit) as caught:
+        parse("--plus", bad)
+    assert caught.value.code == 2
+    assert "PROFILE:N" in capsys.readouterr().err
+
+
+def test_a_plan_with_no_hosts_of_a_profile_or_an_unknown_one_is_refused():
+    with pytest.raises(LabError, match="--nodes must be at least 1"):
+        cluster.host_plan(0, "cpu-lab")
+    with pytest.raises(LabError, match="--plus gb200:0: at least 1 host"):
+        cluster.host_plan(2, "cpu-lab", (("gb200", 0),))
+    with pytest.raises(LabError, match="unknown hardware 'h100'"):
+        cluster.host_plan(2, "cpu-lab", (("h100", 1),))
+    with pytest.raises(LabError, match=f"at most {state.MAX_HOSTS}"):
+        cluster.host_plan(state.MAX_HOSTS, "cpu-lab", (("gb200", 1),))
+
+
+def test_for_and_plus_together_are_refused_before_anything_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
+    monkeypatch.setattr(system.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster, "ensure_tools", lambda: pytest.fail("tools checked before the arguments"))
+    with pytest.raises(LabError, match="--for builds for one profile"):
+        cluster.up(2, "rtx6000-pro-maxq", ("glm5",), (("atlas-800i-a3", 2),))
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_each_host_gets_its_profile_and_the_state_says_so(tmp_path):
+    lab = LabState(hardware="gb200")
+    cluster._size_hosts(tmp_path, lab, [("gb200", 2), ("rtx6000-pro-maxq", 1), ("atlas-800i-a3", 1)])
+    assert [(h.name, h.hardware) for h in lab.hosts] == [
+        ("lab1", "gb200"),
+        ("lab2", "gb200"),
+        ("lab3", "rtx6000-pro-maxq"),
+        ("lab4", "atlas-800i-a3"),
+    ]
+    assert [h["hardware"] for h in state.load(tmp_path).status()["hosts"]] == [h.hardware for h in lab.hosts]
+    assert len((tmp_path / "ssh" / "known_hosts").read_text().splitlines()) == 4
+    # an up without --plus re-profiles the running hosts in place (same names, addresses and keys)
+    cluster._size_hosts(tmp_path, lab, [("cpu-lab", 4)])
+    assert {h.hardware for h in lab.hosts} == {"cpu-lab"} and len(lab.hosts) == 4
+
+
+def test_a_mixed_lab_builds_what_each_profile_uses_and_one_site_lock_for_every_stand_in_image():
+    mixed = [needs.resolve(p, []) for p in ("gb200", "rtx6000-pro-maxq", "atlas-800i-a3")]
+    assert cluster._runtimes(mixed) == [r for r in cluster.RUNTIMES if r in (cuda_runtime.RUNTIME, npu_runtime.RUNTIME)]
+    # the parser image (the CPU runtime's pins) under the NVIDIA stand-ins
+    assert cpu_runtime.RUNTIME in cluster._first_runtimes(mixed)
+    gpu = {r.id for r in cluster._gpu_recipes(mixed)}
+    assert "glm5-nvfp4-gb200-disagg" in gpu and "glm5-nvfp4-mtp-rtx6000-tp8" in gpu
+    assert gpu == {r.id for r in cluster._gpu_recipes(mixed[0])} | {r.id for r in cluster._gpu_recipes(mixed[1])}
+    assert cluster._gpu_recipes(mixed[2]) == []  # Atlas recipes are uv runtimes
