@@ -33,7 +33,12 @@ def test_up_finds_the_labs_host_assets_and_brings_up_the_hosts_asked_for(monkeyp
     from ironserve_lab import cluster
 
     asked = []
-    monkeypatch.setattr(cluster, "up", lambda nodes, hardware, for_names: asked.append((nodes, hardware, for_names)))
+    monkeypatch.setattr(cluster, "up", lambda *args: asked.append(args))
     assert cli.main(["up", "--nodes", "2", "--hardware", "cpu-lab"]) == 0
     assert cli.main(["up", "--nodes", "1", "--for", "tiny", "--for", "deploys/tiny.py"]) == 0
-    assert asked == [(2, "cpu-lab", ()), (1, None, ("tiny", "deploys/tiny.py"))]
+    assert cli.main(["up", "--nodes", "5", "--hardware", "gb200", "--plus", "rtx6000-pro-maxq:2"]) == 0
+    assert asked == [
+        (2, "cpu-lab", (), ()),
+        (1, None, ("tiny", "deploys/tiny.py"), ()),
+        (5, "gb200", (), (("rtx6000-pro-maxq", 2),)),
+    ]
