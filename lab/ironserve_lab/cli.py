@@ -1,7 +1,7 @@
-"""`ironserve lab up|status|reset|down` argument parsing and handlers.
+"""`ironserve lab up|build|status|reset|down` argument parsing and handlers.
 
 The product's command line (ironserve/cli.py) adds this parser when the lab's package is installed (a checkout's
-environment: it is a dev dependency of the workspace); `python -m ironserve_lab up|status|reset|down` is the same.
+environment: it is a dev dependency of the workspace); `python -m ironserve_lab up|build|status|reset|down` is the same.
 """
 
 from __future__ import annotations
@@ -30,23 +30,7 @@ def add_lab_parser(subparsers) -> argparse.ArgumentParser:
 def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="lab_command", required=True)
     up = sub.add_parser("up", help="bring the lab up (idempotent; builds the base rootfs on first use)")
-    up.add_argument("--nodes", type=int, default=2, help="number of hosts (default 2)")
-    up.add_argument(
-        "--hardware",
-        choices=HARDWARE_IDS,
-        default=None,
-        help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})",
-    )
-    up.add_argument(
-        "--plus",
-        action="append",
-        default=[],
-        type=_plus,
-        metavar="PROFILE:N",
-        help="a mixed lab: N more hosts of PROFILE after the --nodes of --hardware (repeatable, in host order: "
-        "--nodes 5 --hardware gb200 --plus rtx6000-pro-maxq:2 makes lab1-5 gb200, lab6-7 rtx6000-pro-maxq); "
-        "each builds everything its profile's recipes use",
-    )
+    _plan_arguments(up)
     up.add_argument(
         "--for",
         dest="for_names",
@@ -56,6 +40,15 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
         help="build only what this needs: a recipe ID, a model family (its default recipe for the hardware) or a "
         "deploy file (deploys/glm5.py); repeatable (default: everything the profile's recipes need)",
     )
+    build = sub.add_parser(
+        "build",
+        help="build into this machine's caches what `up` with these arguments would (wheelhouses, images), no lab "
+        "touched",
+        description="Build the runtimes' wheelhouses, the CPU runtime or parser image and the stand-in images' layers "
+        "that `lab up` with the same --nodes/--hardware/--plus uses, into this machine's caches, without touching a "
+        "lab (no state, index, registry or host): run beside a running lab, the next `up` only publishes and boots.",
+    )
+    _plan_arguments(build)
     st = sub.add_parser("status", help="show lab hosts")
     st.add_argument("--format", choices=("text", "json"), default="text")
     reset = sub.add_parser(
@@ -67,6 +60,27 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     )
     reset.add_argument("host", help="lab host name (see `ironserve lab status`)")
     sub.add_parser("down", help="stop every host and remove every trace (keeps the rootfs cache)")
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hosts of a lab: --nodes of --hardware, then --plus PROFILE:N each."""
+    parser.add_argument("--nodes", type=int, default=2, help="number of hosts (default 2)")
+    parser.add_argument(
+        "--hardware",
+        choices=HARDWARE_IDS,
+        default=None,
+        help=f"stand-in hardware profile (default: keep current, else {DEFAULT_HARDWARE})",
+    )
+    parser.add_argument(
+        "--plus",
+        action="append",
+        default=[],
+        type=_plus,
+        metavar="PROFILE:N",
+        help="a mixed lab: N more hosts of PROFILE after the --nodes of --hardware (repeatable, in host order: "
+        "--nodes 5 --hardware gb200 --plus rtx6000-pro-maxq:2 makes lab1-5 gb200, lab6-7 rtx6000-pro-maxq); "
+        "each builds everything its profile's recipes use",
+    )
 
 
 def _plus(text: str) -> tuple[str, int]:
@@ -85,6 +99,8 @@ def run_lab(args: argparse.Namespace) -> int:
     try:
         if args.lab_command == "up":
             cluster.up(args.nodes, args.hardware, tuple(args.for_names), tuple(args.plus))
+        elif args.lab_command == "build":
+            cluster.build(args.nodes, args.hardware, tuple(args.plus))
         elif args.lab_command == "reset":
             cluster.reset(args.host)
         elif args.lab_command == "down":

@@ -134,6 +134,34 @@ def up(
         return _up(nodes, hardware, for_names, plus)
 
 
+def build(nodes: int, hardware: str | None = None, plus: tuple[tuple[str, int], ...] = ()) -> list[str]:
+    """What an ``up`` of this plan builds once per machine, built now into this machine's caches with no lab touched
+    (no state, index, registry, bridge or host): the runtimes' wheelhouses, the CPU runtime or parser image, the
+    stand-in images' own layers. Beside a running lab (scripts/test: during the cpu-lab stage, for the mixed lab after
+    it) the later ``up`` then only publishes and boots. What it built, in the order built."""
+    require_root()
+    root = state.lab_dir()
+    plan = host_plan(nodes, hardware or (state.load(root) or LabState()).hardware, plus)
+    wanted = [needs.resolve(profile, []) for profile, _ in plan]
+    ensure_tools()
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root):  # the base rootfs is the lab's own: built under its lock when missing, else found at once
+        base = rootfs.ensure_base(root)
+    t0, built = time.monotonic(), []
+    for r in dict.fromkeys([*_first_runtimes(wanted), *_runtimes(wanted)]):
+        built.append(f"the {r.name} wheelhouse ({runtime.ensure(r)})")
+    if any(w.runtime_image() and PROFILES[w.hardware]["kind"] == "none" for w in wanted):
+        built.append(f"the CPU runtime image ({runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))[0]})")
+    gpu = _gpu_recipes(wanted)
+    if gpu:
+        gpu_images.prepare_layers(gpu, base)
+        parser = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
+        built += [f"the stand-in images' layers ({len(gpu_images.wanted(gpu))})", f"the parser image ({parser})"]
+    plan_text = " + ".join(f"{profile}:{count}" for profile, count in plan)
+    say(f"caches ready for {plan_text} ({time.monotonic() - t0:.0f}s): {'; '.join(built)}")
+    return built
+
+
 def host_plan(nodes: int, hardware: str, plus: tuple[tuple[str, int], ...] = ()) -> list[tuple[str, int]]:
     """The lab's hosts as (profile, count) in host order; LabError naming a count or profile that cannot be."""
     if nodes < 1:

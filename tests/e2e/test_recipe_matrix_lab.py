@@ -1,7 +1,8 @@
 """Every seed recipe the lab can serve, deployed on lab hosts of its first hardware profile (issue 19's matrix).
 
 For each recipe of tests/recipe_matrix.py: exactly the hosts it places, of its first hardware profile, booted once
-per shape (hardware, hosts) and shared by the recipes of that shape; the production deploy
+per shape (hardware, hosts) and shared by the recipes of that shape (in the suite: picked per shape from the module's
+hosts of the mixed lab, see Shapes); the production deploy
 (`pyinfra -y inventories/lab.py deploys/<model>.py --data recipe=ID`: prepare and validate, the accelerators are
 stand-ins) and right after it a dry run of the same deploy that must plan no change. Names and times are printed.
 To keep CI within its time, a run deploys one recipe of each kind (the hardware's supply and the runtime kind; the
@@ -58,21 +59,33 @@ SECOND_PROFILE = ("rtx6000-pro-maxq", 1)
 
 
 class Shapes:
-    """One lab at a time: booted when the next recipe needs another shape, down at the end. A larger shape of the
-    same hardware grows the running lab (its first hosts keep what the smaller shape's recipes installed: the uv
-    cache, the Ascend supply); another hardware starts from fresh hosts."""
+    """One shape at a time. On a lab of its own: booted when the next recipe needs another shape, down at the end; a
+    larger shape of the same hardware grows the running lab (its first hosts keep what the smaller shape's recipes
+    installed: the uv cache, the Ascend supply); another hardware starts from fresh hosts. On a shared lab (scripts/test's
+    mixed stage, IRONSERVE_LAB_HOSTS naming this module's hosts of every profile its shapes use): the shape's first
+    hosts of its hardware among them, in their order, a host an earlier shape deployed to replaced by a fresh one."""
 
     def __init__(self, tmp_path_factory):
         self.factory, self.shape, self.hosts = tmp_path_factory, None, []
+        self.pool = labcli.shared_hosts()
 
     def up(self, shape: tuple[str, int]) -> list[dict]:
         if shape != self.shape:
-            if self.shape and self.shape[0] != shape[0]:
-                lab_down()
             hardware, nodes = shape
+            if self.pool:  # the inventory, lab_status and the module's pyinfra runs read the shape's hosts from it
+                os.environ[labcli.SHARED] = ",".join(self.shared_of(hardware, nodes))
+            elif self.shape and self.shape[0] != hardware:
+                lab_down()
             self.hosts, self.api_key_file = labcli.up_with_api_key(self.factory, nodes, hardware, timeout=1800)
             self.shape = shape
         return self.hosts
+
+    def shared_of(self, hardware: str, nodes: int) -> list[str]:
+        status = json.loads(labcli.ironserve("lab", "status", "--format", "json").stdout)
+        profile = {h["name"]: h["hardware"] for h in status["hosts"]}
+        names = [name for name in self.pool if profile.get(name) == hardware][:nodes]
+        assert len(names) == nodes, f"{labcli.SHARED}={','.join(self.pool)}: fewer than {nodes} {hardware} host(s)"
+        return names
 
 
 @pytest.fixture(scope="module")

@@ -82,3 +82,54 @@ def test_a_mixed_lab_builds_what_each_profile_uses_and_one_site_lock_for_every_s
     assert "glm5-nvfp4-gb200-disagg" in gpu and "glm5-nvfp4-mtp-rtx6000-tp8" in gpu
     assert gpu == {r.id for r in cluster._gpu_recipes(mixed[0])} | {r.id for r in cluster._gpu_recipes(mixed[1])}
     assert cluster._gpu_recipes(mixed[2]) == []  # Atlas recipes are uv runtimes
+
+
+def test_build_makes_what_the_plans_up_builds_and_touches_no_lab(tmp_path, monkeypatch):
+    """`lab build` with a mixed plan: each wheelhouse once, the stand-ins' layers, then the parser image they sit on
+    (never the cpu-lab image for NVIDIA and Atlas profiles); no state, index, registry, bridge or host."""
+    monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
+    monkeypatch.setattr(system.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster, "ensure_tools", lambda: None)
+    monkeypatch.setattr(cluster.rootfs, "ensure_base", lambda root: root / "base")
+    built = []
+    monkeypatch.setattr(cluster.runtime, "ensure", lambda r: built.append(r.name) or tmp_path / r.name)
+    monkeypatch.setattr(cluster.gpu_images, "prepare_layers", lambda recipes, base: built.append("layers"))
+    monkeypatch.setattr(cluster.runtime_image, "ensure", lambda base, wheels, venv=None: built.append(venv) or ("ref",))
+    touched = [
+        (cluster.supply, "start_server"),
+        (cluster.supply, "add_wheels"),
+        (cluster.registry, "start_server"),
+        (cluster.network, "ensure_bridge"),
+        (cluster.runtime, "publish"),
+        (cluster, "_boot"),
+    ]
+    for module, name in touched:
+        monkeypatch.setattr(module, name, lambda *a, name=name, **k: pytest.fail(f"{name}: a lab touched"))
+    said = cluster.build(1, "gb200", (("rtx6000-pro-maxq", 1), ("atlas-800i-a3", 1)))
+    firsts = [r.name for r in cluster._first_runtimes([needs.resolve(p, []) for p in ("gb200", "rtx6000-pro-maxq")])]
+    assert built[: len(firsts)] == firsts and built.count(cuda_runtime.RUNTIME.name) == 1
+    assert npu_runtime.RUNTIME.name in built and built[-3:] == [
+        "layers",
+        cpu_runtime.RUNTIME.name,
+        cluster.runtime_image.PARSER,
+    ]
+    assert said[-1].startswith("the parser image") and not any("CPU runtime image" in s for s in said)
+    assert [p.name for p in tmp_path.iterdir()] == ["lab.lock"]  # no state: taken for the base rootfs only
+
+
+def test_build_refuses_a_bad_plan_before_the_tools_are_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
+    monkeypatch.setattr(system.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster, "ensure_tools", lambda: pytest.fail("tools checked before the plan"))
+    with pytest.raises(LabError, match="--plus gb200:0: at least 1 host"):
+        cluster.build(2, "cpu-lab", (("gb200", 0),))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_takes_the_plan_arguments_of_up():
+    parser = argparse.ArgumentParser(prog="ironserve")
+    cli.add_lab_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["lab", "build", "--nodes", "5", "--hardware", "gb200", "--plus", "atlas-800i-a3:8"])
+    assert (args.lab_command, args.nodes, args.hardware, args.plus) == ("build", 5, "gb200", [("atlas-800i-a3", 8)])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lab", "build", "--for", "glm5"])  # one profile's subset is `up --for`'s
