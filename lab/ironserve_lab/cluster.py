@@ -150,12 +150,11 @@ def build(nodes: int, hardware: str | None = None, plus: tuple[tuple[str, int], 
     t0, built = time.monotonic(), []
     for r in dict.fromkeys([*_first_runtimes(wanted), *_runtimes(wanted)]):
         built.append(f"the {r.name} wheelhouse ({runtime.ensure(r)})")
-    if any(w.runtime_image() and PROFILES[w.hardware]["kind"] == "none" for w in wanted):
+    if _wants_cpu_image(wanted):
         built.append(f"the CPU runtime image ({runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME))[0]})")
     gpu = _gpu_recipes(wanted)
     if gpu:
-        gpu_images.prepare_layers(gpu, base)
-        parser = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
+        parser = _parser_image(base, gpu)
         built += [f"the stand-in images' layers ({len(gpu_images.wanted(gpu))})", f"the parser image ({parser})"]
     plan_text = " + ".join(f"{profile}:{count}" for profile, count in plan)
     say(f"caches ready for {plan_text} ({time.monotonic() - t0:.0f}s): {'; '.join(built)}")
@@ -291,6 +290,11 @@ def _runtimes(wanted: needs.Needs | list[needs.Needs]) -> list[runtime.LabRuntim
     return [r for r in RUNTIMES if any(used(w, r) for w in _each(wanted))]
 
 
+def _wants_cpu_image(wanted: needs.Needs | list[needs.Needs]) -> bool:
+    """cpu-lab's docker recipes run the CPU runtime image (NVIDIA profiles' stand-ins sit on the parser image)."""
+    return any(w.runtime_image() and PROFILES[w.hardware]["kind"] == "none" for w in _each(wanted))
+
+
 def _first_runtimes(wanted: needs.Needs | list[needs.Needs]) -> list[runtime.LabRuntime]:
     """The runtimes whose wheelhouses the others and the CPU runtime or parser image are built from."""
     image = [cpu_runtime.RUNTIME] if any(w.runtime_image() for w in _each(wanted)) else []
@@ -309,7 +313,7 @@ def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:
 def _build_runtimes(root: Path, lab: LabState, wanted_for: list[needs.Needs], base: Path) -> None:
     """The runtimes needed (wheelhouses, the CPU runtime or parser image, the GPU images), the servers that publish
     them."""
-    cpu_image = any(w.runtime_image() and PROFILES[w.hardware]["kind"] == "none" for w in wanted_for)
+    cpu_image = _wants_cpu_image(wanted_for)
     wanted = _runtimes(wanted_for)
     first = _first_runtimes(wanted_for)  # built by _up, beside the rootfs bootstrap
     # The other wheelhouses (mostly downloads) are built beside the runtime images (mostly CPU): a cold `up` waits for
@@ -452,15 +456,21 @@ def publish_runtime_image(root: Path, base: Path) -> str:
     return digest
 
 
+def _parser_image(base: Path, recipes: list) -> Path:
+    """The parser image the stand-in GPU images sit on (its ref file), built when missing, with the stand-ins' own
+    layers (their SGLang release, compiled) made beside it."""
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        layers = beside.submit(gpu_images.prepare_layers, recipes, base)
+        ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
+        layers.result()
+    return ref
+
+
 def publish_gpu_images(root: Path, base: Path, recipes: list) -> str:
     """NVIDIA profiles: a stand-in image for every image the docker recipes given name (gpu_images.py) into the
     lab registry, the site lock naming their digests (the inventory's docker_image_lock); the site lock's path. (The
     wheels their derived-image patches pip-install are in the lab index already: _fetch_index_wheels.)"""
-    with ThreadPoolExecutor(max_workers=1) as beside:
-        # the stand-ins' own layers (their SGLang release, compiled) while the parser image they sit on builds
-        layers = beside.submit(gpu_images.prepare_layers, recipes, base)
-        ref = runtime_image.ensure(base, runtime.ensure(cpu_runtime.RUNTIME), runtime_image.PARSER)[0]
-        layers.result()
+    ref = _parser_image(base, recipes)
     client = oci.Registry(registry.address(), registry.ca_file(root))
     site_lock = root / "images" / gpu_images.SITE_LOCK
     seed = functools.partial(registry.seed_blob, root)
