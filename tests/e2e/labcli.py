@@ -127,3 +127,18 @@ def _shared_up(nodes: int, hardware: str) -> subprocess.CompletedProcess:
         if ssh(host, "test -e /etc/ironserve", check=False).returncode == 0:
             said.append(ironserve("lab", "reset", host["name"], timeout=600).stderr)
     return subprocess.CompletedProcess(["lab", "up", SHARED], 0, "", "".join(said))
+
+
+def shared_profiles() -> dict[str, str]:
+    """This module's hosts (IRONSERVE_LAB_HOSTS) and their hardware profiles, from `lab status` ({} off a shared lab)."""
+    if not shared_hosts():
+        return {}
+    status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
+    profile = {h["name"]: h["hardware"] for h in status["hosts"]}
+    return {name: profile.get(name, "") for name in shared_hosts()}
+
+
+def off_profile(profiles: dict[str, str], wanted: dict) -> list:
+    """Of ``wanted`` (a test -> the hardware profile it needs), those none of ``profiles``' hosts has."""
+    have = set(profiles.values())
+    return [test for test, profile in wanted.items() if profile not in have]

@@ -62,8 +62,9 @@ class Shapes:
     """One shape at a time. On a lab of its own: booted when the next recipe needs another shape, down at the end; a
     larger shape of the same hardware grows the running lab (its first hosts keep what the smaller shape's recipes
     installed: the uv cache, the Ascend supply); another hardware starts from fresh hosts. On a shared lab (scripts/test's
-    mixed stage, IRONSERVE_LAB_HOSTS naming this module's hosts of every profile its shapes use): the shape's first
-    hosts of its hardware among them, in their order, a host an earlier shape deployed to replaced by a fresh one."""
+    mixed stage, IRONSERVE_LAB_HOSTS naming this module's hosts): the shape's first hosts of its hardware among them,
+    in their order, a host an earlier shape deployed to replaced by a fresh one; the tests of a hardware they have
+    none of are deselected (marker lab_profile, tests/e2e/conftest.py), so two streams can split the matrix."""
 
     def __init__(self, tmp_path_factory):
         self.factory, self.shape, self.hosts = tmp_path_factory, None, []
@@ -81,9 +82,8 @@ class Shapes:
         return self.hosts
 
     def shared_of(self, hardware: str, nodes: int) -> list[str]:
-        status = json.loads(labcli.ironserve("lab", "status", "--format", "json").stdout)
-        profile = {h["name"]: h["hardware"] for h in status["hosts"]}
-        names = [name for name in self.pool if profile.get(name) == hardware][:nodes]
+        profile = labcli.shared_profiles()
+        names = [name for name in self.pool if profile[name] == hardware][:nodes]
         assert len(names) == nodes, f"{labcli.SHARED}={','.join(self.pool)}: fewer than {nodes} {hardware} host(s)"
         return names
 
@@ -174,7 +174,9 @@ def planned_changes(out: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.recipe for e in ENTRIES])
+@pytest.mark.parametrize(
+    "entry", [pytest.param(e, id=e.recipe, marks=pytest.mark.lab_profile(e.hardware)) for e in ENTRIES]
+)
 def test_recipe_deploys_and_converges(shapes, entry):
     STARTED.add(entry.recipe)
     hosts = shapes.up(entry.shape)
@@ -210,6 +212,7 @@ def test_recipe_deploys_and_converges(shapes, entry):
         assert all(r["ok"] for r in ranks), ranks
 
 
+@pytest.mark.lab_profile(SECOND_PROFILE[0])
 def test_python_312_refused_on_an_air_gapped_host_before_any_change(shapes):
     """minimax/llama3 (seed 003: `uv venv --python 3.12`) on Debian bookworm (3.11), air-gapped, no mirror."""
     recipe = "minimax-m2.5-nvfp4-rtx6000-tp2"
@@ -233,6 +236,7 @@ def test_python_312_refused_on_an_air_gapped_host_before_any_change(shapes):
     assert before == after
 
 
+@pytest.mark.lab_profile(SECOND_PROFILE[0])
 def test_python_312_from_the_labs_download_list(shapes):
     """A Python 3.12 recipe with host data naming a download list (uv_python_downloads_json_url; the lab's: this
     machine's CPython 3.12 packaged as uv's managed Python): the preflight lets it through, uv installs the

@@ -5,11 +5,21 @@ stage, scripts/test)."""
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 from ironserve_lab import cli, cluster, cpu_runtime, cuda_runtime, needs, npu_runtime, state, system
 from ironserve_lab.state import LabState
 from ironserve_lab.system import LabError
+
+from ..e2e import labcli
+from ..e2e.test_recipe_matrix_lab import SECOND_PROFILE
+from ..recipe_matrix import ELSEWHERE, matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX_MODULE = "tests/e2e/test_recipe_matrix_lab.py"
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -131,3 +141,41 @@ def test_build_takes_the_plan_arguments_of_up():
     assert (args.lab_command, args.nodes, args.hardware, args.plus) == ("build", 5, "gb200", [("atlas-800i-a3", 8)])
     with pytest.raises(SystemExit):
         parser.parse_args(["lab", "build", "--for", "glm5"])  # one profile's subset is `up --for`'s
+
+
+def stage_arrays() -> dict[str, list[str]]:
+    """scripts/test's stage arrays (``NAME=(...)``), each element as bash reads it."""
+    text = (ROOT / "scripts" / "test").read_text()
+    return {
+        name: shlex.split(body, comments=True) for name, body in re.findall(r"^([A-Z_]+)=\((.*?)\)$", text, re.M | re.S)
+    }
+
+
+def stage_hosts(up: list[str]) -> dict[str, str]:
+    """A stage's hosts (lab1, lab2, ... in plan order) and their hardware profiles."""
+    args = parse(*up)
+    plan = cluster.host_plan(args.nodes, args.hardware, tuple(args.plus))
+    return {f"lab{i}": profile for i, profile in enumerate([p for p, n in plan for _ in range(n)], 1)}
+
+
+@pytest.mark.parametrize("up,streams", [("SHARED_UP", "SHARED"), ("MIXED_UP", "MIXED")])
+def test_each_stage_stream_has_hosts_of_its_own_among_the_stages(up, streams):
+    arrays = stage_arrays()
+    profiles = stage_hosts(arrays[up])
+    hosts = [name for stream in arrays[streams] for name in stream.split(" ", 1)[0].split(",")]
+    assert len(hosts) == len(set(hosts)), hosts
+    assert set(hosts) <= set(profiles), (hosts, profiles)
+
+
+def test_the_mixed_stage_runs_every_matrix_test_in_exactly_one_stream_with_the_hosts_it_needs():
+    """The matrix split between streams by their hosts (marker lab_profile): each recipe's hardware in one stream
+    only, with as many hosts of it as the recipe places; the Python 3.12 tests' profile in one stream too."""
+    arrays = stage_arrays()
+    profiles = stage_hosts(arrays["MIXED_UP"])
+    streams = [s.split(" ", 1)[0].split(",") for s in arrays["MIXED"] if s.split(" ", 1)[1] == MATRIX_MODULE]
+    assert len(streams) >= 2
+    for entry in [e for e in matrix() if e.recipe not in ELSEWHERE]:
+        runs = [s for s in streams if labcli.off_profile({h: profiles[h] for h in s}, {entry: entry.hardware}) == []]
+        assert len(runs) == 1, (entry.recipe, entry.hardware, streams)
+        assert sum(profiles[h] == entry.hardware for h in runs[0]) >= entry.hosts, (entry.recipe, runs[0])
+    assert sum(any(profiles[h] == SECOND_PROFILE[0] for h in s) for s in streams) == 1

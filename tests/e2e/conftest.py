@@ -1,0 +1,20 @@
+"""The lab end-to-end tests' collection: on a shared lab, a test of a hardware profile its hosts lack is deselected."""
+
+from __future__ import annotations
+
+from . import labcli
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``lab_profile(P)`` on a shared lab (IRONSERVE_LAB_HOSTS, scripts/test's stages) whose named hosts
+    have no host of P is deselected (counted, never skipped): scripts/test splits one module's tests between streams by
+    the hosts it gives each. Off a shared lab every test stays (the module brings up what it needs)."""
+    wanted = {
+        item: item.get_closest_marker("lab_profile").args[0] for item in items if item.get_closest_marker("lab_profile")
+    }
+    if not wanted or not labcli.shared_hosts():
+        return
+    dropped = labcli.off_profile(labcli.shared_profiles(), wanted)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
