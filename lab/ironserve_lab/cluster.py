@@ -296,9 +296,11 @@ def _wants_cpu_image(wanted: needs.Needs | list[needs.Needs]) -> bool:
 
 
 def _first_runtimes(wanted: needs.Needs | list[needs.Needs]) -> list[runtime.LabRuntime]:
-    """The runtimes whose wheelhouses the others and the CPU runtime or parser image are built from."""
-    image = [cpu_runtime.RUNTIME] if any(w.runtime_image() for w in _each(wanted)) else []
-    return list(dict.fromkeys([d for r in _runtimes(wanted) for d in r.requires] + image))
+    """The runtimes whose wheelhouses the others and the CPU runtime or parser image are built from; every one when
+    no image is built (nothing else to build them beside but the rootfs bootstrap)."""
+    if not any(w.runtime_image() for w in _each(wanted)):
+        return _runtimes(wanted)
+    return list(dict.fromkeys([d for r in _runtimes(wanted) for d in r.requires] + [cpu_runtime.RUNTIME]))
 
 
 def _built_for(lab: LabState, wanted: needs.Needs) -> list | None:

@@ -129,13 +129,15 @@ def _shared_up(nodes: int, hardware: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["lab", "up", SHARED], 0, "", "".join(said))
 
 
-def shared_profiles() -> dict[str, str]:
-    """This module's hosts (IRONSERVE_LAB_HOSTS) and their hardware profiles, from `lab status` ({} off a shared lab)."""
-    if not shared_hosts():
+def shared_profiles(names: list[str] | None = None) -> dict[str, str]:
+    """``names`` (default: this module's hosts, IRONSERVE_LAB_HOSTS) and their hardware profiles, from `lab status`
+    ({} without names)."""
+    names = shared_hosts() if names is None else names
+    if not names:
         return {}
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
     profile = {h["name"]: h["hardware"] for h in status["hosts"]}
-    return {name: profile.get(name, "") for name in shared_hosts()}
+    return {name: profile.get(name, "") for name in names}
 
 
 def off_profile(profiles: dict[str, str], wanted: dict) -> list:

@@ -179,3 +179,12 @@ def test_the_mixed_stage_runs_every_matrix_test_in_exactly_one_stream_with_the_h
         assert len(runs) == 1, (entry.recipe, entry.hardware, streams)
         assert sum(profiles[h] == entry.hardware for h in runs[0]) >= entry.hosts, (entry.recipe, runs[0])
     assert sum(any(profiles[h] == SECOND_PROFILE[0] for h in s) for s in streams) == 1
+
+
+def test_without_an_image_every_wheelhouse_is_built_beside_the_rootfs_bootstrap():
+    """`up --for` venv recipes builds no image: their wheelhouses go beside the bootstrap, not after it."""
+    venv_only = [needs.resolve("cpu-lab", ["tiny-cpu", "tiny-cpu-tp2"])]
+    assert not cluster._wants_cpu_image(venv_only)
+    assert cluster._first_runtimes(venv_only) == cluster._runtimes(venv_only) == [cpu_runtime.RUNTIME]
+    with_image = [needs.resolve("cpu-lab", [])]  # tiny-cpu-docker: the CPU runtime image, built from its wheelhouse
+    assert cluster._first_runtimes(with_image) == [cpu_runtime.RUNTIME] and cluster._wants_cpu_image(with_image)
