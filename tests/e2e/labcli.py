@@ -138,9 +138,3 @@ def shared_profiles(names: list[str] | None = None) -> dict[str, str]:
     status = json.loads(ironserve("lab", "status", "--format", "json").stdout)
     profile = {h["name"]: h["hardware"] for h in status["hosts"]}
     return {name: profile.get(name, "") for name in names}
-
-
-def off_profile(profiles: dict[str, str], wanted: dict) -> list:
-    """Of ``wanted`` (a test -> the hardware profile it needs), those none of ``profiles``' hosts has."""
-    have = set(profiles.values())
-    return [test for test, profile in wanted.items() if profile not in have]
