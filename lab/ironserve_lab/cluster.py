@@ -37,7 +37,7 @@ from . import (
 )
 from .profiles import HARDWARE_IDS, PROFILES
 from .state import Host, LabState
-from .system import LabError, ensure_tools, require_root, run, say, wait_for
+from .system import LabError, ensure_inotify, ensure_tools, require_root, run, say, wait_for
 
 # Real Debian packages published to the lab repo on every `up`: what tests use, and what the roles install
 # (python3-venv: gpu_clocks; ca-certificates, curl, gpg: nvidia_driver's key fetch; python3-pip: uv_env runs
@@ -386,6 +386,7 @@ def _boot(root: Path, lab: LabState, base: Path, key: Path, binds: list, t0: flo
                 f"warning: {h.name} keeps running with the mounts it booted with (parser venvs, checkpoints); "
                 "`ironserve lab down` and `up` to give it the current ones"
             )
+    ensure_inotify(len(lab.hosts))
     t_boot = time.monotonic()
     for h in to_boot:
         hosts.spawn(root, h, binds)
@@ -434,6 +435,7 @@ def reset(name: str) -> LabState:
                 time.sleep(5)
         network.ensure_netns(host.name, host.address)
         hosts.prepare(root, rootfs.ensure_base(root), lab, host, ssh_keypair(root).with_suffix(".pub").read_text())
+        ensure_inotify(len(lab.hosts))  # a lab brought up by an older checkout, or limits lowered since
         hosts.spawn(root, host, binds)
         hosts.wait_running(root, name)
         wait_for(lambda: _ssh_ok(lab, host), 60, interval=0.5, what=f"ssh on {name}")

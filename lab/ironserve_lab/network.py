@@ -3,7 +3,7 @@
 Design goals (host safety):
 - The subnet lives only on the lab bridge. Hosts get an address and the connected route,
   no default route, so they can reach each other and the supply server on the gateway
-  address, and nothing else. No NAT, no forwarding, no sysctl change on this machine:
+  address, and nothing else. No NAT, no forwarding, no network sysctl changed on this machine:
   host-to-host traffic is bridged (L2), host-to-gateway traffic is local delivery.
 - Every object carries an "ironlab" name so `down` (and the tests) can find leftovers.
 """

@@ -80,6 +80,34 @@ def ensure_tools() -> None:
             raise LabError(f"required tool {tool!r} not found on this machine")
 
 
+# Every lab host's root processes share this machine's per-user inotify limits (the hosts have no user namespace of
+# their own): an idle host's systemd holds 5 instances (2 of them its ask-password path units, which fail and leave
+# the host degraded when none is left), logind and getty one each, dockerd, containerd and journal readers more.
+# The kernel's default, 128 instances, is 18 idle hosts: a 20-host lab boots past it. Twice the idle count per host
+# and 64 for this machine's own root: a lab of 4 hosts or fewer changes nothing.
+INOTIFY = Path("/proc/sys/fs/inotify")
+INOTIFY_PER_HOST = {"max_user_instances": 16, "max_user_watches": 4096}
+INOTIFY_THIS_MACHINE = {"max_user_instances": 64, "max_user_watches": 65536}
+
+
+def ensure_inotify(hosts: int, proc: Path = INOTIFY) -> None:
+    """Raise (never lower) this machine's per-user inotify limits to what ``hosts`` lab hosts and it need."""
+    for key, per_host in INOTIFY_PER_HOST.items():
+        path = proc / key
+        have, need = int(path.read_text()), INOTIFY_THIS_MACHINE[key] + hosts * per_host
+        if have >= need:
+            continue
+        try:
+            path.write_text(f"{need}\n")
+        except OSError as exc:
+            raise LabError(
+                f"fs.inotify.{key} is {have} and {hosts} lab host(s) need {need} (their systemd share this "
+                f"machine's per-user limit) but it could not be raised ({exc.strerror}); run: "
+                f"sysctl -w fs.inotify.{key}={need}"
+            ) from exc
+        say(f"raised fs.inotify.{key} from {have} to {need} on this machine: {hosts} lab host(s) share it")
+
+
 def spawn_daemon(argv: list[str], log_path: Path) -> subprocess.Popen:
     """A lab server in a session of its own (it outlives the command that started it), its output appended to
     ``log_path``."""

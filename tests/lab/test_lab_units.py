@@ -368,3 +368,26 @@ def _imex(tmp_path, nodes: str | None, driver: bool = True) -> subprocess.Comple
 def test_nvidia_imex_stand_in_refuses_like_the_real_service(tmp_path, nodes, driver, why):
     out = _imex(tmp_path, nodes, driver)
     assert out.returncode == 1 and why in out.stderr, out.stderr
+
+
+def test_inotify_limits_are_raised_for_the_hosts_never_lowered(tmp_path, capsys, monkeypatch):
+    from ironserve_lab import system
+
+    instances = tmp_path / "max_user_instances"
+    instances.write_text("128\n")
+    (tmp_path / "max_user_watches").write_text("1048576\n")
+    system.ensure_inotify(20, tmp_path)  # 20 idle hosts hold ~140 instances: the kernel's default 128 is not enough
+    raised = system.INOTIFY_THIS_MACHINE["max_user_instances"] + 20 * system.INOTIFY_PER_HOST["max_user_instances"]
+    assert int(instances.read_text()) == raised
+    assert (tmp_path / "max_user_watches").read_text() == "1048576\n"  # already above: left as it is
+    assert "raised fs.inotify.max_user_instances from 128" in capsys.readouterr().err
+    system.ensure_inotify(4, tmp_path)  # fewer hosts later: nothing lowered
+    assert "raised" not in capsys.readouterr().err
+    assert int(instances.read_text()) == raised
+
+    def read_only(path, *args, **kwargs):
+        raise PermissionError(30, "Read-only file system")
+
+    monkeypatch.setattr(Path, "write_text", read_only)  # /proc/sys read-only (a container): say the command to run
+    with pytest.raises(system.LabError, match=r"could not be raised \(Read-only file system\); run: sysctl -w "):
+        system.ensure_inotify(40, tmp_path)
