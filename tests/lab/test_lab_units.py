@@ -391,3 +391,24 @@ def test_inotify_limits_are_raised_for_the_hosts_never_lowered(tmp_path, capsys,
     monkeypatch.setattr(Path, "write_text", read_only)  # /proc/sys read-only (a container): say the command to run
     with pytest.raises(system.LabError, match=r"could not be raised \(Read-only file system\); run: sysctl -w "):
         system.ensure_inotify(40, tmp_path)
+
+
+def test_reset_raises_the_inotify_limit_for_the_whole_lab_before_the_host_boots(tmp_path, monkeypatch):
+    from ironserve_lab import cluster
+
+    lab = state.LabState(hosts=[state.Host(f"lab{i}", state.host_address(i), i, "cpu-lab") for i in range(1, 21)])
+    monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(cluster, "require_root", lambda: None)
+    monkeypatch.setattr(cluster.state, "load", lambda root: lab)
+    monkeypatch.setattr(cluster, "ensure_inotify", lambda hosts: calls.append(("inotify", hosts)))
+    monkeypatch.setattr(cluster.hosts, "spawn", lambda root, host, binds: calls.append(("spawn", host.name)))
+    for name in ("booted_binds", "stop", "prepare", "wait_running"):
+        monkeypatch.setattr(cluster.hosts, name, lambda *args, **kwargs: [])
+    monkeypatch.setattr(cluster.network, "ensure_netns", lambda *args: None)
+    monkeypatch.setattr(cluster.rootfs, "ensure_base", lambda root: tmp_path)
+    monkeypatch.setattr(cluster, "ssh_keypair", lambda root: tmp_path / "id")
+    (tmp_path / "id.pub").write_text("ssh-ed25519 AAAA lab\n")
+    monkeypatch.setattr(cluster, "_ssh_ok", lambda lab, host: True)
+    cluster.reset("lab17")
+    assert calls == [("inotify", 20), ("spawn", "lab17")]  # the other 19 hosts hold their share while lab17 boots
