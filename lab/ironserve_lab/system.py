@@ -83,18 +83,17 @@ def ensure_tools() -> None:
 # Every lab host's root processes share this machine's per-user inotify limits (the hosts have no user namespace of
 # their own): an idle host's systemd holds 5 instances (2 of them its ask-password path units, which fail and leave
 # the host degraded when none is left), logind and getty one each, dockerd, containerd and journal readers more.
-# The kernel's default, 128 instances, is 18 idle hosts: a 20-host lab boots past it. Twice the idle count per host
+# The kernel's default, 128 instances, is 18 idle hosts: a 20-host lab boots past it. 16 a host (twice the idle 7)
 # and 64 for this machine's own root: a lab of 4 hosts or fewer changes nothing.
 INOTIFY = Path("/proc/sys/fs/inotify")
-INOTIFY_PER_HOST = {"max_user_instances": 16, "max_user_watches": 4096}
-INOTIFY_THIS_MACHINE = {"max_user_instances": 64, "max_user_watches": 65536}
+INOTIFY_NEEDS = {"max_user_instances": (64, 16), "max_user_watches": (65536, 4096)}  # (this machine, each host)
 
 
 def ensure_inotify(hosts: int, proc: Path = INOTIFY) -> None:
     """Raise (never lower) this machine's per-user inotify limits to what ``hosts`` lab hosts and it need."""
-    for key, per_host in INOTIFY_PER_HOST.items():
+    for key, (this_machine, per_host) in INOTIFY_NEEDS.items():
         path = proc / key
-        have, need = int(path.read_text()), INOTIFY_THIS_MACHINE[key] + hosts * per_host
+        have, need = int(path.read_text()), this_machine + hosts * per_host
         if have >= need:
             continue
         try:

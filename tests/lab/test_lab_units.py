@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ironserve_lab import cli, rootfs, standins, state, supply
+from ironserve_lab import cli, cluster, rootfs, standins, state, supply, system
 from ironserve_lab.profiles import PROFILES
 
 
@@ -371,13 +371,12 @@ def test_nvidia_imex_stand_in_refuses_like_the_real_service(tmp_path, nodes, dri
 
 
 def test_inotify_limits_are_raised_for_the_hosts_never_lowered(tmp_path, capsys, monkeypatch):
-    from ironserve_lab import system
-
     instances = tmp_path / "max_user_instances"
     instances.write_text("128\n")
     (tmp_path / "max_user_watches").write_text("1048576\n")
     system.ensure_inotify(20, tmp_path)  # 20 idle hosts hold ~140 instances: the kernel's default 128 is not enough
-    raised = system.INOTIFY_THIS_MACHINE["max_user_instances"] + 20 * system.INOTIFY_PER_HOST["max_user_instances"]
+    this_machine, per_host = system.INOTIFY_NEEDS["max_user_instances"]
+    raised = this_machine + 20 * per_host
     assert int(instances.read_text()) == raised
     assert (tmp_path / "max_user_watches").read_text() == "1048576\n"  # already above: left as it is
     assert "raised fs.inotify.max_user_instances from 128" in capsys.readouterr().err
@@ -394,8 +393,6 @@ def test_inotify_limits_are_raised_for_the_hosts_never_lowered(tmp_path, capsys,
 
 
 def test_reset_raises_the_inotify_limit_for_the_whole_lab_before_the_host_boots(tmp_path, monkeypatch):
-    from ironserve_lab import cluster
-
     lab = state.LabState(hosts=[state.Host(f"lab{i}", state.host_address(i), i, "cpu-lab") for i in range(1, 21)])
     monkeypatch.setenv("IRONSERVE_LAB_DIR", str(tmp_path))
     calls = []
