@@ -132,7 +132,13 @@ def test_recipe_pins_are_the_cpu_runtime(recipe):
     assert r.runtime.packages == cpu_runtime.REQUIREMENTS == pinfiles.read("cpu.txt")
     assert r.runtime.python == cpu_runtime.PYTHON == "3.11"
     assert r.engine.sglang == cpu_runtime.SGLANG_VERSION and r.engine.router == cpu_runtime.ROUTER_VERSION
-    assert all(r.env.get(k) == v for k, v in cpu_runtime.SERVER_ENV.items())
+
+
+@pytest.mark.parametrize("recipe", ["tiny-cpu", "tiny-cpu-tp2", "tiny-cpu-docker"])
+def test_every_cpu_lab_recipe_serves_with_the_runtimes_env(recipe):
+    """Every server of the lab's CPU engine: SGLang's CPU platform, offline, one torch intra-op thread."""
+    env = catalogue.catalogue()[recipe].env
+    assert {key: env.get(key) for key in cpu_runtime.SERVER_ENV} == cpu_runtime.SERVER_ENV
 
 
 def test_cpu_runtime_has_no_cuda_and_no_duplicates():

@@ -78,8 +78,9 @@ SHIM_SOURCE = Path(__file__).with_name("cpu_shims")
 SHARED_SHIMS = Path(ironserve.__file__).resolve().parent / "shims"
 SHIM_PACKAGES = ("sgl_kernel", "torchvision")
 
-# Environment of every SGLang server of the lab's CPU runtime (also in recipes/tiny-cpu.yaml).
-SERVER_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
+# Environment of every SGLang server of the lab's CPU runtime (also in recipes/tiny-cpu*.yaml). OMP_NUM_THREADS:
+# one torch intra-op thread, as the lab's hosts share this machine's cores (see the recipes' comment)
+SERVER_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 _CUDA_WHEEL = re.compile(
     r"^(nvidia[-_](?!ml[-_]py)|cuda[-_]|flashinfer|sgl[-_]kernel|sglang[-_]kernel|"

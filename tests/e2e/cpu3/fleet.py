@@ -11,13 +11,13 @@ ROUTER_UNIT = f"sglang-{RECIPE}-router"
 SERVER_UNIT = f"sglang-{RECIPE}-server"  # + -<instance>
 
 
-def chat(base: str, timeout: float = 60.0, key: str | None = None) -> tuple[int, str]:
+def chat(base: str, timeout: float = 60.0, key: str | None = None, max_tokens: int = 8) -> tuple[int, str]:
     """(HTTP status, answer text) of one short chat completion; (0, error) when nothing answered."""
     body = json.dumps(
         {
             "model": "tiny",
             "messages": [{"role": "user", "content": "Hello, how are you?"}],
-            "max_tokens": 8,
+            "max_tokens": max_tokens,
             "temperature": 0,
         }
     ).encode()
