@@ -134,7 +134,10 @@ def test_recipe_pins_are_the_cpu_runtime(recipe):
     assert r.engine.sglang == cpu_runtime.SGLANG_VERSION and r.engine.router == cpu_runtime.ROUTER_VERSION
 
 
-@pytest.mark.parametrize("recipe", ["tiny-cpu", "tiny-cpu-tp2", "tiny-cpu-docker"])
+CPU_LAB_RECIPES = sorted(r.id for r in catalogue.catalogue().values() if "cpu-lab" in r.hardware)
+
+
+@pytest.mark.parametrize("recipe", CPU_LAB_RECIPES)
 def test_every_cpu_lab_recipe_serves_with_the_runtimes_env(recipe):
     """Every server of the lab's CPU engine: SGLang's CPU platform, offline, one torch intra-op thread."""
     env = catalogue.catalogue()[recipe].env
