@@ -3,7 +3,8 @@
 Built once per state directory with mmdebstrap (Debian bookworm, minbase + what provisioning
 and tests need), then cached. mmdebstrap, not debootstrap: apt downloads in parallel and dpkg installs
 in one pass, the same packages in 25-30 s instead of 50-60 s on a 2-core machine (a cold `lab up` waits for
-it before anything else can be built). The Debian mirror is read at run time from this machine's own
+it before anything else can be built). It bootstraps into a tmpfs where memory allows (scratch.py: dpkg's many small
+files cost ext4 here 20 s more) and is copied to disk in one pass. The Debian mirror is read at run time from this machine's own
 apt sources, so the lab uses whatever archive (or internal mirror) the machine is set up with.
 """
 
@@ -14,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .scratch import scratch_dir, unmount_tree
 from .system import LabError, run, say
 
 SUITE = "bookworm"
@@ -40,6 +42,8 @@ PACKAGES = [
     "lsb-release",
     "xz-utils",
 ]
+# the bootstrap's tmpfs (scratch.py): the rootfs is 0.25 GiB, with apt's downloads and lists under 0.5
+BUILD_GIB = 1
 SSH_USER = "ironserve"
 ASSETS = Path(__file__).parent / "assets"
 
@@ -91,40 +95,40 @@ def is_built(root: Path) -> bool:
     return marker.exists() and marker.read_text().strip() == BASE_VERSION
 
 
-def _umount_under(path: Path) -> None:
-    # mmdebstrap mounts /proc, /sys and /dev in the target; a failed run can leave them behind.
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    for m in sorted((m for m in mounts if m.startswith(str(path) + "/")), reverse=True):
-        run(["umount", "-l", m], check=False)
-
-
 def ensure_base(root: Path) -> Path:
     base = base_dir(root)
     if is_built(root):
         return base
     mirror = debian_mirror()
     tmp = root / "base.tmp"
-    _umount_under(tmp)
-    shutil.rmtree(tmp, ignore_errors=True)
-    if base.exists():
-        _umount_under(base)
-        shutil.rmtree(base)
+    for stale in (tmp, base):
+        unmount_tree(stale)  # mmdebstrap mounts /proc, /sys and /dev in its target; a killed run can leave them
+        shutil.rmtree(stale, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     say(f"building base rootfs (first time, ~30 s): mmdebstrap {SUITE} from this machine's apt mirror")
     start = time.monotonic()
-    log = root / "mmdebstrap.log"
-    with open(log, "w") as fh:
-        rc = subprocess.run(_mmdebstrap_argv(tmp, mirror), stdout=fh, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        _umount_under(tmp)
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise LabError(f"mmdebstrap failed (rc={rc}); see {log}\n{tail}")
-    _umount_under(tmp)
-    say("configuring base rootfs")
-    configure(tmp)
+    with scratch_dir(root / "base.build", BUILD_GIB, "base rootfs") as in_memory:
+        target = root / "base.build" / "rootfs"
+        _bootstrap(root, target, mirror)
+        say("configuring base rootfs")
+        configure(target)
+        if in_memory:  # to disk in one pass: the hosts' overlays stack on it for as long as the lab lives
+            run(["cp", "-a", str(target), str(tmp)])
+        else:
+            target.rename(tmp)
     tmp.rename(base)
     say(f"base rootfs ready in {time.monotonic() - start:.0f}s ({base})")
     return base
+
+
+def _bootstrap(root: Path, target: Path, mirror: str) -> None:
+    log = root / "mmdebstrap.log"
+    with open(log, "w") as fh:
+        rc = subprocess.run(_mmdebstrap_argv(target, mirror), stdout=fh, stderr=subprocess.STDOUT).returncode
+    unmount_tree(target)
+    if rc != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise LabError(f"mmdebstrap failed (rc={rc}); see {log}\n{tail}")
 
 
 def _mmdebstrap_argv(target: Path, mirror: str) -> list[str]:

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ from packaging.utils import canonicalize_name
 from ironserve import engine_parser
 
 from . import cpu_runtime, oci, state
+from .scratch import scratch_dir, unmount_tree
 from .system import LabError, run, say
 
 REPO = "ironserve-lab/sglang-cpu"
@@ -104,6 +104,9 @@ class Venv:
     # image that only runs that need not compile all of its venv, the rest is compiled when something imports it;
     # "" compiles the whole venv (uv's --compile-bytecode)
     bytecode_for: str = ""
+    # the build's tmpfs (scratch.py), GiB: the overlay's upper directory at its fullest, uv's unpacked wheels included
+    # (the runtime's: 5.9 GiB)
+    scratch_gib: int = 8
 
     def history(self) -> str:
         """The venv layer's line in the image history: how it was installed, what it leaves out."""
@@ -134,6 +137,7 @@ PARSER = Venv(
     bytecode="torch",
     unused=PARSER_UNUSED,
     title="ironserve lab: what SGLang's parser imports, on the CPU runtime's pins",
+    scratch_gib=6,  # 4.0 GiB at its fullest (the runtime's: 5.9)
     # the stand-ins run only the parse check: SGLang's parser (their own SGLang, compiled in its layer; here the
     # runtime's release) and what it imports of this venv, a sixth of its modules
     bytecode_for="import sglang.srt.server_args, torch, transformers, triton",
@@ -178,11 +182,6 @@ def base_layer(base: Path) -> dict:
         return oci.layer_from_dir(cache_dir(), base, BASE_EXCLUDES, progress=say)
 
     return oci.cached_layer(cache_dir(), record, make)
-
-
-def _umount(path: Path) -> None:
-    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def _whiteouts(upper: Path) -> list[str]:
@@ -249,7 +248,12 @@ def _strip_debug_info(merged: Path) -> None:
     found = [path for path in site.rglob("*.so*") if path.is_file() and not path.is_symlink() and has_debug_info(path)]
     before = sum(path.stat().st_size for path in found)
     for path in found:
-        run(["strip", "--strip-debug", str(path)])
+        # into a new file renamed over the old one: `strip` in place rewrites the inode (binutils 2.40 keeps it),
+        # which a process beside that already mapped the library would see change under it (SIGSEGV)
+        stripped = path.with_name(path.name + ".stripped")
+        run(["strip", "--strip-debug", "-o", str(stripped), str(path)])
+        os.chmod(stripped, path.stat().st_mode)
+        os.replace(stripped, path)
     after = sum(path.stat().st_size for path in found)
     say(f"runtime image: debug info stripped from {len(found)} shared object(s): {before >> 20} -> {after >> 20} MiB")
 
@@ -284,7 +288,7 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path, venv: Venv = RUNTIME
         _install_in_chroot(merged, venv)
     finally:
         for m in reversed(mounts):
-            _umount(m)
+            unmount_tree(m)
     _clean_upper(upper)
     return upper
 
@@ -327,8 +331,8 @@ def _install_in_chroot(merged: Path, venv: Venv) -> None:
     )
     _drop_unused(merged, venv.unused)
     with ThreadPoolExecutor(max_workers=1) as beside:
-        # the shared objects lose their debug info on one core while the other imports what the parser loads (`strip`
-        # writes a new file and renames it over the old: a process that mapped the old one keeps it)
+        # the shared objects lose their debug info on one core while the other imports what the parser loads (each
+        # stripped copy is renamed over the old file: a process that mapped the old one keeps it)
         stripped = beside.submit(_strip_debug_info, merged)
         if venv.bytecode_for:
             _compile_loaded(merged, chroot, venv.bytecode_for)
@@ -439,14 +443,7 @@ def ensure(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> tuple[Path, di
 def _venv_layer(base: Path, wheelhouse: Path, venv: Venv, t0: float) -> dict:
     """The venv installed in an overlay over the rootfs, its upper directory written as a layer."""
     work = cache_dir() / "build"
-    if work.exists():  # a build killed half-way: its mounts first
-        for line in reversed(Path("/proc/mounts").read_text().splitlines()):
-            if line.split()[1].startswith(str(work) + "/"):
-                _umount(Path(line.split()[1]))
-        shutil.rmtree(work)
-    try:
+    with scratch_dir(work, venv.scratch_gib, f"runtime image ({venv.name})"):
         upper = _install_venv(base, wheelhouse, work, venv)
         say(f"runtime image ({venv.name}): venv installed after {time.monotonic() - t0:.0f}s; writing its layer")
         return oci.layer_from_dir(cache_dir(), upper, ("./tmp/*",), normalize_mtime=True, progress=say)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

@@ -191,7 +191,7 @@ def test_the_runtime_and_parser_images_are_cached_apart(tmp_path):
 
 def test_the_images_shared_objects_lose_their_debug_info_and_still_load(tmp_path):
     """An extension module built with DWARF sections (this environment's cffi backend, as uv.lock pins it) is found,
-    stripped smaller, and still imports; an ELF without debug info and a file that is no ELF are left alone."""
+    stripped smaller into a new file, and still imports; an ELF without debug info and a file that is no ELF are left alone."""
     import _cffi_backend
 
     source = Path(_cffi_backend.__file__)
@@ -199,9 +199,14 @@ def test_the_images_shared_objects_lose_their_debug_info_and_still_load(tmp_path
     site = runtime_image.site_packages(tmp_path)
     site.mkdir(parents=True)
     shutil.copy2(source, site / source.name)
+    (site / source.name).chmod(0o751)
     (site / "data.sort").write_text("not an ELF\n")
+    before = (site / source.name).stat().st_ino
     runtime_image._strip_debug_info(tmp_path)
     assert not runtime_image.has_debug_info(site / source.name)
+    # a new file renamed over the old (its mode kept): a process beside that mapped the old one keeps it unchanged
+    assert (site / source.name).stat().st_ino != before and (site / source.name).stat().st_mode & 0o777 == 0o751
+    assert not list(site.glob("*.stripped"))
     assert (site / source.name).stat().st_size < source.stat().st_size
     code = "import sys, _cffi_backend; print(_cffi_backend.__file__, _cffi_backend.__version__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=site, capture_output=True, text=True, check=True).stdout

@@ -1,0 +1,57 @@
+"""Build trees in memory: a private tmpfs for the lab's builds of many small files, when this machine can spare it.
+
+Writing tens of thousands of small files costs this machine's disk far more than the build's own work: measured on a
+2-core VM (ext4 on virtio), mmdebstrap of the lab rootfs 46-51 s (30 s of it in the kernel) against 27 s into a
+tmpfs, and the parser image's venv install, strip and bytecode 44 s against 28 s. The finished tree is what lasts:
+the rootfs is copied to disk in one pass (1.5 s), an image's layer is written as one blob.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .system import run, say
+
+MEMINFO = Path("/proc/meminfo")
+# what the machine keeps for everything else while a build fills its tmpfs (the lab's hosts, the tests beside it)
+HEADROOM_GIB = 4
+
+
+def unmount_tree(path: Path) -> None:
+    """Every mount at or below ``path``, deepest first (lazily when busy): what a killed build left mounted."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mnt in sorted((m for m in mounts if m == str(path) or m.startswith(str(path) + "/")), reverse=True):
+        if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
+def available_gib(meminfo: Path = MEMINFO) -> float:
+    """MemAvailable of this machine, in GiB (0 when the kernel does not say)."""
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+@contextmanager
+def scratch_dir(path: Path, cap_gib: int, what: str) -> Iterator[bool]:
+    """``path``, empty, for the block: a tmpfs of at most ``cap_gib`` when this machine has that much memory available
+    besides its headroom, else a directory on disk. Removed after either way (and first, with its mounts, when a
+    killed build left it). Yields whether it is in memory."""
+    unmount_tree(path)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    in_memory = available_gib() >= cap_gib + HEADROOM_GIB
+    if in_memory:
+        run(["mount", "-t", "tmpfs", "-o", f"size={cap_gib}g,mode=0700", "ironlab-scratch", str(path)])
+    else:
+        say(f"{what}: built on disk (less than {cap_gib + HEADROOM_GIB} GiB of memory available for it in memory)")
+    try:
+        yield in_memory
+    finally:
+        unmount_tree(path)
+        shutil.rmtree(path, ignore_errors=True)
