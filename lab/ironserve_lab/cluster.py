@@ -30,6 +30,7 @@ from . import (
     rootfs,
     runtime,
     runtime_image,
+    scratch,
     standins,
     state,
     supply,
@@ -571,11 +572,18 @@ def _down() -> None:
     hub.stop_server(root)
     network.remove_bridge()
     left = cgroups.remove()
+    for tree in _build_trees(root):  # a killed `lab up`'s build (its tmpfs holds GiBs of memory)
+        scratch.clear(tree)
     state.remove(root)
     problems = leftovers(root)
     if left or problems:
         raise LabError("lab down left traces behind:\n" + "\n".join(left + problems))
     say("lab is down (base rootfs and supply cache kept in " + str(root) + ")")
+
+
+def _build_trees(root: Path) -> list[Path]:
+    """Where `lab up` builds the rootfs and the images' venvs."""
+    return [rootfs.build_dir(root), runtime_image.build_dir()]
 
 
 def leftovers(root: Path | None = None) -> list[str]:
@@ -584,9 +592,10 @@ def leftovers(root: Path | None = None) -> list[str]:
     found = [f"netns {n}" for n in network.lab_netns()]
     found += [f"link {n}" for n in network.lab_links()]
     found += [f"cgroup {c}" for c in cgroups.leftovers()]
+    trees = [str(tree) for tree in _build_trees(root)]
     for line in Path("/proc/mounts").read_text().splitlines():
         mnt = line.split()[1]
-        if mnt.startswith(str(root) + "/") or mnt.startswith("/run/netns/ironlab-"):
+        if mnt in trees or mnt.startswith((str(root) + "/", "/run/netns/ironlab-", *(f"{t}/" for t in trees))):
             found.append(f"mount {mnt}")
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():

@@ -90,6 +90,11 @@ def base_dir(root: Path) -> Path:
     return root / "base"
 
 
+def build_dir(root: Path) -> Path:
+    """Where the bootstrap runs (in memory where it can): gone once the rootfs is on disk."""
+    return root / "base.build"
+
+
 def is_built(root: Path) -> bool:
     marker = base_dir(root) / "etc" / "ironlab-base-version"
     return marker.exists() and marker.read_text().strip() == BASE_VERSION
@@ -107,8 +112,8 @@ def ensure_base(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     say(f"building base rootfs (first time, ~30 s): mmdebstrap {SUITE} from this machine's apt mirror")
     start = time.monotonic()
-    with scratch_dir(root / "base.build", BUILD_GIB, "base rootfs") as in_memory:
-        target = root / "base.build" / "rootfs"
+    with scratch_dir(build_dir(root), BUILD_GIB, "base rootfs") as in_memory:
+        target = build_dir(root) / "rootfs"
         _bootstrap(root, target, mirror)
         say("configuring base rootfs")
         configure(target)

@@ -148,6 +148,11 @@ def cache_dir() -> Path:
     return state.cache_dir() / "lab-images"
 
 
+def build_dir() -> Path:
+    """Where an image's venv is installed (in memory where it can): gone once its layer is written."""
+    return cache_dir() / "build"
+
+
 def _base_identity(base: Path) -> str:
     """What makes this machine's rootfs this one: its version marker and its dpkg status (size, mtime)."""
     status = (base / "var/lib/dpkg/status").stat()
@@ -442,7 +447,7 @@ def ensure(base: Path, wheelhouse: Path, venv: Venv = RUNTIME) -> tuple[Path, di
 
 def _venv_layer(base: Path, wheelhouse: Path, venv: Venv, t0: float) -> dict:
     """The venv installed in an overlay over the rootfs, its upper directory written as a layer."""
-    work = cache_dir() / "build"
+    work = build_dir()
     with scratch_dir(work, venv.scratch_gib, f"runtime image ({venv.name})"):
         upper = _install_venv(base, wheelhouse, work, venv)
         say(f"runtime image ({venv.name}): venv installed after {time.monotonic() - t0:.0f}s; writing its layer")

@@ -42,8 +42,7 @@ def scratch_dir(path: Path, cap_gib: int, what: str) -> Iterator[bool]:
     """``path``, empty, for the block: a tmpfs of at most ``cap_gib`` when this machine has that much memory available
     besides its headroom, else a directory on disk. Removed after either way (and first, with its mounts, when a
     killed build left it). Yields whether it is in memory."""
-    unmount_tree(path)
-    shutil.rmtree(path, ignore_errors=True)
+    clear(path)
     path.mkdir(parents=True)
     in_memory = available_gib() >= cap_gib + HEADROOM_GIB
     if in_memory:
@@ -53,5 +52,10 @@ def scratch_dir(path: Path, cap_gib: int, what: str) -> Iterator[bool]:
     try:
         yield in_memory
     finally:
-        unmount_tree(path)
-        shutil.rmtree(path, ignore_errors=True)
+        clear(path)
+
+
+def clear(path: Path) -> None:
+    """A build tree gone, its mounts first (a killed build's tmpfs would hold its GiBs of memory until then)."""
+    unmount_tree(path)
+    shutil.rmtree(path, ignore_errors=True)

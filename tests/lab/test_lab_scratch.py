@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ironserve_lab import scratch
+from ironserve_lab import cluster, rootfs, runtime_image, scratch
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 
@@ -62,3 +62,24 @@ def test_a_killed_builds_tree_and_mounts_are_cleared_first(tmp_path, monkeypatch
     finally:
         scratch.unmount_tree(where)
     assert not where.exists()
+
+
+@needs_root
+def test_lab_down_finds_and_clears_a_killed_builds_tmpfs(tmp_path, monkeypatch):
+    """`lab up` killed mid-build leaves its tmpfs mounted: `lab down` lists it among its leftovers and clears it."""
+    monkeypatch.setattr(runtime_image, "cache_dir", lambda: tmp_path / "cache")
+    root = tmp_path / "lab"
+    trees = cluster._build_trees(root)
+    assert trees == [rootfs.build_dir(root), runtime_image.build_dir()]
+    for tree in trees:
+        tree.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "killed-build", str(tree)], check=True)
+    try:
+        found = cluster.leftovers(root)
+        assert all(f"mount {tree}" in found for tree in trees), found
+        for tree in trees:
+            scratch.clear(tree)
+        assert not [line for line in cluster.leftovers(root) if str(tmp_path) in line]
+    finally:
+        for tree in trees:
+            scratch.unmount_tree(tree)
