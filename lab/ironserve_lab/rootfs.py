@@ -3,19 +3,18 @@
 Built once per state directory with mmdebstrap (Debian bookworm, minbase + what provisioning
 and tests need), then cached. mmdebstrap, not debootstrap: apt downloads in parallel and dpkg installs
 in one pass, the same packages in 25-30 s instead of 50-60 s on a 2-core machine (a cold `lab up` waits for
-it before anything else can be built). It bootstraps into a tmpfs where memory allows (scratch.py: dpkg's many small
-files cost ext4 here 20 s more) and is copied to disk in one pass. The Debian mirror is read at run time from this machine's own
-apt sources, so the lab uses whatever archive (or internal mirror) the machine is set up with.
+it before anything else can be built). It bootstraps into a tmpfs where memory allows (scratch.py: dpkg's many
+small files cost ext4 here 20 s more) and is copied to disk in one pass. The Debian mirror is read at run time from
+this machine's own apt sources, so the lab uses whatever archive (or internal mirror) the machine is set up with.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
-from .scratch import scratch_dir, unmount_tree
+from .scratch import clear, scratch_dir, unmount_tree
 from .system import LabError, run, say
 
 SUITE = "bookworm"
@@ -106,9 +105,8 @@ def ensure_base(root: Path) -> Path:
         return base
     mirror = debian_mirror()
     tmp = root / "base.tmp"
-    for stale in (tmp, base):
-        unmount_tree(stale)  # mmdebstrap mounts /proc, /sys and /dev in its target; a killed run can leave them
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in (tmp, base):  # a killed run's, its mounts first
+        clear(stale)
     root.mkdir(parents=True, exist_ok=True)
     say(f"building base rootfs (first time, ~30 s): mmdebstrap {SUITE} from this machine's apt mirror")
     start = time.monotonic()
@@ -130,7 +128,7 @@ def _bootstrap(root: Path, target: Path, mirror: str) -> None:
     log = root / "mmdebstrap.log"
     with open(log, "w") as fh:
         rc = subprocess.run(_mmdebstrap_argv(target, mirror), stdout=fh, stderr=subprocess.STDOUT).returncode
-    unmount_tree(target)
+    unmount_tree(target)  # mmdebstrap mounts /proc, /sys and /dev in its target; a failed run can leave them
     if rc != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise LabError(f"mmdebstrap failed (rc={rc}); see {log}\n{tail}")
