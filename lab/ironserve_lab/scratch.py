@@ -44,11 +44,15 @@ def scratch_dir(path: Path, cap_gib: int, what: str) -> Iterator[bool]:
     killed build left it). Yields whether it is in memory."""
     clear(path)
     path.mkdir(parents=True)
-    in_memory = available_gib() >= cap_gib + HEADROOM_GIB
+    available = available_gib()
+    in_memory = available >= cap_gib + HEADROOM_GIB
     if in_memory:
         run(["mount", "-t", "tmpfs", "-o", f"size={cap_gib}g,mode=0700", "ironlab-scratch", str(path)])
     else:
-        say(f"{what}: built on disk (less than {cap_gib + HEADROOM_GIB} GiB of memory available for it in memory)")
+        say(
+            f"{what}: built on disk, slower: {available:.1f} GiB of memory available, where a tmpfs for it wants "
+            f"{cap_gib + HEADROOM_GIB} (at most {cap_gib} for the build, {HEADROOM_GIB} left for the rest)"
+        )
     try:
         yield in_memory
     finally:
