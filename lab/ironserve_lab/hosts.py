@@ -41,7 +41,7 @@ from pathlib import Path
 from . import cgroups, cpu_runtime, network, supply
 from .profiles import PROFILES
 from .state import GATEWAY, Host, LabState
-from .system import LabError, run, say, wait_for
+from .system import LabError, run, say, unmount_tree, wait_for
 
 FAKE_PROC = "/var/lib/ironlab/fakeproc"  # inside the host
 # kernel.* keys made writable when the running kernel has them (a key the kernel lacks, such as
@@ -373,10 +373,7 @@ def stop(root: Path, name: str, timeout: float = 20) -> None:
     wait_for(lambda: not any(cgroups.pids(p) for p in cgroups.host_cgroups(name)), 10, what=f"{name} processes to exit")
     exited = time.monotonic()
     hdir = host_dir(root, name)
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    for m in sorted((m for m in mounts if m == str(hdir) or m.startswith(str(hdir) + "/")), reverse=True):
-        if run(["umount", m], check=False).returncode != 0:
-            run(["umount", "-l", m], check=False)
+    unmount_tree(hdir)
     unmounted = time.monotonic()
     cgroups.remove(name)
     network.remove_netns(name)

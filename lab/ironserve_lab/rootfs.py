@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .scratch import clear, scratch_dir, unmount_tree
-from .system import LabError, run, say
+from .scratch import clear, scratch_dir
+from .system import LabError, run, say, unmount_tree
 
 SUITE = "bookworm"
 # Bump when the package list or the configuration below changes: forces a rebuild.

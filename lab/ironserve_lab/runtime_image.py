@@ -41,8 +41,8 @@ from packaging.utils import canonicalize_name
 from ironserve import engine_parser
 
 from . import cpu_runtime, oci, state
-from .scratch import scratch_dir, unmount_tree
-from .system import LabError, run, say
+from .scratch import scratch_dir
+from .system import LabError, run, say, unmount_tree
 
 REPO = "ironserve-lab/sglang-cpu"
 TAG = cpu_runtime.SGLANG_VERSION
@@ -286,31 +286,26 @@ def _install_venv(base: Path, wheelhouse: Path, work: Path, venv: Venv = RUNTIME
     if not uv:
         raise LabError("uv is needed on this machine to build the lab's runtime image (scripts/env.sh installs it)")
     run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={base},upperdir={upper},workdir={ovl}", str(merged)])
-    mounts = [merged]
     try:
-        mounts += _bind_build_inputs(merged, wheelhouse)
+        _bind_build_inputs(merged, wheelhouse)
         shutil.copy2(uv, merged / "tmp/ironlab-uv")
         _install_in_chroot(merged, venv)
     finally:
-        for m in reversed(mounts):
-            unmount_tree(m)
+        unmount_tree(merged)  # the binds in it first, then the overlay
     _clean_upper(upper)
     return upper
 
 
-def _bind_build_inputs(merged: Path, wheelhouse: Path) -> list[Path]:
-    """The wheelhouse (read-only), /proc and /dev bound into the overlay; the mount points, in mount order."""
+def _bind_build_inputs(merged: Path, wheelhouse: Path) -> None:
+    """The wheelhouse (read-only), /proc and /dev bound into the overlay."""
     wheels = merged / "tmp/ironlab-wheels"
     wheels.mkdir(parents=True)
-    mounted = []
     for src, dst, opts in (
         (wheelhouse, wheels, ["--bind", "-o", "ro"]),
         ("/proc", merged / "proc", ["--bind"]),
         ("/dev", merged / "dev", ["--bind"]),
     ):
         run(["mount", *opts, str(src), str(dst)])
-        mounted.append(dst)
-    return mounted
 
 
 def _install_in_chroot(merged: Path, venv: Venv) -> None:

@@ -9,24 +9,15 @@ the rootfs is copied to disk in one pass (1.5 s), an image's layer is written as
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .system import run, say
+from .system import run, say, unmount_tree
 
 MEMINFO = Path("/proc/meminfo")
 # what the machine keeps for everything else while a build fills its tmpfs (the lab's hosts, the tests beside it)
 HEADROOM_GIB = 4
-
-
-def unmount_tree(path: Path) -> None:
-    """Every mount at or below ``path``, deepest first (lazily when busy): what a killed build left mounted."""
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    for mnt in sorted((m for m in mounts if m == str(path) or m.startswith(str(path) + "/")), reverse=True):
-        if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", mnt], capture_output=True)
 
 
 def available_gib(meminfo: Path = MEMINFO) -> float:

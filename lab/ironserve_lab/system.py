@@ -39,6 +39,14 @@ def run(
     return proc
 
 
+def unmount_tree(path: Path) -> None:
+    """Every mount at or below ``path``, deepest first (lazily when busy): a stopped host's, a killed build's."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mnt in sorted((m for m in mounts if m == str(path) or m.startswith(str(path) + "/")), reverse=True):
+        if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         raise LabError(

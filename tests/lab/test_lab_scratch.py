@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ironserve_lab import cluster, rootfs, runtime_image, scratch
+from ironserve_lab import cluster, rootfs, runtime_image, scratch, system
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 
@@ -61,7 +61,7 @@ def test_a_killed_builds_tree_and_mounts_are_cleared_first(tmp_path, monkeypatch
         with scratch.scratch_dir(where, 2, "test image"):
             assert _mount_type(where / "merged") is None and list(where.iterdir()) == []
     finally:
-        scratch.unmount_tree(where)
+        system.unmount_tree(where)
     assert not where.exists()
 
 
@@ -83,4 +83,4 @@ def test_lab_down_finds_and_clears_a_killed_builds_tmpfs(tmp_path, monkeypatch):
         assert not [line for line in cluster.leftovers(root) if str(tmp_path) in line]
     finally:
         for tree in trees:
-            scratch.unmount_tree(tree)
+            system.unmount_tree(tree)
