@@ -3,13 +3,13 @@
     sudo .venv/bin/python benchmarks/noop_lab.py [N ...] [--rounds 3]        # default: 2, 4 and 8 hosts
 
 For each size: a fresh lab of stand-in RTX PRO 6000 Max-Q hosts, one apply of deploys/glm5.py (prepare stage:
-launch=false on stand-ins) with ``converged_fast_path=true``, one no-op run that records (roles/converged.py), then
+launch=false on stand-ins), one no-op run that records (roles/converged.py, on by default), then
 ``--rounds`` alternating rounds of, side by side on the same converged hosts:
 
-- fast: ``pyinfra -y inventories/lab.py deploys/glm5.py --data converged_fast_path=true`` (plans nothing: every
-  host's record still vouches);
-- no-op: the same without the fast path (plans every operation, changes nothing);
-- dry run: the same with ``--dry``;
+- fast: ``pyinfra -y inventories/lab.py deploys/glm5.py`` (the default: plans nothing, every host's record still
+  vouches);
+- no-op: the same with ``--data converged_fast_path=false`` (plans every operation, changes nothing);
+- dry run: that with ``--dry``;
 - audit: ``ironserve audit inventories/lab.py deploys/glm5.py`` (must be clean);
 - light: one ``ssh`` per host, all hosts at once, running the fast path's one read (``ironserve-converged check``);
 - floor: one ``ssh`` per host, all at once, running the one command that reads what the no-op reads (the batched
@@ -41,7 +41,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("fast", "noop", "dry", "audit", "light", "floor")
-FAST = ("--data", "converged_fast_path=true")
+FULL = ("--data", "converged_fast_path=false")  # the whole plan, as before the fast path
 CHECKER = "/usr/local/lib/ironserve/ironserve-converged"
 # as an operator's machine runs them: Python's bytecode cache in use (without it every run compiles pyinfra first)
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -107,13 +107,13 @@ def timed(kind: str, status: dict, floors: dict[str, str]) -> tuple[float, float
     """Seconds of the kind's run, and the controller CPU seconds its process used."""
     started, cpu = time.monotonic(), child_cpu()
     if kind == "fast":
-        out = run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FAST)
+        out = run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py")
         if "no change" not in out.stdout + out.stderr:
             sys.exit(f"the fast path planned in full:\n{(out.stdout + out.stderr)[-3000:]}")
     elif kind == "noop":
-        run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py")
+        run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FULL)
     elif kind == "dry":
-        run(str(BIN / "pyinfra"), "--dry", "inventories/lab.py", "deploys/glm5.py")
+        run(str(BIN / "pyinfra"), "--dry", "inventories/lab.py", "deploys/glm5.py", *FULL)
     elif kind == "audit":
         out = run(str(BIN / "ironserve"), "audit", "inventories/lab.py", "deploys/glm5.py", check=False)
         if out.returncode != 0:
@@ -140,7 +140,7 @@ def sudo_times(status: dict, host: dict) -> list[float]:
 
 
 def no_changes_planned() -> int:
-    out = run(str(BIN / "pyinfra"), "inventories/lab.py", "deploys/glm5.py", "--dry", "--json")
+    out = run(str(BIN / "pyinfra"), "inventories/lab.py", "deploys/glm5.py", "--dry", "--json", *FULL)
     plan = json.loads(out.stdout)["plan"]
     return sum(1 for op in plan if op["hosts_with_change"] or op.get("hosts_with_conditional_change"))
 
@@ -151,9 +151,9 @@ def bench(nodes: int, rounds: int) -> dict:
     try:
         status = lab_status()
         started = time.monotonic()
-        run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FAST)
+        run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py")
         apply_s = time.monotonic() - started
-        recorded = run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py", *FAST)
+        recorded = run(str(BIN / "pyinfra"), "-y", "inventories/lab.py", "deploys/glm5.py")
         if "converged fast path: no record:" in recorded.stdout + recorded.stderr:
             sys.exit(f"the no-op after the apply recorded nothing:\n{(recorded.stdout + recorded.stderr)[-3000:]}")
         floors = floor_commands(status)

@@ -256,10 +256,11 @@ class HostData(BaseModel):
         "their values); empty: learn them anew in every run",
     )
     converged_fast_path: bool = _field(
-        False,
+        True,
         "roles/converged.py",
         "after a run that changed nothing, plan nothing while every host's light read (inode status of what it "
-        "manages, package database, unit states) and the deployment's inputs are as that run left them",
+        "manages, venvs' package metadata, package database, unit states) and the deployment's inputs are as that "
+        "run left them; false: plan every host in full every run",
     )
 
     # ---------------------------------------------------------------- host tuning

@@ -49,6 +49,7 @@ from roles.common import uses_sudo
 from roles.context import DeploymentContext, host_data
 from roles.desired import DesiredFile, text_file
 from roles.sglang_service import LIB_DIR
+from roles.uv_env import venv_reads
 
 SCRIPT = f"{LIB_DIR}/ironserve-converged"
 # host data naming files on the controller whose contents the deploy puts on hosts
@@ -68,13 +69,11 @@ _WHOLE_FILE_MAX = 4 << 20  # larger files (and directories' files) by size and m
 _FILE_FACTS = (File, Sha1File, Sha256File, Md5File, Link, FindInFile)
 
 
-def _venv_paths(executable: str | None) -> list[str] | None:
-    """A venv's packages by its site-packages directory's entries (a package added, removed or upgraded renames
-    one: its dist-info), for a tool given as VENV/bin/NAME; None otherwise."""
+def _venv_paths(executable: str | None) -> dict[str, list[str]] | None:
+    """A tool given as VENV/bin/NAME read as its venv; None otherwise."""
     if not executable or not executable.startswith("/") or "/bin/" not in executable:
         return None
-    root = executable.rsplit("/bin/", 1)[0]
-    return [executable, f"{root}/pyvenv.cfg", f"{root}/lib/python*/site-packages"]
+    return venv_reads(executable.rsplit("/bin/", 1)[0], executable)
 
 
 _PATHS_OF = {
@@ -156,9 +155,14 @@ def skip(ctx: DeploymentContext) -> bool:
         hosts = list(state.inventory.get_active_hosts())
         if not all(host_data(h).converged_fast_path for h in hosts):
             decision.set(False)  # a host without the fast path: no record is made or read
+        elif len(hosts) != len(state.inventory):
+            # a host's plan reads its peers (the router's workers, a fabric peer): a record is the whole run's
+            logger.info("converged fast path: off for a run of part of the inventory (--limit): planning in full")
+            decision.set(False)
         else:
             state.ironserve_converged_inputs = inputs_digest(ctx)
             decision.set(_decide(state, hosts, state.ironserve_converged_inputs))
+            host_state.note_early_reads(hosts)  # before any host plans: a peer's read is part of its record
     except BaseException as exc:
         decision.set_exception(exc)
         raise
@@ -250,8 +254,8 @@ def inputs_digest(ctx: DeploymentContext) -> str:
 
 
 def light_read(req) -> list | None:
-    """A fact question as a read of the record: [label, {"paths": [...]}] or [label, {"sh": its own command}];
-    None: a question the record cannot replay."""
+    """A fact question as a read of the record: [label, {"paths": [...], "sums": [...]}] (inode status, contents)
+    or [label, {"dirs": [...]}] or [label, {"sh": its own command}]; None: a question the record cannot replay."""
     cls, kwargs = req.cls, req.kwargs
     kind = "paths"
     if cls is Directory:
@@ -268,9 +272,14 @@ def light_read(req) -> list | None:
             return [req.key, {"sh": req.shell()}]
         except Exception:  # noqa: BLE001 - a question its fact cannot build any more
             return None
-    if not all(isinstance(p, str) and p.startswith("/") for p in paths):
+    spec = paths if isinstance(paths, dict) else {kind: paths}
+    if not spec or not all(_absolute_paths(v) for v in spec.values()):
         return None
-    return [req.key, {kind: paths}]
+    return [req.key, spec]
+
+
+def _absolute_paths(paths) -> bool:
+    return isinstance(paths, list) and all(isinstance(p, str) and p.startswith("/") for p in paths)
 
 
 def reads_of(facts) -> tuple[list, list[str]]:

@@ -245,11 +245,56 @@ def _executor(global_kwargs: dict) -> dict:
     return {k: global_kwargs.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_kwargs}
 
 
-class HostFacts:
+class QuestionNotes:
+    """Every question a run asks of one host, for the converged record (roles/converged.py): the replayable ones
+    by key, the names of the others."""
+
+    def __init__(self, real_host):
+        self.host = real_host
+        self.noted: dict[str, Request] = {}
+        self.unreplayable: set[str] = set()
+        self._default_executor: dict | None = None
+
+    def _note(self, cls, args, kwargs) -> None:
+        state = self.host.state
+        if self._default_executor is None:
+            self._default_executor = _executor(_handle_fact_kwargs(state, self.host, Arch, [], {})[1])
+        try:
+            fact_kwargs, global_kwargs = _handle_fact_kwargs(state, self.host, cls, list(args), dict(kwargs))
+            req = Request(cls, fact_kwargs) if batchable(cls) else None
+            req = req if req is not None and json_plain(req.kwargs) else None
+        except (TypeError, ValueError):
+            req = None
+        if req is None or _executor(global_kwargs) != self._default_executor:
+            self.unreplayable.add(getattr(cls, "__qualname__", str(cls)))
+        else:
+            self.noted.setdefault(req.key, req)
+
+    def take_over(self, other: QuestionNotes) -> None:
+        self.noted.update(other.noted)
+        self.unreplayable |= other.unreplayable
+
+
+class EarlyReads(QuestionNotes):
+    """A host's facts asked by another host's plan before this host's own HostFacts is installed (pyinfra plans
+    the hosts side by side: the rolling plan of an engine host reads the router host's workers, the fabric check a
+    peer's). Noted, then handed to this host's HostFacts when it is installed; without them a converged record
+    would not replay a read the run's plan depended on."""
+
+    def __init__(self, real_host):
+        super().__init__(real_host)
+        self.real_get_fact = real_host.get_fact
+
+    def get_fact(self, cls, *args, **kwargs):
+        self._note(cls, args, kwargs)
+        return self.real_get_fact(cls, *args, **kwargs)
+
+
+class HostFacts(QuestionNotes):
     """This host's batched facts for the run (see the module doc). Installed on pyinfra's host object."""
 
     def __init__(self, real_host, cache_file: Path | None):
-        self.host = real_host
+        super().__init__(real_host)
         self.cache_file = cache_file
         self.asked: dict[str, Request] = {}  # every question the stage asks (learned and from the last runs)
         self.kept: set[str] = set()  # the questions kept for the next run
@@ -266,13 +311,11 @@ class HostFacts:
         self._ops_before = set(self._ops())
         self.executor: dict | None = None
         self.counts: Counter = Counter()  # batches, single reads, cached answers (debug log, tests)
-        # every question of this run, batched or not, for the converged record (roles/converged.py): the
-        # replayable ones by key, the names of the others
-        self.noting = False
-        self.noted: dict[str, Request] = {}
-        self.unreplayable: set[str] = set()
-        self._default_executor: dict | None = None
-        self._real_get_fact = real_host.get_fact
+        self.noting = False  # every question of this run, batched or not, noted for the converged record
+        early = real_host.__dict__.pop("ironserve_early_reads", None)  # asked before this: noted, then passed on
+        self._real_get_fact = early.real_get_fact if early is not None else real_host.get_fact
+        if early is not None:
+            self.take_over(early)
         self._real_run = getattr(real_host, "run_shell_command", None)  # a fixture's host runs nothing
         self._real_put = getattr(real_host, "put_file", None)
         for req in self._load_cache():
@@ -336,21 +379,6 @@ class HostFacts:
             self.reading = False
 
     # ------------------------------------------------------------ what this run asked (the converged record)
-
-    def _note(self, cls, args, kwargs) -> None:
-        state = self.host.state
-        if self._default_executor is None:
-            self._default_executor = _executor(_handle_fact_kwargs(state, self.host, Arch, [], {})[1])
-        try:
-            fact_kwargs, global_kwargs = _handle_fact_kwargs(state, self.host, cls, list(args), dict(kwargs))
-            req = Request(cls, fact_kwargs) if batchable(cls) else None
-            req = req if req is not None and json_plain(req.kwargs) else None
-        except (TypeError, ValueError):
-            req = None
-        if req is None or _executor(global_kwargs) != self._default_executor:
-            self.unreplayable.add(getattr(cls, "__qualname__", str(cls)))
-        else:
-            self.noted.setdefault(req.key, req)
 
     def run_requests(self) -> dict[str, Request]:
         """Every replayable question this run asked, by key (with the companions of the files it asked about)."""
@@ -482,6 +510,15 @@ def install(ctx) -> HostFacts | None:
     real.run_shell_command = facts.run_shell_command
     real.put_file = facts.put_file
     return facts
+
+
+def note_early_reads(hosts) -> None:
+    """Note what other hosts' plans ask of each of these hosts before its own HostFacts is installed (the
+    converged record must replay every read a run's plan depended on). Called once, before any host plans."""
+    for h in hosts:
+        if "ironserve_host_facts" not in h.__dict__ and "ironserve_early_reads" not in h.__dict__:
+            h.ironserve_early_reads = EarlyReads(h)
+            h.get_fact = h.ironserve_early_reads.get_fact
 
 
 def run_unread(h, command: str, **kwargs):

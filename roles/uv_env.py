@@ -291,9 +291,8 @@ class VenvPackages(FactBase):
 
     @staticmethod
     def light_paths(path):
-        """What its value is read from (roles/converged.py): a package added, removed or upgraded renames an
-        entry of site-packages (its dist-info directory)."""
-        return [f"{path}/bin/python", f"{path}/pyvenv.cfg", f"{path}/lib/python*/site-packages"]
+        """What its value is read from (roles/converged.py)."""
+        return venv_reads(path, f"{path}/bin/python")
 
     def command(self, path):
         py = shlex.quote(f"{path}/bin/python")
@@ -304,6 +303,18 @@ class VenvPackages(FactBase):
         if not text:
             return None
         return json.loads(text)
+
+
+def venv_reads(root: str, *executables: str) -> dict[str, list[str]]:
+    """What a venv's package list is read from: its site-packages directory's entries (a package added, removed or
+    upgraded renames one: its dist-info) and the contents of each distribution's metadata (name and version are
+    read from there: an edit by hand changes the list without renaming anything). Contents, not inode status: uv
+    hardlinks them from its cache, so another venv installing the same wheel changes their links and ctime."""
+    site = f"{root}/lib/python*/site-packages"
+    return {
+        "paths": [*executables, f"{root}/pyvenv.cfg", site],
+        "sums": [f"{site}/*.dist-info/METADATA", f"{site}/*.egg-info/PKG-INFO", f"{site}/*.egg-info"],
+    }
 
 
 def venv_in_use(var: str) -> str:

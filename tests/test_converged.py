@@ -75,6 +75,22 @@ def test_a_directory_is_read_by_its_own_status_not_its_entries(host, tmp_path):
     assert SCRIPT.check(host.stamp)["changed"] == ["dir"]
 
 
+def test_a_files_contents_are_read_when_asked_and_nothing_but_a_regular_file(host, tmp_path):
+    meta = tmp_path / "venv" / "lib" / "python3.12" / "site-packages" / "torch-2.9.1.dist-info" / "METADATA"
+    meta.parent.mkdir(parents=True)
+    meta.write_text("Name: torch\nVersion: 2.9.1\n")
+    os.symlink("/etc/shadow", meta.parent.parent / "link.dist-info")  # a venv's user's link: never followed
+    reads = [["venv", {"paths": [str(tmp_path / "venv" / "lib")], "sums": [str(tmp_path / "venv/lib/*/*/*/METADATA")]}]]
+    SCRIPT.record("D", reads, host.stamp)
+    before = os.stat(meta)
+    os.link(meta, tmp_path / "uv-cache-link")  # uv links the same file into another venv: links and ctime move
+    assert os.stat(meta).st_ctime_ns != before.st_ctime_ns and SCRIPT.check(host.stamp)["changed"] == []
+    meta.write_text("Name: torch\nVersion: 2.9.0\n")  # edited by hand, the same size, the directory untouched
+    os.utime(meta, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert SCRIPT.check(host.stamp)["changed"] == ["venv"]
+    assert "shadow" not in SCRIPT._read({"sums": [str(meta.parent.parent / "link.dist-info")]})
+
+
 def test_forget_leaves_no_record(host):
     SCRIPT.record("D", host.reads, host.stamp)
     assert SCRIPT.forget(host.stamp) == "forgotten"
@@ -107,7 +123,8 @@ def test_a_link_in_place_of_the_record_is_no_record(host, tmp_path):
     "reads",
     [
         [["x", {"sh": "true", "paths": ["/"]}]],
-        [["x", {"dirs": ["/"], "paths": ["/"]}]],
+        [["x", {"sums": ["/"], "other": ["/"]}]],
+        [["x", {"sums": ["/"], "sh": "true"}]],
         [["x", {"dirs": "/etc"}]],
         [["x", {"paths": ["relative"]}]],
         [["x", {}]],
@@ -135,6 +152,15 @@ def test_each_shell_read_is_answered_apart_with_its_exit_status():
 # --------------------------------------------------------------------------- the controller's side
 
 
+def _site(root: str) -> str:
+    return f"{root}/lib/python*/site-packages"
+
+
+def _metadata(root: str) -> list[str]:
+    site = _site(root)
+    return [f"{site}/*.dist-info/METADATA", f"{site}/*.egg-info/PKG-INFO", f"{site}/*.egg-info"]
+
+
 @pytest.mark.parametrize(
     ("cls", "kwargs", "expected"),
     [
@@ -145,26 +171,22 @@ def test_each_shell_read_is_answered_apart_with_its_exit_status():
         (Users, {}, {"paths": ["/etc/passwd", "/etc/group", "/etc/shadow"]}),
         (UvVersion, {}, {"paths": ["/usr/local/bin/uv"]}),
         (MarkerDigest, {"path": "/var/lib/m"}, {"paths": ["/var/lib/m"]}),
-        (
-            VenvPackages,
-            {"path": "/opt/v"},
-            {"paths": ["/opt/v/bin/python", "/opt/v/pyvenv.cfg", "/opt/v/lib/python*/site-packages"]},
-        ),
+        (VenvPackages, {"path": "/opt/v"}, {"paths": ["/opt/v/bin/python", "/opt/v/pyvenv.cfg", _site("/opt/v")]}),
     ],
 )
 def test_facts_read_from_files_are_read_by_their_inode_status(cls, kwargs, expected):
     req = Request(cls, kwargs)
+    if cls is VenvPackages:
+        expected = {**expected, "sums": _metadata("/opt/v")}
     assert converged.light_read(req) == [req.key, expected]
 
 
-def test_a_venvs_pip_is_read_by_its_site_packages_and_a_bare_pip_whole():
-    venv = Request(PipPackages, {"pip": "/opt/ironserve/tools/bin/pip"})
+def test_a_venvs_pip_is_read_by_its_site_packages_and_its_metadata_and_a_bare_pip_whole():
+    tools = "/opt/ironserve/tools"
+    venv = Request(PipPackages, {"pip": f"{tools}/bin/pip"})
     assert converged.light_read(venv)[1] == {
-        "paths": [
-            "/opt/ironserve/tools/bin/pip",
-            "/opt/ironserve/tools/pyvenv.cfg",
-            "/opt/ironserve/tools/lib/python*/site-packages",
-        ]
+        "paths": [f"{tools}/bin/pip", f"{tools}/pyvenv.cfg", _site(tools)],
+        "sums": _metadata(tools),
     }
     bare = Request(PipPackages, {"pip": "pip3"})
     assert converged.light_read(bare)[1] == {"sh": bare.shell()}
@@ -298,3 +320,39 @@ def test_a_run_that_changed_something_or_failed_records_nothing(state_kwargs):
 def test_a_host_that_asked_what_cannot_be_replayed_gets_no_record():
     hosts = [_Host("h1", unreplayable=["ParseCheck"]), _Host("h2")]
     assert _play(_run_state(hosts), hosts) == [["forget"], ["forget", "record"]]
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+class _Inventory(list):
+    def __init__(self, hosts, active):
+        super().__init__(hosts)
+        self.active = active
+
+    def get_active_hosts(self):
+        return list(self.active)
+
+
+def _decision(monkeypatch, hosts, active, fast=True):
+    state = SimpleNamespace(inventory=_Inventory(hosts, active))
+    early = []
+    monkeypatch.setattr(converged, "_state", lambda: state)
+    monkeypatch.setattr(converged, "host_data", lambda h: SimpleNamespace(converged_fast_path=fast))
+    monkeypatch.setattr(converged, "inputs_digest", lambda ctx: "D")
+    monkeypatch.setattr(converged, "_decide", lambda state, hosts, inputs: True)
+    monkeypatch.setattr(converged.host_state, "note_early_reads", lambda hosts: early.extend(hosts))
+    return converged.skip(SimpleNamespace()), state, early
+
+
+def test_a_whole_run_decides_and_notes_every_hosts_reads_before_any_host_plans(monkeypatch):
+    hosts = ["router", "engine1", "engine2"]
+    skipped, state, early = _decision(monkeypatch, hosts, hosts)
+    assert skipped and early == hosts and state.ironserve_converged_inputs == "D"
+    assert converged.decided() is True  # the hosts planned after the first wait for this decision
+
+
+@pytest.mark.parametrize(("active", "fast"), [(["engine1"], True), (["router", "engine1", "engine2"], False)])
+def test_a_limited_run_or_one_without_the_fast_path_plans_in_full_and_records_nothing(monkeypatch, active, fast):
+    skipped, state, early = _decision(monkeypatch, ["router", "engine1", "engine2"], active, fast)
+    assert skipped is False and early == [] and not hasattr(state, "ironserve_converged_inputs")

@@ -715,6 +715,25 @@ def test_with_noting_on_every_question_of_the_run_is_noted_batched_or_alone(loca
     assert facts.unreplayable == {"ParseCheck", "Hostname"}
 
 
+def test_a_hosts_reads_asked_by_a_peers_plan_before_its_own_stage_are_noted_and_passed_on(local):
+    host = local["host"]
+    for name in ("get_fact", "run_shell_command", "put_file"):
+        host.__dict__.pop(name, None)
+    host_state.note_early_reads([host])
+    host.get_fact(Arch)  # an engine host's plan asks the router host before the router host's stage starts
+    host.get_fact(Hostname, _sudo_user="nobody")
+    facts = local["facts"]()
+    facts.noting = True
+    assert any(k.startswith("pyinfra.facts.server.Arch(") for k in facts.run_requests())
+    assert facts.unreplayable == {"Hostname"} and "ironserve_early_reads" not in host.__dict__
+    host.ironserve_host_facts = facts
+    try:
+        host_state.note_early_reads([host])  # installed already: its own facts note what it is asked
+        assert host.get_fact == facts.get_fact
+    finally:
+        del host.ironserve_host_facts
+
+
 def test_with_noting_off_nothing_is_noted(local):
     facts = local["facts"]()
     ask_all(local["host"], local["path"])

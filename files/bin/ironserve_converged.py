@@ -11,9 +11,10 @@ deployment's inputs, and a light read of everything that run read of this host (
 inode status, which changes with any write, even one that restores the mtime; the package database; its own
 reads for the rest). The next run checks every host in one command each and plans nothing when all of them match.
 
-READS_JSON: ``[[label, {"paths": [path or glob, ...]}] | [label, {"dirs": [...]}] | [label, {"sh": command}], ...]``
-(``dirs``: a directory's own status, not its entries). The record is root's,
-0600, in a directory only root can write; anything else is no record. Standard library only.
+READS_JSON: ``[[label, {"paths": [...], "dirs": [...], "sums": [...]}] | [label, {"sh": command}], ...]``: paths or
+globs read by inode status (``paths``), a directory's own status, not its entries (``dirs``), a regular file's
+contents (``sums``). The record is root's, 0600, in a directory only root can write; anything else is no record.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -56,6 +57,26 @@ def _dir_status(path: str) -> str:
     )
 
 
+def _content_status(path: str) -> str:
+    """A regular file's contents (never a link's target, a device or a pipe: read as root, in directories that may
+    be another user's)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return f"{path} error {exc.errno}"
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            return f"{path} {stat.S_IFMT(mode)}"
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(chunk)
+    return f"{path} {digest.hexdigest()}"
+
+
+_STATUS = {"paths": _path_status, "dirs": _dir_status, "sums": _content_status}
+
+
 def _paths_read(patterns: list[str], status=_path_status) -> str:
     lines = []
     for pattern in patterns:
@@ -65,7 +86,7 @@ def _paths_read(patterns: list[str], status=_path_status) -> str:
 
 
 def _read(spec: dict) -> str:
-    return _paths_read(spec["paths"]) if "paths" in spec else _paths_read(spec["dirs"], _dir_status)
+    return "\n".join(f"{kind}:\n" + _paths_read(spec[kind], _STATUS[kind]) for kind in _STATUS if kind in spec)
 
 
 def _shell_reads(commands: list[str]) -> list[str]:
@@ -102,19 +123,16 @@ def digests(reads: list) -> list[str]:
 
 
 def valid_reads(reads) -> bool:
+    def absolute(paths) -> bool:
+        return isinstance(paths, list) and all(isinstance(p, str) and p.startswith("/") for p in paths)
+
     def one(item) -> bool:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], dict)):
             return False
         spec = item[1]
         if set(spec) == {"sh"}:
             return isinstance(spec["sh"], str)
-        kind = next(iter(spec), None)
-        return (
-            len(spec) == 1
-            and kind in ("paths", "dirs")
-            and isinstance(spec[kind], list)
-            and all(isinstance(p, str) and p.startswith("/") for p in spec[kind])
-        )
+        return bool(spec) and set(spec) <= set(_STATUS) and all(absolute(v) for v in spec.values())
 
     return isinstance(reads, list) and all(one(item) for item in reads)
 

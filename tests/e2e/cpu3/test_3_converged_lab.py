@@ -1,12 +1,17 @@
-"""End to end on the lab: the converged fast path (roles/converged.py) on the 3-host cpu-lab deployment.
+"""End to end on the lab: the converged fast path (roles/converged.py, on by default) on the 3-host cpu-lab deployment.
 
-With host data ``converged_fast_path=true``: a run that changes nothing leaves a record on every host (root's 0600
-file); the next run reads each host once and plans nothing; a managed file edited on one host is found by that
-host's read, the run plans every host in full and repairs it, and that run (it changed something) leaves no record:
-the one after it, changing nothing, records again.
+A run that changes nothing leaves a record on every host (root's 0600 file); the next run reads each host once and
+plans nothing. Each change the record must not miss is made by hand and found by the host's own read: a managed file
+edited (the run plans every host in full and repairs it; that run changed something, so it leaves no record and the
+one after it records again), a venv's package metadata edited without renaming anything, and a worker taken out of
+the router (read on the router host by the engine hosts' plans: the run puts it back).
 """
 
 from __future__ import annotations
+
+import json
+import time
+import urllib.parse
 
 import pytest
 
@@ -17,7 +22,9 @@ pytestmark = pytest.mark.lab
 
 EDITED = "/etc/default/prometheus-node-exporter"  # managed on every host (roles/node_exporter.py)
 RECORD = "/var/lib/ironserve/converged.json"
+CHECKER = "/usr/local/lib/ironserve/ironserve-converged"
 FAST = "Every host is as the last run that changed nothing left it (3 checked): no change"
+ROUTER = "http://127.0.0.1:30000"  # the router on lab1, as lab1 reaches it
 
 
 def output(*args: str) -> str:
@@ -25,20 +32,37 @@ def output(*args: str) -> str:
     return out.stdout + out.stderr
 
 
+def why_planned(log: str, name: str) -> str:
+    """The line saying why a host's check did not vouch (empty: none)."""
+    marker = f"[{name}] converged fast path: planning in full: "
+    return log.split(marker, 1)[1].splitlines()[0] if marker in log else ""
+
+
 @pytest.fixture(scope="module")
 def fast(deployed, tmp_path_factory):
-    args = ["-y", "deploys/tiny.py", "--data", "converged_fast_path=true"]
-    if key_for(deployed):  # keep the serving module's key: the same key from a file of this module's
+    args = ["-y", "deploys/tiny.py"]
+    key = key_for(deployed)
+    if key:  # keep the serving module's key: the same key from a file of this module's
         key_file = tmp_path_factory.mktemp("converged") / "api.key"
         key_file.write_text(LAB_KEY + "\n")
         key_file.chmod(0o600)
         args += ["--data", f"api_key_file={key_file}"]
-    return {"args": args, "first": output(*args), "hosts": {h["name"]: h for h in deployed["hosts"]}}
+    hosts = {h["name"]: h for h in deployed["hosts"]}
+    for host in hosts.values():  # the earlier modules' runs may have recorded: start from none
+        ssh(host, f"{CHECKER} forget")
+    return {"args": args, "first": output(*args), "hosts": hosts, "key": key}
+
+
+def recorded_again(fast) -> None:
+    """After a run that changed something (no record): the next run records, the one after plans nothing."""
+    again = output(*fast["args"])
+    assert "planning in full: no record of a converged run" in again and "no record:" not in again, again[-3000:]
+    assert FAST in output(*fast["args"])
 
 
 def test_a_run_that_changes_nothing_leaves_a_private_record_on_every_host(fast):
     log = fast["first"]
-    assert "converged fast path: planning in full" in log, log[-3000:]
+    assert "converged fast path: planning in full: no record of a converged run" in log, log[-3000:]
     assert "converged fast path: no record" not in log, log[-3000:]
     for host in fast["hosts"].values():
         assert ssh(host, f"stat -c '%a %U' {RECORD}").stdout.split() == ["600", "root"]
@@ -56,10 +80,50 @@ def test_a_file_edited_on_a_host_is_found_and_repaired_then_recorded_again(fast)
     lab2 = fast["hosts"]["lab2"]
     ssh(lab2, f"echo '# edited by hand' >> {EDITED}")
     log = output(*fast["args"])
-    assert "[lab2] converged fast path: planning in full: changed since its record:" in log, log[-3000:]
-    assert EDITED in log.split("[lab2] converged fast path:", 1)[1].splitlines()[0]
+    assert EDITED in why_planned(log, "lab2"), log[-3000:]
     assert "edited by hand" not in ssh(lab2, f"cat {EDITED}").stdout
     assert ssh(lab2, f"test -e {RECORD}", check=False).returncode != 0  # the repair changed something: no record
-    again = output(*fast["args"])
-    assert "planning in full: no record of a converged run" in again and "no record:" not in again, again[-3000:]
-    assert FAST in output(*fast["args"])
+    recorded_again(fast)
+
+
+def test_a_venvs_package_metadata_edited_by_hand_is_found(fast):
+    lab3 = fast["hosts"]["lab3"]
+    # a distribution's METADATA of a venv the record reads (the first match of its first metadata glob)
+    pick = (
+        "import glob, json; reads = json.load(open('" + RECORD + "'))['reads']; "
+        "print(next(sorted(glob.glob(s['sums'][0]))[0] for _, s in reads if glob.glob(s.get('sums', ['/-'])[0])))"
+    )
+    metadata = ssh(lab3, f"python3 -c {json.dumps(pick)}").stdout.strip()
+    assert metadata.endswith("/METADATA"), metadata
+    ssh(lab3, f"echo 'X-Edited: by hand' >> {metadata}")  # no package added, removed or renamed
+    log = output(*fast["args"])
+    assert "Packages" in why_planned(log, "lab3"), log[-3000:]  # the venv's package list (VenvPackages, PipPackages)
+    # nothing of the package list changed: the full plan changed nothing, so it recorded again
+    assert "no record:" not in log and FAST in output(*fast["args"]), log[-3000:]
+
+
+def router_workers(fast) -> list[dict]:
+    auth = f"-H 'Authorization: Bearer {fast['key']}' " if fast["key"] else ""
+    out = ssh(fast["hosts"]["lab1"], f"curl -s -m 10 {auth}{ROUTER}/workers")
+    return json.loads(out.stdout)["workers"]
+
+
+def test_a_worker_taken_out_of_the_router_is_found_on_the_router_host_and_put_back(fast):
+    lab3_url = f"http://{fast['hosts']['lab3']['address']}:30000"
+    (worker,) = [w for w in router_workers(fast) if w["url"] == lab3_url]
+    auth = f"-H 'Authorization: Bearer {fast['key']}' " if fast["key"] else ""
+    ssh(
+        fast["hosts"]["lab1"],
+        f"curl -s -m 10 -X DELETE {auth}{ROUTER}/workers/{urllib.parse.quote(worker['id'], safe='')}",
+    )
+    for _ in range(40):  # bounded: the router removes it in a background job
+        if lab3_url not in [w["url"] for w in router_workers(fast)]:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"the router still lists {lab3_url}")
+    log = output(*fast["args"])
+    # the engine hosts' plans read the router host's worker list: its record replays that read
+    assert "RouterWorkers" in why_planned(log, "lab1"), log[-3000:]
+    assert lab3_url in [w["url"] for w in router_workers(fast)], log[-3000:]
+    recorded_again(fast)
