@@ -161,8 +161,10 @@ def skip(ctx: DeploymentContext) -> bool:
             decision.set(False)
         else:
             state.ironserve_converged_inputs = inputs_digest(ctx)
-            decision.set(_decide(state, hosts, state.ironserve_converged_inputs))
-            host_state.note_early_reads(hosts)  # before any host plans: a peer's read is part of its record
+            unchanged = _decide(state, hosts, state.ironserve_converged_inputs)
+            if not unchanged:  # before any host plans: what a peer's plan reads of a host is in that host's record
+                host_state.note_early_reads(hosts)
+            decision.set(unchanged)
     except BaseException as exc:
         decision.set_exception(exc)
         raise
@@ -305,15 +307,15 @@ class Recorder(BaseStateCallback):
         if not self.started:
             self.started = True
             self.last_op = state.get_op_order()[-1]
-            for h in state.inventory.get_active_hosts():
-                _run(h, [SCRIPT, "forget"], "record not forgotten")
+            hosts = state.inventory.get_active_hosts()
+            _run_all({h: [SCRIPT, "forget"] for h in hosts}, "record not forgotten")
 
     def operation_end(self, state, op_hash) -> None:
         if op_hash != self.last_op:
             return
         if state.failed_hosts or host_state.changes_made(state):
             return
-        inputs = state.ironserve_converged_inputs
+        inputs, commands = state.ironserve_converged_inputs, {}
         for h in state.inventory.get_active_hosts():
             facts = getattr(h, "ironserve_host_facts", None)
             reads, missing = reads_of(facts) if facts is not None else ([], ["no batched facts on this host"])
@@ -323,7 +325,13 @@ class Recorder(BaseStateCallback):
                     f"[{h.name}] converged fast path: no record: it asked what the record cannot replay ({names})"
                 )
                 continue
-            _run(h, [SCRIPT, "record", inputs, json.dumps(reads, sort_keys=True)], "not recorded")
+            commands[h] = [SCRIPT, "record", inputs, json.dumps(reads, sort_keys=True)]
+        _run_all(commands, "not recorded")
+
+
+def _run_all(commands: dict, failed: str) -> None:
+    """Each host's command of the record's, all hosts at once (a fleet waits for its slowest host, not their sum)."""
+    gevent.joinall([gevent.spawn(_run, h, argv, failed) for h, argv in commands.items()])
 
 
 def _run(h, argv: list[str], failed: str) -> None:

@@ -334,13 +334,13 @@ class _Inventory(list):
         return list(self.active)
 
 
-def _decision(monkeypatch, hosts, active, fast=True):
+def _decision(monkeypatch, hosts, active, fast=True, unchanged=False):
     state = SimpleNamespace(inventory=_Inventory(hosts, active))
     early = []
     monkeypatch.setattr(converged, "_state", lambda: state)
     monkeypatch.setattr(converged, "host_data", lambda h: SimpleNamespace(converged_fast_path=fast))
     monkeypatch.setattr(converged, "inputs_digest", lambda ctx: "D")
-    monkeypatch.setattr(converged, "_decide", lambda state, hosts, inputs: True)
+    monkeypatch.setattr(converged, "_decide", lambda state, hosts, inputs: unchanged)
     monkeypatch.setattr(converged.host_state, "note_early_reads", lambda hosts: early.extend(hosts))
     return converged.skip(SimpleNamespace()), state, early
 
@@ -348,8 +348,14 @@ def _decision(monkeypatch, hosts, active, fast=True):
 def test_a_whole_run_decides_and_notes_every_hosts_reads_before_any_host_plans(monkeypatch):
     hosts = ["router", "engine1", "engine2"]
     skipped, state, early = _decision(monkeypatch, hosts, hosts)
-    assert skipped and early == hosts and state.ironserve_converged_inputs == "D"
-    assert converged.decided() is True  # the hosts planned after the first wait for this decision
+    assert not skipped and early == hosts and state.ironserve_converged_inputs == "D"
+    assert converged.decided() is False  # the hosts planned after the first wait for this decision
+
+
+def test_a_run_with_every_host_as_its_record_says_plans_nothing(monkeypatch):
+    hosts = ["router", "engine1", "engine2"]
+    skipped, state, early = _decision(monkeypatch, hosts, hosts, unchanged=True)
+    assert skipped and early == [] and converged.decided() is True
 
 
 @pytest.mark.parametrize(("active", "fast"), [(["engine1"], True), (["router", "engine1", "engine2"], False)])
