@@ -14,6 +14,8 @@ launch=false on stand-ins), one no-op run that records (roles/converged.py, on b
 - light: one ``ssh`` per host, all hosts at once, running the fast path's one read (``ironserve-converged check``);
 - floor: one ``ssh`` per host, all at once, running the one command that reads what the no-op reads (the batched
   facts ironserve keeps per host, roles/host_state.py);
+- short: one ``ssh`` per host, all at once, running the short state check the fleet issue measured (hashes of the
+  managed unit, env, sysctl and apt files, ``dpkg-query -W``, unit enablement, two sysctls, the governors);
 - Ansible, where ``ansible-playbook`` is installed (this repository has no playbook: said so, not timed).
 
 Prints the median seconds of each, their ratio to the light read, the ssh commands each sent per host (counted on
@@ -40,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
-KINDS = ("fast", "noop", "dry", "audit", "light", "floor")
+KINDS = ("fast", "noop", "dry", "audit", "light", "floor", "short")
 FULL = ("--data", "converged_fast_path=false")  # the whole plan, as before the fast path
 CHECKER = "/usr/local/lib/ironserve/ironserve-converged"
 # as an operator's machine runs them: Python's bytecode cache in use (without it every run compiles pyinfra first)
@@ -52,7 +54,15 @@ LABELS = {
     "audit": "audit",
     "light": "light read",
     "floor": "full read",
+    "short": "short check",
 }
+# the short state check: what a no-op must know at the least, by hand
+SHORT = "sudo -n sh -c " + shlex.quote(
+    "sha256sum /etc/systemd/system/*.service /etc/ironserve/*.env /etc/sysctl.d/*.conf /etc/apt/sources.list.d/* "
+    "/etc/docker/daemon.json /etc/default/prometheus-node-exporter 2>/dev/null; dpkg-query -W; "
+    "cd /etc/systemd/system && systemctl is-enabled *.service; sysctl -n vm.swappiness kernel.numa_balancing; "
+    "cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor 2>/dev/null; true"
+)
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -119,7 +129,7 @@ def timed(kind: str, status: dict, floors: dict[str, str]) -> tuple[float, float
         if out.returncode != 0:
             sys.exit(f"audit not clean ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
     else:
-        command = f"sudo -n {CHECKER} check" if kind == "light" else None
+        command = {"light": f"sudo -n {CHECKER} check", "short": SHORT}.get(kind)
         procs = [
             subprocess.Popen(
                 ssh_args(status, h) + [command or floors[h["name"]]],
@@ -217,6 +227,10 @@ def main() -> None:
             cells.append(f"{r['median'][k]:5.2f} s{ratio} {count:>3}c".rjust(16))
         print(f"{r['nodes']:>5} | " + " | ".join(cells) + f" | {r['changes_planned_after']}")
         print(f"        (apply from fresh hosts: {r['apply_s']:.1f} s)")
+    for r in results:
+        short = r["median"]["short"]
+        cells = ", ".join(f"{LABELS[k]} {r['median'][k] / short:.1f}x" for k in ("fast", "noop", "audit"))
+        print(f"{r['nodes']:>5} hosts against the short state check ({short:.2f} s): {cells}")
     print("\ncontroller CPU seconds per run (user + system), median")
     for kind in ("fast", "noop", "dry", "audit"):
         per_size = [(r["nodes"], r["cpu"][kind]) for r in results]
