@@ -102,20 +102,20 @@ def test_a_venvs_package_metadata_edited_by_hand_is_found(fast):
     assert "no record:" not in log and FAST in output(*fast["args"]), log[-3000:]
 
 
-def router_workers(fast) -> list[dict]:
+def router_api(fast, method: str, path: str) -> str:
+    """One call of the router's API on lab1, with the deployment's key when it has one."""
     auth = f"-H 'Authorization: Bearer {fast['key']}' " if fast["key"] else ""
-    out = ssh(fast["hosts"]["lab1"], f"curl -s -m 10 {auth}{ROUTER}/workers")
-    return json.loads(out.stdout)["workers"]
+    return ssh(fast["hosts"]["lab1"], f"curl -s -m 10 -X {method} {auth}{ROUTER}{path}").stdout
+
+
+def router_workers(fast) -> list[dict]:
+    return json.loads(router_api(fast, "GET", "/workers"))["workers"]
 
 
 def test_a_worker_taken_out_of_the_router_is_found_on_the_router_host_and_put_back(fast):
     lab3_url = f"http://{fast['hosts']['lab3']['address']}:30000"
     (worker,) = [w for w in router_workers(fast) if w["url"] == lab3_url]
-    auth = f"-H 'Authorization: Bearer {fast['key']}' " if fast["key"] else ""
-    ssh(
-        fast["hosts"]["lab1"],
-        f"curl -s -m 10 -X DELETE {auth}{ROUTER}/workers/{urllib.parse.quote(worker['id'], safe='')}",
-    )
+    router_api(fast, "DELETE", f"/workers/{urllib.parse.quote(worker['id'], safe='')}")
     for _ in range(40):  # bounded: the router removes it in a background job
         if lab3_url not in [w["url"] for w in router_workers(fast)]:
             break
