@@ -41,6 +41,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, FindInFile, Link, Md5File, Sha1File, Sha256File
 from pyinfra.facts.pip import PipPackages
 from pyinfra.facts.server import Groups, Users
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files
 
 from ironserve import resources
@@ -76,7 +77,19 @@ def _venv_paths(executable: str | None) -> dict[str, list[str]] | None:
     return venv_reads(executable.rsplit("/bin/", 1)[0], executable)
 
 
+def _units(kwargs: dict, prop: str) -> dict | None:
+    """systemd's facts of the system manager for named units, as one read of the units' property (all such reads
+    of a host in one ``systemctl show``); None: another manager or every unit (read by their own command)."""
+    services = kwargs.get("services")
+    services = [services] if isinstance(services, str) else services
+    if kwargs.get("user_mode") or kwargs.get("machine") or kwargs.get("user_name") or not services:
+        return None
+    return {"units": sorted(services), "props": [prop]}
+
+
 _PATHS_OF = {
+    SystemdEnabled: lambda kw: _units(kw, SystemdEnabled.state_key),
+    SystemdStatus: lambda kw: _units(kw, SystemdStatus.state_key),
     PipPackages: lambda kw: _venv_paths(kw.get("pip")),
     DebPackages: lambda kw: ["/var/lib/dpkg/status"],
     Users: lambda kw: ["/etc/passwd", "/etc/group", "/etc/shadow"],  # their lastlog is no input of any operation
@@ -86,17 +99,23 @@ _PATHS_OF = {
 
 # --------------------------------------------------------------------------- the check
 
+_NO_RECORD = '{"inputs": null, "changed": [], "why": "%s"}'
+
 
 class ConvergedCheck(FactBase):
-    """This host's record checked now: {"inputs": recorded inputs or None, "changed": [read labels], "why": ...}."""
+    """This host's record checked now against this run's inputs: {"inputs": recorded inputs or None, "changed":
+    [read labels], "why": ...}; a record of other inputs answers at once, without its reads."""
 
     batched = False  # never batched or kept: it decides whether anything else is read
 
-    def command(self):
+    def command(self, inputs: str):
         script = shlex.quote(SCRIPT)
+        # a checker that cannot check (an older release's answers a check with inputs by its usage) is no record:
+        # this run plans in full and installs this release's
         return (
-            f"if [ -x {script} ]; then {script} check; "
-            'else echo \'{"inputs": null, "changed": [], "why": "no checker installed"}\'; fi'
+            f"if [ -x {script} ]; then {script} check {shlex.quote(inputs)} 2>/dev/null || "
+            f"echo {shlex.quote(_NO_RECORD % 'a checker that could not check')}; "
+            f"else echo {shlex.quote(_NO_RECORD % 'no checker installed')}; fi"
         )
 
     @staticmethod
@@ -171,13 +190,13 @@ def skip(ctx: DeploymentContext) -> bool:
     return decision.get()
 
 
-def read_all(state, hosts: list, fact) -> dict:
+def read_all(state, hosts: list, fact, kwargs: dict | None = None) -> dict:
     """One fact of every host, all at once: greenlets of their own (pyinfra's pool is busy planning; a spawn on
     it waits for a free slot that planning never gives back)."""
 
     def read(h):
         with ctx_host.use(h):
-            return get_fact(state, h, fact)
+            return get_fact(state, h, fact, kwargs=kwargs)
 
     jobs = {h: gevent.spawn(read, h) for h in hosts}
     gevent.joinall(list(jobs.values()))
@@ -185,7 +204,7 @@ def read_all(state, hosts: list, fact) -> dict:
 
 
 def _decide(state, hosts: list, inputs: str) -> bool:
-    answers = read_all(state, hosts, ConvergedCheck)
+    answers = read_all(state, hosts, ConvergedCheck, {"inputs": inputs})
     reasons = {h.name: why_not(answers.get(h), inputs) for h in hosts}
     missed = {name: why for name, why in reasons.items() if why}
     if missed:
@@ -275,9 +294,15 @@ def light_read(req) -> list | None:
         except Exception:  # noqa: BLE001 - a question its fact cannot build any more
             return None
     spec = paths if isinstance(paths, dict) else {kind: paths}
-    if not spec or not all(_absolute_paths(v) for v in spec.values()):
-        return None
-    return [req.key, spec]
+    return [req.key, spec] if spec and all(_valid_part(k, v) for k, v in spec.items()) else None
+
+
+def _valid_part(kind: str, value) -> bool:
+    if kind == "sh":
+        return isinstance(value, str) and bool(value)
+    if kind in ("units", "props"):
+        return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+    return _absolute_paths(value)
 
 
 def _absolute_paths(paths) -> bool:

@@ -52,6 +52,11 @@ class DockerDaemonConfig(FactBase):
     def default():
         return {}
 
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py): the file's contents."""
+        return {"sums": [DAEMON_JSON]}
+
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
 

@@ -39,6 +39,7 @@ NVIDIA_APT_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH
 NVIDIA_APT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
 TOOLKIT = "nvidia-container-toolkit"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
+CDI_SPEC_DIRS = ["/etc/cdi/*", "/var/run/cdi/*"]  # where nvidia-ctk (and Docker) look for CDI specs
 DEV_CHAR_RULE = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
 DEV_CHAR_RULE_TEXT = (
     "# Managed by ironserve (roles/nvidia_container_toolkit.py): /dev/char links for the NVIDIA devices, so\n"
@@ -58,6 +59,11 @@ class DockerRuntimes(FactBase):
     def default():
         return []
 
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py): the file's contents."""
+        return {"sums": [DAEMON_JSON]}
+
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
 
@@ -67,6 +73,11 @@ class DockerRuntimes(FactBase):
 
 class DockerCdiEnabled(FactBase):
     """Docker's daemon.json enables CDI (``features.cdi``)."""
+
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py): the file's contents."""
+        return {"sums": [DAEMON_JSON]}
 
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
@@ -78,6 +89,12 @@ class DockerCdiEnabled(FactBase):
 class CdiSpec(FactBase):
     """``{devices, current}``: the NVIDIA CDI devices nvidia-ctk resolves, and whether the spec file names the
     installed driver version (a spec of an older driver mounts libraries that are gone)."""
+
+    @staticmethod
+    def light_paths(path, driver):
+        """What its value is read from (roles/converged.py): the CDI spec directories nvidia-ctk lists (the spec
+        file among them), and dpkg's status (nvidia-ctk's own version)."""
+        return {"paths": [*CDI_SPEC_DIRS, path, "/var/lib/dpkg/status"]}
 
     def command(self, path, driver):
         return (

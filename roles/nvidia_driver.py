@@ -93,6 +93,8 @@ KEYRING = "/usr/share/keyrings/ironserve-nvidia.gpg"
 PREFERENCES_FILE = "/etc/apt/preferences.d/ironserve-nvidia-driver.pref"
 DRIVER_PACKAGE = "nvidia-open-{branch}"
 PERSISTENCED = "nvidia-persistenced"
+# what apt-cache answers from: its lists, its sources and its settings (the converged record's read, roles/converged.py)
+APT_READS = ["/var/lib/apt/lists/*", "/etc/apt/sources.list", "/etc/apt/sources.list.d/*", "/etc/apt/apt.conf.d/*"]
 REPO_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}  # NVIDIA names its arm64 server repos "sbsa"
 NOUVEAU_CONF = "/etc/modprobe.d/ironserve-blacklist-nouveau.conf"
 NOUVEAU_TEXT = (
@@ -153,6 +155,11 @@ FABRIC_MANAGER_SERVICE = "nvidia-fabricmanager.service"
 class AptVersions(FactBase):
     """Versions apt knows for each package (``apt-cache madison``): ``{package: [version, ...]}``."""
 
+    @staticmethod
+    def light_paths(packages):
+        """What madison answers from (roles/converged.py): apt's lists, its sources and settings, dpkg's status."""
+        return {"paths": [*APT_READS, "/var/lib/dpkg/status"]}
+
     def command(self, packages: list[str]) -> str:
         names = shlex.join(packages)
         return (
@@ -180,6 +187,16 @@ class NvidiaDriverState(FactBase):
     driver package (``None`` unless dpkg says installed); ``reboot_required``: the OS asks for one.
     """
 
+    @staticmethod
+    def light_paths(package):
+        """What its value is read from (roles/converged.py): the module's version, the GPUs' one read (shared),
+        dpkg's status and the reboot flag."""
+        return {
+            "sh": preflight.GPU_STATE_READ,
+            "sums": ["/sys/module/nvidia/version"],
+            "paths": ["/var/lib/dpkg/status", "/var/run/reboot-required"],
+        }
+
     def command(self, package: str) -> str:
         return (
             'echo "module=$(cat /sys/module/nvidia/version 2>/dev/null)"; '
@@ -205,6 +222,11 @@ class NvidiaDriverState(FactBase):
 class AptHolds(FactBase):
     """Packages on hold (``apt-mark showhold``)."""
 
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py): holds are dpkg's selections."""
+        return ["/var/lib/dpkg/status"]
+
     def command(self) -> str:
         return "apt-mark showhold 2>/dev/null || true"
 
@@ -218,6 +240,11 @@ class AptHolds(FactBase):
 
 class PersistenceMode(FactBase):
     """Persistence mode per GPU: ``{index: "Enabled" | "Disabled"}``; ``None`` without a working nvidia-smi."""
+
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py): the GPUs' one read, shared."""
+        return {"sh": preflight.GPU_STATE_READ}
 
     def command(self) -> str:
         return "nvidia-smi --query-gpu=index,persistence_mode --format=csv,noheader 2>/dev/null || true"

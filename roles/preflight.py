@@ -47,6 +47,9 @@ from roles.context import DeploymentContext
 SUPPORTED_OS = ("debian", "ubuntu")
 MODULE_SOURCES = ("dkms", "precompiled")
 GPU_QUERY = "index,name,memory.total,driver_version,compute_cap"
+# the converged record's one read of the GPUs (roles/converged.py): what GpuDevices, PersistenceMode and the driver
+# version nvidia-smi answers with are read from, in one nvidia-smi call (its exit status and errors included)
+GPU_STATE_READ = f'nvidia-smi --query-gpu={GPU_QUERY},persistence_mode --format=csv,noheader,nounits 2>&1; echo "rc $?"'
 
 
 # --------------------------------------------------------------------------- facts
@@ -62,6 +65,11 @@ class GpuDevices(FactBase):
 
     def requires_command(self) -> str:
         return "nvidia-smi"
+
+    @staticmethod
+    def light_paths():
+        """What its value is read from (roles/converged.py): the GPUs' one read, shared."""
+        return {"sh": GPU_STATE_READ}
 
     def command(self) -> str:
         return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits || true"

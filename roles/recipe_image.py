@@ -128,9 +128,22 @@ def unshared_build_warning(ctx: DeploymentContext) -> str | None:
 
 # --------------------------------------------------------------------------- facts
 
+# the converged record's one read of the local images (roles/converged.py): every image's ID (its config, labels
+# included, by content) with each repository, tag and repo digest it is known by; any pull, tag, push or removal
+# changes it. Sorted: Docker lists images made in the same second in either order.
+IMAGES_READ = (
+    "images=$(docker image ls --all --no-trunc --digests --format '{{.ID}} {{.Repository}} {{.Tag}} {{.Digest}}' 2>&1)"
+    '; rc=$?; printf \'%s\\n\' "$images" | LC_ALL=C sort; echo "rc $rc"'
+)
+
 
 class DockerImageDigests(FactBase):
     """RepoDigests of a local image (['repo@sha256:...']), None when the image is not present."""
+
+    @staticmethod
+    def light_paths(ref):
+        """What its value is read from (roles/converged.py): the local images' one read, shared."""
+        return {"sh": IMAGES_READ}
 
     def command(self, ref):
         return f"docker image inspect --format '{{{{json .RepoDigests}}}}' {shlex.quote(ref)} 2>/dev/null || true"
@@ -144,6 +157,12 @@ class DockerImageDigests(FactBase):
 
 class DockerImageLabel(FactBase):
     """The value of one label of a local image ('' when unset), None when the image is not present."""
+
+    @staticmethod
+    def light_paths(ref, label):
+        """What its value is read from (roles/converged.py): the local images' one read, shared (a label is part of
+        the image's config, whose digest is its ID)."""
+        return {"sh": IMAGES_READ}
 
     def command(self, ref, label):
         fmt = f'{{{{index .Config.Labels "{label}"}}}}'

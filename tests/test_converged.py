@@ -15,10 +15,16 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.pip import PipPackages
 from pyinfra.facts.server import Users
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from roles import converged
+from roles.docker_engine import DockerDaemonConfig
 from roles.host_state import Request
 from roles.host_tuning import SysctlValues
+from roles.nvidia_container_toolkit import CdiSpec, DockerCdiEnabled, DockerRuntimes
+from roles.nvidia_driver import AptHolds, AptVersions, NvidiaDriverState, PersistenceMode
+from roles.preflight import GPU_STATE_READ, GpuDevices
+from roles.recipe_image import IMAGES_READ, DockerImageDigests, DockerImageLabel
 from roles.sglang_service import MarkerDigest
 from roles.uv_env import UvVersion, VenvPackages
 
@@ -122,9 +128,12 @@ def test_a_link_in_place_of_the_record_is_no_record(host, tmp_path):
 @pytest.mark.parametrize(
     "reads",
     [
-        [["x", {"sh": "true", "paths": ["/"]}]],
+        [["x", {"sh": ["true"], "paths": ["/"]}]],
         [["x", {"sums": ["/"], "other": ["/"]}]],
-        [["x", {"sums": ["/"], "sh": "true"}]],
+        [["x", {"units": ["docker.service"]}]],
+        [["x", {"units": ["--host=elsewhere"], "props": ["Id"]}]],
+        [["x", {"units": ["a.service; reboot"], "props": ["Id"]}]],
+        [["x", {"units": [], "props": ["Id"]}]],
         [["x", {"dirs": "/etc"}]],
         [["x", {"paths": ["relative"]}]],
         [["x", {}]],
@@ -136,12 +145,56 @@ def test_reads_that_are_not_reads_are_refused(reads):
     assert not SCRIPT.valid_reads(reads)
 
 
+def test_a_record_of_other_inputs_is_answered_without_running_its_reads(host, tmp_path):
+    ran = tmp_path / "ran"
+    reads = [["cmd", {"sh": f"touch {ran}"}], ["file", {"paths": [str(host.managed)]}]]
+    SCRIPT.record("D", reads, host.stamp)
+    ran.unlink()
+    assert SCRIPT.check(host.stamp, inputs="E") == {"inputs": "D", "changed": [], "reads": 0}
+    assert not ran.exists()  # the run of other inputs plans in full: nothing to read
+    assert SCRIPT.check(host.stamp, inputs="D") == {"inputs": "D", "changed": [], "reads": 2} and ran.exists()
+
+
+def test_a_command_several_reads_name_runs_once_and_answers_each(tmp_path):
+    count = tmp_path / "count"
+    command = f"echo x >> {count}; cat {count}"
+    answers = SCRIPT._shell_reads([command, "echo other", command])
+    assert answers[0] == answers[2] == "rc 0\nx\n" and answers[1] == "rc 0\nother\n"
+    assert count.read_text() == "x\n"
+
+
+def test_units_are_read_in_one_call_each_read_its_own_units_and_properties(host, monkeypatch):
+    calls = []
+    state = {"UnitFileState": "enabled", "SubState": "running"}
+
+    def show(argv, **kwargs):
+        calls.append(argv)
+        units = argv[argv.index("--") + 1 :]
+        blocks = [f"Id={u}\nSubState={state['SubState']}\nUnitFileState={state['UnitFileState']}\n" for u in units]
+        return SimpleNamespace(stdout="\n".join(blocks))
+
+    monkeypatch.setattr(SCRIPT.subprocess, "run", show)
+    reads = [
+        ["enabled", {"units": ["b.service", "a.service"], "props": ["UnitFileState"]}],
+        ["status", {"units": ["a.service"], "props": ["SubState"]}],
+    ]
+    SCRIPT.record("D", reads, host.stamp)
+    assert len(calls) == 1 and calls[0][-3:] == ["--", "a.service", "b.service"]
+    assert "--property=SubState" in calls[0] and "--property=UnitFileState" in calls[0]
+    state["SubState"] = "failed"  # the unit stopped: only the read of its running state differs
+    assert SCRIPT.check(host.stamp)["changed"] == ["status"] and len(calls) == 2
+    state["UnitFileState"] = "disabled"
+    assert SCRIPT.check(host.stamp)["changed"] == ["enabled", "status"]
+
+
 def test_the_command_line(host, tmp_path):
     script = str(FILES_BIN / "ironserve_converged.py")
     bad = subprocess.run([sys.executable, script, "record", "D", "[1]"], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a list of reads" in bad.stderr
     usage = subprocess.run([sys.executable, script], capture_output=True, text=True)
     assert usage.returncode == 2 and "ironserve-converged record" in usage.stderr
+    extra = subprocess.run([sys.executable, script, "check", "D", "E"], capture_output=True, text=True)
+    assert extra.returncode == 2  # an old checker answers a check with inputs the same way: the run plans in full
 
 
 def test_each_shell_read_is_answered_apart_with_its_exit_status():
@@ -192,6 +245,60 @@ def test_a_venvs_pip_is_read_by_its_site_packages_and_its_metadata_and_a_bare_pi
     assert converged.light_read(bare)[1] == {"sh": bare.shell()}
 
 
+def test_units_of_the_system_manager_are_read_by_their_property_and_others_whole():
+    enabled = Request(SystemdEnabled, {"services": ["docker.service", "a.service"]})
+    assert converged.light_read(enabled)[1] == {"units": ["a.service", "docker.service"], "props": ["UnitFileState"]}
+    status = Request(SystemdStatus, {"services": "docker.service"})
+    assert converged.light_read(status)[1] == {"units": ["docker.service"], "props": ["SubState"]}
+    for kwargs in ({"services": ["x.service"], "user_mode": True}, {"services": ["x.service"], "machine": "m"}, {}):
+        req = Request(SystemdStatus, kwargs)
+        assert converged.light_read(req)[1] == {"sh": req.shell()}
+
+
+def test_facts_of_the_gpus_share_one_device_read_and_file_facts_read_their_files():
+    smi = {"sh": GPU_STATE_READ}
+    assert converged.light_read(Request(GpuDevices, {}))[1] == smi
+    assert converged.light_read(Request(PersistenceMode, {}))[1] == smi
+    driver = converged.light_read(Request(NvidiaDriverState, {"package": "nvidia-open-580"}))[1]
+    assert driver["sh"] == GPU_STATE_READ and driver["sums"] == ["/sys/module/nvidia/version"]
+    assert "/var/lib/dpkg/status" in driver["paths"] and "/var/run/reboot-required" in driver["paths"]
+    for cls in (DockerDaemonConfig, DockerRuntimes, DockerCdiEnabled):
+        assert converged.light_read(Request(cls, {}))[1] == {"sums": ["/etc/docker/daemon.json"]}
+    assert converged.light_read(Request(AptHolds, {}))[1] == {"paths": ["/var/lib/dpkg/status"]}
+    madison = converged.light_read(Request(AptVersions, {"packages": ["nvidia-open-580"]}))[1]["paths"]
+    assert "/var/lib/apt/lists/*" in madison and "/etc/apt/sources.list.d/*" in madison
+    cdi = converged.light_read(Request(CdiSpec, {"path": "/etc/cdi/nvidia.yaml", "driver": "580.95.05"}))[1]
+    assert {"/etc/cdi/*", "/var/run/cdi/*", "/etc/cdi/nvidia.yaml", "/var/lib/dpkg/status"} == set(cdi["paths"])
+
+
+def test_facts_of_local_images_share_one_listing_of_every_image():
+    digests = converged.light_read(Request(DockerImageDigests, {"ref": "lmsysorg/sglang@sha256:ab"}))[1]
+    label = converged.light_read(Request(DockerImageLabel, {"ref": "ironserve/x:derived", "label": "l"}))[1]
+    assert digests == label == {"sh": IMAGES_READ}
+    assert all(field in IMAGES_READ for field in ("{{.ID}}", "{{.Repository}}", "{{.Tag}}", "{{.Digest}}", "--all"))
+
+
+def test_the_listing_of_images_is_the_same_in_any_order_and_keeps_dockers_exit_status(tmp_path):
+    docker = tmp_path / "docker"
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    answers = []
+    for body in (
+        "echo 'sha256:b x <none> <none>'; echo 'sha256:a y t <none>'",
+        "echo 'sha256:a y t <none>'; echo 'sha256:b x <none> <none>'",
+        "echo 'Cannot connect' >&2; exit 1",
+    ):
+        docker.write_text(f"#!/bin/sh\n{body}\n")
+        docker.chmod(0o755)
+        answers.append(subprocess.run(["sh", "-c", IMAGES_READ], capture_output=True, text=True, env=env).stdout)
+    assert answers[0] == answers[1] == "sha256:a y t <none>\nsha256:b x <none> <none>\nrc 0\n"
+    assert answers[2] == "Cannot connect\nrc 1\n"
+
+
+def test_the_gpus_one_read_is_a_superset_of_what_each_fact_asks():
+    for fact in ("index", "name", "memory.total", "driver_version", "compute_cap", "persistence_mode"):
+        assert fact in GPU_STATE_READ.split("--query-gpu=")[1].split()[0].split(",")
+
+
 def test_a_hosts_text_reaches_the_log_printable():
     why = converged.why_not({"inputs": None, "why": "\x1b]0;pwned\x07 no record"}, "D")
     assert "\x1b" not in why and "\x07" not in why and why.endswith("no record")
@@ -227,7 +334,19 @@ def test_the_check_fact_reads_the_checkers_line_and_nothing_else():
     assert fact.process(['{"inputs": "D", "changed": []}']) == {"inputs": "D", "changed": []}
     assert fact.process(["sudo: python3: not found"])["inputs"] is None
     assert fact.process([])["inputs"] is None
-    assert converged.SCRIPT in fact.command() and "no checker installed" in fact.command()
+    command = fact.command("0a1b")
+    assert f"{converged.SCRIPT} check 0a1b 2>/dev/null ||" in command and "no checker installed" in command
+
+
+def test_a_checker_that_cannot_check_answers_no_record_and_the_command_succeeds(tmp_path):
+    old = tmp_path / "checker"
+    old.write_text("#!/bin/sh\necho 'usage: ironserve-converged check' >&2\nexit 2\n")  # an older release's
+    old.chmod(0o755)
+    command = converged.ConvergedCheck().command("0a1b").replace(shlex.quote(converged.SCRIPT), shlex.quote(str(old)))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == ""
+    answer = converged.ConvergedCheck().process(out.stdout.splitlines())
+    assert converged.why_not(answer, "0a1b") == "a checker that could not check"
 
 
 def _inventory(tmp_path, key_text: str):

@@ -3,7 +3,7 @@
 still does.
 
     ironserve-converged record INPUTS READS_JSON   # run the reads, keep their digests with the deployment's INPUTS
-    ironserve-converged check                      # run the kept reads again: {"inputs": ..., "changed": [...]}
+    ironserve-converged check [INPUTS]             # run the kept reads again: {"inputs": ..., "changed": [...]}
     ironserve-converged forget                     # a deploy is about to act on this host: no record until it is done
 
 The deploy (roles/converged.py) records after a run that planned and ran no change on any host: the digest of the
@@ -11,10 +11,12 @@ deployment's inputs, and a light read of everything that run read of this host (
 inode status, which changes with any write, even one that restores the mtime; the package database; its own
 reads for the rest). The next run checks every host in one command each and plans nothing when all of them match.
 
-READS_JSON: ``[[label, {"paths": [...], "dirs": [...], "sums": [...]}] | [label, {"sh": command}], ...]``: paths or
-globs read by inode status (``paths``), a directory's own status, not its entries (``dirs``), a regular file's
-contents (``sums``). The record is root's, 0600, in a directory only root can write; anything else is no record.
-Standard library only.
+READS_JSON: ``[[label, {"paths": [...], "dirs": [...], "sums": [...], "units": [...], "props": [...], "sh": command}],
+...]``: paths or globs read by inode status (``paths``), a directory's own status, not its entries (``dirs``), a
+regular file's contents (``sums``), systemd units' properties (``units`` with ``props``: one ``systemctl show`` for
+all the reads' units), a command's output (``sh``: a command several reads name runs once). ``check INPUTS`` answers
+without running any read when the record is of other inputs (that run plans in full anyway). The record is root's,
+0600, in a directory only root can write; anything else is no record. Standard library only.
 """
 
 from __future__ import annotations
@@ -89,12 +91,41 @@ def _read(spec: dict) -> str:
     return "\n".join(f"{kind}:\n" + _paths_read(spec[kind], _STATUS[kind]) for kind in _STATUS if kind in spec)
 
 
+def _units_shown(reads: list) -> dict[tuple[str, str], str]:
+    """Every ``units`` read's units and properties in one ``systemctl show`` (each unit's block in the order asked):
+    {(unit, property): value}; a unit systemd does not know shows its defaults, a failed call shows nothing."""
+    units = sorted({u for _, spec in reads for u in spec.get("units", [])})
+    props = sorted({p for _, spec in reads for p in spec.get("props", [])} | {"Id"})
+    if not units:
+        return {}
+    argv = ["systemctl", "show", "--all", *(f"--property={p}" for p in props), "--", *units]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=READ_TIMEOUT_S).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    blocks = out.split("\n\n")
+    shown = {}
+    for unit, block in zip(units, blocks if len(blocks) == len(units) else []):
+        for line in block.strip().splitlines():
+            key, _, value = line.partition("=")
+            shown[(unit, key)] = value
+    return shown
+
+
+def _units_read(spec: dict, shown: dict) -> str:
+    return "\n".join(f"{u} {p}={shown.get((u, p), '?')}" for u in spec["units"] for p in spec["props"])
+
+
 def _shell_reads(commands: list[str]) -> list[str]:
     """Each command's exit status and output, all in one shell. The commands are facts' own reads as the deploy
     composed them (their values quoted there, ironserve/batch.py's way); this script is standalone (standard
     library only), so it marks them itself, with a nonce no output can forge."""
     if not commands:
         return []
+    unique = list(dict.fromkeys(commands))  # a command several facts share (a file, a device query) runs once
+    if len(unique) < len(commands):
+        answers = dict(zip(unique, _shell_reads(unique)))
+        return [answers[c] for c in commands]
     mark = f"ironserve-converged-{secrets.token_hex(8)}"
     script = "".join(f"( {cmd}\n) </dev/null 2>&1; printf '\\n{mark} %s\\n' \"$?\"\n" for cmd in commands)
     try:
@@ -115,10 +146,13 @@ def digests(reads: list) -> list[str]:
     """The sha256 of each read's answer, in order."""
     shell = [spec["sh"] for _, spec in reads if "sh" in spec]
     answers = iter(_shell_reads(shell))
+    shown = _units_shown(reads)
     out = []
     for _, spec in reads:
-        text = next(answers) if "sh" in spec else _read(spec)
-        out.append(hashlib.sha256(text.encode()).hexdigest())
+        parts = [next(answers)] if "sh" in spec else []
+        parts += [_units_read(spec, shown)] if "units" in spec else []
+        parts += [_read(spec)] if set(spec) & set(_STATUS) else []
+        out.append(hashlib.sha256("\n".join(parts).encode()).hexdigest())
     return out
 
 
@@ -130,11 +164,22 @@ def valid_reads(reads) -> bool:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], dict)):
             return False
         spec = item[1]
-        if set(spec) == {"sh"}:
-            return isinstance(spec["sh"], str)
-        return bool(spec) and set(spec) <= set(_STATUS) and all(absolute(v) for v in spec.values())
+        paths = {k: v for k, v in spec.items() if k in _STATUS}
+        if "sh" in spec and not isinstance(spec["sh"], str):
+            return False
+        if ("units" in spec) != ("props" in spec) or not all(_names(spec.get(k, ["x"])) for k in ("units", "props")):
+            return False
+        return bool(spec) and set(spec) <= {*_STATUS, "sh", "units", "props"} and all(map(absolute, paths.values()))
 
     return isinstance(reads, list) and all(one(item) for item in reads)
+
+
+def _names(values) -> bool:
+    """Unit and property names: no option, no path, nothing a shell or systemctl reads as anything else."""
+    ok = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._:-\\")
+    return isinstance(values, list) and bool(values) and all(
+        isinstance(v, str) and v and not v.startswith("-") and set(v) <= ok for v in values
+    )
 
 
 def _private_dir(directory: str) -> bool:
@@ -187,11 +232,14 @@ def record(inputs: str, reads: list, path: str = STAMP) -> str:
     return f"recorded {len(reads)} reads"
 
 
-def check(path: str = STAMP) -> dict:
-    """{"inputs": the recorded inputs, "changed": labels of the reads that differ now} or {"why": no record}."""
+def check(path: str = STAMP, inputs: str | None = None) -> dict:
+    """{"inputs": the recorded inputs, "changed": labels of the reads that differ now} or {"why": no record}. With
+    the run's INPUTS, a record of others is answered at once: no read can make that run plan nothing."""
     kept = load(path)
     if kept is None:
         return {"inputs": None, "changed": [], "why": "no record of a converged run"}
+    if inputs is not None and kept["inputs"] != inputs:
+        return {"inputs": kept["inputs"], "changed": [], "reads": 0}
     now = digests(kept["reads"])
     changed = [label for (label, _), was, is_ in zip(kept["reads"], kept["digests"], now) if was != is_]
     return {"inputs": kept["inputs"], "changed": changed, "reads": len(now)}
@@ -206,8 +254,8 @@ def forget(path: str = STAMP) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[1:2] == ["check"] and len(argv) == 2:
-        print(json.dumps(check()))
+    if argv[1:2] == ["check"] and len(argv) in (2, 3):
+        print(json.dumps(check(inputs=argv[2] if len(argv) == 3 else None)))
         return 0
     if argv[1:2] == ["forget"] and len(argv) == 2:
         print(forget())

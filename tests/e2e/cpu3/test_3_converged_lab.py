@@ -2,8 +2,8 @@
 
 A run that changes nothing leaves a record on every host (root's 0600 file); the next run reads each host once and
 plans nothing. Each change the record must not miss is made by hand and found by the host's own read: a managed file
-edited (the run plans every host in full and repairs it; that run changed something, so it leaves no record and the
-one after it records again), a venv's package metadata edited without renaming anything, and a worker taken out of
+edited and a unit stopped (the run plans every host in full and repairs them; that run changed something, so it leaves
+no record and the one after it records again), a venv's package metadata edited without renaming anything, and a worker taken out of
 the router (read on the router host by the engine hosts' plans: the run puts it back).
 """
 
@@ -21,6 +21,7 @@ from .test_2_metrics_lab import LAB_KEY, key_for
 pytestmark = pytest.mark.lab
 
 EDITED = "/etc/default/prometheus-node-exporter"  # managed on every host (roles/node_exporter.py)
+STOPPED = "prometheus-node-exporter.service"  # kept running on every host (the same role)
 RECORD = "/var/lib/ironserve/converged.json"
 CHECKER = "/usr/local/lib/ironserve/ironserve-converged"
 FAST = "Every host is as the last run that changed nothing left it (3 checked): no change"
@@ -76,12 +77,16 @@ def test_the_next_run_reads_each_host_once_and_plans_nothing(fast):
         assert log.count(f"Running command on {name}:") == 1, f"{name}: more than the one check"
 
 
-def test_a_file_edited_on_a_host_is_found_and_repaired_then_recorded_again(fast):
-    lab2 = fast["hosts"]["lab2"]
+def test_a_file_edited_and_a_unit_stopped_are_found_and_repaired_then_recorded_again(fast):
+    lab2, lab3 = fast["hosts"]["lab2"], fast["hosts"]["lab3"]
     ssh(lab2, f"echo '# edited by hand' >> {EDITED}")
+    ssh(lab3, f"systemctl stop {STOPPED}")  # read with the host's other units in one systemctl call
     log = output(*fast["args"])
     assert EDITED in why_planned(log, "lab2"), log[-3000:]
+    stopped = why_planned(log, "lab3")
+    assert "SystemdStatus(" in stopped and STOPPED in stopped, log[-3000:]
     assert "edited by hand" not in ssh(lab2, f"cat {EDITED}").stdout
+    assert ssh(lab3, f"systemctl is-active {STOPPED}", check=False).stdout.strip() == "active"
     assert ssh(lab2, f"test -e {RECORD}", check=False).returncode != 0  # the repair changed something: no record
     recorded_again(fast)
 
