@@ -474,6 +474,21 @@ def test_parse_check_uses_the_runtime_parser(tmp_path, args, rc, message):
     assert message in out.stderr
 
 
+def test_parse_check_reads_the_parser_without_the_packages_frontend_and_falls_back_to_it(tmp_path):
+    env = _fake_sglang(tmp_path)
+    init = tmp_path / "sglang" / "__init__.py"
+    init.write_text("raise SystemExit('the frontend ran')\n")  # sglang/__init__.py: the language frontend's import
+    args = ["--kind", "server", "--", "--model-path", "/m"]
+    check = [sys.executable, str(BIN / "ironserve-parse-check"), *args]
+    assert subprocess.run(check, capture_output=True, text=True, env=env).returncode == 0
+    # a release whose parser needs its package's own start (here: a value __init__.py sets) gets it
+    init.write_text("STARTED = True\n")
+    server_args = tmp_path / "sglang" / "srt" / "server_args.py"
+    server_args.write_text("from sglang import STARTED\n" + server_args.read_text())
+    out = subprocess.run([*check, "--tp-sise", "8"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and "unrecognized arguments: --tp-sise 8" in out.stderr
+
+
 def test_parse_check_without_sglang_says_so(tmp_path):
     out = subprocess.run(
         [sys.executable, "-I", str(BIN / "ironserve-parse-check"), "--kind", "router", "--"],
