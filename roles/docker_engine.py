@@ -45,6 +45,12 @@ CERTS_DIR = "/etc/docker/certs.d"
 # --------------------------------------------------------------------------- facts
 
 
+def daemon_json_read() -> dict:
+    """The converged record's read of daemon.json (roles/converged.py), shared by the facts that read it: the file
+    as ``cat`` reads it (through a link, as dockerd does), with its exit status."""
+    return {"sh": f'cat {DAEMON_JSON} 2>&1; echo "rc $?"'}
+
+
 class DockerDaemonConfig(FactBase):
     """/etc/docker/daemon.json as a dict ({} when there is none; None when it is not JSON)."""
 
@@ -52,10 +58,7 @@ class DockerDaemonConfig(FactBase):
     def default():
         return {}
 
-    @staticmethod
-    def light_paths():
-        """What its value is read from (roles/converged.py): the file's contents."""
-        return {"sums": [DAEMON_JSON]}
+    light_paths = staticmethod(daemon_json_read)  # what its value is read from (roles/converged.py)
 
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"

@@ -32,7 +32,7 @@ from roles.apt_keys import vendor_keyring
 from roles.common import apt_update_for, deb822_source, json_output, put_text, run_if_changed
 from roles.context import DeploymentContext
 from roles.desired import RuntimeCheck, present_check
-from roles.docker_engine import DAEMON_JSON, SOURCES_DIR
+from roles.docker_engine import DAEMON_JSON, SOURCES_DIR, daemon_json_read
 from roles.nvidia_driver import upstream
 
 NVIDIA_APT_URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
@@ -40,6 +40,7 @@ NVIDIA_APT_KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
 TOOLKIT = "nvidia-container-toolkit"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 CDI_SPEC_DIRS = ["/etc/cdi/*", "/var/run/cdi/*"]  # where nvidia-ctk (and Docker) look for CDI specs
+CTK_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 DEV_CHAR_RULE = "/lib/udev/rules.d/71-nvidia-dev-char.rules"
 DEV_CHAR_RULE_TEXT = (
     "# Managed by ironserve (roles/nvidia_container_toolkit.py): /dev/char links for the NVIDIA devices, so\n"
@@ -59,10 +60,7 @@ class DockerRuntimes(FactBase):
     def default():
         return []
 
-    @staticmethod
-    def light_paths():
-        """What its value is read from (roles/converged.py): the file's contents."""
-        return {"sums": [DAEMON_JSON]}
+    light_paths = staticmethod(daemon_json_read)  # what its value is read from (roles/converged.py)
 
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
@@ -74,10 +72,7 @@ class DockerRuntimes(FactBase):
 class DockerCdiEnabled(FactBase):
     """Docker's daemon.json enables CDI (``features.cdi``)."""
 
-    @staticmethod
-    def light_paths():
-        """What its value is read from (roles/converged.py): the file's contents."""
-        return {"sums": [DAEMON_JSON]}
+    light_paths = staticmethod(daemon_json_read)  # what its value is read from (roles/converged.py)
 
     def command(self):
         return f"cat {DAEMON_JSON} 2>/dev/null || true"
@@ -93,8 +88,8 @@ class CdiSpec(FactBase):
     @staticmethod
     def light_paths(path, driver):
         """What its value is read from (roles/converged.py): the CDI spec directories nvidia-ctk lists (the spec
-        file among them), and dpkg's status (nvidia-ctk's own version)."""
-        return {"paths": [*CDI_SPEC_DIRS, path, "/var/lib/dpkg/status"]}
+        file among them), its configuration (which may name others) and dpkg's status (nvidia-ctk's own version)."""
+        return {"paths": [*CDI_SPEC_DIRS, path, CTK_CONFIG, "/var/lib/dpkg/status"]}
 
     def command(self, path, driver):
         return (
