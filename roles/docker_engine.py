@@ -48,7 +48,7 @@ CERTS_DIR = "/etc/docker/certs.d"
 def daemon_json_read() -> dict:
     """The converged record's read of daemon.json (roles/converged.py), shared by the facts that read it: the file
     as ``cat`` reads it (through a link, as dockerd does), with its exit status."""
-    return {"sh": f'cat {DAEMON_JSON} 2>&1; echo "rc $?"'}
+    return {"sh": f'cat {shlex.quote(DAEMON_JSON)} 2>&1; echo "rc $?"'}
 
 
 class DockerDaemonConfig(FactBase):

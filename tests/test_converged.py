@@ -147,7 +147,7 @@ def test_reads_that_are_not_reads_are_refused(reads):
 
 def test_a_record_of_other_inputs_is_answered_without_running_its_reads(host, tmp_path):
     ran = tmp_path / "ran"
-    reads = [["cmd", {"sh": f"touch {ran}"}], ["file", {"paths": [str(host.managed)]}]]
+    reads = [["cmd", {"sh": f"touch {shlex.quote(str(ran))}"}], ["file", {"paths": [str(host.managed)]}]]
     SCRIPT.record("D", reads, host.stamp)
     ran.unlink()
     assert SCRIPT.check(host.stamp, inputs="E") == {"inputs": "D", "changed": [], "reads": 0}
@@ -157,7 +157,7 @@ def test_a_record_of_other_inputs_is_answered_without_running_its_reads(host, tm
 
 def test_a_command_several_reads_name_runs_once_and_answers_each(tmp_path):
     count = tmp_path / "count"
-    command = f"echo x >> {count}; cat {count}"
+    command = f"echo x >> {shlex.quote(str(count))}; cat {shlex.quote(str(count))}"
     answers = SCRIPT._shell_reads([command, "echo other", command])
     assert answers[0] == answers[2] == "rc 0\nx\n" and answers[1] == "rc 0\nother\n"
     assert count.read_text() == "x\n"
