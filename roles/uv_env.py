@@ -468,10 +468,11 @@ def venv_packages(
         what = ["--require-hashes", *reinstall, "-c", constraints, *(packages if unchecked else todo)]
     else:
         what = todo
-    # --compile-bytecode: the venv is root's and the engine runs as its own user, who cannot write __pycache__
-    # there, so without it every engine start (and each of its spawned scheduler processes) compiles sglang, torch
-    # and transformers from source again: measured on the lab, 67-78 s against 27-32 s for one import
-    cmd = [UV_BIN, "pip", "install", "--compile-bytecode", "--python", f"{path}/bin/python", *(args or []), *what]
+    # no --compile-bytecode: it compiles all of a runtime's 20,000 files (90 s of CPU a host), of which an engine
+    # imports a few thousand. The venv is root's and the engine's user cannot write __pycache__ in it, so its units
+    # keep their bytecode in their JIT directory (PYTHONPYCACHEPREFIX, files/templates/sglang.service.j2): the
+    # first start compiles what it imports, once, and every later start and spawned process reads it
+    cmd = [UV_BIN, "pip", "install", "--python", f"{path}/bin/python", *(args or []), *what]
     yield LongCommand(
         host_locked(f"{_env_prefix(env)}{shlex.join(cmd)} && {prepared(path)}"),
         f"installing {len(todo)} package(s) into {path}",

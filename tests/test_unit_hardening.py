@@ -113,6 +113,8 @@ def test_hardening_leaves_what_gpu_serving_needs():
     # caches under HOME land in the JIT directory; the engine's user creates HOME there itself: root never
     # creates, chowns or follows a path inside a directory the engine's user can write (a link planted there)
     assert "HOME=/var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home" in engine
+    # Python's bytecode there too: the venv is installed without it (root's, unwritable to the engine's user)
+    assert " PYTHONPYCACHEPREFIX=/var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/bytecode" in engine
     assert "ExecStartPre=/usr/bin/mkdir -p /var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home" in engine.splitlines()
     root_steps = [x for x in engine.splitlines() if x.startswith(("ExecStartPre=+", "ExecStopPost=+", "ExecStart=+"))]
     assert root_steps and not [x for x in root_steps if "/var/cache" in x or "install" in x or "chown" in x]

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ironserve import catalogue
-from ironserve.units import VENV_ROOT, router_venv, venv_path
+from ironserve.units import ENGINE_USER, VENV_ROOT, jit_dir, router_venv, venv_path
 
 from ..labcli import ironserve, pyinfra, ssh
 from .fleet import RECIPE, ROUTER_UNIT, SERVER_UNIT, changes, chat, router_base
@@ -51,6 +51,24 @@ def test_the_router_host_runs_its_own_small_venv_and_no_engine_runtime(deployed)
     engine_mb = int(ssh(worker, shlex.join(["du", "-sm", runtime])).stdout.split()[0])
     print(f"\nrouter venv {size_mb} MB on {router['name']}; engine runtime {engine_mb} MB on {worker['name']}")
     assert size_mb < 300 and engine_mb > 10 * size_mb
+
+
+def test_the_engine_compiled_its_imports_into_its_jit_directory(deployed):
+    """The venv is installed without bytecode (root's; 20,000 files, a few thousand imported): the engine's user
+    compiled what the engine imports into its JIT directory (PYTHONPYCACHEPREFIX), and nothing into the venv."""
+    recipe = catalogue.get_recipe(RECIPE)
+    worker, venv, cache = deployed["hosts"][1], venv_path(recipe), f"{jit_dir(recipe)}/bytecode"
+    # the scheduler: imported by the engine's spawned process only (root's parse check stops at the server's args)
+    scheduler = "*/sglang/srt/managers/*scheduler.cpython-*.pyc"
+    out = ssh(
+        worker,
+        f"find {shlex.quote(venv)}/lib -path {shlex.quote(scheduler)} | wc -l; "
+        f"find {shlex.quote(cache)} -path {shlex.quote(scheduler)} -user {ENGINE_USER} | wc -l; "
+        f"find {shlex.quote(cache)} -name '*.pyc' | wc -l; find {shlex.quote(venv)} -name '*.pyc' | wc -l",
+    )
+    in_venv, in_cache, cached, venv_pycs = (int(x) for x in out.stdout.split())
+    assert in_venv == 0 and in_cache >= 1, out.stdout
+    print(f"\n{cached} modules compiled by the engine into its JIT directory; {venv_pycs} pycs in the venv (root's)")
 
 
 def test_second_run_plans_no_change(deployed):
