@@ -6,6 +6,7 @@ all see byte-identical files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -440,6 +441,7 @@ def _one_line(value):
     return value
 
 
+@functools.cache  # one environment: it keeps each template compiled, not once per host and unit
 def _jinja() -> Environment:
     env = Environment(
         loader=FileSystemLoader(str(TEMPLATES)),

@@ -177,3 +177,28 @@ def test_checks_read_in_batches_and_reported_by_pytest(tmp_path):
     assert reads.unreachable == {} and 1 <= reads.commands["local"] <= 5
     xml = junit.read_text()
     assert xml.count("<testcase") == len(checks) and "local::file:sample" in xml
+
+
+def test_the_generated_session_loads_no_other_plugin_and_restores_the_environment(tmp_path, monkeypatch):
+    """The session runs without other packages' pytest plugins (a site's plugin must not change what the audit
+    reports) and without the per-test capture plugins it has no use for; the caller's environment is as before."""
+    import pytest as real_pytest
+
+    from ironserve.audit import runner
+
+    seen = {}
+
+    def fake_main(args, plugins):
+        seen["args"] = args
+        seen["env"] = {k: os.environ.get(k) for k in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "IRONSERVE_AUDIT_PLAN")}
+        return 0
+
+    monkeypatch.setattr(real_pytest, "main", fake_main)
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setenv("IRONSERVE_AUDIT_PLAN", "the caller's")
+    runner._pytest(["x"], tmp_path / "plan.json")
+    assert seen["env"] == {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "IRONSERVE_AUDIT_PLAN": str(tmp_path / "plan.json")}
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ and os.environ["IRONSERVE_AUDIT_PLAN"] == "the caller's"
+    results = runner.run_checks([Check("local", "sysctl:x", "sysctl", "1", {"key": "x"})], {"local": "local://"})
+    assert "no:logging" in seen["args"] and "no:unraisableexception" in seen["args"]
+    assert [r.found for r in results] == ["not run"]
