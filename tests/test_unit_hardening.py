@@ -118,6 +118,41 @@ def test_hardening_leaves_what_gpu_serving_needs():
     assert "ExecStartPre=/usr/bin/mkdir -p /var/cache/ironserve/jit/tiny-cpu-tp2/0.5.23/home" in engine.splitlines()
     root_steps = [x for x in engine.splitlines() if x.startswith(("ExecStartPre=+", "ExecStopPost=+", "ExecStart=+"))]
     assert root_steps and not [x for x in root_steps if "/var/cache" in x or "install" in x or "chown" in x]
+    # root's Python never reads what the engine's user writes: isolated from the environment those lines set
+    root_python = [x for x in [*root_steps, *guard.splitlines()] if "/usr/bin/python3" in x]
+    assert len(root_python) == 5 and all("/usr/bin/python3 -I " in x for x in root_python), root_python
+
+
+def test_roots_backoff_step_runs_nothing_the_engines_user_wrote(tmp_path):
+    """The engine unit's root step, as systemd runs it (the unit's environment: HOME and the bytecode cache in the
+    engine's JIT directory): a .pth the engine's user left in ~/.local is not run, and no bytecode is written there."""
+    engine, _ = tp2_units()
+    step = next(x for x in engine.splitlines() if x.startswith("ExecStartPre=+"))
+    argv = step.removeprefix("ExecStartPre=+").split()
+    assert argv[0] == "/usr/bin/python3"
+    home, cache, marker = tmp_path / "home", tmp_path / "bytecode", tmp_path / "ran-as-root"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = home / ".local" / "lib" / version / "site-packages"
+    site.mkdir(parents=True)
+    (site / "planted.pth").write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {
+        "HOME": str(home),
+        "PYTHONPYCACHEPREFIX": str(cache),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "IRONSERVE_BACKOFF_DIR": str(tmp_path),
+    }
+    # a system interpreter as /usr/bin/python3 is (a venv's never reads a user site)
+    run = [getattr(sys, "_base_executable", sys.executable), *argv[1:]]
+    run[run.index(argv[2])] = str(BACKOFF)  # the script as installed: the repository's copy
+    subprocess.run(run, env=env, check=True, capture_output=True, timeout=30)
+    assert not marker.exists() and not cache.exists()
+    # the same step without -I runs the planted file: the test sees what it guards against
+    subprocess.run([x for x in run if x != "-I"], env=env, check=True, capture_output=True, timeout=30)
+    assert marker.exists() and cache.exists()
 
 
 def test_uv_engines_run_as_the_engine_user_with_their_device_groups():
@@ -208,8 +243,8 @@ def test_restart_storms_are_bounded_without_restart_steps():
     engine, guard = tp2_units()
     assert "RestartSteps" not in engine  # ignored before systemd 254: the backoff helper works everywhere
     for unit, text in (("sglang-tiny-cpu-tp2-server", engine), ("sglang-tiny-cpu-tp2-server-rank-guard", guard)):
-        assert f"ExecStartPre=+/usr/bin/python3 /usr/local/lib/ironserve/ironserve-backoff wait {unit} " in text
-        assert f"ExecStopPost=+/usr/bin/python3 /usr/local/lib/ironserve/ironserve-backoff record {unit}" in text
+        assert f"ExecStartPre=+/usr/bin/python3 -I /usr/local/lib/ironserve/ironserve-backoff wait {unit} " in text
+        assert f"ExecStopPost=+/usr/bin/python3 -I /usr/local/lib/ironserve/ironserve-backoff record {unit}" in text
     # the wait stays well inside TimeoutStartSec, which counts it
     assert "ironserve-backoff wait sglang-tiny-cpu-tp2-server 450" in engine and "TimeoutStartSec=900" in engine
 

@@ -227,7 +227,7 @@ def test_a_units_env_file_limits_and_backoff_lines():
         line for line in lines if line.startswith("Limit")
     ]
     # the backoff waits at most half the start budget, in whole seconds
-    assert f"ExecStartPre=+/usr/bin/python3 {units.BACKOFF} wait {proc.unit} 450" in lines
+    assert f"ExecStartPre=+/usr/bin/python3 -I {units.BACKOFF} wait {proc.unit} 450" in lines
     unlimited = units.unit_files(recipe, proc, HostTuning(limits=Limits(memlock="unlimited", stack=None, nofile=None)))
     assert [line for line in unlimited.unit_text.splitlines() if line.startswith("Limit")] == [
         "LimitMEMLOCK=infinity",
