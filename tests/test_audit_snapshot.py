@@ -18,6 +18,8 @@ CHECKS = [
     Check("h", f"unit-active:{UNIT}", "service_active", True, {"name": UNIT}),
     Check("h", "listening:30000", "listening", True, {"port": 30000}),
     Check("h", "sysctl:vm.swappiness", "sysctl", "0", {"key": "vm.swappiness"}),
+    Check("h", "file:x.conf", "file", "ab" * 32, {"path": "/etc/x.conf", "mode": 0o644, "owner": "root"}),
+    Check("h", "env:x.env", "env_file", "A=1\n", {"path": "/etc/x.env", "mode": 0o600}),
 ]
 COMMON = {
     "uname -s": "Linux",
@@ -31,6 +33,13 @@ COMMON = {
     f"systemctl is-enabled {UNIT}": "enabled",
     "test -e /proc/sys/vm/swappiness": "",
     "sysctl -n vm.swappiness": "0",
+    "test -e /etc/x.conf": "",
+    "sha256sum /etc/x.conf | cut -d ' ' -f 1": "ab" * 32,
+    "stat -Lc %a /etc/x.conf": "644",
+    "stat -Lc %U /etc/x.conf": "root",
+    "test -e /etc/x.env": "",
+    "stat -Lc %a /etc/x.env": "600",
+    "cat -- /etc/x.env": "A=1",
 }
 DEBIAN = {
     **COMMON,

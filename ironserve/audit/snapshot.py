@@ -37,7 +37,13 @@ GUESSES = {
     "test -d /run/systemd/system/": batch.Answer(0, ()),
     "command -v ss": batch.Answer(0, ("/usr/bin/ss",)),
 }
-GUESSED_PREFIXES = {"dpkg-query -f '${Status}' -W ": batch.Answer(0, ("install ok installed",))}
+GUESSED_PREFIXES = {
+    "dpkg-query -f '${Status}' -W ": batch.Answer(0, ("install ok installed",)),
+    # a file's mode and owner: a mode that parses lets the owner, and an env file's contents, be asked in the same
+    # batch (a placeholder's empty mode ended the check there, and they took a round of their own)
+    "stat -Lc %a ": batch.Answer(0, ("644",)),
+    "stat -Lc %U ": batch.Answer(0, ("root",)),
+}
 
 
 def _guess(cmd: str) -> batch.Answer:
