@@ -153,6 +153,12 @@ def jit_dir(recipe: Recipe) -> str:
     return f"{JIT_CACHE_ROOT}/{recipe.id}/{key}"
 
 
+def bytecode_dir(recipe: Recipe) -> str:
+    """Where the engine's Python keeps its bytecode (PYTHONPYCACHEPREFIX): in its JIT directory, the engine user's
+    own, since the venv is root's and installed without bytecode (roles/uv_env.py)."""
+    return f"{jit_dir(recipe)}/bytecode"
+
+
 def jit_cache_directory(recipe: Recipe) -> str:
     """CacheDirectory= of a unit running as ENGINE_USER: its JIT directory relative to /var/cache. systemd creates
     it (and its root-owned parents) and hands it to the user before the sandbox, so root never creates, chowns
@@ -473,6 +479,7 @@ def unit_files(recipe: Recipe, proc: Process, tuning: HostTuning, secrets: dict[
             nofile=_limit(tuning.limits.nofile),
             unset=proc.env_unset,
             jit_dir=jit_dir(recipe),
+            bytecode_dir=bytecode_dir(recipe),
             cache_directory=jit_cache_directory(recipe),
             protect_home=protect_home(proc),
             backoff=BACKOFF,

@@ -50,8 +50,7 @@ def _guess(cmd: str) -> batch.Answer:
     """A recording round's answer to a command not read yet: a guess, else a placeholder (rc 0, no output)."""
     if cmd in GUESSES:
         return GUESSES[cmd]
-    prefixed = [a for prefix, a in GUESSED_PREFIXES.items() if cmd.startswith(prefix)]
-    return prefixed[0] if prefixed else batch.Answer(0, ())
+    return next((a for prefix, a in GUESSED_PREFIXES.items() if cmd.startswith(prefix)), batch.Answer(0, ()))
 
 
 class SnapshotBackend(BaseBackend):

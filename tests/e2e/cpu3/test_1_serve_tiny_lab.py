@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ironserve import catalogue
-from ironserve.units import ENGINE_USER, VENV_ROOT, jit_dir, router_venv, venv_path
+from ironserve.units import ENGINE_USER, VENV_ROOT, bytecode_dir, router_venv, venv_path
 
 from ..labcli import ironserve, pyinfra, ssh
 from .fleet import RECIPE, ROUTER_UNIT, SERVER_UNIT, changes, chat, router_base
@@ -57,16 +57,17 @@ def test_the_engine_compiled_its_imports_into_its_jit_directory(deployed):
     """The venv is installed without bytecode (root's; 20,000 files, a few thousand imported): the engine's user
     compiled what the engine imports into its JIT directory (PYTHONPYCACHEPREFIX), and nothing into the venv."""
     recipe = catalogue.get_recipe(RECIPE)
-    worker, venv, cache = deployed["hosts"][1], venv_path(recipe), f"{jit_dir(recipe)}/bytecode"
+    worker, venv, cache = deployed["hosts"][1], venv_path(recipe), bytecode_dir(recipe)
     # the scheduler: imported by the engine's spawned process only (root's parse check stops at the server's args)
     scheduler = "*/sglang/srt/managers/*scheduler.cpython-*.pyc"
-    out = ssh(
-        worker,
-        f"find {shlex.quote(venv)}/lib -path {shlex.quote(scheduler)} | wc -l; "
-        f"find {shlex.quote(cache)} -path {shlex.quote(scheduler)} -user {ENGINE_USER} | wc -l; "
-        f"find {shlex.quote(cache)} -name '*.pyc' | wc -l; find {shlex.quote(venv)} -name '*.pyc' | wc -l; "
-        f"find {shlex.quote(cache)} ! -user {ENGINE_USER} | wc -l",
-    )
+    counts = [
+        ["find", f"{venv}/lib", "-path", scheduler],
+        ["find", cache, "-path", scheduler, "-user", ENGINE_USER],
+        ["find", cache, "-name", "*.pyc"],
+        ["find", venv, "-name", "*.pyc"],
+        ["find", cache, "!", "-user", ENGINE_USER],
+    ]
+    out = ssh(worker, "; ".join(f"{shlex.join(argv)} | wc -l" for argv in counts))
     in_venv, in_cache, cached, venv_pycs, not_engines = (int(x) for x in out.stdout.split())
     # nothing there is root's: root's steps in the unit (the backoff) run Python isolated from the unit's
     # environment, so they neither write into the engine's directory nor block the engine from writing there
