@@ -685,7 +685,7 @@ def fabric_manager_checks(ctx: DeploymentContext) -> list[RuntimeCheck]:
 
 
 def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
-    """Module prerequisites of the running kernel, nouveau not loaded, holds, persistence mode."""
+    """Module prerequisites of the running kernel, nouveau not loaded, holds."""
     if ctx.vendor != "nvidia":
         return []
     prerequisites = (
@@ -701,9 +701,5 @@ def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
         present_check("kernel:module-prerequisites", prerequisites),
         RuntimeCheck("kernel:nouveau-not-loaded", "no", "grep -q '^nouveau ' /proc/modules && echo yes || echo no"),
         hold_check(driver_package(ctx)),
-        RuntimeCheck(
-            "gpu:persistence-mode",
-            "Enabled",
-            "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader 2>&1 | sort -u",
-        ),
+        # persistence mode: the audit's gpu:persistence-mode, read with its GPU count (ironserve/audit/checks.py)
     ]

@@ -52,6 +52,7 @@ def test_every_evaluator_has_a_case_here():
         "service_enabled",
         "daemon_reloaded",
         "gpus",
+        "persistence_mode",
         "npus",
         "clock_offsets",
         "listening",
@@ -99,15 +100,26 @@ def test_daemon_reloaded():
 
 
 def test_gpus_count_and_name():
-    query = "nvidia-smi --query-gpu=name --format=csv,noheader"
-    eight = _Tools({query: (0, "NVIDIA RTX PRO 6000\n" * 8)})
+    query = "nvidia-smi --query-gpu=name,persistence_mode --format=csv,noheader"
+    eight = _Tools({query: (0, "NVIDIA RTX PRO 6000, Enabled\n" * 8)})
     want = {"count": 8, "name": "NVIDIA RTX PRO 6000"}
     assert evaluate(eight, check("gpus", want)) == (True, "8x NVIDIA RTX PRO 6000")
-    seven = _Tools({query: (0, "NVIDIA RTX PRO 6000\n" * 7 + "\n")})  # one fell off the bus
+    seven = _Tools({query: (0, "NVIDIA RTX PRO 6000, Enabled\n" * 7 + "\n")})  # one fell off the bus
     assert evaluate(seven, check("gpus", want)) == (False, "7x NVIDIA RTX PRO 6000")
-    other = _Tools({query: (0, "NVIDIA H100\n" * 8)})
+    other = _Tools({query: (0, "NVIDIA H100, Enabled\n" * 8)})
     assert evaluate(other, check("gpus", want))[0] is False
     assert evaluate(_Tools(), check("gpus", want)) == (False, "nvidia-smi failed")
+
+
+def test_persistence_mode_on_every_gpu_read_by_the_same_nvidia_smi_run():
+    query = "nvidia-smi --query-gpu=name,persistence_mode --format=csv,noheader"
+    on = _Tools({query: (0, "NVIDIA GB200, Enabled\n" * 4)})
+    assert evaluate(on, check("persistence_mode", "Enabled")) == (True, "Enabled")
+    # persistenced's packaged unit runs with --no-persistence-mode: one GPU left off is drift
+    mixed = _Tools({query: (0, "NVIDIA GB200, Enabled\n" * 3 + "NVIDIA GB200, Disabled\n")})
+    assert evaluate(mixed, check("persistence_mode", "Enabled")) == (False, "Disabled,Enabled")
+    assert evaluate(_Tools({query: (0, "")}), check("persistence_mode", "Enabled")) == (False, "no GPUs")
+    assert evaluate(_Tools(), check("persistence_mode", "Enabled")) == (False, "nvidia-smi failed")
 
 
 def test_npus_counted_from_npu_smi():
@@ -198,8 +210,8 @@ def test_an_evaluator_that_raises_is_drift_not_a_crash():
 
 
 def test_gpu_names_counts_and_an_empty_bus():
-    query = "nvidia-smi --query-gpu=name --format=csv,noheader"
-    mixed = _Tools({query: (0, "NVIDIA H100\nNVIDIA H200\n")})
+    query = "nvidia-smi --query-gpu=name,persistence_mode --format=csv,noheader"
+    mixed = _Tools({query: (0, "NVIDIA H100, Enabled\nNVIDIA H200, Enabled\n")})
     assert evaluate(mixed, check("gpus", {"count": 2, "name": "NVIDIA H100"})) == (True, "2x NVIDIA H100")
     assert evaluate(_Tools({query: (0, "")}), check("gpus", {"count": 0, "name": ""})) == (True, "0x ")
 

@@ -209,3 +209,23 @@ def test_an_init_project_renders_as_is_with_its_group_data(tmp_path, monkeypatch
     assert main(["lint", "llama3-8b-multinode-tp4", "--offline", "--inventory", "inventory.py"]) == 0
     assert main(["init", str(tmp_path / "mycluster")]) == 2  # nothing is overwritten
     assert "already exists" in capsys.readouterr().err
+
+
+def test_pyinfras_import_reads_the_entry_points_once_with_the_answers_of_reading_each(monkeypatch):
+    """gevent's monkey patching (pyinfra_cli's import) looks up its plugins 31 times: read once for the import, each
+    lookup answered as a read of its own, and importlib's own function back afterwards."""
+    from importlib import metadata
+
+    from ironserve.fleet import _entry_points_read_once
+
+    original = metadata.entry_points
+    groups = ["console_scripts", "pytest11", "gevent.plugins.monkey.will_patch_all", "no-such-group"]
+    want = {g: sorted((ep.name, ep.value) for ep in original(group=g)) for g in groups}
+    scans = []
+    real_distributions = metadata.distributions
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: scans.append(1) or real_distributions(**kw))
+    with _entry_points_read_once():
+        got = {g: sorted((ep.name, ep.value) for ep in metadata.entry_points(group=g)) for g in groups * 3}
+    assert got == want and want["console_scripts"]
+    assert len(scans) == 1, "every lookup read every installed distribution again"
+    assert metadata.entry_points is original

@@ -68,6 +68,8 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     if ctx.vendor == "nvidia":
         accel = ctx.profile.accelerator
         add("gpu-devices", "gpus", {"count": accel.count, "name": accel.name}, "driver")
+        # persistence mode on every GPU (roles/nvidia_driver.py), read by the same nvidia-smi run
+        add("gpu:persistence-mode", "persistence_mode", "Enabled", "runtime")
         if accel.max_q and tuning.gpu_memory_clock_offset_mhz:
             from roles.gpu_clocks import read_offsets_argv
 

@@ -108,13 +108,33 @@ def package(host, check: Check):
     return pkg.version == check.expected, pkg.version
 
 
-def gpus(host, check: Check):
-    out = host.run("nvidia-smi --query-gpu=name --format=csv,noheader")
+# one nvidia-smi run answers the GPU and the persistence checks (each run costs a host tens of ms of CPU)
+GPU_STATE = "nvidia-smi --query-gpu=name,persistence_mode --format=csv,noheader"
+
+
+def _gpu_rows(host) -> list[tuple[str, str]] | None:
+    """(name, persistence mode) per GPU; None when nvidia-smi fails."""
+    out = host.run(GPU_STATE)
     if out.rc != 0:
+        return None
+    rows = [line.rpartition(",") for line in out.stdout.splitlines() if line.strip()]
+    return [(name.strip(), mode.strip()) for name, _, mode in rows]
+
+
+def gpus(host, check: Check):
+    rows = _gpu_rows(host)
+    if rows is None:
         return False, "nvidia-smi failed"
-    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    found = {"count": len(names), "name": names[0] if names else ""}
+    found = {"count": len(rows), "name": rows[0][0] if rows else ""}
     return found == check.expected, f"{found['count']}x {found['name']}"
+
+
+def persistence_mode(host, check: Check):
+    rows = _gpu_rows(host)
+    if rows is None:
+        return False, "nvidia-smi failed"
+    found = ",".join(sorted({mode for _, mode in rows})) or "no GPUs"
+    return found == check.expected, found
 
 
 def npus(host, check: Check):

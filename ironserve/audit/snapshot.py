@@ -20,7 +20,7 @@ from testinfra.backend.base import BaseBackend, CommandResult
 from testinfra.host import Host
 
 from ironserve import batch
-from ironserve.audit import connection
+from ironserve.audit import connection, fold
 
 MAX_ROUNDS = 5
 
@@ -93,6 +93,7 @@ class HostSnapshot:
         self.answers: dict[str, batch.Answer] = {}
         self.batches = 0
         self.error: str | None = None
+        self.fold = True  # a batch's file questions asked as one stat and one sha256sum (ironserve/audit/fold.py)
         self._final: tuple[Host, SnapshotBackend] | None = None
 
     @property
@@ -114,15 +115,20 @@ class HostSnapshot:
         return self
 
     def _read(self, commands: list[str]) -> None:
+        folded = fold.fold(commands) if self.fold else fold.Folded(commands)
         nonce = batch.new_nonce()
-        out = self.real.run(batch.compose(commands, nonce))
-        answers = batch.split(out.stdout.splitlines(), len(commands), nonce)
+        out = self.real.run(batch.compose(folded.sent, nonce))
+        answers = batch.split(out.stdout.splitlines(), len(folded.sent), nonce)
         if all(a is None for a in answers):
             raise ConnectionError(f"the batched read answered nothing (rc={out.rc})")
         self.batches += 1
-        for cmd, answer in zip(commands, answers):
+        for cmd, answer in zip(folded.sent, answers):
             if answer is not None:
                 self.answers[cmd] = answer
+        unfolded = fold.unfold(folded, answers)
+        if unfolded is None:  # a stat unlike GNU's: the next round asks each file's questions as they are
+            self.fold = False
+        self.answers.update(unfolded or {})
 
     def host(self) -> Host:
         """The testinfra host the reported checks run against (a question still unanswered is asked alone)."""
