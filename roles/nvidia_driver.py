@@ -685,7 +685,8 @@ def fabric_manager_checks(ctx: DeploymentContext) -> list[RuntimeCheck]:
 
 
 def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
-    """Module prerequisites of the running kernel, nouveau not loaded, holds."""
+    """Module prerequisites of the running kernel, nouveau not loaded, holds. (Persistence mode is the audit's
+    gpu:persistence-mode, read by the same nvidia-smi run as the GPU count: ironserve/audit/checks.py.)"""
     if ctx.vendor != "nvidia":
         return []
     prerequisites = (
@@ -701,5 +702,4 @@ def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
         present_check("kernel:module-prerequisites", prerequisites),
         RuntimeCheck("kernel:nouveau-not-loaded", "no", "grep -q '^nouveau ' /proc/modules && echo yes || echo no"),
         hold_check(driver_package(ctx)),
-        # persistence mode: the audit's gpu:persistence-mode, read with its GPU count (ironserve/audit/checks.py)
     ]

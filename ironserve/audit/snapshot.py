@@ -122,10 +122,9 @@ class HostSnapshot:
         if all(a is None for a in answers):
             raise ConnectionError(f"the batched read answered nothing (rc={out.rc})")
         self.batches += 1
-        for cmd, answer in zip(folded.sent, answers):
-            if answer is not None:
-                self.answers[cmd] = answer
-        unfolded = fold.unfold(folded, answers)
+        read = {cmd: answer for cmd, answer in zip(folded.sent, answers) if answer is not None}
+        self.answers.update(read)
+        unfolded = fold.unfold(folded, read)
         if unfolded is None:  # a stat unlike GNU's: the next round asks each file's questions as they are
             self.fold = False
         self.answers.update(unfolded or {})
