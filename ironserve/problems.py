@@ -29,6 +29,10 @@ class SpecError(Exception):
         self.problems = problems
         super().__init__("\n".join(p.line() for p in problems))
 
+    def __reduce__(self):
+        """Pickled by its problems (the audit's plan comes back from a forked child: ironserve/audit/forked.py)."""
+        return type(self), (self.problems,)
+
     @classmethod
     def one(cls, file: str, field: str, message: str, fix: str) -> SpecError:
         """The error of a single problem (most input has one thing wrong at a time)."""

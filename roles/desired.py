@@ -35,12 +35,14 @@ class DesiredPackage:
 @dataclass(frozen=True)
 class RuntimeCheck:
     """State of the host the role sets up, read by a command: its output must be ``expected`` (``kind`` command: the
-    text, stripped; json_command: the JSON it prints). Checked in the audit's runtime gate."""
+        text, stripped; json_command: the JSON it prints; listed: ``item`` among its words, so that several checks can share
+    one command, run once). Checked in the audit's runtime gate."""
 
     id: str
     expected: Any
     cmd: str
-    kind: Literal["command", "json_command"] = "command"
+    kind: Literal["command", "json_command", "listed"] = "command"
+    item: str = ""  # listed: the word the command's output must name ("present"), else "missing"
 
 
 def text_file(path: str, text: str, mode: int = 0o644, gate: str = "host") -> DesiredFile:

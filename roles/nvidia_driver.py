@@ -663,11 +663,13 @@ def desired_files(ctx: DeploymentContext) -> list[DesiredFile]:
 
 
 def hold_check(package: str) -> RuntimeCheck:
-    """The audit check that ``package`` is on hold."""
+    """The audit check that ``package`` is on hold: dpkg's selection for it is ``hold`` (what ``apt-mark hold``
+    sets and ``apt-mark showhold`` lists), read by dpkg-query (2 ms) rather than apt-mark (10 ms: apt's cache)."""
     return RuntimeCheck(
         f"apt-hold:{package}",
         "held",
-        f"apt-mark showhold | grep -qx {shlex.quote(package)} && echo held || echo not-held",
+        f"dpkg-query -f '${{Status}}' -W {shlex.quote(package)} 2>/dev/null | grep -q '^hold ' && echo held "
+        "|| echo not-held",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import testinfra
@@ -202,3 +203,22 @@ def test_the_generated_session_loads_no_other_plugin_and_restores_the_environmen
     results = runner.run_checks([Check("local", "sysctl:x", "sysctl", "1", {"key": "x"})], {"local": "local://"})
     assert "no:logging" in seen["args"] and "no:unraisableexception" in seen["args"]
     assert [r.found for r in results] == ["not run"]
+
+
+def test_a_plan_that_fails_runs_nothing_on_any_host_and_closes_the_handshakes(monkeypatch):
+    from ironserve.audit import runner
+
+    def bad_plan(*args):
+        raise SpecError.one("recipes/r.yaml", "engine.tp", "tp 3 does not divide 8 GPUs", "write tp: 8")
+
+    fleet = SimpleNamespace(hosts=[SimpleNamespace(name="h", groups=[])])
+    closed, ran = [], []
+    monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: fleet)
+    monkeypatch.setattr(runner, "plan_checks", bad_plan)  # made in the forked child: its error comes back whole
+    monkeypatch.setattr(runner, "open_hosts", lambda fleet, names: {n: "local://" for n in names})
+    monkeypatch.setattr(runner, "connect_ahead", lambda specs: None)
+    monkeypatch.setattr(runner, "close", closed.append)
+    monkeypatch.setattr(runner, "run_checks", lambda *a, **k: ran.append(a))
+    with pytest.raises(SpecError, match=r"engine\.tp: tp 3 does not divide 8 GPUs\. Fix: write tp: 8"):
+        runner.audit("inv.py", "deploys/tiny.py")
+    assert closed == [{"h": "local://"}] and not ran

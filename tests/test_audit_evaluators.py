@@ -59,6 +59,7 @@ def test_every_evaluator_has_a_case_here():
         "http_ok",
         "command",
         "json_command",
+        "listed",
     }
     tested |= {"undeclared_units", "server_args"}  # tests/test_rolling.py (each with a passing and a failing case)
     # (under scripts/mutation, mutmut's copies of the functions are module functions too: not evaluators)
@@ -199,6 +200,13 @@ def test_json_command(local):
     drifted = check("json_command", want, cmd="""echo '{"sglang": "0.5.7", "torch": "2.8.0"}'""")
     assert evaluate(local, drifted) == (False, '{"sglang": "0.5.7", "torch": "2.8.0"}')
     assert evaluate(local, check("json_command", want, cmd="echo not json")) == (False, "null")
+
+
+def test_listed_finds_a_whole_word_of_the_output(local):
+    printed = "echo 'ironserve/r:derived'; echo '@sha256:abc'"
+    assert evaluate(local, check("listed", "present", cmd=printed, item="@sha256:abc")) == (True, "present")
+    assert evaluate(local, check("listed", "present", cmd=printed, item="@sha256:ab")) == (False, "missing")
+    assert evaluate(local, check("listed", "present", cmd="exit 1", item="ironserve/r:derived")) == (False, "missing")
 
 
 def test_an_evaluator_that_raises_is_drift_not_a_crash():

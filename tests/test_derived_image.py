@@ -242,7 +242,7 @@ def pending_tag(recipe_file: str) -> str:
 def test_the_audit_checks_each_container_runs_the_digest(recipe_file):
     ctx = _context(recipe_file, "lab2", _pushed, docker_derived_registry=REGISTRY)
     checks = {c.id: c for c in derive_checks(ctx, "d", "i")}
-    assert checks[f"derived-image:{REPO}@{PUSHED[:19]}"].expected == "1"
+    assert checks[f"derived-image:{REPO}@{PUSHED[:19]}"].expected == "present"
     running = checks[f"container-image:{UNIT}"]
     assert running.expected == "same" and f"{REPO}@{PUSHED}" in running.params["cmd"] and UNIT in running.params["cmd"]
     assert not [c for c in checks if c.startswith("image:")]  # the base is the builder's business

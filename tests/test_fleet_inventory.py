@@ -229,3 +229,52 @@ def test_pyinfras_import_reads_the_entry_points_once_with_the_answers_of_reading
     assert got == want and want["console_scripts"]
     assert len(scans) == 1, "every lookup read every installed distribution again"
     assert metadata.entry_points is original
+
+
+def test_handshakes_started_ahead_serve_the_first_read(tmp_path, sshd):
+    import gevent
+
+    fleet = read_fleet(_inventory(tmp_path, sshd, known=True))
+    specs = connection.open_hosts(fleet, ["h1"])
+    try:
+        connection.connect_ahead(specs)
+        gevent.wait([connection.backend(specs["h1"]).ahead], timeout=20)
+        assert fleet.pyinfra.get_host("h1").connected  # before any command was sent
+        assert _run(specs["h1"], "echo here") == (0, "here\n")
+    finally:
+        connection.close(specs)
+
+
+def test_a_handshake_refused_ahead_is_said_at_the_first_read(tmp_path, sshd):
+    # (a test of its own: pyinfra keeps a known_hosts file's keys by its path)
+    fleet = read_fleet(_inventory(tmp_path, sshd, known=False))
+    specs = connection.open_hosts(fleet, ["h1"])
+    try:
+        connection.connect_ahead(specs)
+        with pytest.raises(Exception, match="No host key"):
+            _run(specs["h1"], "echo here")
+    finally:
+        connection.close(specs)
+
+
+def test_a_handshake_never_used_is_ended_by_close(tmp_path, sshd):
+    import time
+
+    import gevent
+
+    silent = socket.socket()  # accepts the connection and never says a word
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    inventory = _inventory(tmp_path, {**sshd, "port": silent.getsockname()[1]}, known=True, name="silent.py")
+    specs = connection.open_hosts(read_fleet(inventory), ["h1"])
+    ahead = None
+    try:
+        connection.connect_ahead(specs)
+        ahead = connection.backend(specs["h1"]).ahead
+        gevent.sleep(0.3)
+        assert not ahead.dead  # still waiting for the server's banner
+        started = time.monotonic()
+    finally:
+        connection.close(specs)
+        silent.close()
+    assert ahead.dead and time.monotonic() - started < 2

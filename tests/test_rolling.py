@@ -221,7 +221,8 @@ def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_pa
         lambda *a, **k: (checks, {"here": {"address": "127.0.0.1"}, "gone": {"address": "127.0.0.1"}}),
     )
     specs = {"here": "local://", "gone": "paramiko://nobody@127.0.0.1:9?timeout=2"}
-    monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: None)
+    fleet = SimpleNamespace(hosts=[SimpleNamespace(name=n, groups=[]) for n in ("here", "gone")])
+    monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: fleet)
     monkeypatch.setattr(runner, "open_hosts", lambda fleet, names: {n: specs[n] for n in names})
     out = tmp_path / "out.json"
     with out.open("w") as fh:

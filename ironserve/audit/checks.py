@@ -78,7 +78,7 @@ def derive_checks(ctx, deploy: str, inventory: str) -> list[Check]:
     elif ctx.vendor == "huawei":
         add("npu-devices", "npus", {"count": ctx.profile.accelerator.count}, "driver")
     for item in providers.runtime_checks(ctx):
-        add(item.id, item.kind, item.expected, "runtime", cmd=item.cmd)
+        add(item.id, item.kind, item.expected, "runtime", cmd=item.cmd, **({"item": item.item} if item.item else {}))
 
     from roles.undeclared import declared_units
 

@@ -33,13 +33,30 @@ class PyinfraBackend(ParamikoBackend):
     def __init__(self, host, sudo: bool):
         super().__init__("localhost", sudo=sudo)  # the hostspec is unused: pyinfra's host says where to connect
         self.pyinfra_host = host
+        self.ahead = None  # the handshake started by connect_ahead (a greenlet), taken by the first read
 
     @functools.cached_property
     def client(self) -> paramiko.SSHClient:
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return self.connect()
+        client, error = ahead.get()
+        if error is not None:
+            raise error  # said at the host's first read, as a handshake started then would say it
+        return client
+
+    def connect(self) -> paramiko.SSHClient:
         if self.pyinfra_host.connected:  # testinfra dropped a dead transport: connect again
             self.pyinfra_host.disconnect()
         self.pyinfra_host.connect(raise_exceptions=True, show_errors=False)
         return self.pyinfra_host.connector.client
+
+    def connect_quietly(self) -> tuple[paramiko.SSHClient | None, Exception | None]:
+        """connect(), its error returned rather than raised (a greenlet's error would be printed by gevent)."""
+        try:
+            return self.connect(), None
+        except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: raised at the first read
+            return None, exc
 
 
 def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
@@ -73,6 +90,17 @@ def open_hosts(fleet: Fleet, names: list[str]) -> dict[str, str]:
     return specs
 
 
+def connect_ahead(specs: dict[str, str]) -> None:
+    """Start the opened hosts' SSH handshakes now, all at once (gevent greenlets, as pyinfra connects its hosts),
+    so that they go on while the audit's plan is made; nothing runs on a host before its first read."""
+    import gevent
+
+    for spec in specs.values():
+        found = _BACKENDS.get(spec)
+        if isinstance(found, PyinfraBackend) and found.ahead is None:
+            found.ahead = gevent.spawn(found.connect_quietly)
+
+
 def backend(spec: str) -> BaseBackend:
     """The backend of a spec: a host opened by open_hosts, else a testinfra URL (ssh://, paramiko://, local://)."""
     return _BACKENDS.get(spec) or testinfra.get_host(spec).backend
@@ -81,5 +109,7 @@ def backend(spec: str) -> BaseBackend:
 def close(specs: dict[str, str]) -> None:
     for spec in specs.values():
         found = _BACKENDS.pop(spec, None)
+        if isinstance(found, PyinfraBackend) and found.ahead is not None:
+            found.ahead.kill()  # a handshake never used (the plan failed): ended, not left running
         if isinstance(found, PyinfraBackend) and found.pyinfra_host.connected:
             found.pyinfra_host.disconnect()

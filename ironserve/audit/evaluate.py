@@ -226,6 +226,13 @@ def json_command(host, check: Check):
     return found == check.expected, json.dumps(found)[:60]
 
 
+def listed(host, check: Check):
+    """The check's item is one of the words its command prints (the command several checks share, run once)."""
+    out = host.run(check.params["cmd"])
+    found = "present" if check.params["item"] in out.stdout.split() else "missing"
+    return found == check.expected, found
+
+
 def file_sha256(host, check: Check):
     return file(host, check)
 
