@@ -185,7 +185,7 @@ def test_the_generated_session_loads_no_other_plugin_and_restores_the_environmen
     reports) and without the per-test capture plugins it has no use for; the caller's environment is as before."""
     import pytest as real_pytest
 
-    from ironserve.audit import runner
+    from ironserve.audit import connection, runner
 
     seen = {}
 
@@ -206,7 +206,7 @@ def test_the_generated_session_loads_no_other_plugin_and_restores_the_environmen
 
 
 def test_a_plan_that_fails_runs_nothing_on_any_host_and_closes_the_handshakes(monkeypatch):
-    from ironserve.audit import runner
+    from ironserve.audit import connection, runner
 
     def bad_plan(*args):
         raise SpecError.one("recipes/r.yaml", "engine.tp", "tp 3 does not divide 8 GPUs", "write tp: 8")
@@ -215,9 +215,9 @@ def test_a_plan_that_fails_runs_nothing_on_any_host_and_closes_the_handshakes(mo
     closed, ran = [], []
     monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: fleet)
     monkeypatch.setattr(runner, "plan_checks", bad_plan)  # made in the forked child: its error comes back whole
-    monkeypatch.setattr(runner, "open_hosts", lambda fleet, names: {n: "local://" for n in names})
-    monkeypatch.setattr(runner, "connect_ahead", lambda specs: None)
-    monkeypatch.setattr(runner, "close", closed.append)
+    monkeypatch.setattr(connection, "open_hosts", lambda fleet, names: {n: "local://" for n in names})
+    monkeypatch.setattr(connection, "connect_ahead", lambda specs: None)
+    monkeypatch.setattr(connection, "close", closed.append)
     monkeypatch.setattr(runner, "run_checks", lambda *a, **k: ran.append(a))
     with pytest.raises(SpecError, match=r"engine\.tp: tp 3 does not divide 8 GPUs\. Fix: write tp: 8"):
         runner.audit("inv.py", "deploys/tiny.py")

@@ -209,7 +209,7 @@ def test_audit_names_an_undeclared_unit_of_our_naming():
 
 
 def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_path, capsys):
-    from ironserve.audit import runner
+    from ironserve.audit import connection, runner
 
     checks = [
         Check(h, "sysctl:vm.swappiness", "sysctl", "nope", {"key": "vm.swappiness"}, "host", "fix")
@@ -223,7 +223,7 @@ def test_audit_reports_reached_hosts_when_one_is_unreachable(monkeypatch, tmp_pa
     specs = {"here": "local://", "gone": "paramiko://nobody@127.0.0.1:9?timeout=2"}
     fleet = SimpleNamespace(hosts=[SimpleNamespace(name=n, groups=[]) for n in ("here", "gone")])
     monkeypatch.setattr(runner, "read_fleet", lambda *a, **k: fleet)
-    monkeypatch.setattr(runner, "open_hosts", lambda fleet, names: {n: specs[n] for n in names})
+    monkeypatch.setattr(connection, "open_hosts", lambda fleet, names: {n: specs[n] for n in names})
     out = tmp_path / "out.json"
     with out.open("w") as fh:
         assert runner.audit("inv.py", "deploys/tiny.py", fmt="json", out=fh) == 2

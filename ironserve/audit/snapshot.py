@@ -58,8 +58,8 @@ class SnapshotBackend(BaseBackend):
 
     NAME = "ironserve-snapshot"
 
-    def __init__(self, real: BaseBackend, answers: dict[str, batch.Answer], record: bool):
-        super().__init__(real.hostname)
+    def __init__(self, real: BaseBackend | None, answers: dict[str, batch.Answer], record: bool):
+        super().__init__(real.hostname if real else "planned")  # None: recording only (first_questions)
         self.real, self.answers, self.record = real, answers, record
         self.asked: list[str] = []  # commands without an answer (recording), in order
         self.single = 0  # commands asked on their own (final pass)
@@ -78,11 +78,25 @@ class SnapshotBackend(BaseBackend):
         return self.result(answer.rc, self.encode(cmd), answer.stdout, "")
 
 
-def _host(real: BaseBackend, answers: dict, record: bool) -> tuple[Host, SnapshotBackend]:
+def _host(real: BaseBackend | None, answers: dict, record: bool) -> tuple[Host, SnapshotBackend]:
     backend = SnapshotBackend(real, answers, record)
     host = Host(backend)  # a new testinfra host per round: it caches what it learnt of the system
     backend.set_host(host)
     return host, backend
+
+
+def asked(checks: list, evaluate, answers: dict, real: BaseBackend | None = None) -> list[str]:
+    """The commands ``checks`` ask that ``answers`` does not answer yet (a recording round: guesses stand in)."""
+    host, backend = _host(real, answers, record=True)
+    for check in checks:
+        evaluate(host, check)
+    return backend.asked
+
+
+def first_questions(checks: list, evaluate) -> list[str]:
+    """A host's first batch: what its checks ask before any answer. It needs no host, so the audit's plan (made in
+    a forked child beside the handshakes) computes it, and the host's read starts with its batch at once."""
+    return asked(checks, evaluate, {})
 
 
 class HostSnapshot:
@@ -100,16 +114,16 @@ class HostSnapshot:
     def real(self) -> BaseBackend:
         return connection.backend(self.spec)
 
-    def read(self, checks: list, evaluate) -> HostSnapshot:
-        """Evaluate ``checks`` against recorded answers until they ask nothing new (at most MAX_ROUNDS reads)."""
+    def read(self, checks: list, evaluate, first: list[str] | None = None) -> HostSnapshot:
+        """Evaluate ``checks`` against recorded answers until they ask nothing new (at most MAX_ROUNDS reads);
+        ``first``: the first round's questions where they are known (first_questions)."""
         try:
             for _ in range(MAX_ROUNDS):
-                host, backend = _host(self.real, self.answers, record=True)
-                for check in checks:
-                    evaluate(host, check)
-                if not backend.asked:
+                questions = first if first is not None else asked(checks, evaluate, self.answers, self.real)
+                first = None
+                if not questions:
                     break
-                self._read(backend.asked)
+                self._read(questions)
         except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: said once per host
             self.error = f"{type(exc).__name__}: {exc}"[:160]
         return self
