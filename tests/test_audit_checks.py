@@ -185,7 +185,7 @@ def test_the_generated_session_loads_no_other_plugin_and_restores_the_environmen
     reports) and without the per-test capture plugins it has no use for; the caller's environment is as before."""
     import pytest as real_pytest
 
-    from ironserve.audit import connection, runner
+    from ironserve.audit import runner
 
     seen = {}
 

@@ -120,20 +120,21 @@ def test_a_host_unlike_the_guess_costs_a_round_never_a_wrong_result():
     assert read(missing)[1][0] == alone(missing)[0] and not alone(missing)[0][0]
 
 
+def _counting(seen: list):
+    """evaluate, each check it is asked noted in ``seen``."""
+    return lambda host, check: seen.append(check) or evaluate(host, check)
+
+
 def test_the_plans_first_batch_is_the_batch_the_read_would_have_sent():
     from ironserve.audit.snapshot import first_questions
 
     for table in (DEBIAN, RHEL):
         plain, seeded = Snapshot(FakeHost(table)), Snapshot(FakeHost(table))
-        evaluated = {"plain": 0, "seeded": 0}
-
-        def counting(name):
-            return lambda host, check: evaluated.__setitem__(name, evaluated[name] + 1) or evaluate(host, check)
-
-        plain.read(CHECKS, counting("plain"))
-        seeded.read(CHECKS, counting("seeded"), first_questions(CHECKS, evaluate))
+        plain_evaluated, seeded_evaluated = [], []
+        plain.read(CHECKS, _counting(plain_evaluated))
+        seeded.read(CHECKS, _counting(seeded_evaluated), first_questions(CHECKS, evaluate))
         assert seeded.fake.asked == plain.fake.asked and seeded.batches == plain.batches
-        assert evaluated["plain"] - evaluated["seeded"] == len(CHECKS)  # the first recording round was the plan's
+        assert len(plain_evaluated) - len(seeded_evaluated) == len(CHECKS)  # the first recording was the plan's
         assert [evaluate(seeded.host(), c) for c in CHECKS] == alone(table)
     # a first batch that misses questions (a plan of other guesses) costs a round, never an answer
     seeded = Snapshot(FakeHost(DEBIAN))

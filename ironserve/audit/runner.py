@@ -228,22 +228,27 @@ def run_checks(
         if junit:
             args.append(f"--junitxml={os.path.abspath(junit)}")
         _pytest(args, plan)
-        found: dict[tuple[str, str], dict] = {}
-        for f in results_dir.glob("*.jsonl"):
-            for line in f.read_text().splitlines():
-                row = json.loads(line)
-                if row.get("read"):
-                    if reads is not None:
-                        if row["error"]:
-                            reads.unreachable[row["host"]] = row["error"]
-                        reads.commands[row["host"]] = row["commands"]
-                    continue
-                found[(row["host"], row["id"])] = row
+        found = _rows(results_dir, reads)
     results = []
     for c in checks:
         row = found.get((c.host, c.id))
         results.append(Result(c, bool(row and row["ok"]), row["found"] if row else "not run"))
     return results
+
+
+def _rows(results_dir: Path, reads: Reads | None) -> dict[tuple[str, str], dict]:
+    """The session's rows by (host, check id); how each host was read goes into ``reads``."""
+    found: dict[tuple[str, str], dict] = {}
+    for f in results_dir.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            if not row.get("read"):
+                found[(row["host"], row["id"])] = row
+            elif reads is not None:
+                if row["error"]:
+                    reads.unreachable[row["host"]] = row["error"]
+                reads.commands[row["host"]] = row["commands"]
+    return found
 
 
 def _pytest(args: list[str], plan: Path) -> None:
@@ -304,7 +309,9 @@ def audit(
     specs = connection.open_hosts(fleet, names)
     reads = Reads({}, {})
     try:
-        connection.connect_ahead(specs)  # the handshakes go on while the plan is made; no command runs before it is valid
+        connection.connect_ahead(
+            specs
+        )  # the handshakes go on while the plan is made; no command runs before it is valid
         _import_session()
         checks, connections, questions = planned.result()
         junit = junit if fmt == "junit" or junit else None
