@@ -178,6 +178,13 @@ def test_checks_read_in_batches_and_reported_by_pytest(tmp_path):
     assert reads.unreachable == {} and 1 <= reads.commands["local"] <= 5
     xml = junit.read_text()
     assert xml.count("<testcase") == len(checks) and "local::file:sample" in xml
+    import xml.etree.ElementTree as ET
+
+    found = {
+        case.get("name"): [p.get("value") for p in case.iter("property") if p.get("name") == "found"]
+        for case in ET.fromstring(xml).iter("testcase")
+    }
+    assert [found[f"test_check[local::{c.id}]"] for c in checks] == [[r.found] for r in results]
 
 
 def test_the_generated_session_loads_no_other_plugin_and_restores_the_environment(tmp_path, monkeypatch):
