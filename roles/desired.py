@@ -35,8 +35,8 @@ class DesiredPackage:
 @dataclass(frozen=True)
 class RuntimeCheck:
     """State of the host the role sets up, read by a command: its output must be ``expected`` (``kind`` command: the
-        text, stripped; json_command: the JSON it prints; listed: ``item`` among its words, so that several checks can share
-    one command, run once). Checked in the audit's runtime gate."""
+    text, stripped; json_command: the JSON it prints; listed: ``item`` among its words, so that several checks can
+    share one command, run once). Checked in the audit's runtime gate."""
 
     id: str
     expected: Any
@@ -48,6 +48,11 @@ class RuntimeCheck:
 def text_file(path: str, text: str, mode: int = 0o644, gate: str = "host") -> DesiredFile:
     """The file a role writes from ``text`` (the text its operation uploads)."""
     return DesiredFile(path, sha256_text(text), mode, gate)
+
+
+def listed_check(check_id: str, read: str, item: str) -> RuntimeCheck:
+    """``item`` is among the words ``read`` prints ("present", else "missing"): a read several checks share."""
+    return RuntimeCheck(check_id, "present", read, kind="listed", item=item)
 
 
 def present_check(check_id: str, test: str) -> RuntimeCheck:

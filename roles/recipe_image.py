@@ -70,7 +70,7 @@ from ironserve.spec import DockerRuntime
 from ironserve.units import ETC_DIR, image_ref, in_container, local_derived_ref, sha256_text
 from roles.common import PUSHED_IMAGES, LongCommand, in_run, json_output, uses_sudo, with_pushed_images
 from roles.context import DeploymentContext
-from roles.desired import RuntimeCheck, present_check
+from roles.desired import RuntimeCheck, listed_check, present_check
 from roles.secret_file import Secret, secret_file
 
 IMAGES_DIR = f"{ETC_DIR}/images"
@@ -495,9 +495,7 @@ def digest_present(check_id: str, ref: str, read: str) -> RuntimeCheck:
     """The image ``REPO@DIGEST`` is on the host, pulled by that digest (its repo digests name it); ``read`` is
     image_names_read of the host's image refs, ``ref`` among them."""
     digest = ref.rpartition("@")[2]
-    return RuntimeCheck(
-        f"{check_id}:{ref.rpartition('@')[0]}@{digest[:19]}", "present", read, kind="listed", item="@" + digest
-    )
+    return listed_check(f"{check_id}:{ref.rpartition('@')[0]}@{digest[:19]}", read, "@" + digest)
 
 
 def container_runs(unit: str, ref: str) -> RuntimeCheck:
@@ -527,7 +525,7 @@ def desired_runtime(ctx: DeploymentContext) -> list[RuntimeCheck]:
     else:
         out.append(present_check(f"image-lock:{ctx.recipe.id}", f"test -s {shlex.quote(lock_path(ctx.recipe.id))}"))
     if derived:  # the image this host built, by its tag
-        out.append(RuntimeCheck(f"derived-image:{derived}", "present", read, kind="listed", item=derived))
+        out.append(listed_check(f"derived-image:{derived}", read, derived))
     return out
 
 

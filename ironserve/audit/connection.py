@@ -109,7 +109,9 @@ def backend(spec: str) -> BaseBackend:
 def close(specs: dict[str, str]) -> None:
     for spec in specs.values():
         found = _BACKENDS.pop(spec, None)
-        if isinstance(found, PyinfraBackend) and found.ahead is not None:
+        if not isinstance(found, PyinfraBackend):
+            continue
+        if found.ahead is not None:
             found.ahead.kill()  # a handshake never used (the plan failed): ended, not left running
-        if isinstance(found, PyinfraBackend) and found.pyinfra_host.connected:
+        if found.pyinfra_host.connected:
             found.pyinfra_host.disconnect()

@@ -149,33 +149,29 @@ def test_check(check):
 
 
 # pytest's plugins the generated session has no use for, each a cost per test or per session (the logging and
-# warnings capture around every test, a full garbage collection at its end): 1.1 -> 0.5 s of CPU for 336 checks,
-# with the plugins of other packages not loaded either (PYTEST_DISABLE_PLUGIN_AUTOLOAD, _pytest)
-QUIET_PLUGINS = [
-    arg
-    for name in ("unraisableexception", "threadexception", "logging", "warnings", "faulthandler")
-    for arg in ("-p", f"no:{name}")
-]
-# and those whose features the session never uses (skip marks, tmp_path, monkeypatch, doctests, --pdb, stepwise,
-# pastebin, setup plans, subtests), with output capture off (the session's output is redirected whole): 12% less
-# CPU for 288 checks
-QUIET_PLUGINS += ["-s"] + [
-    arg
-    for name in (
-        "skipping",
-        "tmpdir",
-        "monkeypatch",
-        "doctest",
-        "debugging",
-        "legacypath",
-        "stepwise",
-        "pastebin",
-        "setuponly",
-        "setupplan",
-        "subtests",
-    )
-    for arg in ("-p", f"no:{name}")
-]
+# warnings capture around every test, a full garbage collection at its end: 1.1 -> 0.5 s of CPU for 336 checks; skip
+# marks, tmp_path, monkeypatch, doctests, --pdb, stepwise, pastebin, setup plans, subtests: 12% less again for
+# 288), with output capture off (the session's output is redirected whole) and the plugins of other packages not
+# loaded either (PYTEST_DISABLE_PLUGIN_AUTOLOAD, _pytest)
+UNUSED_PLUGINS = (
+    "unraisableexception",
+    "threadexception",
+    "logging",
+    "warnings",
+    "faulthandler",
+    "skipping",
+    "tmpdir",
+    "monkeypatch",
+    "doctest",
+    "debugging",
+    "legacypath",
+    "stepwise",
+    "pastebin",
+    "setuponly",
+    "setupplan",
+    "subtests",
+)
+QUIET_PLUGINS = ["-s"] + [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
 
 
 @dataclass
@@ -321,12 +317,10 @@ def audit(
     specs = connection.open_hosts(fleet, names)
     reads = Reads({}, {})
     try:
-        connection.connect_ahead(
-            specs
-        )  # the handshakes go on while the plan is made; no command runs before it is valid
+        # the handshakes go on while the plan is made; no command runs on a host before the plan is back
+        connection.connect_ahead(specs)
         _import_session()
         checks, connections, questions = planned.result()
-        junit = junit if fmt == "junit" or junit else None
         results = run_checks(checks, specs, junit, reads=reads, questions=questions)
     finally:
         connection.close(specs)
