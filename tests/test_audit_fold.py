@@ -1,5 +1,7 @@
 """The audit's folded file questions answer exactly as testinfra's own commands do, run for real on this machine:
-a file, an empty one, a directory, a link, a broken link, a missing path, a setuid mode, a name shlex must quote."""
+a file, an empty one, a directory, a link, a broken link, a missing path, a setuid mode, a name shlex must quote.
+Its folded package questions likewise, read by the real dpkg-query from a status database of our own (dpkg's
+DPKG_ADMINDIR): a multi-arch package, a held one, one removed with its configuration kept, an unknown one."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ironserve.audit import fold
 from ironserve.audit.checks import Check
 from ironserve.audit.evaluate import evaluate
 from ironserve.audit.snapshot import HostSnapshot
+from roles.nvidia_driver import hold_check
 
 ASKED = ("test -e {}", "sha256sum {} | cut -d ' ' -f 1", "stat -Lc %a {}", "stat -Lc %U {}")
 
@@ -91,3 +94,93 @@ def test_a_snapshot_reads_files_folded_with_the_results_of_reading_each(paths):
     assert folded == each
     assert folded[-1] == (False, "mode 0o640 (secrets readable)")
     assert folded[0][1] == f"content {'0' * 12} != {'0' * 12}" or not folded[0][0]
+
+
+# dpkg's status database as dpkg writes it: a multi-arch library on two architectures, a held driver, a package
+# removed with its configuration kept
+STATUS = """\
+Package: libfoo
+Status: install ok installed
+Architecture: amd64
+Multi-Arch: same
+Version: 1.0
+Maintainer: x <x@example.org>
+Description: x
+
+Package: libfoo
+Status: install ok installed
+Architecture: i386
+Multi-Arch: same
+Version: 1.0
+Maintainer: x <x@example.org>
+Description: x
+
+Package: nvidia-open-580
+Status: hold ok installed
+Architecture: amd64
+Version: 580.105.08-1
+Maintainer: x <x@example.org>
+Description: x
+
+Package: gone
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 2.0
+Maintainer: x <x@example.org>
+Description: x
+"""
+PACKAGE_ASKED = ("dpkg-query -f '${{Status}}' -W {}", "dpkg-query -f '${{Status}} ${{Version}}' -W {}")
+PACKAGES = ["libfoo", "nvidia-open-580", "gone", "no-such-package"]
+
+
+@pytest.fixture
+def dpkg_db(tmp_path, monkeypatch):
+    admin = tmp_path / "dpkg"
+    (admin / "info").mkdir(parents=True)
+    (admin / "updates").mkdir()
+    (admin / "status").write_text(STATUS)
+    (admin / "available").write_text("")
+    monkeypatch.setenv("DPKG_ADMINDIR", str(admin))  # read by every dpkg-query these tests start
+
+
+def test_each_folded_package_question_gets_the_answer_its_own_command_gives(dpkg_db):
+    commands = [q.format(p) for p in PACKAGES for q in PACKAGE_ASKED] + ["dpkg-query -f '${Status}' -W 'nvidia-*'"]
+    folded = fold.fold(commands)
+    # 8 questions become one dpkg-query; the glob (which -W would match against other packages) is asked alone
+    assert folded.sent == [commands[-1], fold.PACKAGES + "gone libfoo no-such-package nvidia-open-580"]
+    read = dict(zip(folded.sent, batched(folded.sent)))
+    got = read | fold.unfold(folded, read)
+    for cmd in commands:
+        assert got[cmd] == alone(cmd), cmd
+    assert got[PACKAGE_ASKED[0].format("libfoo")].lines == ("install ok installedinstall ok installed",)
+    assert got[PACKAGE_ASKED[1].format("gone")] == batch.Answer(0, ("deinstall ok config-files 2.0",))
+    assert got[PACKAGE_ASKED[0].format("no-such-package")].rc == 1
+
+
+def test_a_dpkg_query_that_fails_sends_the_package_questions_one_by_one():
+    folded = fold.fold([q.format("libfoo") for q in PACKAGE_ASKED])
+    assert fold.unfold(folded, {folded.dpkg: batch.Answer(2, ())}) is None
+    assert fold.unfold(folded, {folded.dpkg: batch.Answer(0, ("libfoo install ok installed",))}) is None
+    assert fold.unfold(folded, {}) == {}  # cut off before dpkg-query answered: asked again
+
+
+def test_a_snapshot_reads_packages_and_the_hold_in_one_dpkg_query(dpkg_db):
+    checks = [Check("h", f"package:{p}", "package", "1.0", {"name": p}) for p in PACKAGES]
+    hold = hold_check("nvidia-open-580")
+    checks.append(Check("h", hold.id, hold.kind, hold.expected, {"cmd": hold.cmd}))
+    snap = HostSnapshot("local://")
+    sent: list[str] = []
+    real, run = snap.real, snap.real.run
+    real.run = lambda command, *a, **kw: sent.append(command) or run(command, *a, **kw)
+    try:
+        snap.read(checks, evaluate)
+        folded = [evaluate(snap.host(), c) for c in checks]
+    finally:
+        real.run = run
+    each = [evaluate(testinfra.get_host("local://"), c) for c in checks]
+    assert snap.error is None and snap.commands == 1 and len(sent) == 1
+    assert sent[0].count("dpkg-query") == 1, sent[0]
+    assert folded == each
+    # (testinfra reads a multi-arch package's run-together status as not installed, folded or not)
+    assert folded[1] == (False, "580.105.08-1") and folded[3] == (False, "not installed")
+    assert folded[-1] == (True, "hold ok installed")

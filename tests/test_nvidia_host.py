@@ -170,7 +170,7 @@ def test_nvswitch_boards_install_fabric_manager_at_the_driver_version(profile_id
     active = checks["fabric-manager:active"]
     assert active.expected == "active"
     assert active.cmd.startswith("systemctl is-active nvidia-fabricmanager.service")
-    assert checks["apt-hold:nvidia-fabricmanager"].expected == "held"
+    assert checks["apt-hold:nvidia-fabricmanager"].expected == "hold ok installed"
 
 
 @pytest.mark.parametrize("profile_id", ["rtx6000-pro", "rtx6000-pro-maxq", "gb200", "gb300"])
