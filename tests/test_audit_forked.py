@@ -31,6 +31,15 @@ SCRIPT = textwrap.dedent(
     def raises_unpicklable():
         raise Unpicklable("held a socket")
 
+    WARMED = []
+
+    def warm():
+        WARMED.append(os.getpid())
+        raise OSError("a warm-up that fails is the call's to say")
+
+    def pid_warmed_and_sum(a, b):
+        return os.getpid(), WARMED == [os.getpid()], a + b
+
     print("before", end="")  # buffered when the child is forked: written once, by the parent
     mode = sys.argv[1]
     if mode == "thread":
@@ -46,6 +55,20 @@ SCRIPT = textwrap.dedent(
             out[name] = ["SpecError", [p.line() for p in exc.problems]]
         except RuntimeError as exc:
             out[name] = ["RuntimeError", str(exc)]
+    later = Forked(pid_warmed_and_sum, 1, warm=warm, later=True)
+    later.send(2)  # the last argument, after the fork
+    pid, out["warmed"], out["sum"] = later.result()
+    out["later_child"] = pid != os.getpid()
+    unpicklable = Forked(pid_warmed_and_sum, "a", later=True)
+    unpicklable.send(threading.Lock())  # refused by pickle: the child is ended and the call made here
+    try:
+        unpicklable.result()
+    except TypeError as exc:
+        out["made_here"] = "lock" in str(exc)
+    cancelled = Forked(pid_warmed_and_sum, 1, later=True)
+    child = cancelled.pid
+    cancelled.cancel()  # the parent's own step failed: the child is ended and reaped
+    out["reaped"] = child is None or not os.path.exists(f"/proc/{child}")
     print("\\n" + json.dumps(out))
     """
 )
@@ -66,9 +89,13 @@ def test_the_plan_comes_back_from_the_child_with_its_errors():
     assert out["spec"] == ["SpecError", ["recipes/r.yaml: engine.tp: tp 3 does not divide 8 GPUs. Fix: write tp: 8"]]
     assert out["dies"][0] == "RuntimeError" and "without an answer" in out["dies"][1] and "768" in out["dies"][1]
     assert out["unpicklable"] == ["RuntimeError", "Unpicklable: held a socket"]
+    # forked before its last argument: warmed in the child (a failing warm-up ignored), then computed there
+    assert out["later_child"] and out["warmed"] and out["sum"] == 3
+    assert out["made_here"] and out["reaped"]
 
 
 def test_a_process_with_another_thread_plans_in_itself():
     first, out = _run("thread")
     assert first == "before" and not out["child"] and out["size"] == 3 << 20
+    assert not out["later_child"] and not out["warmed"] and out["sum"] == 3  # (no warm-up needed in-process)
     assert out["spec"][0] == "SpecError"

@@ -59,6 +59,16 @@ def plan_checks(
     return checks, connections
 
 
+def warm_plan() -> None:
+    """What every plan loads before its first host: the roles (pyinfra's facts and operations) and the catalogue."""
+    from ironserve.catalogue import layered
+    from ironserve.derived_image import pushed_digest  # noqa: F401
+    from roles.context import build_context  # noqa: F401
+    from roles.deployment import roles_for  # noqa: F401
+
+    layered()
+
+
 def plan_with_questions(
     inventory: str, deploy: str, limit: list[str] | None, data: dict | None, fleet: Fleet
 ) -> tuple[list[Check], dict[str, dict], dict[str, list[str]]]:
@@ -309,9 +319,16 @@ def audit(
     out=sys.stdout,
     textfile: str | None = None,
 ) -> int:
-    fleet = read_fleet(inventory, data)
-    names = [h.name for h in limit_hosts(fleet.hosts, limit, inventory)]
-    planned = Forked(plan_with_questions, inventory, deploy, limit, data, fleet)  # another core, beside what follows
+    # the plan on another core: its imports and the catalogue while this process reads the inventory, then the
+    # plan itself beside the handshakes
+    planned = Forked(plan_with_questions, inventory, deploy, limit, data, warm=warm_plan, later=True)
+    try:
+        fleet = read_fleet(inventory, data)
+        names = [h.name for h in limit_hosts(fleet.hosts, limit, inventory)]
+    except BaseException:
+        planned.cancel()
+        raise
+    planned.send(Fleet(fleet.hosts, None))  # (pyinfra's own inventory stays here: the plan reads the hosts)
     from . import connection  # paramiko and testinfra: imported beside the plan
 
     specs = connection.open_hosts(fleet, names)
