@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -229,3 +230,28 @@ def test_a_plan_that_fails_runs_nothing_on_any_host_and_closes_the_handshakes(mo
     with pytest.raises(SpecError, match=r"engine\.tp: tp 3 does not divide 8 GPUs\. Fix: write tp: 8"):
         runner.audit("inv.py", "deploys/tiny.py")
     assert closed == [{"h": "local://"}] and not ran
+
+
+def test_a_hosts_checks_are_reported_while_a_slower_host_is_still_read(monkeypatch):
+    """The session reports a host's checks as soon as its read is back: the reported rows of a quick host come
+    before a slow host's read ends (its reads go on meanwhile), and every host's read is reported."""
+    from ironserve.audit import runner
+
+    lines: list[dict] = []
+    rows = runner._rows
+
+    def in_order(results_dir, reads):
+        lines.extend(json.loads(line) for f in results_dir.glob("*.jsonl") for line in f.read_text().splitlines())
+        return rows(results_dir, reads)
+
+    monkeypatch.setattr(runner, "_rows", in_order)
+    checks = [
+        Check("quick", "cmd:echo", "command", "quick", {"cmd": "echo quick"}),
+        Check("slow", "cmd:sleep", "command", "slow", {"cmd": "sleep 1; echo slow"}),
+    ]
+    reads = runner.Reads({}, {})
+    results = runner.run_checks(checks, {"quick": "local://", "slow": "local://"}, reads=reads)
+    assert [(r.ok, r.found) for r in results] == [(True, "quick"), (True, "slow")]
+    order = [(row["host"], "read" if row.get("read") else "check") for row in lines]
+    assert order.index(("quick", "check")) < order.index(("slow", "read")), order
+    assert set(reads.commands) == {"quick", "slow"} and reads.unreachable == {}

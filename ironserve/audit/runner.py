@@ -110,7 +110,7 @@ def _show(value) -> str:
 
 _TEST_MODULE = """
 import json, os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import pytest
 
@@ -124,12 +124,10 @@ CHECKS = [Check(**c) for c in PLAN["checks"]]
 
 def _read(name):
     first = PLAN["questions"].get(name)  # the first batch, where the plan computed it
-    return HostSnapshot(PLAN["hosts"][name]).read([c for c in CHECKS if c.host == name], evaluate, first)
-
-
-# every host read at once, each over its one connection, before any check is reported
-with ThreadPoolExecutor(max_workers=max(1, min(len(PLAN["hosts"]), PLAN["parallel"]))) as pool:
-    SNAPSHOTS = dict(zip(PLAN["hosts"], pool.map(_read, PLAN["hosts"])))
+    snapshot = HostSnapshot(PLAN["hosts"][name]).read([c for c in CHECKS if c.host == name], evaluate, first)
+    # how the host was read (the parent reports unreachable hosts and the commands each was sent)
+    _write({"host": name, "read": True, "error": snapshot.error, "commands": snapshot.batches})
+    return snapshot
 
 
 def _write(row):
@@ -137,9 +135,11 @@ def _write(row):
         fh.write(json.dumps(row) + "\\n")
 
 
-# how each host was read (the parent reports unreachable hosts and the commands each was sent)
-for _name, _snapshot in SNAPSHOTS.items():
-    _write({"host": _name, "read": True, "error": _snapshot.error, "commands": _snapshot.batches})
+# every host read at once, each over its one connection; a host's checks are reported as soon as its read is back,
+# while the hosts still reading go on (the collection waits for the first read: until then the reads run)
+POOL = ThreadPoolExecutor(max_workers=max(1, min(len(PLAN["hosts"]), PLAN["parallel"])))
+READS = {name: POOL.submit(_read, name) for name in PLAN["hosts"]}
+wait(READS.values(), return_when=FIRST_COMPLETED)
 
 
 FOUND = {}  # (host, check id) -> what was found: the JUnit property "found" (runner.FoundProperty)
@@ -147,7 +147,7 @@ FOUND = {}  # (host, check id) -> what was found: the JUnit property "found" (ru
 
 @pytest.mark.parametrize("check", CHECKS, ids=[f"{c.host}::{c.id}" for c in CHECKS])
 def test_check(check):
-    snapshot = SNAPSHOTS[check.host]
+    snapshot = READS[check.host].result()
     if snapshot.error:
         ok, found = False, f"unreachable: {snapshot.error}"
     else:
@@ -285,7 +285,9 @@ def _pytest(args: list[str], plan: Path, plugins: list | None = None) -> None:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             pytest.main(args, plugins=plugins or [])
     finally:
-        sys.modules.pop("test_ironserve_audit", None)
+        session = sys.modules.pop("test_ironserve_audit", None)
+        if session is not None:  # every read ends before its results' directory goes
+            session.POOL.shutdown(wait=True, cancel_futures=True)
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -319,16 +321,7 @@ def audit(
     out=sys.stdout,
     textfile: str | None = None,
 ) -> int:
-    # the plan on another core: its imports and the catalogue while this process reads the inventory, then the
-    # plan itself beside the handshakes
-    planned = Forked(plan_with_questions, inventory, deploy, limit, data, warm=warm_plan, later=True)
-    try:
-        fleet = read_fleet(inventory, data)
-        names = [h.name for h in limit_hosts(fleet.hosts, limit, inventory)]
-    except BaseException:
-        planned.cancel()
-        raise
-    planned.send(Fleet(fleet.hosts, None))  # (pyinfra's own inventory stays here: the plan reads the hosts)
+    fleet, names, planned = _fleet_and_plan(inventory, deploy, limit, data)
     from . import connection  # paramiko and testinfra: imported beside the plan
 
     specs = connection.open_hosts(fleet, names)
@@ -371,6 +364,21 @@ def audit(
     if unreachable:
         return 2
     return 0 if all(r.ok for r in results) else 1
+
+
+def _fleet_and_plan(inventory: str, deploy: str, limit: list[str] | None, data: dict | None):
+    """The inventory read here, the --limit'ed names, and the plan started on another core: its imports and the
+    catalogue while this process reads the inventory, then the plan itself (its hosts sent to it) beside the
+    handshakes."""
+    planned = Forked(plan_with_questions, inventory, deploy, limit, data, warm=warm_plan, later=True)
+    try:
+        fleet = read_fleet(inventory, data)
+        names = [h.name for h in limit_hosts(fleet.hosts, limit, inventory)]
+    except BaseException:
+        planned.cancel()
+        raise
+    planned.send(Fleet(fleet.hosts, None))  # (pyinfra's own inventory stays here: the plan reads the hosts)
+    return fleet, names, planned
 
 
 def _import_session() -> None:
