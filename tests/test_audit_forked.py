@@ -65,6 +65,13 @@ SCRIPT = textwrap.dedent(
         unpicklable.result()
     except TypeError as exc:
         out["made_here"] = "lock" in str(exc)
+    def warm_interrupted():
+        raise KeyboardInterrupt  # the child ends before it reads its last argument
+
+    gone = Forked(pid_warmed_and_sum, 1, warm=warm_interrupted, later=True)
+    time.sleep(0.3)
+    gone.send(2)  # a pipe with no reader: the call is made here
+    out["gone_made_here"] = gone.result()[0] == os.getpid() and gone.pid is None
     cancelled = Forked(pid_warmed_and_sum, 1, later=True)
     child = cancelled.pid
     cancelled.cancel()  # the parent's own step failed: the child is ended and reaped
@@ -91,7 +98,7 @@ def test_the_plan_comes_back_from_the_child_with_its_errors():
     assert out["unpicklable"] == ["RuntimeError", "Unpicklable: held a socket"]
     # forked before its last argument: warmed in the child (a failing warm-up ignored), then computed there
     assert out["later_child"] and out["warmed"] and out["sum"] == 3
-    assert out["made_here"] and out["reaped"]
+    assert out["made_here"] and out["reaped"] and out["gone_made_here"]
 
 
 def test_a_process_with_another_thread_plans_in_itself():

@@ -63,7 +63,8 @@ class Forked:
         self.pid, self.fd = pid, read_end
 
     def send(self, value: Any) -> None:
-        """The child's last argument. One that does not pickle ends the child: the call is then made here."""
+        """The child's last argument. One that does not pickle, or a child already gone, ends the child: the call is
+        then made here."""
         fn, args = self.call
         self.call = (fn, (*args, value))
         if self.inbox is None:
@@ -73,7 +74,11 @@ class Forked:
         except Exception:  # noqa: BLE001 - an inventory's data holding an object pickle refuses
             self.cancel()
             return
-        _write_payload(self.inbox, payload)  # (past the pipe's size, this waits for the child to read)
+        try:
+            _write_payload(self.inbox, payload)  # (past the pipe's size, this waits for the child to read)
+        except OSError:  # the child is gone (killed, out of memory): the call is made here
+            self.cancel()
+            return
         os.close(self.inbox)
         self.inbox = None
 
