@@ -12,6 +12,9 @@ import sys
 
 def run() -> int:
     """ironserve.cli.main, with `| head` closing the pipe (141) and Ctrl-C (130) ending without a traceback."""
+    from .heap import freeze_at_exit
+
+    freeze_at_exit()  # the exit skips collecting what the command leaves (an audit's 0.15 s to 0.03 s)
     try:
         from .cli import main
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ironserve.heap import freeze_at_exit
 from ironserve.spec import DockerRuntime
 from roles import (
     ascend,
@@ -197,6 +198,7 @@ def deploy_model(model: str) -> DeploymentContext | None:
     """Entry point for deploys/*.py: the model comes from the deploy, the hardware from the inventory. Plans
     nothing when every host is as the last run that changed nothing left it (roles/converged.py); None then for
     the hosts planned after the first."""
+    freeze_at_exit()  # pyinfra's exit skips collecting what the run leaves (a no-op's 0.15 s to 0.03 s)
     if converged.decided():
         return None  # every host is as the last run that changed nothing left it: nothing to build or plan
     ctx = current(model)
