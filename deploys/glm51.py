@@ -5,6 +5,6 @@
 The recipe is the catalogue's default for (glm5.1, the inventory's hardware); see recipes/defaults.yaml.
 """
 
-from roles.deployment import deploy_model
+from roles.entry import deploy_model
 
 deploy_model("glm5.1")

@@ -5,6 +5,6 @@
 The recipe is the catalogue's default for (qwen3.5, the inventory's hardware); see recipes/defaults.yaml.
 """
 
-from roles.deployment import deploy_model
+from roles.entry import deploy_model
 
 deploy_model("qwen3.5")

@@ -45,14 +45,13 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import files
 
 from ironserve import resources
-from roles import host_state
+from roles import converged_check, host_state
 from roles.common import uses_sudo
 from roles.context import DeploymentContext, host_data
 from roles.desired import DesiredFile, text_file
-from roles.sglang_service import LIB_DIR
 from roles.uv_env import venv_reads
 
-SCRIPT = f"{LIB_DIR}/ironserve-converged"
+SCRIPT = converged_check.SCRIPT  # in LIB_DIR, with ironserve's other host scripts
 # host data naming files on the controller whose contents the deploy puts on hosts
 CONTROLLER_FILES = (
     "api_key_file",
@@ -99,35 +98,23 @@ _PATHS_OF = {
 
 # --------------------------------------------------------------------------- the check
 
-_NO_RECORD = '{"inputs": null, "changed": [], "why": "%s"}'
-
 
 class ConvergedCheck(FactBase):
     """This host's record checked now against this run's inputs: {"inputs": recorded inputs or None, "changed":
-    [read labels], "why": ...}; a record of other inputs answers at once, without its reads."""
+    [read labels], "why": ...}; a record of other inputs answers at once, without its reads. (The check sent before
+    the roles load, roles/converged_check.py, is this one without the inputs.)"""
 
     batched = False  # never batched or kept: it decides whether anything else is read
 
     def command(self, inputs: str):
-        script = shlex.quote(SCRIPT)
-        # a checker that cannot check (an older release's answers a check with inputs by its usage) is no record:
-        # this run plans in full and installs this release's
-        return (
-            f"if [ -x {script} ]; then {script} check {shlex.quote(inputs)} 2>/dev/null || "
-            f"echo {shlex.quote(_NO_RECORD % 'a checker that could not check')}; "
-            f"else echo {shlex.quote(_NO_RECORD % 'no checker installed')}; fi"
-        )
+        return converged_check.command(inputs)
 
     @staticmethod
     def default():
         return {"inputs": None, "changed": [], "why": "no answer"}
 
     def process(self, output):
-        try:
-            value = json.loads(output[-1])
-        except (ValueError, IndexError):
-            return {"inputs": None, "changed": [], "why": "an answer that is not the checker's"}
-        return value if isinstance(value, dict) else self.default()
+        return converged_check.parse(output)
 
 
 def _printable(value) -> str:
@@ -204,7 +191,10 @@ def read_all(state, hosts: list, fact, kwargs: dict | None = None) -> dict:
 
 
 def _decide(state, hosts: list, inputs: str) -> bool:
-    answers = read_all(state, hosts, ConvergedCheck, {"inputs": inputs})
+    answers = converged_check.answers(state, hosts)  # the checks sent before the roles loaded, where they were
+    rest = [h for h in hosts if h not in answers]
+    if rest:
+        answers.update(read_all(state, rest, ConvergedCheck, {"inputs": inputs}))
     reasons = {h.name: why_not(answers.get(h), inputs) for h in hosts}
     missed = {name: why for name, why in reasons.items() if why}
     if missed:

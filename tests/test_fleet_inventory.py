@@ -8,8 +8,6 @@ from __future__ import annotations
 import io
 import json
 import socket
-import subprocess
-import threading
 from pathlib import Path
 
 import paramiko
@@ -21,6 +19,7 @@ from ironserve.cli import main
 from ironserve.fleet import limit_hosts, load_inventory, read_fleet
 from ironserve.problems import SpecError
 from ironserve.status import status
+from tests.sshd import sshd  # noqa: F401 - the fixture
 
 INVENTORY = """
 workers = [("w1", {"ssh_hostname": "127.0.0.1"}), ("w2", {"ssh_hostname": "127.0.0.2"})]
@@ -88,56 +87,6 @@ def test_an_inventory_that_raises_is_reported(project, capsys):
 
 
 # ----------------------------------------------------------------------------- reaching hosts
-
-
-class _Server(paramiko.ServerInterface):
-    def check_auth_password(self, username, password):
-        return paramiko.AUTH_SUCCESSFUL if password == "pw" else paramiko.AUTH_FAILED
-
-    def get_allowed_auths(self, username):
-        return "password"
-
-    def check_channel_request(self, kind, chanid):
-        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
-
-    def check_channel_exec_request(self, channel, command):
-        def run():
-            proc = subprocess.run(["/bin/sh", "-c", command.decode()], capture_output=True, timeout=30)
-            channel.sendall(proc.stdout)
-            channel.sendall_stderr(proc.stderr)
-            channel.send_exit_status(proc.returncode)
-            channel.close()
-
-        threading.Thread(target=run, daemon=True).start()
-        return True
-
-
-@pytest.fixture(scope="module")
-def sshd():
-    """An SSH server on 127.0.0.1 (one host key; password auth) answering every connection it gets."""
-    key = paramiko.RSAKey.generate(2048)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0.5)
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                continue
-            transport = paramiko.Transport(sock)
-            transport.add_server_key(key)
-            transport.start_server(server=_Server())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield {"port": listener.getsockname()[1], "key": key}
-    stop.set()
-    thread.join(5)
-    listener.close()
 
 
 def _inventory(tmp_path: Path, sshd: dict, known: bool, name: str = "inventory.py", **extra) -> str:
