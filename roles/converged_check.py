@@ -109,9 +109,10 @@ def _check(state, h, went: Event) -> dict | None:
         channel = h.connector.client.get_transport().open_session(timeout=READ_TIMEOUT_S)
         # the request goes out at once, its answer comes once the host's sshd has started the command (its PAM
         # session, a shell): gone, not started, is what the controller waits for
-        started = gevent.spawn(
-            channel.exec_command, make_unix_command_for_host(state, h, line, **for_line).get_raw_value()
-        )
+        unix_command = make_unix_command_for_host(state, h, line, **for_line)
+        # as pyinfra's connector says every command it runs (--debug): the early check is one of the host's commands
+        logger.debug("Running command on %s: (pty=%s) %s", h.name, False, unix_command)
+        started = gevent.spawn(channel.exec_command, unix_command.get_raw_value())
         gevent.sleep(0)  # (the request written, the exec now waiting for its answer)
         went.set()
         with gevent.Timeout(READ_TIMEOUT_S):

@@ -5,6 +5,7 @@ tests/sshd.py."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -63,9 +64,10 @@ def _connected(inventory: str) -> tuple[State, list]:
     return state, hosts
 
 
-def test_the_check_is_on_its_way_to_every_host_when_start_returns(tmp_path, sshd, checker):
+def test_the_check_is_on_its_way_to_every_host_when_start_returns(tmp_path, sshd, checker, caplog):
     state, hosts = _connected(_inventory(tmp_path, sshd))
     before = len(sshd["execs"])
+    caplog.set_level(logging.DEBUG, logger="pyinfra")
     with ctx_state.use(state):
         converged_check.start()
         early = state.ironserve_converged_sent
@@ -74,6 +76,8 @@ def test_the_check_is_on_its_way_to_every_host_when_start_returns(tmp_path, sshd
         got = converged_check.answers(state, hosts)
     sent = sshd["execs"][before:]  # (the in-process server has run since)
     assert len(sent) == 2 and all(str(checker) in line for line in sent)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Running command on ")]
+    assert sorted(m.split(":")[0] for m in said) == ["Running command on h1", "Running command on h2"], said
     assert got == {h: {"inputs": "D", "changed": [], "reads": 3} for h in hosts}
     assert converged.why_not(got[hosts[0]], "D") is None and "inputs changed" in converged.why_not(got[hosts[0]], "E")
 
