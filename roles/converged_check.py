@@ -5,11 +5,12 @@ images, the files and units a record vouches for; about 0.15 s of a stand-in hos
 is loading the roles, the recipe and the deployment's context to compute the run's inputs (0.2 s on 8 hosts).
 Neither needs the other until the answers are compared. So the deploys' entry point (roles/entry.py) sends the
 check first, without the inputs, and the hosts read while the controller loads; roles/converged.py compares the
-answers with the inputs once it has them. This module loads pyinfra and gevent only, nothing of the roles.
+answers with the inputs once it has them. This module loads pyinfra, gevent and the host data's model, nothing of
+the roles.
 
 The check is sent early only where roles/converged.py would read the records anyway: a run of the whole inventory
-(no --limit) whose every host is connected over pyinfra's SSH connector and leaves ``converged_fast_path`` at its
-default or sets it true (any other value is left to the typed host data, and the records are read the usual way).
+(no --limit) whose every host is connected over pyinfra's SSH connector and has ``converged_fast_path`` on in its
+typed host data (the one module of ironserve loaded before the check goes).
 The command is the one pyinfra would run for the host (its sudo, su and shell from the host's data, as a fact's),
 on a channel of the connection pyinfra opened. A host whose early check fails is read again the usual way.
 """
@@ -90,8 +91,15 @@ def _send(state) -> Sent | None:
 
 
 def fast_path_on(h) -> bool:
-    """The fast path on as the host's raw data says it: left to its default (on) or set true."""
-    return h.data.get("converged_fast_path", True) is True
+    """The fast path on in the host's typed data (ironserve/hostdata.py: loaded here, before the roles); a host
+    whose data does not validate is left to the deploy, which says why."""
+    from ironserve.hostdata import validate_host_data
+    from ironserve.problems import SpecError
+
+    try:
+        return validate_host_data(h.data.dict(), "inventory", h.name).converged_fast_path
+    except SpecError:
+        return False
 
 
 def _over_ssh(h) -> bool:

@@ -4,9 +4,9 @@
 
     deploy_model("glm5")
 
-Importing this module loads pyinfra and gevent only. The roles, the spec and the catalogue (0.2 s of a core) load
-after the fast path's check is on its way to every host (roles/converged_check.py), so the hosts read while the
-controller loads. roles.deployment.deploy_model, which a deploy written before this calls, plans the same, with
+Importing this module loads pyinfra and gevent only; the host data's model loads to see that every host has the
+fast path on. The roles, the catalogue and the deployment's context load after the fast path's check is on its way
+to every host (roles/converged_check.py), so the hosts read while the controller loads. roles.deployment.deploy_model, which a deploy written before this calls, plans the same, with
 the check sent once the roles are loaded.
 """
 

@@ -16,7 +16,6 @@ from pyinfra.api import Config, State
 from pyinfra.context import ctx_state
 
 from ironserve.fleet import read_fleet
-from ironserve.hostdata import DEFAULTS
 from roles import converged, converged_check
 from tests.sshd import sshd  # noqa: F401 - the fixture
 
@@ -100,11 +99,16 @@ class _Inventory(list):
         return list(self.active)
 
 
+class _Data(dict):
+    def dict(self) -> dict:  # (pyinfra's host data)
+        return dict(self)
+
+
 class _Host:
-    """A connected host as pyinfra's (hashable): its name, raw data and connector."""
+    """A connected host as pyinfra's (hashable): its name, data and connector."""
 
     def __init__(self, name: str, data: dict, connector) -> None:
-        self.name, self.data, self.connected, self.connector = name, data, True, connector
+        self.name, self.data, self.connected, self.connector = name, _Data(data), True, connector
 
 
 def _host(name: str, data: dict | None = None, client=True) -> _Host:
@@ -117,7 +121,8 @@ def _host(name: str, data: dict | None = None, client=True) -> _Host:
     [
         ([_host("a"), _host("b")], ["a"]),  # --limit: a host's plan reads its peers, the record is the whole run's
         ([_host("a"), _host("b", {"converged_fast_path": False})], None),
-        ([_host("a"), _host("b", {"converged_fast_path": "no"})], None),  # the typed host data decides that one
+        ([_host("a"), _host("b", {"converged_fast_path": "no"})], None),  # typed: off
+        ([_host("a"), _host("b", {"converged_fast_path": "maybe"})], None),  # does not validate: the deploy says so
         ([_host("a"), _host("b", client=False)], None),  # not pyinfra's SSH connector
     ],
 )
@@ -129,11 +134,11 @@ def test_nothing_is_sent_early_where_the_records_are_not_read_or_not_over_ssh(mo
     assert state.ironserve_converged_sent is None and converged_check.answers(state, hosts) == {}
 
 
-def test_the_fast_path_is_on_early_as_the_host_data_has_it_on():
-    assert DEFAULTS.converged_fast_path is True  # a host that leaves it out has it on
-    on = [converged_check.fast_path_on(_host("a", data)) for data in ({}, {"converged_fast_path": True})]
-    off = [converged_check.fast_path_on(_host("a", {"converged_fast_path": v})) for v in (False, 0, "true", None)]
-    assert on == [True, True] and off == [False] * 4
+def test_the_fast_path_is_on_early_as_the_typed_host_data_has_it():
+    on = [converged_check.fast_path_on(_host("a", d)) for d in ({}, {"converged_fast_path": True})]
+    on.append(converged_check.fast_path_on(_host("a", {"converged_fast_path": "true"})))  # --data's text, typed
+    off = [converged_check.fast_path_on(_host("a", {"converged_fast_path": v})) for v in (False, 0, "no", "maybe")]
+    assert on == [True] * 3 and off == [False] * 4
 
 
 def test_a_failed_early_check_leaves_that_host_to_the_usual_read(monkeypatch):
@@ -155,7 +160,8 @@ def test_a_failed_early_check_leaves_that_host_to_the_usual_read(monkeypatch):
 def test_the_deploys_send_the_check_before_loading_the_roles():
     code = "import sys, roles.entry; print(sorted(m for m in sys.modules if m.startswith(('roles.', 'ironserve.'))))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "['roles.converged_check', 'roles.entry']", out.stderr
+    assert out.stdout.strip() == "['roles.converged_check', 'roles.entry']", out.stderr  # (the host data's model
+    # loads when the first check is sent)
     for deploy in (ROOT / "deploys").glob("*.py"):
         text = deploy.read_text()
         if "deploy_model(" in text:
