@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
+from pathlib import Path
 
 import paramiko
 import pyinfra_cli  # noqa: F401 - it patches threading for gevent when imported: before the server's threads start
@@ -67,3 +68,20 @@ def sshd():
     stop.set()
     thread.join(5)
     listener.close()
+
+
+def connection_data(tmp_path: Path, sshd: dict, known: bool = True) -> dict:
+    """An inventory host's data reaching the server: its address and port, root with the password, and a
+    known_hosts file in ``tmp_path`` holding the server's key (empty unless ``known``)."""
+    known_hosts = tmp_path / "known_hosts"
+    keys = paramiko.HostKeys()
+    if known:
+        keys.add(f"[127.0.0.1]:{sshd['port']}", sshd["key"].get_name(), sshd["key"])
+    keys.save(str(known_hosts))
+    return {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": sshd["port"],
+        "ssh_user": "root",
+        "ssh_password": "pw",
+        "ssh_known_hosts_file": str(known_hosts),
+    }

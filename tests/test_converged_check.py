@@ -17,27 +17,15 @@ from pyinfra.context import ctx_state
 
 from ironserve.fleet import read_fleet
 from roles import converged, converged_check
-from tests.sshd import sshd  # noqa: F401 - the fixture
+from tests.sshd import connection_data, sshd  # noqa: F401 - the fixture
+from tests.test_converged import _Inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSWER = '{"inputs": "D", "changed": [], "reads": 3}'
 
 
-def _inventory(tmp_path: Path, sshd: dict, **extra) -> str:
-    import paramiko
-
-    known_hosts = tmp_path / "known_hosts"
-    keys = paramiko.HostKeys()
-    keys.add(f"[127.0.0.1]:{sshd['port']}", sshd["key"].get_name(), sshd["key"])
-    keys.save(str(known_hosts))
-    data = {
-        "ssh_hostname": "127.0.0.1",
-        "ssh_port": sshd["port"],
-        "ssh_user": "root",
-        "ssh_password": "pw",
-        "ssh_known_hosts_file": str(known_hosts),
-        **extra,
-    }
+def _inventory(tmp_path: Path, sshd: dict) -> str:
+    data = connection_data(tmp_path, sshd)
     path = tmp_path / "inventory.py"
     path.write_text(f"hosts = [('h1', {data!r}), ('h2', {data!r})]\n")
     return str(path)
@@ -88,15 +76,6 @@ def test_a_host_without_the_checker_answers_it_has_no_record(tmp_path, sshd, mon
         converged_check.start()
         got = converged_check.answers(state, hosts)
     assert converged.why_not(got[hosts[0]], "D") == "no checker installed"
-
-
-class _Inventory(list):
-    def __init__(self, hosts, active):
-        super().__init__(hosts)
-        self.active = active
-
-    def get_active_hosts(self):
-        return list(self.active)
 
 
 class _Data(dict):

@@ -10,7 +10,6 @@ import json
 import socket
 from pathlib import Path
 
-import paramiko
 import pytest
 
 from ironserve.audit import connection
@@ -19,7 +18,7 @@ from ironserve.cli import main
 from ironserve.fleet import limit_hosts, load_inventory, read_fleet
 from ironserve.problems import SpecError
 from ironserve.status import status
-from tests.sshd import sshd  # noqa: F401 - the fixture
+from tests.sshd import connection_data, sshd  # noqa: F401 - the fixture
 
 INVENTORY = """
 workers = [("w1", {"ssh_hostname": "127.0.0.1"}), ("w2", {"ssh_hostname": "127.0.0.2"})]
@@ -90,17 +89,8 @@ def test_an_inventory_that_raises_is_reported(project, capsys):
 
 
 def _inventory(tmp_path: Path, sshd: dict, known: bool, name: str = "inventory.py", **extra) -> str:
-    known_hosts = tmp_path / "known_hosts"
-    hk = paramiko.HostKeys()
-    if known:
-        hk.add(f"[127.0.0.1]:{sshd['port']}", sshd["key"].get_name(), sshd["key"])
-    hk.save(str(known_hosts))
     data = {
-        "ssh_hostname": "127.0.0.1",
-        "ssh_port": sshd["port"],
-        "ssh_user": "root",
-        "ssh_password": "pw",
-        "ssh_known_hosts_file": str(known_hosts),
+        **connection_data(tmp_path, sshd, known),
         "hardware": "cpu-lab",
         "launch": False,
         "recipe": "tiny-cpu-docker",
